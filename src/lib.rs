@@ -1,0 +1,27 @@
+//! dedupd: consumer-side deduplication for side-effect commands on Kafka.
+//!
+//! A command is claimed in an embedded store *before* its sink runs, executed once,
+//! its result stored and replayed to every repeat. Data flows one way:
+//!
+//! ```text
+//! Kafka record ─▶ envelope ─▶ decide ◀─▶ store ─▶ sink ─▶ publish ─▶ offset stored
+//! ```
+//!
+//! Module map (lower lines never import higher ones' runtime):
+//! - [`config`]: the TOML config, env overrides, validation naming the key.
+//! - [`fingerprint`]: RFC 8785 canonical JSON + SHA-256, with route exclusions.
+//! - [`routes`]: command types (exact or glob) to sinks, TTL precedence.
+//! - [`envelope`]: a Kafka record to a `Command` or a typed `Rejection`.
+//! - [`store`]: the key store: CAS claims, group commit, expiry index, compaction, watermarks.
+//! - [`decide`]: the pure decision table of SPEC §4.
+//! - [`sinks`]: the `Sink` trait and one file per kind.
+//! - [`engine`]: a batch of commands through decide, claim, flush, sinks, complete, flush.
+
+pub mod config;
+pub mod decide;
+pub mod engine;
+pub mod envelope;
+pub mod fingerprint;
+pub mod routes;
+pub mod sinks;
+pub mod store;

@@ -1,0 +1,402 @@
+//! The key store (SPEC §3): one record per idempotency key, an expiry index, per-partition
+//! watermarks, over a small byte-level [`Backend`] (sled or fjall).
+//!
+//! [`KeyStore`] owns the semantics, written once for both backends:
+//! - every mutation is a compare-and-swap under a per-key stripe lock, so two racing claims
+//!   cannot both win, and writes the record and its expiry-index entry in one atomic batch;
+//! - group commit is in the types: [`KeyStore::claim`] gives a [`PendingClaim`], and only
+//!   [`KeyStore::flush_claims`] (one fsync for the whole batch) turns it into the
+//!   [`DurableClaim`] that a sink request needs;
+//! - invariant: an expiry entry `(at, key)` exists exactly when `key` holds a completed
+//!   record expiring at `at`, so compaction deletes by the index alone, in bounded chunks,
+//!   and never touches `in_progress` or `indeterminate` records.
+
+mod compaction;
+mod fjall_backend;
+pub mod record;
+mod sled_backend;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::{StoreBackend, SyncMode};
+pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backend reported an I/O or corruption error.
+    #[error("{backend} store: {message}")]
+    Backend { backend: &'static str, message: String },
+    /// A stored value could not be decoded.
+    #[error("key {key:?}: {source}")]
+    Corrupt { key: String, source: record::DecodeError },
+    /// A completion found its claim gone or replaced (an operator forgot the key meanwhile).
+    #[error("key {0:?}: the claim was replaced before completion")]
+    ClaimLost(String),
+}
+
+/// The keyspaces a backend keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tree {
+    /// key → encoded [`Record`].
+    Records,
+    /// big-endian expiry ms ++ key → empty.
+    Expiry,
+    /// small metadata: watermarks.
+    Meta,
+}
+
+/// One write of an atomic batch.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Insert or replace.
+    Put(Tree, Vec<u8>, Vec<u8>),
+    /// Remove if present.
+    Delete(Tree, Vec<u8>),
+}
+
+/// What a storage engine must offer. Implementations live in one file each.
+pub trait Backend: Send + Sync + 'static {
+    /// `sled` or `fjall`, for errors and metrics.
+    fn name(&self) -> &'static str;
+    /// Point read.
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Applies all ops atomically (all or none visible after a crash).
+    fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError>;
+    /// Makes every applied op durable (fsync). Returns only once it is.
+    fn flush(&self) -> Result<(), StoreError>;
+    /// Up to `limit` entries with `start <= key < end`, ascending.
+    fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize)
+    -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    /// Bytes the store occupies on disk.
+    fn disk_bytes(&self) -> Result<u64, StoreError>;
+}
+
+/// Opens the configured backend at `path`.
+pub fn open_backend(kind: StoreBackend, path: &Path) -> Result<Box<dyn Backend>, StoreError> {
+    match kind {
+        StoreBackend::Sled => Ok(Box::new(sled_backend::SledBackend::open(path)?)),
+        StoreBackend::Fjall => Ok(Box::new(fjall_backend::FjallBackend::open(path)?)),
+    }
+}
+
+const STRIPES: usize = 1024;
+
+/// A claim written but not yet durable. It cannot be handed to a sink.
+#[derive(Debug)]
+#[must_use = "a claim must be flushed with KeyStore::flush_claims before its sink runs"]
+pub struct PendingClaim {
+    key: String,
+    record: InProgress,
+}
+
+impl PendingClaim {
+    /// The claimed key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// A claim that has reached the disk: the only thing a sink request can be built from.
+/// Only [`KeyStore::flush_claims`] makes one.
+#[derive(Debug)]
+pub struct DurableClaim {
+    key: String,
+    record: InProgress,
+}
+
+impl DurableClaim {
+    /// The claimed key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+    /// The in-progress record as written (attempt number, first sighting).
+    pub fn record(&self) -> &InProgress {
+        &self.record
+    }
+}
+
+/// Record counts per state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StateCounts {
+    /// `in_progress` records.
+    pub in_progress: i64,
+    /// `completed` records (expired ones not yet compacted included).
+    pub completed: i64,
+    /// `indeterminate` records.
+    pub indeterminate: i64,
+}
+
+/// The semantic store over a backend. Cheap to share behind an `Arc`.
+pub struct KeyStore {
+    backend: Box<dyn Backend>,
+    sync: SyncMode,
+    /// Mutations hold it shared; a compaction chunk holds it exclusively, so the index it
+    /// reads cannot change under it.
+    gate: RwLock<()>,
+    stripes: Box<[Mutex<()>]>,
+    counts: [AtomicI64; 3],
+}
+
+fn state_index(s: State) -> usize {
+    match s {
+        State::InProgress => 0,
+        State::Completed => 1,
+        State::Indeterminate => 2,
+    }
+}
+
+/// Expiry-index key: the ms as an order-preserving big-endian u64, then the record key.
+pub(crate) fn expiry_key(at_ms: i64, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + key.len());
+    k.extend_from_slice(&((at_ms as u64) ^ (1 << 63)).to_be_bytes());
+    k.extend_from_slice(key);
+    k
+}
+
+/// Inverse of [`expiry_key`].
+pub(crate) fn split_expiry_key(k: &[u8]) -> Option<(i64, &[u8])> {
+    if k.len() < 8 {
+        return None;
+    }
+    let (head, key) = k.split_at(8);
+    let raw = u64::from_be_bytes(head.try_into().ok()?);
+    Some(((raw ^ (1 << 63)) as i64, key))
+}
+
+fn watermark_key(topic: &str, partition: i32) -> Vec<u8> {
+    format!("wm/{topic}/{partition}").into_bytes()
+}
+
+impl KeyStore {
+    /// Opens (or creates) a store at `path`.
+    pub fn open(kind: StoreBackend, path: &Path, sync: SyncMode) -> Result<KeyStore, StoreError> {
+        Self::with_backend(open_backend(kind, path)?, sync)
+    }
+
+    /// Wraps an open backend; counts the records per state once.
+    pub fn with_backend(backend: Box<dyn Backend>, sync: SyncMode) -> Result<KeyStore, StoreError> {
+        let store = KeyStore {
+            backend,
+            sync,
+            gate: RwLock::new(()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            counts: Default::default(),
+        };
+        store.recount()?;
+        Ok(store)
+    }
+
+    /// The backend's name.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    fn stripe(&self, key: &str) -> &Mutex<()> {
+        // FNV-1a: cheap, stable, good enough to spread keys over stripes.
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in key.as_bytes() {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x100000001b3);
+        }
+        &self.stripes[(h as usize) % STRIPES]
+    }
+
+    /// Recounts records per state by a full scan (at open, and after import).
+    pub fn recount(&self) -> Result<StateCounts, StoreError> {
+        let mut counts = [0i64; 3];
+        let mut start: Vec<u8> = Vec::new();
+        loop {
+            let page = self.backend.scan(Tree::Records, &start, None, 10_000)?;
+            let Some((last, _)) = page.last() else { break };
+            start = last.clone();
+            start.push(0);
+            for (k, v) in &page {
+                counts[state_index(decode(k, v)?.state())] += 1;
+            }
+        }
+        for (i, c) in counts.iter().enumerate() {
+            self.counts[i].store(*c, Ordering::Relaxed);
+        }
+        Ok(self.counts())
+    }
+
+    /// Records per state, kept up to date by every mutation.
+    pub fn counts(&self) -> StateCounts {
+        StateCounts {
+            in_progress: self.counts[0].load(Ordering::Relaxed),
+            completed: self.counts[1].load(Ordering::Relaxed),
+            indeterminate: self.counts[2].load(Ordering::Relaxed),
+        }
+    }
+
+    /// Bytes on disk.
+    pub fn disk_bytes(&self) -> Result<u64, StoreError> {
+        self.backend.disk_bytes()
+    }
+
+    /// The record of `key`, if any (expired ones included until compacted).
+    pub fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        match self.backend.get(Tree::Records, key.as_bytes())? {
+            None => Ok(None),
+            Some(v) => decode(key.as_bytes(), &v).map(Some),
+        }
+    }
+
+    /// The core compare-and-swap: replaces `expected` (None = absent) with `new`
+    /// (None = delete), keeping the expiry index and counts in step.
+    /// Returns `Err(current)` when the stored record is not `expected`.
+    pub fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: Option<&Record>,
+        new: Option<&Record>,
+    ) -> Result<Result<(), Option<Record>>, StoreError> {
+        let _gate = self.gate.read();
+        let _stripe = self.stripe(key).lock();
+        let current = self.get(key)?;
+        if current.as_ref() != expected {
+            return Ok(Err(current));
+        }
+        let mut ops = Vec::with_capacity(3);
+        if let Some(at) = current.as_ref().and_then(Record::expires_at_ms) {
+            ops.push(Op::Delete(Tree::Expiry, expiry_key(at, key.as_bytes())));
+        }
+        match new {
+            Some(r) => {
+                ops.push(Op::Put(Tree::Records, key.as_bytes().to_vec(), r.encode()));
+                if let Some(at) = r.expires_at_ms() {
+                    ops.push(Op::Put(Tree::Expiry, expiry_key(at, key.as_bytes()), Vec::new()));
+                }
+            }
+            None => ops.push(Op::Delete(Tree::Records, key.as_bytes().to_vec())),
+        }
+        self.backend.apply(ops)?;
+        if let Some(c) = &current {
+            self.counts[state_index(c.state())].fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(n) = new {
+            self.counts[state_index(n.state())].fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Ok(()))
+    }
+
+    /// Claims `key` (absent → in_progress, or expired/orphaned `expected` → in_progress).
+    /// The claim is not durable until [`KeyStore::flush_claims`].
+    pub fn claim(
+        &self,
+        key: &str,
+        expected: Option<&Record>,
+        claim: InProgress,
+    ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
+        let new = Record::InProgress(claim);
+        Ok(match self.compare_and_swap(key, expected, Some(&new))? {
+            Ok(()) => {
+                let Record::InProgress(record) = new else { unreachable!("constructed above") };
+                Ok(PendingClaim { key: key.to_string(), record })
+            }
+            Err(current) => Err(current),
+        })
+    }
+
+    /// Makes a batch of claims durable with one flush (none with `sync = "none"`).
+    pub fn flush_claims(&self, claims: Vec<PendingClaim>) -> Result<Vec<DurableClaim>, StoreError> {
+        if !claims.is_empty() {
+            self.flush()?;
+        }
+        Ok(claims.into_iter().map(|c| DurableClaim { key: c.key, record: c.record }).collect())
+    }
+
+    /// Replaces the durable claim with its completion. Durable after the next [`KeyStore::flush`].
+    pub fn complete(&self, claim: DurableClaim, completed: Completed) -> Result<Record, StoreError> {
+        let expected = Record::InProgress(claim.record);
+        let new = Record::Completed(completed);
+        match self.compare_and_swap(&claim.key, Some(&expected), Some(&new))? {
+            Ok(()) => Ok(new),
+            Err(_) => Err(StoreError::ClaimLost(claim.key)),
+        }
+    }
+
+    /// Flushes everything written so far (respects `sync = "none"`).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        match self.sync {
+            SyncMode::Batch => self.backend.flush(),
+            SyncMode::None => Ok(()),
+        }
+    }
+
+    /// Flushes regardless of the sync mode (shutdown, CLI).
+    pub fn flush_always(&self) -> Result<(), StoreError> {
+        self.backend.flush()
+    }
+
+    /// Removes a key whatever its state (operator `forget`). Returns what was there.
+    pub fn forget(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        loop {
+            let current = self.get(key)?;
+            if current.is_none() {
+                return Ok(None);
+            }
+            if self.compare_and_swap(key, current.as_ref(), None)?.is_ok() {
+                self.flush_always()?;
+                return Ok(current);
+            }
+        }
+    }
+
+    /// The highest input offset recorded for a partition.
+    pub fn watermark(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
+        match self.backend.get(Tree::Meta, &watermark_key(topic, partition))? {
+            None => Ok(None),
+            Some(v) => {
+                let arr: [u8; 8] = v.as_slice().try_into().map_err(|_| StoreError::Corrupt {
+                    key: format!("watermark {topic}/{partition}"),
+                    source: record::DecodeError("not 8 bytes".into()),
+                })?;
+                Ok(Some(i64::from_le_bytes(arr)))
+            }
+        }
+    }
+
+    /// Raises the watermarks of the given partitions (never lowers one). Durable with the
+    /// next flush.
+    pub fn raise_watermarks(&self, offsets: &[(String, i32, i64)]) -> Result<(), StoreError> {
+        let _gate = self.gate.read();
+        let mut ops = Vec::new();
+        for (topic, partition, offset) in offsets {
+            let current = self.watermark(topic, *partition)?;
+            if current.is_none_or(|c| c < *offset) {
+                ops.push(Op::Put(Tree::Meta, watermark_key(topic, *partition), offset.to_le_bytes().to_vec()));
+            }
+        }
+        if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
+    }
+
+    /// Up to `limit` records with keys after `after` (exclusive), for export and stats.
+    pub fn scan_records(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
+        let start = match after {
+            Some(a) => {
+                let mut s = a.as_bytes().to_vec();
+                s.push(0);
+                s
+            }
+            None => Vec::new(),
+        };
+        let page = self.backend.scan(Tree::Records, &start, None, limit)?;
+        page.into_iter()
+            .map(|(k, v)| {
+                let rec = decode(&k, &v)?;
+                Ok((String::from_utf8_lossy(&k).into_owned(), rec))
+            })
+            .collect()
+    }
+}
+
+fn decode(key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
+    Record::decode(value).map_err(|source| StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source })
+}
+
+#[cfg(test)]
+mod tests;

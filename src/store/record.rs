@@ -1,0 +1,399 @@
+//! The stored record of one key (SPEC §3) and its compact binary encoding.
+//!
+//! Layout: `[version=1][state][fingerprint 32B][state fields...]`, integers little-endian,
+//! strings and blobs as LEB128 length + bytes. Decoding checks every length against the
+//! buffer, so a torn or foreign value is an error, never a panic.
+
+use crate::fingerprint::Fingerprint;
+
+const VERSION: u8 = 1;
+const STATE_IN_PROGRESS: u8 = 1;
+const STATE_COMPLETED: u8 = 2;
+const STATE_INDETERMINATE: u8 = 3;
+
+/// How a completed command ended at its sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Completion {
+    /// The sink did it.
+    Succeeded,
+    /// The sink refused it permanently (or retries ran out); repeats replay this failure.
+    Failed,
+}
+
+impl Completion {
+    /// `succeeded` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Completion::Succeeded => "succeeded",
+            Completion::Failed => "failed",
+        }
+    }
+}
+
+/// Where the claiming record came from.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct SourcePos {
+    /// Input topic.
+    pub topic: String,
+    /// Input partition.
+    pub partition: i32,
+    /// Input offset.
+    pub offset: i64,
+}
+
+/// A claim that is (or was) being executed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InProgress {
+    /// Fingerprint of the claiming command.
+    pub fingerprint: Fingerprint,
+    /// When the key was first claimed, Unix ms.
+    pub claimed_at_ms: i64,
+    /// Sink runs started so far under this claim (1 on the first claim).
+    pub attempts: u32,
+    /// The record that claimed it.
+    pub source: SourcePos,
+}
+
+/// A finished command whose result is replayed to repeats until `expires_at_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// Fingerprint of the command.
+    pub fingerprint: Fingerprint,
+    /// Succeeded or failed.
+    pub outcome: Completion,
+    /// The sink's result as JSON text (`{}` when it had none).
+    pub result: Vec<u8>,
+    /// The sink's error sentence when failed.
+    pub error: Option<String>,
+    /// When the key was first claimed, Unix ms.
+    pub first_seen_at_ms: i64,
+    /// When the sink returned, Unix ms.
+    pub completed_at_ms: i64,
+    /// When this record may be removed, Unix ms.
+    pub expires_at_ms: i64,
+    /// Sink runs it took.
+    pub attempts: u32,
+}
+
+/// A claim whose effect is unknown (orphaned by a crash, sink does not forward the key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Indeterminate {
+    /// Fingerprint of the command.
+    pub fingerprint: Fingerprint,
+    /// When the key was first claimed, Unix ms.
+    pub claimed_at_ms: i64,
+    /// Sink runs started before the effect became unknown.
+    pub attempts: u32,
+    /// Why it is indeterminate.
+    pub why: String,
+}
+
+/// What the store holds for a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// Claimed, sink not yet returned (or crashed).
+    InProgress(InProgress),
+    /// Done; replayed until it expires.
+    Completed(Completed),
+    /// Unknown effect; waits for an operator.
+    Indeterminate(Indeterminate),
+}
+
+/// The three states, for metrics and stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// `in_progress`.
+    InProgress,
+    /// `completed`.
+    Completed,
+    /// `indeterminate`.
+    Indeterminate,
+}
+
+impl State {
+    /// Every state.
+    pub const ALL: [State; 3] = [State::InProgress, State::Completed, State::Indeterminate];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::InProgress => "in_progress",
+            State::Completed => "completed",
+            State::Indeterminate => "indeterminate",
+        }
+    }
+}
+
+impl Record {
+    /// The fingerprint the record was claimed with.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        match self {
+            Record::InProgress(r) => &r.fingerprint,
+            Record::Completed(r) => &r.fingerprint,
+            Record::Indeterminate(r) => &r.fingerprint,
+        }
+    }
+
+    /// Its state.
+    pub fn state(&self) -> State {
+        match self {
+            Record::InProgress(_) => State::InProgress,
+            Record::Completed(_) => State::Completed,
+            Record::Indeterminate(_) => State::Indeterminate,
+        }
+    }
+
+    /// When it expires: only completed records do.
+    pub fn expires_at_ms(&self) -> Option<i64> {
+        match self {
+            Record::Completed(c) => Some(c.expires_at_ms),
+            _ => None,
+        }
+    }
+
+    /// True for a completed record whose expiry is at or before `now_ms`.
+    pub fn is_expired(&self, now_ms: i64) -> bool {
+        self.expires_at_ms().is_some_and(|at| at <= now_ms)
+    }
+
+    /// The compact binary form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        out.push(VERSION);
+        match self {
+            Record::InProgress(r) => {
+                out.push(STATE_IN_PROGRESS);
+                out.extend_from_slice(&r.fingerprint.0);
+                out.extend_from_slice(&r.claimed_at_ms.to_le_bytes());
+                put_varint(&mut out, u64::from(r.attempts));
+                put_bytes(&mut out, r.source.topic.as_bytes());
+                out.extend_from_slice(&r.source.partition.to_le_bytes());
+                out.extend_from_slice(&r.source.offset.to_le_bytes());
+            }
+            Record::Completed(r) => {
+                out.push(STATE_COMPLETED);
+                out.extend_from_slice(&r.fingerprint.0);
+                out.push(match r.outcome {
+                    Completion::Succeeded => 0,
+                    Completion::Failed => 1,
+                });
+                out.extend_from_slice(&r.first_seen_at_ms.to_le_bytes());
+                out.extend_from_slice(&r.completed_at_ms.to_le_bytes());
+                out.extend_from_slice(&r.expires_at_ms.to_le_bytes());
+                put_varint(&mut out, u64::from(r.attempts));
+                put_bytes(&mut out, &r.result);
+                match &r.error {
+                    None => out.push(0),
+                    Some(e) => {
+                        out.push(1);
+                        put_bytes(&mut out, e.as_bytes());
+                    }
+                }
+            }
+            Record::Indeterminate(r) => {
+                out.push(STATE_INDETERMINATE);
+                out.extend_from_slice(&r.fingerprint.0);
+                out.extend_from_slice(&r.claimed_at_ms.to_le_bytes());
+                put_varint(&mut out, u64::from(r.attempts));
+                put_bytes(&mut out, r.why.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// Reads the compact binary form; any inconsistency is an error.
+    pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+        let mut r = Reader { buf: bytes };
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(DecodeError(format!("unknown record version {version}")));
+        }
+        let state = r.u8()?;
+        let fingerprint = Fingerprint(r.array::<32>()?);
+        let record = match state {
+            STATE_IN_PROGRESS => Record::InProgress(InProgress {
+                fingerprint,
+                claimed_at_ms: r.i64()?,
+                attempts: r.u32_varint()?,
+                source: SourcePos { topic: r.string()?, partition: r.i32()?, offset: r.i64()? },
+            }),
+            STATE_COMPLETED => {
+                let outcome = match r.u8()? {
+                    0 => Completion::Succeeded,
+                    1 => Completion::Failed,
+                    other => return Err(DecodeError(format!("unknown outcome {other}"))),
+                };
+                Record::Completed(Completed {
+                    fingerprint,
+                    outcome,
+                    first_seen_at_ms: r.i64()?,
+                    completed_at_ms: r.i64()?,
+                    expires_at_ms: r.i64()?,
+                    attempts: r.u32_varint()?,
+                    result: r.bytes()?.to_vec(),
+                    error: match r.u8()? {
+                        0 => None,
+                        1 => Some(r.string()?),
+                        other => return Err(DecodeError(format!("bad error flag {other}"))),
+                    },
+                })
+            }
+            STATE_INDETERMINATE => Record::Indeterminate(Indeterminate {
+                fingerprint,
+                claimed_at_ms: r.i64()?,
+                attempts: r.u32_varint()?,
+                why: r.string()?,
+            }),
+            other => return Err(DecodeError(format!("unknown state {other}"))),
+        };
+        if !r.buf.is_empty() {
+            return Err(DecodeError(format!("{} trailing bytes", r.buf.len())));
+        }
+        Ok(record)
+    }
+}
+
+/// A stored value that is not a valid record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("undecodable record: {0}")]
+pub struct DecodeError(pub String);
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError(format!("truncated: wanted {n} bytes, {} left", self.buf.len())));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn i64(&mut self) -> Result<i64, DecodeError> {
+        Ok(i64::from_le_bytes(self.array()?))
+    }
+    fn i32(&mut self) -> Result<i32, DecodeError> {
+        Ok(i32::from_le_bytes(self.array()?))
+    }
+    fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut v: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let byte = self.u8()?;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(DecodeError("varint longer than 10 bytes".into()))
+    }
+    fn u32_varint(&mut self) -> Result<u32, DecodeError> {
+        u32::try_from(self.varint()?).map_err(|_| DecodeError("attempts out of range".into()))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let len = usize::try_from(self.varint()?).map_err(|_| DecodeError("length out of range".into()))?;
+        self.take(len)
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError("string is not UTF-8".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn fp(b: u8) -> Fingerprint {
+        Fingerprint([b; 32])
+    }
+
+    #[test]
+    fn each_state_round_trips() {
+        let records = [
+            Record::InProgress(InProgress {
+                fingerprint: fp(1),
+                claimed_at_ms: 1_700_000_000_000,
+                attempts: 1,
+                source: SourcePos { topic: "commands".into(), partition: 3, offset: 1042 },
+            }),
+            Record::Completed(Completed {
+                fingerprint: fp(2),
+                outcome: Completion::Failed,
+                result: br#"{"status":400}"#.to_vec(),
+                error: Some("HTTP 400".into()),
+                first_seen_at_ms: 1,
+                completed_at_ms: 2,
+                expires_at_ms: 3,
+                attempts: 300,
+            }),
+            Record::Indeterminate(Indeterminate { fingerprint: fp(3), claimed_at_ms: -5, attempts: 2, why: "crash".into() }),
+        ];
+        for r in records {
+            assert_eq!(Record::decode(&r.encode()).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn completed_record_is_compact() {
+        let r = Record::Completed(Completed {
+            fingerprint: fp(2),
+            outcome: Completion::Succeeded,
+            result: b"{}".to_vec(),
+            error: None,
+            first_seen_at_ms: 1,
+            completed_at_ms: 2,
+            expires_at_ms: 3,
+            attempts: 1,
+        });
+        assert!(r.encode().len() <= 64, "{}", r.encode().len());
+    }
+
+    proptest! {
+        #[test]
+        fn every_truncation_is_an_error_not_a_panic(cut in 0usize..80, attempts in 0u32..u32::MAX) {
+            let r = Record::InProgress(InProgress {
+                fingerprint: fp(9), claimed_at_ms: 7, attempts,
+                source: SourcePos { topic: "t".into(), partition: 0, offset: 1 },
+            });
+            let bytes = r.encode();
+            if cut < bytes.len() {
+                prop_assert!(Record::decode(&bytes[..cut]).is_err());
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Record::decode(&bytes);
+        }
+    }
+}
