@@ -1,0 +1,153 @@
+//! The engine: one batch of parsed records through decide → claim → one flush → sinks →
+//! complete → one flush. No Kafka here: the pipeline feeds batches in and publishes what
+//! comes out; tests drive it directly.
+//!
+//! Ordering and waiting. Records of one key run one at a time in arrival order: a batch is
+//! worked in rounds, each round taking the oldest unfinished record of every key. A key
+//! being executed by another batch (another partition) makes its record *wait*; waits are
+//! only awaited after the round's own claims are completed and released, so two batches
+//! can never wait on each other.
+//!
+//! Letting go. When `cancel` fires, no sink call is started any more. A claim whose sink
+//! never ran is released (its previous record restored), so the next owner runs it as if
+//! nothing happened; a claim whose sink ran at least once without an answer stays
+//! `in_progress` for the crash rules of SPEC §4. Such records come back as
+//! [`ItemResult::Abandoned`]: the pipeline must not commit past them.
+
+mod batch;
+mod retry;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::{Semaphore, watch};
+
+use crate::config::RetryConfig;
+use crate::envelope::{Command, Rejection};
+use crate::routes::Router;
+use crate::sinks::Sink;
+use crate::store::{KeyStore, SourcePos, StoreError};
+
+pub use crate::outcome::Processed;
+
+/// Where "now" comes from; tests move it by hand.
+pub trait Clock: Send + Sync {
+    /// Now, Unix ms.
+    fn now_ms(&self) -> i64;
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        chrono::Utc::now().timestamp_millis()
+    }
+}
+
+/// One input record, parsed.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// Where it came from.
+    pub source: SourcePos,
+    /// The command, or why it is not one.
+    pub parsed: Result<Command, Rejection>,
+    /// `traceparent` of the input (also inside a parsed command).
+    pub traceparent: Option<String>,
+}
+
+/// What became of one item.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ItemResult {
+    /// Decided and, where needed, executed and stored: publish it.
+    Done(Box<Processed>),
+    /// Let go because of `cancel`: do not publish, do not commit past it.
+    Abandoned,
+}
+
+/// An engine failure: the batch cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The store failed; nothing after this is safe.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A route names a sink that was not built.
+    #[error("route {route} names sink {sink}, which does not exist")]
+    MissingSink { route: String, sink: String },
+    /// A blocking store task panicked or was cancelled.
+    #[error("store task failed: {0}")]
+    Join(String),
+}
+
+/// The dedup engine shared by all partitions' workers.
+pub struct Engine {
+    store: Arc<KeyStore>,
+    router: Arc<Router>,
+    /// One per route index, resolved once.
+    route_sinks: Vec<Arc<dyn Sink>>,
+    /// Keys being executed by this process, with a sender dropped when they finish.
+    inflight: Mutex<HashMap<String, watch::Sender<()>>>,
+    limiter: Arc<Semaphore>,
+    retry: RetryConfig,
+    stale_guard: bool,
+    clock: Arc<dyn Clock>,
+}
+
+/// How an [`Engine`] is put together.
+pub struct EngineParts {
+    /// The store.
+    pub store: Arc<KeyStore>,
+    /// The routes.
+    pub router: Arc<Router>,
+    /// Sinks by name.
+    pub sinks: HashMap<String, Arc<dyn Sink>>,
+    /// `pipeline.max_in_flight`.
+    pub max_in_flight: usize,
+    /// `[retry]`.
+    pub retry: RetryConfig,
+    /// `envelope.stale_guard`.
+    pub stale_guard: bool,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Engine {
+    /// Builds the engine; fails when a route names a missing sink.
+    pub fn new(parts: EngineParts) -> Result<Engine, EngineError> {
+        let mut route_sinks = Vec::with_capacity(parts.router.routes().len());
+        for route in parts.router.routes() {
+            let sink = parts.sinks.get(&route.sink).ok_or_else(|| EngineError::MissingSink {
+                route: route.name.clone(),
+                sink: route.sink.clone(),
+            })?;
+            route_sinks.push(Arc::clone(sink));
+        }
+        Ok(Engine {
+            store: parts.store,
+            router: parts.router,
+            route_sinks,
+            inflight: Mutex::new(HashMap::new()),
+            limiter: Arc::new(Semaphore::new(parts.max_in_flight.max(1))),
+            retry: parts.retry,
+            stale_guard: parts.stale_guard,
+            clock: parts.clock,
+        })
+    }
+
+    /// The store it writes to.
+    pub fn store(&self) -> &Arc<KeyStore> {
+        &self.store
+    }
+
+    /// The routes it uses.
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    /// Number of keys executing right now.
+    pub fn in_flight(&self) -> usize {
+        self.inflight.lock().len()
+    }
+}

@@ -15,6 +15,7 @@
 //! - [`store`]: the key store: CAS claims, group commit, expiry index, compaction, watermarks.
 //! - [`decide`]: the pure decision table of SPEC §4.
 //! - [`sinks`]: the `Sink` trait and one file per kind.
+//! - [`outcome`]: what became of a record; the result record of SPEC §5.
 //! - [`engine`]: a batch of commands through decide, claim, flush, sinks, complete, flush.
 
 pub mod config;
@@ -22,6 +23,7 @@ pub mod decide;
 pub mod engine;
 pub mod envelope;
 pub mod fingerprint;
+pub mod outcome;
 pub mod routes;
 pub mod sinks;
 pub mod store;

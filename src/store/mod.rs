@@ -13,6 +13,7 @@
 
 mod compaction;
 mod fjall_backend;
+mod operator;
 pub mod record;
 mod sled_backend;
 
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::{StoreBackend, SyncMode};
+pub use operator::ResolveError;
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
 
 /// A store failure.

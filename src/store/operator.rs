@@ -1,0 +1,52 @@
+//! Operator actions on single keys (SPEC §3): `resolve` an indeterminate key as succeeded
+//! or failed. `forget` lives beside the other mutations in mod.rs.
+
+use super::{Completed, Completion, KeyStore, Record, StoreError};
+
+/// Why a resolve did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The key has no record.
+    #[error("key {0:?} has no record")]
+    NotFound(String),
+    /// Only `indeterminate` records can be resolved.
+    #[error("key {key:?} is {state}, not indeterminate")]
+    NotIndeterminate { key: String, state: &'static str },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl KeyStore {
+    /// Turns an `indeterminate` record into a `completed` one with `outcome`, expiring
+    /// `ttl_ms` after `now_ms`; repeats then replay it. Flushed before returning.
+    pub fn resolve(&self, key: &str, outcome: Completion, now_ms: i64, ttl_ms: i64) -> Result<Record, ResolveError> {
+        loop {
+            let current = self.get(key)?;
+            let ind = match &current {
+                None => return Err(ResolveError::NotFound(key.to_string())),
+                Some(Record::Indeterminate(ind)) => ind.clone(),
+                Some(other) => {
+                    return Err(ResolveError::NotIndeterminate { key: key.to_string(), state: other.state().as_str() });
+                }
+            };
+            let new = Record::Completed(Completed {
+                fingerprint: ind.fingerprint,
+                outcome,
+                result: br#"{"resolved_by":"operator"}"#.to_vec(),
+                error: match outcome {
+                    Completion::Succeeded => None,
+                    Completion::Failed => Some(format!("resolved as failed by an operator; was: {}", ind.why)),
+                },
+                first_seen_at_ms: ind.claimed_at_ms,
+                completed_at_ms: now_ms,
+                expires_at_ms: now_ms.saturating_add(ttl_ms),
+                attempts: ind.attempts,
+            });
+            if self.compare_and_swap(key, current.as_ref(), Some(&new))?.is_ok() {
+                self.flush_always()?;
+                return Ok(new);
+            }
+        }
+    }
+}
