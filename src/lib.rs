@@ -16,14 +16,21 @@
 //! - [`decide`]: the pure decision table of SPEC §4.
 //! - [`sinks`]: the `Sink` trait and one file per kind.
 //! - [`outcome`]: what became of a record; the result record of SPEC §5.
+//! - [`cli`]: the command line; [`demo`]: `dedupd demo` on a mock cluster.
+//! - [`pipeline`]: `dedupd run`: consumer thread, partition workers, publisher, purge.
+//! - [`ops`]: the HTTP listener (metrics, health, admin) and the metrics catalogue.
 //! - [`engine`]: a batch of commands through decide, claim, flush, sinks, complete, flush.
 
 pub mod config;
+pub mod cli;
 pub mod decide;
+pub mod demo;
 pub mod engine;
 pub mod envelope;
 pub mod fingerprint;
+pub mod ops;
 pub mod outcome;
+pub mod pipeline;
 pub mod routes;
 pub mod sinks;
 pub mod store;

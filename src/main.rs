@@ -1,3 +1,23 @@
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("the CLI is not written yet")
+//! The `dedupd` binary: parse the command line and hand over to `dedupd::cli`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = dedupd::cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dedupd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dedupd::cli::dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("dedupd: {e}");
+            ExitCode::from(2)
+        }
+    }
 }

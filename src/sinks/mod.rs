@@ -112,3 +112,30 @@ pub trait Sink: Send + Sync {
     /// Performs the effect once.
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError>;
 }
+
+/// A sink that could not be built from its config.
+#[derive(Debug, thiserror::Error)]
+#[error("sink {name}: {reason}")]
+pub struct SinkBuildError {
+    /// The instance name.
+    pub name: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Builds every configured sink instance, by name.
+pub fn build_all(
+    configs: &std::collections::BTreeMap<String, SinkConfig>,
+) -> Result<std::collections::HashMap<String, std::sync::Arc<dyn Sink>>, SinkBuildError> {
+    let mut out: std::collections::HashMap<String, std::sync::Arc<dyn Sink>> = std::collections::HashMap::new();
+    for (name, config) in configs {
+        let sink: std::sync::Arc<dyn Sink> = match config {
+            SinkConfig::Http(c) => std::sync::Arc::new(
+                http::HttpSink::new(name, c).map_err(|e| SinkBuildError { name: name.clone(), reason: e.to_string() })?,
+            ),
+            SinkConfig::Log(c) => std::sync::Arc::new(log::LogSink::new(name, c)),
+        };
+        out.insert(name.clone(), sink);
+    }
+    Ok(out)
+}

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::{StoreBackend, SyncMode};
-pub use operator::ResolveError;
+pub use operator::{ResolveError, record_json};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
 
 /// A store failure.

@@ -50,3 +50,29 @@ impl KeyStore {
         }
     }
 }
+
+/// A record as JSON for people and JSON Lines export.
+pub fn record_json(key: &str, record: &Record) -> serde_json::Value {
+    use crate::outcome::rfc3339_ms;
+    use serde_json::json;
+    match record {
+        Record::InProgress(r) => json!({
+            "key": key, "state": "in_progress", "fingerprint": r.fingerprint.to_string(),
+            "claimed_at": rfc3339_ms(r.claimed_at_ms), "attempts": r.attempts,
+            "source": {"topic": r.source.topic, "partition": r.source.partition, "offset": r.source.offset},
+        }),
+        Record::Completed(r) => json!({
+            "key": key, "state": "completed", "fingerprint": r.fingerprint.to_string(),
+            "outcome": r.outcome.as_str(),
+            "result": serde_json::from_slice::<serde_json::Value>(&r.result)
+                .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&r.result).into_owned())),
+            "error": r.error, "first_seen_at": rfc3339_ms(r.first_seen_at_ms),
+            "completed_at": rfc3339_ms(r.completed_at_ms), "expires_at": rfc3339_ms(r.expires_at_ms),
+            "attempts": r.attempts,
+        }),
+        Record::Indeterminate(r) => json!({
+            "key": key, "state": "indeterminate", "fingerprint": r.fingerprint.to_string(),
+            "claimed_at": rfc3339_ms(r.claimed_at_ms), "attempts": r.attempts, "why": r.why,
+        }),
+    }
+}

@@ -1,0 +1,267 @@
+//! `dedupd demo`: the real pipeline against librdkafka's in-process mock cluster and a
+//! local HTTP receiver, with duplicates (same batch, later, other partition), conflicts
+//! and bad records. Passes only when the receiver saw exactly one request per distinct
+//! valid key and every input got a result.
+//!
+//! The mock cluster keeps only ~5 MB per partition and drops older data silently, so the
+//! demo stays far below that (a few thousand small records).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use parking_lot::Mutex;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, RouteConfig};
+use crate::sinks::SinkConfig;
+use crate::sinks::http::HttpSinkConfig;
+
+/// Why the demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// Kafka mock or client.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// Local I/O (receiver socket, temp dir).
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    /// The pipeline failed.
+    #[error("pipeline: {0}")]
+    Pipeline(#[from] crate::pipeline::PipelineError),
+    /// Timed out waiting for results.
+    #[error("timed out after {0:?} waiting for results ({1} of {2} arrived)")]
+    Timeout(Duration, usize, usize),
+}
+
+/// What the demo saw.
+#[derive(Debug, Default)]
+pub struct Summary {
+    inputs: usize,
+    distinct_valid_keys: usize,
+    requests: usize,
+    keys_with_more_than_one_request: usize,
+    outcomes: HashMap<String, usize>,
+    dead_letters: usize,
+    metrics_url: String,
+    seconds: f64,
+}
+
+impl Summary {
+    /// True when every distinct valid key was executed exactly once.
+    pub fn passed(&self) -> bool {
+        self.requests == self.distinct_valid_keys && self.keys_with_more_than_one_request == 0
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = |k: &str| self.outcomes.get(k).copied().unwrap_or(0);
+        writeln!(f, "dedupd demo: {} commands in, {:.1} s", self.inputs, self.seconds)?;
+        writeln!(f, "  effects done (HTTP requests received) : {}", self.requests)?;
+        writeln!(f, "  distinct valid keys                   : {}", self.distinct_valid_keys)?;
+        writeln!(f, "  duplicates suppressed (replayed)      : {}", o("duplicate"))?;
+        writeln!(f, "  conflicts (same key, other payload)   : {}", o("conflict"))?;
+        writeln!(f, "  dead-lettered (bad or stale records)  : {}", self.dead_letters)?;
+        writeln!(f, "  result records by outcome             : {:?}", sorted(&self.outcomes))?;
+        writeln!(f, "  metrics were at                       : {}", self.metrics_url)?;
+        if self.passed() {
+            write!(f, "PASS: every distinct valid command ran exactly once")
+        } else {
+            write!(
+                f,
+                "FAIL: {} effects for {} distinct keys ({} keys executed more than once)",
+                self.requests, self.distinct_valid_keys, self.keys_with_more_than_one_request
+            )
+        }
+    }
+}
+
+fn sorted(m: &HashMap<String, usize>) -> Vec<(&str, usize)> {
+    let mut v: Vec<(&str, usize)> = m.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    v.sort();
+    v
+}
+
+type Received = Arc<Mutex<HashMap<String, usize>>>;
+
+async fn receive(State(seen): State<Received>, headers: HeaderMap) -> axum::Json<serde_json::Value> {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    *seen.lock().entry(key).or_insert(0) += 1;
+    axum::Json(json!({"accepted": true}))
+}
+
+/// The demo's input: (kafka key, value, is a distinct valid key's first appearance).
+fn workload(distinct: usize) -> (Vec<(String, Vec<u8>)>, usize) {
+    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+    let cmd = |i: usize, amount: usize| {
+        serde_json::to_vec(&json!({"id": format!("order-{i}"), "type": "payment.charge",
+            "payload": {"customer": format!("c{}", i % 97), "amount": amount}}))
+        .unwrap_or_default()
+    };
+    for i in 0..distinct {
+        out.push((format!("p{i}"), cmd(i, 100 + i)));
+        if i % 10 == 0 {
+            // A retry right behind the original: same batch, same partition.
+            out.push((format!("p{i}"), cmd(i, 100 + i)));
+        }
+        if i % 10 == 1 {
+            // The same command through another partition (other Kafka key).
+            out.push((format!("other-{i}"), cmd(i, 100 + i)));
+        }
+        if i % 50 == 2 {
+            // Same key, different payload: a conflict, never executed.
+            out.push((format!("p{i}"), cmd(i, 999_999)));
+        }
+    }
+    // Much later repeats of the first tenth.
+    for i in 0..distinct / 10 {
+        out.push((format!("late-{i}"), cmd(i, 100 + i)));
+    }
+    // Bad records, one of each kind.
+    let bad: Vec<Vec<u8>> = vec![
+        b"{not json".to_vec(),
+        br#"{"type":"payment.charge","payload":{}}"#.to_vec(),
+        br#"{"id":"","type":"payment.charge","payload":{}}"#.to_vec(),
+        br#"{"id":"x-1","type":"unknown.kind","payload":{}}"#.to_vec(),
+        b"[1,2,3]".to_vec(),
+    ];
+    for (j, v) in bad.into_iter().cycle().take((distinct / 100).max(5)).enumerate() {
+        out.push((format!("bad-{j}"), v));
+    }
+    (out, distinct)
+}
+
+/// Runs the demo with `distinct` valid keys.
+pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
+    let started = Instant::now();
+    let cluster = MockCluster::new(1)?;
+    let bootstrap = cluster.bootstrap_servers();
+    for (topic, parts) in [("demo.commands", 6), ("demo.results", 3), ("demo.dead-letter", 1)] {
+        cluster.create_topic(topic, parts, 1)?;
+    }
+
+    let seen: Received = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let receiver_addr = listener.local_addr()?;
+    let app = axum::Router::new().route("/effects", axum::routing::post(receive)).with_state(Arc::clone(&seen));
+    let stop_receiver = CancellationToken::new();
+    let receiver = {
+        let stop = stop_receiver.clone();
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await })
+    };
+
+    let dir = tempfile::tempdir()?;
+    let mut config = Config::default();
+    config.kafka.bootstrap_servers = bootstrap.clone();
+    config.kafka.group_id = "dedupd-demo".into();
+    config.kafka.input_topics = vec!["demo.commands".into()];
+    config.kafka.results_topic = "demo.results".into();
+    config.kafka.dead_letter_topic = "demo.dead-letter".into();
+    config.store.path = dir.path().join("store");
+    config.http.listen = "127.0.0.1:0".parse().map_err(|e| DemoError::Io(std::io::Error::other(format!("{e}"))))?;
+    config.sinks.insert(
+        "webhook".into(),
+        SinkConfig::Http(HttpSinkConfig {
+            url: format!("http://{receiver_addr}/effects"),
+            forward_key: true,
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+        }),
+    );
+    config.routes.push(RouteConfig {
+        name: Some("payments".into()),
+        types: vec!["payment.*".into()],
+        sink: "webhook".into(),
+        ttl: None,
+        fingerprint_exclude: vec![],
+    });
+
+    let (workload, distinct_valid_keys) = workload(distinct);
+    let inputs = workload.len();
+    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create()?;
+    for (key, value) in &workload {
+        producer
+            .send(FutureRecord::to("demo.commands").key(key.as_str()).payload(value.as_slice()), Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)?;
+    }
+
+    let stop = CancellationToken::new();
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let pipeline = {
+        let stop = stop.clone();
+        tokio::spawn(crate::pipeline::run(config, Default::default(), stop.cancelled_owned(), move |r| {
+            let _ = addr_tx.send(r.http_addr);
+        }))
+    };
+    let metrics_url = match addr_rx.await {
+        Ok(a) => format!("http://{a}/metrics"),
+        Err(_) => String::from("(not started)"),
+    };
+
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "dedupd-demo-reader")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    reader.subscribe(&["demo.results", "demo.dead-letter"])?;
+    let mut outcomes: HashMap<String, usize> = HashMap::new();
+    let (mut results, mut dead_letters) = (0usize, 0usize);
+    let limit = Duration::from_secs(120);
+    while results < inputs {
+        if started.elapsed() > limit {
+            stop.cancel();
+            return Err(DemoError::Timeout(limit, results, inputs));
+        }
+        let Some(msg) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200))) else { continue };
+        let Ok(msg) = msg else { continue };
+        if msg.topic() == "demo.dead-letter" {
+            dead_letters += 1;
+            continue;
+        }
+        results += 1;
+        let outcome = msg
+            .payload()
+            .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+            .and_then(|v| v.get("outcome").and_then(|o| o.as_str()).map(str::to_string))
+            .unwrap_or_else(|| "unreadable".into());
+        *outcomes.entry(outcome).or_insert(0) += 1;
+    }
+    // Dead letters are published with their results; give the reader a moment to see them.
+    let rejected = outcomes.get("rejected").copied().unwrap_or(0) + outcomes.get("stale").copied().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dead_letters < rejected && Instant::now() < deadline {
+        if let Some(Ok(m)) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200))) {
+            if m.topic() == "demo.dead-letter" {
+                dead_letters += 1;
+            }
+        }
+    }
+    stop.cancel();
+    let _ = pipeline.await;
+    stop_receiver.cancel();
+    let _ = receiver.await;
+
+    let seen = seen.lock();
+    Ok(Summary {
+        inputs,
+        distinct_valid_keys,
+        requests: seen.values().sum(),
+        keys_with_more_than_one_request: seen.values().filter(|n| **n > 1).count(),
+        outcomes,
+        dead_letters,
+        metrics_url,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,103 @@
+//! Operating surface: the one HTTP listener (`/metrics`, `/healthz`, `/readyz`) and the
+//! metrics catalogue. The admin API (`/v1/keys/...`) joins this listener later.
+
+pub mod metrics;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use parking_lot::Mutex;
+
+pub use metrics::Metrics;
+
+/// What `/readyz` reports: ready once the consumer joined its group, not ready while any
+/// partition is refused (store watermark behind the committed offset).
+#[derive(Default)]
+pub struct Health {
+    joined: AtomicBool,
+    refused: Mutex<BTreeSet<String>>,
+}
+
+impl Health {
+    /// The consumer has an assignment (or joined with none).
+    pub fn set_joined(&self, joined: bool) {
+        self.joined.store(joined, Ordering::SeqCst);
+    }
+    /// Marks `topic/partition` refused or not.
+    pub fn set_refused(&self, partition: &str, refused: bool) {
+        let mut set = self.refused.lock();
+        if refused {
+            set.insert(partition.to_string());
+        } else {
+            set.remove(partition);
+        }
+    }
+    /// Refused partitions now.
+    pub fn refused(&self) -> Vec<String> {
+        self.refused.lock().iter().cloned().collect()
+    }
+    /// Ready to do its job.
+    pub fn is_ready(&self) -> bool {
+        self.joined.load(Ordering::SeqCst) && self.refused.lock().is_empty()
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// An HTTP listener failure.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// Could not bind `http.listen`.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    /// The server stopped with an error.
+    #[error("http server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Binds `addr`; returns the bound address and a future that serves until `shutdown`.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), OpsError>>), OpsError> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| OpsError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| OpsError::Bind { addr, source })?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(AppState { metrics, health });
+    let fut = async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(OpsError::Serve) };
+    Ok((bound, fut))
+}
+
+async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
+}
+
+async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    if s.health.is_ready() {
+        (StatusCode::OK, "ready\n".to_string())
+    } else {
+        let refused = s.health.refused();
+        let why = if refused.is_empty() {
+            "not ready: consumer has not joined its group\n".to_string()
+        } else {
+            format!("not ready: partitions refused (store watermark behind committed offset): {}\n", refused.join(", "))
+        };
+        (StatusCode::SERVICE_UNAVAILABLE, why)
+    }
+}
