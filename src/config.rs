@@ -548,3 +548,17 @@ mod tests {
         assert!(err.to_string().contains("store.max_ttl"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod example_tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_in_deploy_parses_and_validates() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dedupd.toml");
+        let c = Config::load(&path, Vec::<(String, String)>::new()).unwrap();
+        assert_eq!(c.sinks.len(), 2);
+        assert_eq!(c.routes[0].ttl, Some(Duration::from_secs(72 * 3600)));
+        assert!(c.sinks["payments-api"].forwards_key());
+    }
+}
