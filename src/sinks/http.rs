@@ -344,10 +344,10 @@ impl Body {
         if bytes.is_empty() {
             return Body { value: Value::Null, truncated, error: None };
         }
-        if !truncated {
-            if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
-                return Body { value, truncated, error: None };
-            }
+        if !truncated
+            && let Ok(value) = serde_json::from_slice::<Value>(bytes)
+        {
+            return Body { value, truncated, error: None };
         }
         // A cut may split the last character: drop the incomplete tail.
         let whole = match std::str::from_utf8(bytes) {

@@ -81,7 +81,7 @@ impl<'a> SinkRequest<'a> {
 /// A sink failure, classified.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {
-    /// Worth retrying with the same key: timeouts, connection errors, HTTP 5xx/429.
+    /// Worth retrying with the same key: timeouts, connection errors, HTTP 5xx/429/408.
     #[error("transient: {message}")]
     Transient {
         /// What happened.
