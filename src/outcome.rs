@@ -160,7 +160,7 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "attempts", "completed_at", "error", "first_seen_at", "fingerprint", "key", "outcome", "replay", "result",
+                "attempts", "completed_at", "error", "fingerprint", "first_seen_at", "key", "outcome", "replay", "result",
                 "route", "sink", "source", "type"
             ]
         );
