@@ -69,6 +69,9 @@ impl Backend for SledBackend {
         end: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        if end.is_some_and(|e| e <= start) || limit == 0 {
+            return Ok(Vec::new());
+        }
         let lo = full_key(tree, start);
         let hi = match end {
             Some(e) => full_key(tree, e),

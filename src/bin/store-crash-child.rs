@@ -1,0 +1,119 @@
+//! Helper for `tests/store_crash.rs`: writes to a store until it is SIGKILLed.
+//!
+//! Usage: `store-crash-child <sled|fjall> <path> <run> <batch>`
+//!
+//! Loops over batches of `batch` fresh keys `r{run:04}-{i:07}` (i counting from 0):
+//! claims the batch, `flush_claims`, prints `DURABLE <first> <last>` (indices, inclusive);
+//! completes each key (every fourth batch with an expiry already in the past), raises the
+//! watermark of `crash/0` to the batch's last global offset, flushes, prints
+//! `COMPLETED <first> <last>`; then runs one compaction chunk. A line is printed (and
+//! stdout flushed) only after the flush it reports has returned. Any store error exits 1.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use dedupd::config::{StoreBackend, SyncMode};
+use dedupd::fingerprint::Fingerprint;
+use dedupd::store::{Completed, Completion, InProgress, KeyStore, SourcePos};
+
+/// Keys of one run are numbered from 0; the global offset orders runs too.
+const RUN_STRIDE: i64 = 10_000_000;
+/// Expiry of completions that must survive: far in the future.
+const FAR: i64 = 4_000_000_000_000;
+
+fn fingerprint_of(key: &str) -> Fingerprint {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in key.as_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100000001b3);
+    }
+    let mut out = [0u8; 32];
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&h.rotate_left(i as u32 * 13).to_le_bytes());
+    }
+    Fingerprint(out)
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("store-crash-child: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 5 {
+        return Err("usage: store-crash-child <sled|fjall> <path> <run> <batch>".into());
+    }
+    let kind = match args[1].as_str() {
+        "sled" => StoreBackend::Sled,
+        "fjall" => StoreBackend::Fjall,
+        other => return Err(format!("unknown backend {other}").into()),
+    };
+    let path = PathBuf::from(&args[2]);
+    let run: i64 = args[3].parse()?;
+    let batch: i64 = args[4].parse()?;
+    if batch < 1 || run < 0 {
+        return Err("batch must be >= 1, run >= 0".into());
+    }
+
+    let store = KeyStore::open(kind, &path, SyncMode::Batch)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "OPEN")?;
+    out.flush()?;
+
+    let mut next: i64 = 0;
+    // Bounded so a child that is never killed still ends.
+    while next < RUN_STRIDE - batch {
+        let (first, last) = (next, next + batch - 1);
+        let batch_no = first / batch;
+        let expired = batch_no % 4 == 3;
+
+        let mut pending = Vec::with_capacity(batch as usize);
+        for i in first..=last {
+            let key = format!("r{run:04}-{i:07}");
+            let claim = InProgress {
+                fingerprint: fingerprint_of(&key),
+                claimed_at_ms: 1_000 + i,
+                attempts: 1,
+                source: SourcePos { topic: "crash".into(), partition: 0, offset: run * RUN_STRIDE + i },
+            };
+            match store.claim(&key, None, claim)? {
+                Ok(p) => pending.push(p),
+                Err(current) => return Err(format!("fresh key {key} was taken: {current:?}").into()),
+            }
+        }
+        let durable = store.flush_claims(pending)?;
+        writeln!(out, "DURABLE {first} {last}")?;
+        out.flush()?;
+
+        for (n, claim) in durable.into_iter().enumerate() {
+            let i = first + n as i64;
+            let done = Completed {
+                fingerprint: claim.record().fingerprint,
+                outcome: Completion::Succeeded,
+                result: format!("{{\"n\":{i}}}").into_bytes(),
+                error: None,
+                first_seen_at_ms: claim.record().claimed_at_ms,
+                completed_at_ms: 2_000 + i,
+                expires_at_ms: if expired { 1 } else { FAR },
+                attempts: 1,
+            };
+            store.complete(claim, done)?;
+        }
+        store.raise_watermarks(&[("crash".to_string(), 0, run * RUN_STRIDE + last)])?;
+        store.flush()?;
+        writeln!(out, "COMPLETED {first} {last}")?;
+        out.flush()?;
+
+        // Removes (some of) the already-expired completions, so that kills also land
+        // inside compaction chunks.
+        store.compact_chunk(1_000, 37)?;
+        next = last + 1;
+    }
+    Ok(())
+}
