@@ -718,7 +718,12 @@ mod tests {
 
     /// Routes: `email.*` (1h, excludes /payload/request_id), `charge_card`, `com.example.*`,
     /// `plain` (no ttl). No default route. default_ttl 24h, max_ttl 7d.
-    fn router() -> Router {
+    fn router() -> &'static Router {
+        static ROUTER: std::sync::OnceLock<Router> = std::sync::OnceLock::new();
+        ROUTER.get_or_init(make_router)
+    }
+
+    fn make_router() -> Router {
         Router::new(
             &[
                 route("mail", &["email.*"], Some(HOUR), &["/payload/request_id"]),
@@ -791,7 +796,7 @@ mod tests {
                 value: self.value.as_deref(),
                 headers: &self.headers,
             };
-            parse(&record, envelope, limits, &router())
+            parse(&record, envelope, limits, router())
         }
         fn env(&self, envelope: &EnvelopeConfig) -> Result<Command, Rejection> {
             self.parse_with(envelope, &LimitsConfig::default())
@@ -1482,7 +1487,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
         #[test]
         fn arbitrary_records_never_panic(
