@@ -209,6 +209,7 @@ fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts)
         if !ctx.assigned.lock().contains(&tp) || ctx.refused.lock().contains(&tp) {
             // Prefetched before a revoke or pause: not ours to process; nothing is stored,
             // so it comes again to whoever owns the partition.
+            tracing::debug!(topic = %tp.0, partition = tp.1, offset = msg.offset(), "dropping a record of a partition not ours");
             continue;
         }
         let tx = {

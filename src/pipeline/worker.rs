@@ -67,6 +67,7 @@ impl PartitionWorker {
     /// Returns false when the worker must stop (cancelled or fatal error).
     async fn process(&self, batch: Vec<OwnedMessage>) -> bool {
         let started = Instant::now();
+        tracing::debug!(topic = %self.topic, partition = self.partition, first = batch.first().map(Message::offset), records = batch.len(), "batch");
         let items: Vec<Item> = batch.iter().map(|m| self.item(m)).collect();
         let store = Arc::clone(self.shared.engine.store());
         let last = batch.last().map_or(0, Message::offset);
