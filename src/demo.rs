@@ -188,12 +188,21 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
 
     let (workload, distinct_valid_keys) = workload(distinct);
     let inputs = workload.len();
-    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create()?;
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", &bootstrap).set("enable.idempotence", "true").create()?;
+    // Queue everything, then await the acknowledgements: awaiting each send in turn
+    // would wait out linger.ms once per record.
+    let mut acks = Vec::with_capacity(workload.len());
     for (key, value) in &workload {
-        producer
-            .send(FutureRecord::to("demo.commands").key(key.as_str()).payload(value.as_slice()), Duration::from_secs(10))
-            .await
-            .map_err(|(e, _)| e)?;
+        let record = FutureRecord::to("demo.commands").key(key.as_str()).payload(value.as_slice());
+        acks.push(producer.send_result(record).map_err(|(e, _)| e)?);
+    }
+    for ack in futures::future::join_all(acks).await {
+        match ack {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(e.into()),
+            Err(_) => return Err(DemoError::Kafka(rdkafka::error::KafkaError::Canceled)),
+        }
     }
 
     let stop = CancellationToken::new();

@@ -119,6 +119,7 @@ impl PartitionWorker {
             }
         }
         self.shared.metrics.batch_processed(started.elapsed().as_secs_f64());
+        tracing::debug!(topic = %self.topic, partition = self.partition, records = batch.len(), ms = started.elapsed().as_millis() as u64, "batch done");
         complete
     }
 
