@@ -39,7 +39,7 @@ async fn health_readiness_and_metrics() {
     let (status, text) = get("/metrics").await;
     assert_eq!(status, 200);
     assert!(text.contains("dedupd_commands_total{outcome=\"duplicate\",route=\"mail\"} 2"), "{text}");
-    assert!(text.contains("# HELP dedupd_duplicate_age_seconds"), "{text}");
+    assert!(text.contains("dedupd_store_records{state=\"indeterminate\"} 0"), "{text}");
 
     stop.cancel();
     task.await.unwrap().unwrap();
