@@ -32,6 +32,17 @@ impl Engine {
         items: &[Item],
         cancel: &CancellationToken,
     ) -> Result<Vec<ItemResult>, EngineError> {
+        Ok(self.process_batch_reporting_flush(items, cancel).await?.0)
+    }
+
+    /// [`Engine::process_batch`], also telling whether it flushed the store at least once
+    /// (then every write made before the call is durable too, e.g. a watermark).
+    pub async fn process_batch_reporting_flush(
+        &self,
+        items: &[Item],
+        cancel: &CancellationToken,
+    ) -> Result<(Vec<ItemResult>, bool), EngineError> {
+        let mut flushed = false;
         let mut results: Vec<Option<ItemResult>> = vec![None; items.len()];
         // Per-key queues of item indexes, in order of first appearance.
         let mut queues: Vec<VecDeque<(usize, &Command)>> = Vec::new();
@@ -75,6 +86,7 @@ impl Engine {
 
             // Group commit: one flush makes every claim of the round durable; only then
             // do we hold DurableClaims, and only those can build a sink request.
+            flushed |= !pendings.is_empty();
             let store = Arc::clone(&self.store);
             let durable = tokio::task::spawn_blocking(move || store.flush_claims(pendings))
                 .await
@@ -123,6 +135,7 @@ impl Engine {
                 done_keys.push(cmd.key.clone());
             }
             if !done_keys.is_empty() {
+                flushed = true;
                 let store = Arc::clone(&self.store);
                 tokio::task::spawn_blocking(move || store.flush())
                     .await
@@ -143,7 +156,7 @@ impl Engine {
                 }
             }
         }
-        Ok(results.into_iter().map(|r| r.unwrap_or(ItemResult::Abandoned)).collect())
+        Ok((results.into_iter().map(|r| r.unwrap_or(ItemResult::Abandoned)).collect(), flushed))
     }
 
     /// Decides one record and takes the first step. Loops only when a compare-and-swap

@@ -51,11 +51,22 @@ impl PartitionWorker {
             };
             let Some(first) = first else { return };
             let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + self.shared.batch_linger;
+            // Take what is already queued; wait up to `batch_linger` for more only when it
+            // is set. With the default of 0, batches grow by themselves under load (records
+            // queue while the previous batch is at its sinks) and stay small when idle.
             while batch.len() < self.shared.batch_size {
-                match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                    Ok(Some(m)) => batch.push(m),
-                    _ => break,
+                match self.rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            if !self.shared.batch_linger.is_zero() {
+                let deadline = tokio::time::Instant::now() + self.shared.batch_linger;
+                while batch.len() < self.shared.batch_size {
+                    match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                        Ok(Some(m)) => batch.push(m),
+                        _ => break,
+                    }
                 }
             }
             if !self.process(batch).await {
@@ -77,7 +88,7 @@ impl PartitionWorker {
             self.shared.fatal.cancel();
             return false;
         }
-        let results = match self.shared.engine.process_batch(&items, &self.cancel).await {
+        let (results, flushed) = match self.shared.engine.process_batch_reporting_flush(&items, &self.cancel).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");
@@ -85,16 +96,19 @@ impl PartitionWorker {
                 return false;
             }
         };
-        // The watermark must be durable before the offset is committed (SPEC §3); the
-        // engine's completion flush covers it when the batch executed anything.
-        let flush_store = Arc::clone(&store);
-        if let Ok(Err(e)) | Err(e) = tokio::task::spawn_blocking(move || flush_store.flush())
-            .await
-            .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
-        {
-            tracing::error!(error = %e, "store flush failed; stopping");
-            self.shared.fatal.cancel();
-            return false;
+        // The watermark must be durable before the offset is committed (SPEC §3). A flush
+        // the engine made for this batch (claims or completions) came after the raise and
+        // covers it; a batch of only replays and rejections needs one of its own.
+        if !flushed {
+            let flush_store = Arc::clone(&store);
+            if let Ok(Err(e)) | Err(e) = tokio::task::spawn_blocking(move || flush_store.flush())
+                .await
+                .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
+            {
+                tracing::error!(error = %e, "store flush failed; stopping");
+                self.shared.fatal.cancel();
+                return false;
+            }
         }
         // Publish the longest prefix of finished records; an abandoned record ends it.
         let done: Vec<(&OwnedMessage, &Processed)> = batch
