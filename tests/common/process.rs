@@ -1,0 +1,414 @@
+//! Helpers for tests that run the real `dedupd` binary as a child process against a real
+//! broker, and need to see everything it did from the outside:
+//! - [`DedupdProcess`]: the child (`dedupd run -c FILE`), its output appended to a log file,
+//!   SIGKILL ([`DedupdProcess::kill`]) and SIGTERM ([`DedupdProcess::terminate`]); killed on
+//!   drop so that a failing test leaves no process behind holding the store;
+//! - [`SlowReceiver`]: an HTTP receiver for any path that records every request *when it
+//!   arrives* (the effect happened), then answers 200 after a random delay (so that a kill
+//!   can land between the effect and the answer) with a body naming the request's sequence
+//!   number, so a stored or replayed result can be traced back to the request it answered;
+//! - [`TopicTail`]: reads a whole topic from its beginning, for the whole test, on a thread
+//!   of its own, without a consumer group;
+//! - [`SplitMix`]: a small seedable RNG, so that a failing run can be replayed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Uri};
+use parking_lot::Mutex;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// splitmix64: small, seedable, good enough to pick delays and kill moments.
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+}
+
+/// A seed from `var` when set (to replay a run), else from the clock.
+pub fn seed_from_env(var: &str) -> u64 {
+    std::env::var(var).ok().and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        (nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)
+    })
+}
+
+/// A running `dedupd` binary.
+pub struct DedupdProcess {
+    child: Child,
+    /// Its process id.
+    pub pid: u32,
+    /// When it was spawned.
+    pub spawned: Instant,
+    reaped: Option<ExitStatus>,
+}
+
+impl DedupdProcess {
+    /// Spawns `dedupd ARGS...` with stdout and stderr appended to `log`. `DEDUPD_*`
+    /// variables of the test's environment that would override config keys are removed.
+    pub fn spawn(args: &[&str], log: &Path) -> DedupdProcess {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open child log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(file.try_clone().expect("clone log handle")))
+            .stderr(Stdio::from(file))
+            .env("NO_COLOR", "1");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("DEDUPD_") && k.contains("__") {
+                cmd.env_remove(&k);
+            }
+        }
+        let child = cmd.spawn().expect("spawn dedupd");
+        DedupdProcess { pid: child.id(), child, spawned: Instant::now(), reaped: None }
+    }
+
+    /// `dedupd run -c CONFIG`.
+    pub fn run(config: &Path, log: &Path) -> DedupdProcess {
+        let config = config.to_str().expect("utf-8 config path");
+        DedupdProcess::spawn(&["run", "-c", config], log)
+    }
+
+    /// Its exit status if it has exited (reaps it).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        if self.reaped.is_none() {
+            self.reaped = self.child.try_wait().expect("try_wait");
+        }
+        self.reaped
+    }
+
+    /// SIGKILL, then reap. Returns the exit status (or the earlier one if it had already
+    /// exited by itself: check with [`DedupdProcess::exited`] first when that matters).
+    pub fn kill(&mut self) -> ExitStatus {
+        if let Some(s) = self.exited() {
+            return s;
+        }
+        let _ = self.child.kill(); // SIGKILL on Unix
+        let s = self.child.wait().expect("wait after SIGKILL");
+        self.reaped = Some(s);
+        s
+    }
+
+    /// SIGTERM, then waits up to `timeout` for it to exit; `None` if it did not (it is
+    /// then SIGKILLed so that nothing is left running).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if let Some(s) = self.exited() {
+            return Some(s);
+        }
+        // The child is not reaped yet, so its pid cannot have been reused.
+        let sent = Command::new("kill").arg("-TERM").arg(self.pid.to_string()).status();
+        assert!(sent.as_ref().is_ok_and(|s| s.success()), "could not send SIGTERM to {}: {sent:?}", self.pid);
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(s) = self.exited() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        None
+    }
+}
+
+impl Drop for DedupdProcess {
+    fn drop(&mut self) {
+        if self.reaped.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits until a line containing `needle` is appended to `path` after byte `from` (e.g.
+/// the child's log, from its length at spawn); returns when it was seen, or `None` after
+/// `timeout` or once `give_up()` says so (the child died).
+pub async fn wait_for_line(path: &Path, from: u64, needle: &str, timeout: Duration, mut give_up: impl FnMut() -> bool) -> Option<Instant> {
+    use std::io::{Read, Seek, SeekFrom};
+    let deadline = Instant::now() + timeout;
+    let mut buf = Vec::new();
+    let mut pos = from;
+    while Instant::now() < deadline {
+        if let Ok(mut f) = std::fs::File::open(path)
+            && f.seek(SeekFrom::Start(pos)).is_ok()
+        {
+            let n = f.read_to_end(&mut buf).unwrap_or(0);
+            pos += n as u64;
+            if String::from_utf8_lossy(&buf).lines().any(|l| l.contains(needle)) {
+                return Some(Instant::now());
+            }
+            // Keep only the unfinished last line.
+            if let Some(nl) = buf.iter().rposition(|b| *b == b'\n') {
+                buf.drain(..=nl);
+            }
+        }
+        if give_up() {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// The length of a file, 0 when it does not exist.
+pub fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The last `n` lines of a text file (for failure messages).
+pub fn tail_of_file(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("(cannot read {}: {e})", path.display()));
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// One request a [`SlowReceiver`] saw.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// 0, 1, 2, ... in arrival order; also in the response body as `seq`.
+    pub seq: u64,
+    /// The request path, e.g. `/once`.
+    pub path: String,
+    /// `Idempotency-Key`, if sent.
+    pub key: Option<String>,
+    /// `Dedupd-Attempt`, if sent.
+    pub attempt: Option<String>,
+    /// The body.
+    pub body: Bytes,
+}
+
+#[derive(Clone)]
+struct ReceiverState {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    next: Arc<AtomicU64>,
+    in_flight: Arc<AtomicUsize>,
+    last_arrival: Arc<Mutex<Option<Instant>>>,
+    delay_ms: (u64, u64),
+    rng: Arc<Mutex<SplitMix>>,
+}
+
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn slow_receive(State(s): State<ReceiverState>, uri: Uri, headers: HeaderMap, body: Bytes) -> axum::Json<serde_json::Value> {
+    s.in_flight.fetch_add(1, Ordering::SeqCst);
+    // Decremented however the request ends, also when the client went away and the
+    // handler is dropped.
+    let _guard = InFlight(Arc::clone(&s.in_flight));
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let seq = {
+        // Sequence number and record under one lock, so `seen` is in `seq` order.
+        let mut seen = s.seen.lock();
+        let seq = s.next.fetch_add(1, Ordering::SeqCst);
+        seen.push(Seen { seq, path: uri.path().to_string(), key: header("idempotency-key"), attempt: header("dedupd-attempt"), body });
+        *s.last_arrival.lock() = Some(Instant::now());
+        seq
+    };
+    let delay = s.rng.lock().between(s.delay_ms.0, s.delay_ms.1);
+    tokio::time::sleep(Duration::from_millis(delay)).await;
+    axum::Json(serde_json::json!({"accepted": true, "seq": seq}))
+}
+
+/// An HTTP receiver on 127.0.0.1 that records every POST (any path) on arrival and answers
+/// 200 `{"accepted": true, "seq": N}` after a random delay in `delay_ms`.
+pub struct SlowReceiver {
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    state: ReceiverState,
+    stop: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl SlowReceiver {
+    /// Starts it; `seed` seeds the delays.
+    pub async fn start(delay_ms: (u64, u64), seed: u64) -> SlowReceiver {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
+        let addr = listener.local_addr().expect("addr");
+        let state = ReceiverState {
+            seen: Arc::default(),
+            next: Arc::default(),
+            in_flight: Arc::default(),
+            last_arrival: Arc::default(),
+            delay_ms,
+            rng: Arc::new(Mutex::new(SplitMix(seed))),
+        };
+        let app = axum::Router::new().fallback(axum::routing::post(slow_receive)).with_state(state.clone());
+        let stop = CancellationToken::new();
+        let task = {
+            let stop = stop.clone();
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await })
+        };
+        SlowReceiver { addr, state, stop, task }
+    }
+
+    /// The URL of `path` (starting with `/`).
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Requests seen so far.
+    pub fn count(&self) -> usize {
+        self.state.seen.lock().len()
+    }
+
+    /// Requests being answered right now.
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// When the latest request arrived.
+    pub fn last_arrival(&self) -> Option<Instant> {
+        *self.state.last_arrival.lock()
+    }
+
+    /// A copy of every request seen so far, in arrival order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().clone()
+    }
+
+    /// Stops it.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
+/// Every record of a topic from its beginning, collected by a thread until [`TopicTail::stop`].
+pub struct TopicTail {
+    messages: Arc<Mutex<Vec<OwnedMessage>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TopicTail {
+    /// Starts reading partitions `0..partitions` of `topic` from the beginning (assigned,
+    /// no group membership, nothing committed).
+    pub fn start(bootstrap: &str, topic: &str, partitions: i32) -> TopicTail {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", super::kafka::unique("tail"))
+            .set("enable.auto.commit", "false")
+            .set("fetch.queue.backoff.ms", "10")
+            .create()
+            .expect("tail consumer");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
+        }
+        consumer.assign(&tpl).expect("assign");
+        let messages: Arc<Mutex<Vec<OwnedMessage>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (messages, stop, topic) = (Arc::clone(&messages), Arc::clone(&stop), topic.to_string());
+            std::thread::spawn(move || {
+                let mut last_error: Option<Instant> = None;
+                while !stop.load(Ordering::SeqCst) {
+                    match consumer.poll(Duration::from_millis(100)) {
+                        Some(Ok(m)) => messages.lock().push(m.detach()),
+                        // Transport errors while a broker restarts: say so now and then.
+                        Some(Err(e)) if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) => {
+                            eprintln!("tail({topic}): {e}");
+                            last_error = Some(Instant::now());
+                        }
+                        Some(Err(_)) | None => {}
+                    }
+                }
+            })
+        };
+        TopicTail { messages, stop, thread: Some(thread) }
+    }
+
+    /// Records read so far.
+    pub fn len(&self) -> usize {
+        self.messages.lock().len()
+    }
+
+    /// Records from index `from` on (to read incrementally).
+    pub fn since(&self, from: usize) -> Vec<OwnedMessage> {
+        let m = self.messages.lock();
+        m[from.min(m.len())..].to_vec()
+    }
+
+    /// Stops the thread; returns every record read.
+    pub fn stop(mut self) -> Vec<OwnedMessage> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.messages.lock())
+    }
+}
+
+impl Drop for TopicTail {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A temporary directory that is kept (and its path printed) when the test fails, so
+/// that the child's log and the store can be looked at.
+pub struct KeptOnFailure {
+    dir: Option<tempfile::TempDir>,
+    path: PathBuf,
+}
+
+impl KeptOnFailure {
+    /// A fresh temporary directory.
+    pub fn new() -> KeptOnFailure {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().to_path_buf();
+        KeptOnFailure { dir: Some(dir), path }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Keeps it whatever happens; returns its path.
+    pub fn keep(&mut self) -> PathBuf {
+        if let Some(d) = self.dir.take() {
+            let _ = d.keep();
+        }
+        self.path.clone()
+    }
+}
+
+impl Drop for KeptOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(d) = self.dir.take()
+        {
+            eprintln!("test failed: kept {}", d.keep().display());
+        }
+    }
+}
