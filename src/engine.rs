@@ -90,6 +90,7 @@ pub struct Engine {
     /// Keys being executed by this process, with a sender dropped when they finish.
     inflight: Mutex<HashMap<String, watch::Sender<()>>>,
     limiter: Arc<Semaphore>,
+    max_in_flight: usize,
     retry: RetryConfig,
     stale_guard: bool,
     clock: Arc<dyn Clock>,
@@ -130,6 +131,7 @@ impl Engine {
             route_sinks,
             inflight: Mutex::new(HashMap::new()),
             limiter: Arc::new(Semaphore::new(parts.max_in_flight.max(1))),
+            max_in_flight: parts.max_in_flight.max(1),
             retry: parts.retry,
             stale_guard: parts.stale_guard,
             clock: parts.clock,

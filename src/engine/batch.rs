@@ -61,8 +61,15 @@ impl Engine {
         }
 
         loop {
-            let heads: Vec<(usize, usize, &Command)> =
-                queues.iter().enumerate().filter_map(|(q, d)| d.front().map(|&(i, c)| (q, i, c))).collect();
+            // At most `max_in_flight` records per round: claims are made for sinks about to
+            // run, so a crash leaves no more unsent claims (future `indeterminate` keys for
+            // non-forwarding sinks) than could have been in flight anyway.
+            let heads: Vec<(usize, usize, &Command)> = queues
+                .iter()
+                .enumerate()
+                .filter_map(|(q, d)| d.front().map(|&(i, c)| (q, i, c)))
+                .take(self.max_in_flight)
+                .collect();
             if heads.is_empty() || cancel.is_cancelled() {
                 break;
             }

@@ -6,7 +6,7 @@
 //! results up to it are acknowledged, and auto-commit (plus a synchronous commit on revoke
 //! and shutdown) commits only stored offsets.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +38,10 @@ struct WorkerHandle {
 /// State the rebalance callbacks need.
 pub struct PipelineContext {
     workers: Mutex<HashMap<Tp, WorkerHandle>>,
+    /// Records polled for a partition whose worker queue was full, in offset order. The
+    /// partition is paused while it has any, so the poll thread never blocks on one
+    /// partition (which would starve every other partition and stop serving callbacks).
+    held: Mutex<HashMap<Tp, VecDeque<OwnedMessage>>>,
     assigned: Mutex<HashSet<Tp>>,
     refused: Mutex<HashSet<Tp>>,
     runtime: tokio::runtime::Handle,
@@ -54,6 +59,12 @@ impl ConsumerContext for PipelineContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let revoked: Vec<Tp> = tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
             tracing::info!(partitions = ?revoked, "partitions revoked: draining");
+            {
+                let mut held = self.held.lock();
+                for tp in &revoked {
+                    held.remove(tp);
+                }
+            }
             self.stop_workers(&revoked);
             // Commit what the drained workers stored before the partitions move on.
             if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
@@ -74,6 +85,11 @@ impl ConsumerContext for PipelineContext {
             let parts: Vec<Tp> = tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
             tracing::info!(partitions = ?parts, "partitions assigned");
             self.assigned.lock().extend(parts.iter().cloned());
+            // Nothing is held for a newly assigned partition: undo any backpressure pause
+            // from before a revoke (the watermark check pauses refused ones again).
+            if let Err(e) = consumer.resume(tpl) {
+                tracing::warn!(error = %e, "could not resume assigned partitions");
+            }
             self.check_watermarks(consumer, tpl);
             self.health.set_joined(true);
         }
@@ -139,6 +155,65 @@ impl PipelineContext {
         }
     }
 
+    /// Hands `msg` to its worker without blocking: behind already held records of its
+    /// partition, else into the queue, else (queue full) held, and the partition paused.
+    fn dispatch(&self, consumer: &BaseConsumer<Self>, tp: Tp, tx: &mpsc::Sender<OwnedMessage>, msg: OwnedMessage) {
+        let mut held = self.held.lock();
+        if let Some(q) = held.get_mut(&tp) {
+            q.push_back(msg);
+            return;
+        }
+        match tx.try_send(msg) {
+            Ok(()) => {}
+            Err(TrySendError::Full(m)) => {
+                let mut one = TopicPartitionList::new();
+                one.add_partition(&tp.0, tp.1);
+                if let Err(e) = consumer.pause(&one) {
+                    tracing::warn!(error = %e, topic = %tp.0, partition = tp.1, "could not pause a partition for backpressure");
+                }
+                held.insert(tp, VecDeque::from([m]));
+            }
+            // Worker gone (fatal): the record is not stored, it comes again.
+            Err(TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Moves held records into queues with room; resumes partitions that have none left.
+    /// Returns whether any records are still held.
+    fn release_held(&self, consumer: &BaseConsumer<Self>) -> bool {
+        let mut held = self.held.lock();
+        if held.is_empty() {
+            return false;
+        }
+        let mut resume = TopicPartitionList::new();
+        held.retain(|tp, q| {
+            let tx = match self.workers.lock().get(tp) {
+                Some(h) => h.tx.clone(),
+                None => return false, // revoked or stopped: dropped, they come again
+            };
+            while let Some(m) = q.pop_front() {
+                match tx.try_send(m) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(m)) => {
+                        q.push_front(m);
+                        return true;
+                    }
+                    Err(TrySendError::Closed(_)) => return false,
+                }
+            }
+            if !self.refused.lock().contains(tp) {
+                resume.add_partition(&tp.0, tp.1);
+            }
+            false
+        });
+        if resume.count() > 0 {
+            if let Err(e) = consumer.resume(&resume) {
+                tracing::warn!(error = %e, "could not resume partitions after backpressure");
+            }
+        }
+        !held.is_empty()
+    }
+
     fn all_workers(&self) -> Vec<Tp> {
         self.workers.lock().keys().cloned().collect()
     }
@@ -176,6 +251,7 @@ pub(crate) struct ConsumerParts {
 pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>, rdkafka::error::KafkaError> {
     let ctx = PipelineContext {
         workers: Mutex::new(HashMap::new()),
+        held: Mutex::new(HashMap::new()),
         assigned: Mutex::new(HashSet::new()),
         refused: Mutex::new(HashSet::new()),
         runtime: tokio::runtime::Handle::current(),
@@ -197,7 +273,9 @@ pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>,
 fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts) {
     let ctx = consumer.context();
     while !parts.stop.is_cancelled() {
-        let msg = match consumer.poll(Duration::from_millis(100)) {
+        // Held records go on as soon as their queue has room; poll briefly meanwhile.
+        let holding = ctx.release_held(&consumer);
+        let msg = match consumer.poll(Duration::from_millis(if holding { 10 } else { 100 })) {
             None => continue,
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "consumer error");
@@ -230,23 +308,8 @@ fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts)
             });
             handle.tx.clone()
         };
-        // Backpressure: wait for room in the partition's queue, checking for stop.
-        let mut pending = Some(msg);
-        while let Some(m) = pending.take() {
-            let sent = ctx.runtime.block_on(async {
-                tokio::select! {
-                    permit = tx.reserve() => match permit {
-                        Ok(p) => { p.send(m); None }
-                        Err(_) => None, // worker gone (fatal); the record is not stored, it comes again
-                    },
-                    () = tokio::time::sleep(Duration::from_millis(200)) => Some(m),
-                }
-            });
-            if parts.stop.is_cancelled() {
-                break;
-            }
-            pending = sent;
-        }
+        // Backpressure without blocking the poll thread (see `held`).
+        ctx.dispatch(&consumer, tp, &tx, msg);
     }
     // Shutdown: stop taking records, drain every worker, commit, then leave the group.
     let all = ctx.all_workers();

@@ -120,6 +120,7 @@ impl PartitionWorker {
             })
             .collect();
         let complete = done.len() == batch.len();
+        let engine_ms = started.elapsed().as_millis() as u64;
         if !done.is_empty() {
             if !self.publish_until_acked(&done).await {
                 return false;
@@ -133,7 +134,7 @@ impl PartitionWorker {
             }
         }
         self.shared.metrics.batch_processed(started.elapsed().as_secs_f64());
-        tracing::debug!(topic = %self.topic, partition = self.partition, records = batch.len(), ms = started.elapsed().as_millis() as u64, "batch done");
+        tracing::debug!(topic = %self.topic, partition = self.partition, records = batch.len(), engine_ms, ms = started.elapsed().as_millis() as u64, "batch done");
         complete
     }
 

@@ -1,0 +1,355 @@
+//! End-to-end benchmark on a real Kafka broker (issue "The Kafka pipeline", item 10).
+//!
+//! In one run, for each store backend:
+//! 1. the store floor: `KeyStore` claim + flush + complete + flush in batches of 500, the
+//!    store work dedupd does per command;
+//! 2. a plain rdkafka consumer reading the same input topic (the Kafka ceiling);
+//! 3. `dedupd run` (the real pipeline, a `log` sink that does nothing, durable claims)
+//!    draining a backlog: commands/s from the first result to the last (result records'
+//!    timestamps, so group-join time is not counted);
+//! 4. latency at a fixed rate: produce at R commands/s for S seconds to a running pipeline;
+//!    latency = result record timestamp (when dedupd handed it to its producer, after the
+//!    completion was flushed) minus the input's produce time; p50/p99.
+//!
+//! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
+//! [--rate R] [--seconds S] [--backends sled,fjall]`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedupd::config::{Config, RouteConfig, StoreBackend, SyncMode};
+use dedupd::fingerprint::Fingerprint;
+use dedupd::sinks::SinkConfig;
+use dedupd::sinks::log::LogSinkConfig;
+use dedupd::store::{Completed, Completion, InProgress, KeyStore, SourcePos};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use tokio_util::sync::CancellationToken;
+
+struct Args {
+    records: usize,
+    rate: usize,
+    seconds: u64,
+    backends: Vec<StoreBackend>,
+}
+
+fn args() -> Args {
+    let mut a = Args { records: 200_000, rate: 5_000, seconds: 10, backends: vec![StoreBackend::Sled, StoreBackend::Fjall] };
+    let argv: Vec<String> = std::env::args().collect();
+    let mut i = 1;
+    while i < argv.len() {
+        let next = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--records" => a.records = next.parse().expect("--records N"),
+            "--rate" => a.rate = next.parse().expect("--rate R"),
+            "--seconds" => a.seconds = next.parse().expect("--seconds S"),
+            "--backends" => {
+                a.backends = next
+                    .split(',')
+                    .map(|b| match b {
+                        "sled" => StoreBackend::Sled,
+                        "fjall" => StoreBackend::Fjall,
+                        other => panic!("unknown backend {other}"),
+                    })
+                    .collect()
+            }
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    a
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}-{}", std::process::id(), rand::random::<u32>())
+}
+
+async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
+    let admin: AdminClient<_> = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin");
+    let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let r = admin.create_topics(&[t], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await;
+    for x in r.expect("create topics") {
+        x.expect("topic created");
+    }
+    // Wait until metadata shows leaders for all partitions.
+    let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("client");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let md = c.fetch_metadata(Some(name), Duration::from_secs(5)).expect("metadata");
+        let ok = md.topics().iter().any(|t| t.name() == name && t.partitions().len() == partitions as usize && t.partitions().iter().all(|p| p.leader() >= 0));
+        if ok || Instant::now() > deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn command(i: usize) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"id": format!("bench-{i}"), "type": "bench.noop", "payload": {"i": i, "pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}))
+        .expect("json")
+}
+
+fn producer(bootstrap: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "1")
+        .create()
+        .expect("producer")
+}
+
+async fn produce_backlog(bootstrap: &str, topic: &str, n: usize) {
+    let p = producer(bootstrap);
+    let mut acks = Vec::with_capacity(n);
+    for i in 0..n {
+        let v = command(i);
+        let key = format!("k{i}");
+        loop {
+            match p.send_result(FutureRecord::to(topic).key(&key).payload(&v)) {
+                Ok(f) => {
+                    acks.push(f);
+                    break;
+                }
+                Err((_, _)) => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    }
+    for a in futures::future::join_all(acks).await {
+        a.expect("ack").expect("delivered");
+    }
+}
+
+/// Plain consumer: messages/s from the first message to the n-th.
+fn plain_consume(bootstrap: &str, topic: &str, n: usize) -> f64 {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("bench-plain"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("fetch.queue.backoff.ms", "10")
+        .create()
+        .expect("consumer");
+    c.subscribe(&[topic]).expect("subscribe");
+    let mut got = 0usize;
+    let mut first: Option<Instant> = None;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while got < n && Instant::now() < deadline {
+        if let Some(Ok(_)) = c.poll(Duration::from_millis(100)) {
+            first.get_or_insert_with(Instant::now);
+            got += 1;
+        }
+    }
+    let secs = first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64());
+    got as f64 / secs
+}
+
+/// The store floor: claim + flush + complete + flush in batches of 500, as the engine does.
+fn store_floor(backend: StoreBackend, n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store");
+    let t = Instant::now();
+    let mut i = 0;
+    while i < n {
+        let end = (i + 500).min(n);
+        let mut pending = Vec::with_capacity(500);
+        for k in i..end {
+            let key = format!("bench-{k}");
+            let claim = InProgress {
+                fingerprint: Fingerprint([7; 32]),
+                claimed_at_ms: 1,
+                attempts: 1,
+                source: SourcePos { topic: "in".into(), partition: 0, offset: k as i64 },
+            };
+            pending.push(store.claim(&key, None, claim).expect("claim").expect("won"));
+        }
+        for d in store.flush_claims(pending).expect("flush") {
+            let c = Completed {
+                fingerprint: Fingerprint([7; 32]),
+                outcome: Completion::Succeeded,
+                result: b"{}".to_vec(),
+                error: None,
+                first_seen_at_ms: 1,
+                completed_at_ms: 2,
+                expires_at_ms: 86_400_000,
+                attempts: 1,
+            };
+            store.complete(d, c).expect("complete");
+        }
+        store.flush().expect("flush");
+        i = end;
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, dir: &std::path::Path) -> Config {
+    let mut c = Config::default();
+    c.kafka.bootstrap_servers = bootstrap.into();
+    c.kafka.group_id = unique("bench-dedupd");
+    c.kafka.input_topics = vec![input.into()];
+    c.kafka.results_topic = results.into();
+    c.kafka.dead_letter_topic = unique("bench-dlq");
+    c.store.backend = backend;
+    c.store.path = dir.to_path_buf();
+    c.http.listen = "127.0.0.1:0".parse().expect("addr");
+    c.sinks.insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));
+    c.routes.push(RouteConfig { name: None, types: vec!["*".into()], sink: "noop".into(), ttl: None, fingerprint_exclude: vec![] });
+    c
+}
+
+/// Reads `n` result records; returns (input (partition, offset) → result timestamp ms).
+fn read_results(bootstrap: &str, topic: &str, n: usize, bound: Duration) -> HashMap<(i32, i64), i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("bench-reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("fetch.queue.backoff.ms", "10")
+        .create()
+        .expect("reader");
+    c.subscribe(&[topic]).expect("subscribe");
+    let mut out = HashMap::with_capacity(n);
+    let deadline = Instant::now() + bound;
+    while out.len() < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+            let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
+            let p = v["source"]["partition"].as_i64().unwrap_or(-1) as i32;
+            let o = v["source"]["offset"].as_i64().unwrap_or(-1);
+            out.insert((p, o), m.timestamp().to_millis().unwrap_or(0));
+        }
+    }
+    out
+}
+
+async fn start_pipeline(config: Config) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<dedupd::ops::Health>) {
+    let stop = CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let s = stop.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = dedupd::pipeline::run(config, Default::default(), s.cancelled_owned(), move |r| {
+            let _ = tx.send(Arc::clone(&r.health));
+        })
+        .await
+        {
+            eprintln!("pipeline: {e}");
+        }
+    });
+    let health = rx.await.expect("started");
+    (stop, task, health)
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return -1;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    if std::env::var("RUST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).try_init();
+    }
+    let a = args();
+    let Ok(bootstrap) = std::env::var("DEDUPD_TEST_KAFKA_BOOTSTRAP") else {
+        eprintln!("needs a broker: scripts/kafka/kafka.sh with cargo bench --bench pipeline");
+        std::process::exit(2);
+    };
+    let input = unique("bench-in");
+    create_topic(&bootstrap, &input, 6).await;
+    let t = Instant::now();
+    produce_backlog(&bootstrap, &input, a.records).await;
+    println!("produced {} commands in {:.1} s", a.records, t.elapsed().as_secs_f64());
+    let (b, i, n) = (bootstrap.clone(), input.clone(), a.records);
+    let plain = tokio::task::spawn_blocking(move || plain_consume(&b, &i, n)).await.expect("plain");
+    println!("plain rdkafka consumer: {plain:.0} msgs/s");
+
+    println!("\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain consumer | p50 ms | p99 ms | at rate |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for backend in &a.backends {
+        let floor_n = a.records.min(100_000);
+        let floor = tokio::task::spawn_blocking({
+            let backend = *backend;
+            move || store_floor(backend, floor_n)
+        })
+        .await
+        .expect("floor");
+
+        // Throughput: drain the backlog.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let results = unique("bench-results");
+        create_topic(&bootstrap, &results, 6).await;
+        let (stop, task, _) = start_pipeline(config(&bootstrap, &input, &results, *backend, dir.path())).await;
+        let (b, r, n) = (bootstrap.clone(), results.clone(), a.records);
+        let seen = tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(600))).await.expect("read");
+        stop.cancel();
+        let _ = task.await;
+        let (lo, hi) = seen.values().fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+        let rate = (seen.len() as f64 - 1.0) / ((hi - lo).max(1) as f64 / 1000.0);
+
+        // Latency at a fixed rate.
+        let lat_in = unique("bench-lat-in");
+        let lat_out = unique("bench-lat-out");
+        create_topic(&bootstrap, &lat_in, 6).await;
+        create_topic(&bootstrap, &lat_out, 6).await;
+        let dir2 = tempfile::tempdir().expect("tempdir");
+        let (stop, task, health) = start_pipeline(config(&bootstrap, &lat_in, &lat_out, *backend, dir2.path())).await;
+        let ready_by = Instant::now() + Duration::from_secs(60);
+        while !health.is_ready() && Instant::now() < ready_by {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let total = a.rate * a.seconds as usize;
+        let p = producer(&bootstrap);
+        let mut acks = Vec::with_capacity(total);
+        let start = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut sent = 0usize;
+        while sent < total {
+            tick.tick().await;
+            let due = ((start.elapsed().as_secs_f64() * a.rate as f64) as usize).min(total);
+            while sent < due {
+                let v = command(10_000_000 + sent);
+                let key = format!("l{sent}");
+                let now_ms = chrono::Utc::now().timestamp_millis();
+                let rec = FutureRecord::to(&lat_in).key(&key).payload(&v).timestamp(now_ms);
+                if let Ok(f) = p.send_result(rec) {
+                    acks.push((now_ms, f));
+                }
+                sent += 1;
+            }
+        }
+        let mut produced: HashMap<(i32, i64), i64> = HashMap::with_capacity(total);
+        for (ts, f) in acks {
+            if let Ok(Ok(d)) = f.await {
+                produced.insert((d.partition, d.offset), ts);
+            }
+        }
+        let (b, r, n) = (bootstrap.clone(), lat_out.clone(), produced.len());
+        let seen = tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(120))).await.expect("read");
+        stop.cancel();
+        let _ = task.await;
+        let mut lat: Vec<i64> = seen.iter().filter_map(|(pos, t)| produced.get(pos).map(|p| t - p)).collect();
+        lat.sort_unstable();
+        println!(
+            "| {:?} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {}/s for {} s ({} results) |",
+            backend,
+            floor,
+            rate,
+            rate / floor,
+            rate / plain,
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            a.rate,
+            a.seconds,
+            lat.len()
+        );
+    }
+}
