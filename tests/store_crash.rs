@@ -12,8 +12,11 @@
 //!   sequence the child wrote (no later write survived an earlier one that was lost);
 //! - the watermark is at least the last offset reported completed.
 //!
-//! Kills per backend: `STORE_CRASH_KILLS` (default 200). Seed: `STORE_CRASH_SEED` (default:
-//! from the clock; printed, to replay a failure).
+//! Kills per backend: `STORE_CRASH_KILLS` (default 200), on a fresh store every
+//! `STORE_CRASH_KILLS_PER_STORE` kills (default 25: fjall replays its whole journal at every
+//! open, which in a debug build costs ~0.5 s per MB, so one store for all kills would make
+//! the test quadratic). Seed: `STORE_CRASH_SEED` (default: from the clock; printed, to
+//! replay a failure).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -92,14 +95,22 @@ fn crash_loop(kind: StoreBackend, name: &str) {
     eprintln!("[{name}] {kills} kills, STORE_CRASH_SEED={seed}");
     let mut rng = Rng(seed ^ name.len() as u64);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("store");
+    let per_store: usize =
+        std::env::var("STORE_CRASH_KILLS_PER_STORE").ok().and_then(|v| v.parse().ok()).unwrap_or(25).max(1);
     let started = Instant::now();
     let mut runs: Vec<Run> = Vec::new();
+    let mut all_runs: Vec<Run> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     let mut stats = [0usize; 3]; // kills before OPEN, before the first DURABLE, after
     let mut checking = Duration::ZERO;
 
-    for run in 0..kills {
+    for kill in 0..kills {
+        // `run` numbers the children of one store; the keys are named after it.
+        let run = kill % per_store;
+        let path = dir.path().join(format!("store{}", kill / per_store));
+        if run == 0 {
+            all_runs.append(&mut runs);
+        }
         let batch = 1 + rng.below(100) as i64;
         // When to kill: 20% a few to tens of ms after spawn (often inside open/recovery),
         // 40% soon after the store is open, 40% soon after the first DURABLE line.
@@ -109,8 +120,8 @@ fn crash_loop(kind: StoreBackend, name: &str) {
             _ => (Some("DURABLE"), Duration::from_micros(rng.below(15_000))),
         };
         let how = match wait_for {
-            None => format!("run {run}: batch {batch}, killed {delay:?} after spawn"),
-            Some(w) => format!("run {run}: batch {batch}, killed {delay:?} after the first {w}"),
+            None => format!("store {} run {run}: batch {batch}, killed {delay:?} after spawn", kill / per_store),
+            Some(w) => format!("store {} run {run}: batch {batch}, killed {delay:?} after the first {w}", kill / per_store),
         };
 
         let mut child = Command::new(env!("CARGO_BIN_EXE_store-crash-child"))
@@ -193,6 +204,8 @@ fn crash_loop(kind: StoreBackend, name: &str) {
         }
     }
 
+    all_runs.append(&mut runs);
+    let runs = all_runs;
     let total_durable: i64 = runs.iter().map(|r| r.durable).sum();
     let total_completed: i64 = runs.iter().map(|r| r.completed).sum();
     eprintln!(

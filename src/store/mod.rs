@@ -18,7 +18,7 @@ pub mod record;
 mod sled_backend;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -70,6 +70,12 @@ pub trait Backend: Send + Sync + 'static {
     fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError>;
     /// Makes every applied op durable (fsync). Returns only once it is.
     fn flush(&self) -> Result<(), StoreError>;
+    /// Hands every applied op to the engine and the OS without waiting for the disk: what
+    /// `sync = "none"` does where `batch` flushes. A backend whose `apply` already does
+    /// that keeps this default.
+    fn write_out(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Up to `limit` entries with `start <= key < end`, ascending.
     fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize)
     -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
@@ -141,6 +147,10 @@ pub struct KeyStore {
     gate: RwLock<()>,
     stripes: Box<[Mutex<()>]>,
     counts: [AtomicI64; 3],
+    /// Flushes started so far (see `coalesced_flush`).
+    flushes_started: AtomicU64,
+    /// The number of the last flush that finished; held while a flush runs.
+    flush_done: Mutex<u64>,
 }
 
 fn state_index(s: State) -> usize {
@@ -187,6 +197,8 @@ impl KeyStore {
             gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             counts: Default::default(),
+            flushes_started: AtomicU64::new(0),
+            flush_done: Mutex::new(0),
         };
         store.recount()?;
         Ok(store)
@@ -324,14 +336,31 @@ impl KeyStore {
     /// Flushes everything written so far (respects `sync = "none"`).
     pub fn flush(&self) -> Result<(), StoreError> {
         match self.sync {
-            SyncMode::Batch => self.backend.flush(),
-            SyncMode::None => Ok(()),
+            SyncMode::Batch => self.coalesced_flush(),
+            SyncMode::None => self.backend.write_out(),
         }
     }
 
     /// Flushes regardless of the sync mode (shutdown, CLI).
     pub fn flush_always(&self) -> Result<(), StoreError> {
-        self.backend.flush()
+        self.coalesced_flush()
+    }
+
+    /// Group commit across callers: partitions flushing at the same time share fsyncs.
+    /// A caller is done as soon as a flush that *started after its writes* has finished;
+    /// flushes are numbered as they start and run one at a time, so waiting callers find
+    /// most of their work already done by the one ahead of them.
+    fn coalesced_flush(&self) -> Result<(), StoreError> {
+        // Every write of this caller happened before this load.
+        let wanted = self.flushes_started.load(Ordering::SeqCst) + 1;
+        let mut last_done = self.flush_done.lock();
+        if *last_done >= wanted {
+            return Ok(());
+        }
+        let number = self.flushes_started.fetch_add(1, Ordering::SeqCst) + 1;
+        self.backend.flush()?;
+        *last_done = number;
+        Ok(())
     }
 
     /// Removes a key whatever its state (operator `forget`). Returns what was there.

@@ -36,6 +36,8 @@ both!(
     scan_records_pages,
     sync_none_still_works,
     empty_and_reversed_scans,
+    reads_see_unflushed_writes,
+    clean_drop_keeps_unflushed_writes,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -597,6 +599,52 @@ fn empty_and_reversed_scans(kind: StoreBackend) {
     assert!(f.store.disk_bytes().unwrap() > 0);
     // Compaction with a time before any expiry is a no-op.
     assert_eq!(f.store.compact_expired(i64::MIN, 10).unwrap(), 0);
+}
+
+/// Backend level: gets and scans see applied ops before any flush, over flushed data
+/// (puts shadow, deletes hide), page by page, in every keyspace.
+fn reads_see_unflushed_writes(kind: StoreBackend) {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_backend(kind, dir.path()).unwrap();
+    let put = |t: Tree, k: &str, v: &str| Op::Put(t, k.as_bytes().to_vec(), v.as_bytes().to_vec());
+    let del = |t: Tree, k: &str| Op::Delete(t, k.as_bytes().to_vec());
+    b.apply(vec![put(Tree::Records, "a", "1"), put(Tree::Records, "c", "1"), put(Tree::Records, "e", "1")]).unwrap();
+    b.apply(vec![put(Tree::Expiry, "c", ""), put(Tree::Meta, "m", "1")]).unwrap();
+    b.flush().unwrap();
+    b.apply(vec![put(Tree::Records, "b", "2"), del(Tree::Records, "c"), put(Tree::Records, "e", "2")]).unwrap();
+    b.apply(vec![put(Tree::Records, "f", "2"), del(Tree::Records, "zz"), del(Tree::Expiry, "c")]).unwrap();
+    let kv = |k: &str, v: &str| (k.as_bytes().to_vec(), v.as_bytes().to_vec());
+    let all = vec![kv("a", "1"), kv("b", "2"), kv("e", "2"), kv("f", "2")];
+    assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
+    assert_eq!(b.scan(Tree::Records, b"", None, 2).unwrap(), all[..2].to_vec());
+    assert_eq!(b.scan(Tree::Records, b"b\0", None, 2).unwrap(), all[2..].to_vec());
+    assert_eq!(b.scan(Tree::Records, b"b", Some(b"f"), 100).unwrap(), all[1..3].to_vec());
+    assert_eq!(b.scan(Tree::Expiry, b"", None, 100).unwrap(), vec![]);
+    assert_eq!(b.scan(Tree::Meta, b"", None, 100).unwrap(), vec![kv("m", "1")]);
+    assert_eq!(b.get(Tree::Records, b"c").unwrap(), None);
+    assert_eq!(b.get(Tree::Records, b"e").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(b.get(Tree::Records, b"b").unwrap(), Some(b"2".to_vec()));
+    // The same after the flush, and after a reopen.
+    b.flush().unwrap();
+    assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
+    drop(b);
+    let b = open_backend(kind, dir.path()).unwrap();
+    assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
+    assert_eq!(b.scan(Tree::Expiry, b"", None, 100).unwrap(), vec![]);
+}
+
+/// Dropping the store without a flush (clean shutdown, `sync = "none"`) keeps what was
+/// applied.
+fn clean_drop_keeps_unflushed_writes(kind: StoreBackend) {
+    let f = Fixture::with_sync(kind, SyncMode::None);
+    let p = f.store.claim("k", None, in_progress(1, 1)).unwrap().unwrap();
+    let c = f.store.flush_claims(vec![p]).unwrap().pop().unwrap();
+    f.store.complete(c, completed(1, 10)).unwrap();
+    f.store.raise_watermarks(&[("t".into(), 0, 5)]).unwrap();
+    let f = f.reopen();
+    assert_eq!(f.store.get("k").unwrap(), Some(Record::Completed(completed(1, 10))));
+    assert_eq!(f.store.watermark("t", 0).unwrap(), Some(5));
+    check_invariants(&f.store);
 }
 
 // ---------------------------------------------------------------------------------------
