@@ -70,7 +70,7 @@ fn full_key(tree: Tree, key: &[u8]) -> Vec<u8> {
 
 impl SledBackend {
     pub fn open(path: &Path) -> Result<SledBackend, StoreError> {
-        let db = sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open().map_err(err)?;
+        let db = open_db(path)?;
         let tree = db.open_tree("dedupd").map_err(err)?;
         Ok(SledBackend { db, tree, pending: Mutex::new(Pending::default()), write_lock: Mutex::new(()) })
     }
@@ -213,6 +213,29 @@ impl Drop for SledBackend {
     fn drop(&mut self) {
         if let Err(e) = self.flush() {
             tracing::error!(error = %e, "sled store: final flush failed");
+        }
+    }
+}
+
+/// How long `open` waits for sled's directory lock.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Opens the sled database, waiting (bounded) for its directory lock. A sled `Db` dropped
+/// in this process releases the lock only when its background flusher thread has exited,
+/// shortly after the drop, so reopening right away (a restart in process, tests) can find
+/// it still held. Another process holding it makes this fail after `LOCK_WAIT`.
+fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open() {
+            Ok(db) => return Ok(db),
+            // sled reports a held lock as ErrorKind::Other with this text.
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(err(e)),
         }
     }
 }
