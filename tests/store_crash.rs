@@ -32,17 +32,10 @@ use dedupd::store::{KeyStore, Record, Tree, open_backend};
 const RUN_STRIDE: i64 = 10_000_000;
 const FAR: i64 = 4_000_000_000_000;
 
-/// Same as the child's.
+/// The fingerprint the child claims `key` with (the project's own, of a fixed command).
 fn fingerprint_of(key: &str) -> Fingerprint {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in key.as_bytes() {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x100000001b3);
-    }
-    let mut out = [0u8; 32];
-    for (i, chunk) in out.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(&h.rotate_left(i as u32 * 13).to_le_bytes());
-    }
-    Fingerprint(out)
+    dedupd::fingerprint::fingerprint("crash-test", &serde_json::Value::String(key.to_string()), &[])
+        .unwrap_or(Fingerprint([0; 32]))
 }
 
 /// splitmix64: small, seedable, good enough to pick kill times.

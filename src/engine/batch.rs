@@ -318,7 +318,9 @@ impl Engine {
             },
             dead_letter: None,
             duplicate_age_ms: None,
-            traceparent: item.traceparent.clone(),
+            // The envelope's trace context (CloudEvents attributes included) when there is
+            // a command; the raw header otherwise.
+            traceparent: cmd.and_then(|c| c.traceparent.clone()).or_else(|| item.traceparent.clone()),
             sink_called: false,
         }
     }
