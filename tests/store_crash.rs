@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use dedupd::config::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
-use dedupd::store::{KeyStore, Record, Tree, open_backend};
+use dedupd::store::{KeyStore, Record, Tree, decode_index_entry, open_backend};
 
 const RUN_STRIDE: i64 = 10_000_000;
 const FAR: i64 = 4_000_000_000_000;
@@ -240,12 +240,15 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
 
     // The expiry index is exactly the completed records' expiries.
     let mut index: Vec<(i64, String)> = Vec::new();
-    for (k, _) in backend.scan(Tree::Expiry, &[], None, usize::MAX).map_err(|e| format!("scan expiry: {e}"))? {
-        if k.len() < 8 {
-            return Err(format!("short expiry key {k:?}"));
+    for (k, v) in backend.scan(Tree::Expiry, &[], None, usize::MAX).map_err(|e| format!("scan expiry: {e}"))? {
+        if k.len() != 16 {
+            return Err(format!("expiry entry key of {} bytes, not 16: {k:?}", k.len()));
         }
-        let at = (u64::from_be_bytes(k[..8].try_into().unwrap()) ^ (1 << 63)) as i64;
-        index.push((at, String::from_utf8_lossy(&k[8..]).into_owned()));
+        let pairs = decode_index_entry(&v).map_err(|e| format!("expiry entry {k:?}: {e}"))?;
+        if pairs.is_empty() {
+            return Err(format!("empty expiry entry {k:?}"));
+        }
+        index.extend(pairs.into_iter().map(|(key, at)| (at, key)));
     }
     index.sort();
     let mut want: Vec<(i64, String)> =

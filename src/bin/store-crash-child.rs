@@ -4,7 +4,7 @@
 //!
 //! Loops over batches of `batch` fresh keys `r{run:04}-{i:07}` (i counting from 0):
 //! claims the batch, `flush_claims`, prints `DURABLE <first> <last>` (indices, inclusive);
-//! completes each key (every fourth batch with an expiry already in the past), raises the
+//! completes the keys in groups of up to 7 with `complete_batch` (every fourth batch with an expiry already in the past), raises the
 //! watermark of `crash/0` to the batch's last global offset, flushes, prints
 //! `COMPLETED <first> <last>`; then runs one compaction chunk. A line is printed (and
 //! stdout flushed) only after the flush it reports has returned. Any store error exits 1.
@@ -85,6 +85,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         writeln!(out, "DURABLE {first} {last}")?;
         out.flush()?;
 
+        let mut items = Vec::with_capacity(durable.len());
         for (n, claim) in durable.into_iter().enumerate() {
             let i = first + n as i64;
             let done = Completed {
@@ -97,7 +98,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 expires_at_ms: if expired { 1 } else { FAR },
                 attempts: 1,
             };
-            store.complete(claim, done)?;
+            items.push((claim, done));
+        }
+        // In groups of up to 7, each one write with shared expiry-index entries.
+        while !items.is_empty() {
+            let rest = items.split_off(items.len().min(7));
+            store.complete_batch(items)?;
+            items = rest;
         }
         store.raise_watermarks(&[("crash".to_string(), 0, run * RUN_STRIDE + last)])?;
         store.flush()?;

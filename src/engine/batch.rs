@@ -108,6 +108,7 @@ impl Engine {
             let ends = futures::future::join_all(runs).await;
 
             let mut done_keys = Vec::with_capacity(ends.len());
+            let mut completions = Vec::with_capacity(ends.len());
             for ((claim, end), (q, i, cmd, previous)) in ends.into_iter().zip(claimed) {
                 let completed_at = self.clock.now_ms();
                 let first_seen = claim.record().claimed_at_ms;
@@ -115,12 +116,12 @@ impl Engine {
                 let result = match end {
                     RunEnd::Succeeded { result, attempts } => {
                         let c = self.completion(cmd, first_seen, completed_at, Completion::Succeeded, &result, None, prior + attempts);
-                        self.store.complete(claim, c)?;
+                        completions.push((claim, c));
                         ItemResult::Done(Box::new(self.executed(&items[i], cmd, Outcome::Succeeded, result, None, prior + attempts, first_seen, completed_at)))
                     }
                     RunEnd::Failed { result, error, attempts } => {
                         let c = self.completion(cmd, first_seen, completed_at, Completion::Failed, &result, Some(&error), prior + attempts);
-                        self.store.complete(claim, c)?;
+                        completions.push((claim, c));
                         ItemResult::Done(Box::new(self.executed(&items[i], cmd, Outcome::Failed, result, Some(error), prior + attempts, first_seen, completed_at)))
                     }
                     RunEnd::NeverRan => {
@@ -140,6 +141,10 @@ impl Engine {
                 results[i] = Some(result);
                 queues[q].pop_front();
                 done_keys.push(cmd.key.clone());
+            }
+            // One write (and one expiry-index entry) for the round's completions.
+            if !completions.is_empty() {
+                self.store.complete_batch(completions)?;
             }
             if !done_keys.is_empty() {
                 flushed = true;

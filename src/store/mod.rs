@@ -3,16 +3,19 @@
 //!
 //! [`KeyStore`] owns the semantics, written once for both backends:
 //! - every mutation is a compare-and-swap under a per-key stripe lock, so two racing claims
-//!   cannot both win, and writes the record and its expiry-index entry in one atomic batch;
+//!   cannot both win, and writes the record and its expiry-index change in one atomic batch;
 //! - group commit is in the types: [`KeyStore::claim`] gives a [`PendingClaim`], and only
 //!   [`KeyStore::flush_claims`] (one fsync for the whole batch) turns it into the
 //!   [`DurableClaim`] that a sink request needs;
-//! - invariant: an expiry entry `(at, key)` exists exactly when `key` holds a completed
-//!   record expiring at `at`, so compaction deletes by the index alone, in bounded chunks,
-//!   and never touches `in_progress` or `indeterminate` records.
+//! - completions are written in batches ([`KeyStore::complete_batch`]) with one expiry-index
+//!   entry per batch and second of expiry (see `index`);
+//! - invariant: the index lists `(key, at)` exactly when `key` holds a completed record
+//!   expiring at `at`, so compaction deletes by the index alone, in bounded chunks, and
+//!   never touches `in_progress` or `indeterminate` records.
 
 mod compaction;
 mod fjall_backend;
+mod index;
 mod operator;
 pub mod record;
 mod sled_backend;
@@ -23,6 +26,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::{StoreBackend, SyncMode};
+pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ResolveError, record_json};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
 
@@ -45,7 +49,7 @@ pub enum StoreError {
 pub enum Tree {
     /// key → encoded [`Record`].
     Records,
-    /// big-endian expiry ms ++ key → empty.
+    /// big-endian expiry ms ++ random id → `(key, expires_at)` pairs (see `index`).
     Expiry,
     /// small metadata: watermarks.
     Meta,
@@ -146,6 +150,8 @@ pub struct KeyStore {
     /// reads cannot change under it.
     gate: RwLock<()>,
     stripes: Box<[Mutex<()>]>,
+    /// Held (inside a stripe lock) while an index entry shared by several keys is rewritten.
+    index_lock: Mutex<()>,
     counts: [AtomicI64; 3],
     /// Flushes started so far (see `coalesced_flush`).
     flushes_started: AtomicU64,
@@ -196,10 +202,12 @@ impl KeyStore {
             sync,
             gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            index_lock: Mutex::new(()),
             counts: Default::default(),
             flushes_started: AtomicU64::new(0),
             flush_done: Mutex::new(0),
         };
+        store.upgrade_index()?;
         store.recount()?;
         Ok(store)
     }
@@ -209,13 +217,17 @@ impl KeyStore {
         self.backend.name()
     }
 
-    fn stripe(&self, key: &str) -> &Mutex<()> {
+    fn stripe_index(key: &str) -> usize {
         // FNV-1a: cheap, stable, good enough to spread keys over stripes.
         let mut h: u64 = 0xcbf29ce484222325;
         for b in key.as_bytes() {
             h = (h ^ u64::from(*b)).wrapping_mul(0x100000001b3);
         }
-        &self.stripes[(h as usize) % STRIPES]
+        (h as usize) % STRIPES
+    }
+
+    fn stripe(&self, key: &str) -> &Mutex<()> {
+        &self.stripes[Self::stripe_index(key)]
     }
 
     /// Recounts records per state by a full scan (at open, and after import).
@@ -275,18 +287,24 @@ impl KeyStore {
             return Ok(Err(current));
         }
         let mut ops = Vec::with_capacity(3);
-        if let Some(at) = current.as_ref().and_then(Record::expires_at_ms) {
-            ops.push(Op::Delete(Tree::Expiry, expiry_key(at, key.as_bytes())));
-        }
         match new {
             Some(r) => {
                 ops.push(Op::Put(Tree::Records, key.as_bytes().to_vec(), r.encode()));
                 if let Some(at) = r.expires_at_ms() {
-                    ops.push(Op::Put(Tree::Expiry, expiry_key(at, key.as_bytes()), Vec::new()));
+                    ops.extend(index::entry_ops(&[(key, at)])?);
                 }
             }
             None => ops.push(Op::Delete(Tree::Records, key.as_bytes().to_vec())),
         }
+        // Replacing a completed record takes it out of its (shared) index entry.
+        let _index = match current.as_ref().and_then(Record::expires_at_ms) {
+            Some(at) => {
+                let guard = self.index_lock.lock();
+                ops.push(self.unindex_op(key, at)?);
+                Some(guard)
+            }
+            None => None,
+        };
         self.backend.apply(ops)?;
         if let Some(c) = &current {
             self.counts[state_index(c.state())].fetch_sub(1, Ordering::Relaxed);
@@ -325,11 +343,48 @@ impl KeyStore {
 
     /// Replaces the durable claim with its completion. Durable after the next [`KeyStore::flush`].
     pub fn complete(&self, claim: DurableClaim, completed: Completed) -> Result<Record, StoreError> {
-        let expected = Record::InProgress(claim.record);
-        let new = Record::Completed(completed);
-        match self.compare_and_swap(&claim.key, Some(&expected), Some(&new))? {
-            Ok(()) => Ok(new),
-            Err(_) => Err(StoreError::ClaimLost(claim.key)),
+        let mut done = self.complete_batch(vec![(claim, completed)])?;
+        done.pop().ok_or_else(|| StoreError::Backend { backend: self.backend.name(), message: "empty completion".into() })
+    }
+
+    /// Replaces each durable claim with its completion, all in one atomic write with one
+    /// expiry-index entry per second of expiry. Durable after the next [`KeyStore::flush`].
+    /// Claims that were replaced meanwhile (an operator forgot the key) are left alone and
+    /// reported as [`StoreError::ClaimLost`] once the others are written.
+    pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Vec<Record>, StoreError> {
+        let _gate = self.gate.read();
+        // Every stripe involved, locked in ascending order (so batches cannot deadlock).
+        let mut stripes: Vec<usize> = items.iter().map(|(c, _)| Self::stripe_index(&c.key)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let _locks: Vec<_> = stripes.iter().map(|&i| self.stripes[i].lock()).collect();
+        let mut lost: Option<String> = None;
+        let mut ops = Vec::with_capacity(items.len() + 1);
+        let mut indexed: Vec<(String, i64)> = Vec::with_capacity(items.len());
+        let mut done = Vec::with_capacity(items.len());
+        for (claim, completed) in items {
+            let expected = Record::InProgress(claim.record);
+            if self.get(&claim.key)?.as_ref() != Some(&expected) {
+                lost.get_or_insert(claim.key);
+                continue;
+            }
+            let new = Record::Completed(completed);
+            ops.push(Op::Put(Tree::Records, claim.key.as_bytes().to_vec(), new.encode()));
+            if let Some(at) = new.expires_at_ms() {
+                indexed.push((claim.key, at));
+            }
+            done.push(new);
+        }
+        let pairs: Vec<(&str, i64)> = indexed.iter().map(|(k, at)| (k.as_str(), *at)).collect();
+        ops.extend(index::entry_ops(&pairs)?);
+        if !ops.is_empty() {
+            self.backend.apply(ops)?;
+        }
+        self.counts[state_index(State::InProgress)].fetch_sub(done.len() as i64, Ordering::Relaxed);
+        self.counts[state_index(State::Completed)].fetch_add(done.len() as i64, Ordering::Relaxed);
+        match lost {
+            Some(key) => Err(StoreError::ClaimLost(key)),
+            None => Ok(done),
         }
     }
 

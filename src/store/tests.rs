@@ -38,6 +38,8 @@ both!(
     empty_and_reversed_scans,
     reads_see_unflushed_writes,
     clean_drop_keeps_unflushed_writes,
+    complete_batch_shares_index_entries,
+    old_index_is_rebuilt_at_open,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -122,16 +124,23 @@ fn put_indeterminate(store: &KeyStore, key: &str, b: u8) {
 }
 
 fn expiry_entries(store: &KeyStore) -> Vec<(i64, String)> {
-    store
+    let mut entries = store
         .backend
         .scan(Tree::Expiry, &[], None, usize::MAX)
         .unwrap()
         .into_iter()
-        .map(|(k, _)| {
-            let (at, key) = split_expiry_key(&k).expect("index key");
-            (at, String::from_utf8(key.to_vec()).unwrap())
+        .flat_map(|(k, v)| {
+            let (entry_at, _) = split_expiry_key(&k).expect("index key");
+            let pairs = decode_index_entry(&v).expect("index entry");
+            assert!(!pairs.is_empty(), "empty index entry");
+            // An entry sits at the latest expiry of its pairs, all in one span.
+            assert_eq!(entry_at, pairs.iter().map(|p| p.1).max().unwrap());
+            assert!(pairs.iter().all(|p| p.1.div_euclid(GROUP_MS) == entry_at.div_euclid(GROUP_MS)));
+            pairs.into_iter().map(|(key, at)| (at, key))
         })
-        .collect()
+        .collect::<Vec<_>>();
+    entries.sort();
+    entries
 }
 
 fn all_records(store: &KeyStore) -> BTreeMap<String, Record> {
@@ -595,7 +604,7 @@ fn empty_and_reversed_scans(kind: StoreBackend) {
     assert_eq!(b.scan(Tree::Records, b"b", Some(b"b"), 10).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Records, b"a", None, 0).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Records, b"a", Some(b"c"), 10).unwrap().len(), 1);
-    assert_eq!(b.scan(Tree::Meta, b"", None, 10).unwrap(), vec![]);
+    assert_eq!(b.scan(Tree::Meta, b"", None, 10).unwrap(), vec![(b"index-format".to_vec(), b"2".to_vec())]);
     assert!(f.store.disk_bytes().unwrap() > 0);
     // Compaction with a time before any expiry is a no-op.
     assert_eq!(f.store.compact_expired(i64::MIN, 10).unwrap(), 0);
@@ -685,4 +694,82 @@ fn fjall_refuses_a_foreign_directory() {
     // An empty directory is fine.
     let empty = tempfile::tempdir().unwrap();
     KeyStore::open(StoreBackend::Fjall, empty.path(), SyncMode::Batch).unwrap();
+}
+
+/// Index entries stored, as (entry time, number of pairs).
+fn raw_entries(store: &KeyStore) -> Vec<(i64, usize)> {
+    let entries = store.backend.scan(Tree::Expiry, &[], None, usize::MAX).unwrap();
+    entries.iter().map(|(k, v)| (split_expiry_key(k).unwrap().0, decode_index_entry(v).unwrap().len())).collect()
+}
+
+fn complete_batch_shares_index_entries(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let keys = ["a", "b", "c", "d", "e"];
+    let pendings = keys.iter().map(|k| f.store.claim(k, None, in_progress(1, 1)).unwrap().unwrap()).collect();
+    let claims = f.store.flush_claims(pendings).unwrap();
+    // a, b, c expire in the same second, d and e in later ones.
+    let ats = [10_100, 10_500, 10_999, 11_000, 30_000];
+    let items = claims.into_iter().zip(ats).map(|(c, at)| (c, completed(1, at))).collect();
+    assert_eq!(f.store.complete_batch(items).unwrap().len(), 5);
+    assert_eq!(raw_entries(&f.store), vec![(10_999, 3), (11_000, 1), (30_000, 1)]);
+    assert_eq!(f.store.counts(), counts(0, 5, 0));
+    check_invariants(&f.store);
+
+    // Forgetting one key of a shared entry rewrites the entry without it.
+    f.store.forget("b").unwrap();
+    assert_eq!(raw_entries(&f.store), vec![(10_999, 2), (11_000, 1), (30_000, 1)]);
+    check_invariants(&f.store);
+    // Re-claiming an expired one takes it out too; the last one out deletes the entry.
+    let old = f.store.get("d").unwrap().unwrap();
+    let _ = f.store.claim("d", Some(&old), in_progress(2, 1)).unwrap().unwrap();
+    assert_eq!(raw_entries(&f.store), vec![(10_999, 2), (30_000, 1)]);
+    check_invariants(&f.store);
+
+    // Due at 10_999 (the entry's time): a and c go, whole entry at once; e stays.
+    assert_eq!(f.store.next_expiry().unwrap(), Some(10_999));
+    assert_eq!(f.store.compact_expired(10_998, 100).unwrap(), 0);
+    assert_eq!(f.store.compact_expired(10_999, 1).unwrap(), 2);
+    assert_eq!(f.store.get("a").unwrap(), None);
+    assert!(f.store.get("e").unwrap().is_some());
+    assert_eq!(f.store.counts(), counts(1, 1, 0));
+    check_invariants(&f.store);
+
+    // A lost claim in a batch: the others are still completed.
+    let p1 = f.store.claim("x", None, in_progress(1, 1)).unwrap().unwrap();
+    let p2 = f.store.claim("y", None, in_progress(1, 1)).unwrap().unwrap();
+    let mut claims = f.store.flush_claims(vec![p1, p2]).unwrap();
+    f.store.forget("x").unwrap();
+    let y = claims.pop().unwrap();
+    let x = claims.pop().unwrap();
+    match f.store.complete_batch(vec![(x, completed(1, 50_000)), (y, completed(1, 50_000))]) {
+        Err(StoreError::ClaimLost(k)) => assert_eq!(k, "x"),
+        other => panic!("expected ClaimLost, got {other:?}"),
+    }
+    assert_eq!(f.store.get("y").unwrap(), Some(Record::Completed(completed(1, 50_000))));
+    assert_eq!(f.store.get("x").unwrap(), None);
+    check_invariants(&f.store);
+    let f = f.reopen();
+    check_invariants(&f.store);
+}
+
+fn old_index_is_rebuilt_at_open(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    put_completed(&f.store, "new", 1, 7_000);
+    // What a store of the previous format holds: a completed record with a one-key entry
+    // whose value is empty, and no format mark.
+    let old = Record::Completed(completed(2, 5_000)).encode();
+    f.store
+        .backend
+        .apply(vec![
+            Op::Put(Tree::Records, b"old".to_vec(), old),
+            Op::Put(Tree::Expiry, expiry_key(5_000, b"old"), Vec::new()),
+            Op::Delete(Tree::Meta, b"index-format".to_vec()),
+        ])
+        .unwrap();
+    f.store.flush().unwrap();
+    let f = f.reopen();
+    assert_eq!(expiry_entries(&f.store), vec![(5_000, "old".to_string()), (7_000, "new".to_string())]);
+    check_invariants(&f.store);
+    assert_eq!(f.store.compact_expired(i64::MAX, 10).unwrap(), 2);
+    check_invariants(&f.store);
 }
