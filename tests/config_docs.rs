@@ -26,18 +26,9 @@ fn doc_rows() -> Vec<DocRow> {
     text.lines()
         .filter(|l| l.starts_with("| `"))
         .map(|l| {
-            let cells: Vec<&str> = l
-                .split(" | ")
-                .map(|c| c.trim_matches(|ch| ch == '|' || ch == ' '))
-                .collect();
-            assert!(
-                cells.len() >= 4,
-                "docs/config.md: a key row needs 4 cells: {l}"
-            );
-            DocRow {
-                key: cells[0].trim_matches('`').to_string(),
-                default: cells[2].to_string(),
-            }
+            let cells: Vec<&str> = l.split(" | ").map(|c| c.trim_matches(|ch| ch == '|' || ch == ' ')).collect();
+            assert!(cells.len() >= 4, "docs/config.md: a key row needs 4 cells: {l}");
+            DocRow { key: cells[0].trim_matches('`').to_string(), default: cells[2].to_string() }
         })
         .collect()
 }
@@ -46,9 +37,7 @@ fn doc_rows() -> Vec<DocRow> {
 /// `sinks.<name>` becomes `sinks.NAME` and route fields `routes[].field`.
 fn leaves(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, toml::Value>) {
     match v {
-        toml::Value::Table(t)
-            if !t.is_empty() && prefix != "kafka.consumer" && prefix != "kafka.producer" =>
-        {
+        toml::Value::Table(t) if !t.is_empty() && prefix != "kafka.consumer" && prefix != "kafka.producer" => {
             for (k, v) in t {
                 let path = match prefix {
                     "" => k.clone(),
@@ -80,8 +69,8 @@ fn serialized(c: &Config) -> BTreeMap<String, toml::Value> {
 /// The doc's Default cell as a TOML value (`None` for *required* / *unset*).
 fn doc_value(cell: &str) -> Option<toml::Value> {
     let literal = cell.strip_prefix('`')?.strip_suffix('`')?;
-    let mut t: toml::Table = toml::from_str(&format!("v = {literal}"))
-        .unwrap_or_else(|e| panic!("default `{literal}` is not TOML: {e}"));
+    let mut t: toml::Table =
+        toml::from_str(&format!("v = {literal}")).unwrap_or_else(|e| panic!("default `{literal}` is not TOML: {e}"));
     t.remove("v")
 }
 
@@ -133,9 +122,7 @@ fn every_default_key_is_documented_with_its_default() {
             None => problems.push(format!("`{key}` (default {code}) is not in docs/config.md")),
             Some(row) => match doc_value(&row.default) {
                 Some(d) if same_default(&d, &code) => {}
-                other => problems.push(format!(
-                    "`{key}`: docs/config.md says {other:?}, the code's default is {code}"
-                )),
+                other => problems.push(format!("`{key}`: docs/config.md says {other:?}, the code's default is {code}")),
             },
         }
     }
@@ -175,15 +162,8 @@ fn every_documented_key_exists() {
     let mut known = serialized(&every_key_set());
     known.extend(serialized(&Config::default()));
     // `sinks` and `routes` are documented as wholes too (their empty defaults).
-    let unknown: Vec<String> = doc_rows()
-        .into_iter()
-        .map(|r| r.key)
-        .filter(|k| !known.contains_key(k))
-        .collect();
-    assert!(
-        unknown.is_empty(),
-        "docs/config.md lists keys the config types do not have: {unknown:?}"
-    );
+    let unknown: Vec<String> = doc_rows().into_iter().map(|r| r.key).filter(|k| !known.contains_key(k)).collect();
+    assert!(unknown.is_empty(), "docs/config.md lists keys the config types do not have: {unknown:?}");
 }
 
 #[test]
@@ -192,24 +172,16 @@ fn the_documented_defaults_load_as_a_config() {
     // documented values are accepted, not only equal) and equals the defaults.
     let mut table = toml::Table::new();
     for row in doc_rows() {
-        let (Some(value), Some((section, key))) =
-            (doc_value(&row.default), row.key.split_once('.'))
-        else {
+        let (Some(value), Some((section, key))) = (doc_value(&row.default), row.key.split_once('.')) else {
             continue;
         };
         if section == "sinks" || section == "routes[]" {
             continue;
         }
-        let entry = table
-            .entry(section.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        entry
-            .as_table_mut()
-            .expect("section table")
-            .insert(key.to_string(), value);
+        let entry = table.entry(section.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        entry.as_table_mut().expect("section table").insert(key.to_string(), value);
     }
     let text = toml::to_string(&table).expect("render");
-    let loaded = Config::from_toml_str(&text, Vec::<(String, String)>::new())
-        .expect("documented defaults load");
+    let loaded = Config::from_toml_str(&text, Vec::<(String, String)>::new()).expect("documented defaults load");
     assert_eq!(serialized(&loaded), serialized(&Config::default()));
 }
