@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# dedupd container image: build in the official Rust image, run in Debian slim as a
+# non-root user with the store on a volume.
+#
+#   docker build -t dedupd .
+#   docker run -v dedupd-data:/var/lib/dedupd -p 9464:9464 dedupd
+#
+# The default config is deploy/dedupd.toml (at /etc/dedupd/dedupd.toml); mount your own
+# there, or override keys with DEDUPD_SECTION__KEY variables (docs/config.md).
+
+FROM rust:1.95-bookworm AS build
+# rdkafka-sys builds the bundled librdkafka with its own configure + make (the crate's
+# default features: no cmake-build, no SSL/SASL); it needs a C toolchain, make, pkg-config
+# and zlib headers. Listed explicitly rather than relying on the base image.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      build-essential pkg-config zlib1g-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Everything cargo needs to resolve the package's targets (benches are declared in
+# Cargo.toml, so their files must exist even though only the binary is built).
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY benches ./benches
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin dedupd \
+ && install -m 0755 target/release/dedupd /usr/local/bin/dedupd
+
+FROM debian:bookworm-slim AS runtime
+# ca-certificates: HTTPS sinks verify servers against the system roots.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 dedupd \
+ && useradd --system --uid 10001 --gid dedupd --home-dir /var/lib/dedupd --shell /usr/sbin/nologin dedupd \
+ && install -d -o dedupd -g dedupd -m 0750 /var/lib/dedupd \
+ && install -d -m 0755 /etc/dedupd
+COPY --from=build /usr/local/bin/dedupd /usr/local/bin/dedupd
+COPY deploy/dedupd.toml /etc/dedupd/dedupd.toml
+# In a container the listener must not be loopback-only; the store lives on the volume.
+ENV DEDUPD_CONFIG=/etc/dedupd/dedupd.toml \
+    DEDUPD_HTTP__LISTEN=0.0.0.0:9464 \
+    DEDUPD_STORE__PATH=/var/lib/dedupd
+USER 10001:10001
+VOLUME ["/var/lib/dedupd"]
+EXPOSE 9464
+# No curl in the image: bash's /dev/tcp speaks enough HTTP for /healthz.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9464 && printf 'GET /healthz HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200 '"]
+ENTRYPOINT ["dedupd"]
+CMD ["run"]

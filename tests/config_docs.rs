@@ -1,0 +1,187 @@
+//! docs/config.md against the config types: every key `Config::default()` serializes is
+//! documented with the default the code applies, every optional or required key of a route
+//! and a sink is documented, and every key the doc lists exists in the code.
+//!
+//! Run with `cargo test --test config_docs`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use dedupd::config::{Config, RouteConfig};
+use dedupd::sinks::SinkConfig;
+use dedupd::sinks::http::HttpSinkConfig;
+
+/// One row of a key table in docs/config.md: key path and the Default cell.
+#[derive(Debug)]
+struct DocRow {
+    key: String,
+    default: String,
+}
+
+/// The rows of every key table: lines `| \`key\` | type | default | meaning |`.
+fn doc_rows() -> Vec<DocRow> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/config.md");
+    let text = std::fs::read_to_string(&path).expect("read docs/config.md");
+    text.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split(" | ").map(|c| c.trim_matches(|ch| ch == '|' || ch == ' ')).collect();
+            assert!(cells.len() >= 4, "docs/config.md: a key row needs 4 cells: {l}");
+            DocRow { key: cells[0].trim_matches('`').to_string(), default: cells[2].to_string() }
+        })
+        .collect()
+}
+
+/// Every leaf of a TOML value as `path -> value`. Empty tables and arrays are leaves;
+/// `sinks.<name>` becomes `sinks.NAME` and route fields `routes[].field`.
+fn leaves(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, toml::Value>) {
+    match v {
+        toml::Value::Table(t) if !t.is_empty() && prefix != "kafka.consumer" && prefix != "kafka.producer" => {
+            for (k, v) in t {
+                let path = match prefix {
+                    "" => k.clone(),
+                    "sinks" => "sinks.NAME".to_string(),
+                    p => format!("{p}.{k}"),
+                };
+                leaves(&path, v, out);
+            }
+        }
+        toml::Value::Array(a) if prefix == "routes" && !a.is_empty() => {
+            for route in a {
+                leaves("routes[]", route, out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_string(), v.clone());
+        }
+    }
+}
+
+/// The keys and values of a config serialized to TOML.
+fn serialized(c: &Config) -> BTreeMap<String, toml::Value> {
+    let v = toml::Value::try_from(c).expect("serialize config");
+    let mut out = BTreeMap::new();
+    leaves("", &v, &mut out);
+    out
+}
+
+/// The doc's Default cell as a TOML value (`None` for *required* / *unset*).
+fn doc_value(cell: &str) -> Option<toml::Value> {
+    let literal = cell.strip_prefix('`')?.strip_suffix('`')?;
+    let mut t: toml::Table =
+        toml::from_str(&format!("v = {literal}")).unwrap_or_else(|e| panic!("default `{literal}` is not TOML: {e}"));
+    t.remove("v")
+}
+
+/// Equal as TOML values, or both durations of the same length ("24h" and "1day").
+fn same_default(doc: &toml::Value, code: &toml::Value) -> bool {
+    if doc == code {
+        return true;
+    }
+    match (doc.as_str(), code.as_str()) {
+        (Some(a), Some(b)) => match (humantime::parse_duration(a), humantime::parse_duration(b)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// A config with every optional field set, a route and a sink: its keys are every key the
+/// types have (a new field in `RouteConfig` makes this fail to compile, so it stays complete).
+fn every_key_set() -> Config {
+    let mut c = Config::default();
+    c.http.admin_token = Some("0123456789abcdef0123".into());
+    c.sinks.insert(
+        "api".into(),
+        SinkConfig::Http(HttpSinkConfig {
+            url: "http://127.0.0.1:8080/x".into(),
+            forward_key: true,
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+        }),
+    );
+    c.routes.push(RouteConfig {
+        name: Some("r".into()),
+        types: vec!["*".into()],
+        sink: "api".into(),
+        ttl: Some(Duration::from_secs(60)),
+        fingerprint_exclude: vec!["/payload/request_id".into()],
+    });
+    c
+}
+
+#[test]
+fn every_default_key_is_documented_with_its_default() {
+    let rows = doc_rows();
+    let doc: BTreeMap<&str, &DocRow> = rows.iter().map(|r| (r.key.as_str(), r)).collect();
+    let mut problems = Vec::new();
+    for (key, code) in serialized(&Config::default()) {
+        match doc.get(key.as_str()) {
+            None => problems.push(format!("`{key}` (default {code}) is not in docs/config.md")),
+            Some(row) => match doc_value(&row.default) {
+                Some(d) if same_default(&d, &code) => {}
+                other => problems.push(format!("`{key}`: docs/config.md says {other:?}, the code's default is {code}")),
+            },
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn every_route_sink_and_optional_key_is_documented() {
+    let rows = doc_rows();
+    let documented: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
+    let defaults = serialized(&Config::default());
+    let mut missing = Vec::new();
+    for key in serialized(&every_key_set()).keys() {
+        // Kind-specific sink keys are documented in docs/sinks.md, only `kind` here.
+        if key.starts_with("sinks.NAME.") && key != "sinks.NAME.kind" {
+            continue;
+        }
+        if !documented.contains(&key.as_str()) {
+            missing.push(key.clone());
+        }
+        // A key with no serialized default must say so in the doc.
+        if !defaults.contains_key(key)
+            && let Some(row) = rows.iter().find(|r| &r.key == key)
+        {
+            assert!(
+                row.default.contains("required") || row.default.contains("unset"),
+                "`{key}` has no default in the code; docs/config.md says {}",
+                row.default
+            );
+        }
+    }
+    assert!(missing.is_empty(), "not in docs/config.md: {missing:?}");
+}
+
+#[test]
+fn every_documented_key_exists() {
+    let mut known = serialized(&every_key_set());
+    known.extend(serialized(&Config::default()));
+    // `sinks` and `routes` are documented as wholes too (their empty defaults).
+    let unknown: Vec<String> = doc_rows().into_iter().map(|r| r.key).filter(|k| !known.contains_key(k)).collect();
+    assert!(unknown.is_empty(), "docs/config.md lists keys the config types do not have: {unknown:?}");
+}
+
+#[test]
+fn the_documented_defaults_load_as_a_config() {
+    // Writing every documented default into a file gives a config that loads (so the
+    // documented values are accepted, not only equal) and equals the defaults.
+    let mut table = toml::Table::new();
+    for row in doc_rows() {
+        let (Some(value), Some((section, key))) = (doc_value(&row.default), row.key.split_once('.')) else {
+            continue;
+        };
+        if section == "sinks" || section == "routes[]" {
+            continue;
+        }
+        let entry = table.entry(section.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        entry.as_table_mut().expect("section table").insert(key.to_string(), value);
+    }
+    let text = toml::to_string(&table).expect("render");
+    let loaded = Config::from_toml_str(&text, Vec::<(String, String)>::new()).expect("documented defaults load");
+    assert_eq!(serialized(&loaded), serialized(&Config::default()));
+}

@@ -1,0 +1,298 @@
+//! The deployment files, checked as far as a machine without Docker or Kubernetes allows:
+//! - docker-compose.yml, deploy/k8s/*.yaml (multi-document), deploy/prometheus/*.yml and
+//!   deploy/grafana/** parse;
+//! - every file the compose file mounts or builds from, the Dockerfile copies and the
+//!   kustomization lists exists;
+//! - every `dedupd_*` metric an alert rule, a rule unit test or a dashboard panel queries is
+//!   one dedupd exports, and every alert links to a section of docs/runbook.md;
+//! - the dedupd configs of compose and of the Kubernetes ConfigMap pass dedupd's validation.
+//!
+//! Run with `cargo test --test deploy_files`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use dedupd::config::Config;
+use dedupd::ops::Metrics;
+use dedupd::outcome::Outcome;
+use dedupd::store::StateCounts;
+use serde::Deserialize;
+use serde_norway::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+}
+
+/// Every YAML document of a file.
+fn yaml_documents(rel: &str) -> Vec<Value> {
+    let text = read(rel);
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}")))
+        .collect()
+}
+
+fn yaml(rel: &str) -> Value {
+    let mut docs = yaml_documents(rel);
+    assert_eq!(docs.len(), 1, "{rel}: expected one YAML document");
+    docs.remove(0)
+}
+
+/// Files under `dir` (relative to the repository) whose name ends with one of `exts`.
+fn files_under(dir: &str, exts: &[&str]) -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display())) {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(&root().join(dir), &mut found);
+    let mut rel: Vec<String> = found
+        .into_iter()
+        .filter(|p| exts.iter().any(|e| p.to_string_lossy().ends_with(e)))
+        .map(|p| p.strip_prefix(root()).expect("under root").to_string_lossy().into_owned())
+        .collect();
+    rel.sort();
+    rel
+}
+
+/// The names of every metric family dedupd exports (each updated once so that it renders).
+fn exported_metrics() -> BTreeSet<String> {
+    let m = Metrics::new().expect("metrics");
+    m.command(Outcome::Succeeded, Some("r"));
+    m.sink_request("s", "ok", 0.01);
+    m.batch_processed(0.01);
+    m.store(StateCounts { in_progress: 1, completed: 1, indeterminate: 1 }, 1);
+    m.compacted(1);
+    m.lag("t", 0, 1);
+    m.set_in_flight(1);
+    m.dead_lettered("invalid_json");
+    m.rebalance();
+    m.duplicate_age(Some("r"), 1.0);
+    m.set_refused_partitions(0);
+    let names: BTreeSet<String> = m
+        .render()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert!(names.len() >= 13, "expected every SPEC §7 metric, got {names:?}");
+    names
+}
+
+/// The `dedupd_*` metric names a PromQL text refers to, without histogram suffixes.
+fn metrics_in(promql: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = promql;
+    while let Some(at) = rest.find("dedupd_") {
+        let preceded_by_word = rest[..at].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        let tail = &rest[at..];
+        let len = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        if !preceded_by_word {
+            let name = &tail[..len];
+            let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+            out.insert(base.to_string());
+        }
+        rest = &tail[len..];
+    }
+    out
+}
+
+/// Every string value under a JSON value whose key is `expr`.
+fn json_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(s)) => out.push(s.clone()),
+                    _ => json_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| json_exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// Every alerting rule of rules.yml.
+fn alert_rules() -> Vec<Value> {
+    let rules = yaml("deploy/prometheus/rules.yml");
+    let groups = rules["groups"].as_sequence().expect("rules.yml: groups");
+    groups.iter().flat_map(|g| g["rules"].as_sequence().expect("group rules").clone()).collect()
+}
+
+#[test]
+fn every_yaml_and_json_file_parses() {
+    let mut checked = 0;
+    for rel in ["docker-compose.yml".to_string()]
+        .into_iter()
+        .chain(files_under("deploy/k8s", &[".yaml", ".yml"]))
+        .chain(files_under("deploy/prometheus", &[".yml", ".yaml"]))
+        .chain(files_under("deploy/grafana", &[".yml", ".yaml"]))
+    {
+        for doc in yaml_documents(&rel) {
+            assert!(doc.is_mapping(), "{rel}: every document should be a mapping");
+            checked += 1;
+        }
+    }
+    for rel in files_under("deploy/grafana", &[".json"]) {
+        let v: serde_json::Value = serde_json::from_str(&read(&rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        assert!(v["panels"].as_array().is_some_and(|p| !p.is_empty()), "{rel}: a dashboard with panels");
+        checked += 1;
+    }
+    assert!(checked >= 12, "only {checked} documents found");
+}
+
+#[test]
+fn every_file_compose_mounts_or_builds_from_exists() {
+    let compose = yaml("docker-compose.yml");
+    let services = compose["services"].as_mapping().expect("services");
+    for name in ["kafka", "dedupd", "prometheus", "grafana", "mailpit", "producer"] {
+        assert!(services.contains_key(name), "docker-compose.yml has no `{name}` service");
+    }
+    let mut mounts = 0;
+    for (name, svc) in services {
+        let name = name.as_str().unwrap_or("?");
+        if let Some(build) = svc.get("build") {
+            let context = build["context"].as_str().or(build.as_str()).expect("build context");
+            let dockerfile = build["dockerfile"].as_str().unwrap_or("Dockerfile");
+            assert!(root().join(context).join(dockerfile).is_file(), "{name}: {context}/{dockerfile} does not exist");
+        }
+        for volume in svc["volumes"].as_sequence().into_iter().flatten() {
+            let source = volume.as_str().and_then(|v| v.split(':').next()).expect("short volume syntax");
+            if source.starts_with('.') || source.starts_with('/') {
+                assert!(root().join(source).exists(), "{name}: mounts {source}, which does not exist");
+                mounts += 1;
+            } else {
+                let named = compose["volumes"].as_mapping().is_some_and(|v| v.contains_key(source));
+                assert!(named, "{name}: volume `{source}` is not declared under top-level volumes");
+            }
+        }
+    }
+    assert!(mounts >= 5, "expected the compose file to mount its config files, found {mounts}");
+    // Prometheus in compose loads the rules file its config names.
+    let prometheus = yaml("deploy/prometheus/prometheus.yml");
+    for file in prometheus["rule_files"].as_sequence().expect("rule_files") {
+        let file = file.as_str().expect("rule file");
+        assert!(root().join("deploy/prometheus").join(file).is_file(), "prometheus.yml names missing {file}");
+    }
+}
+
+#[test]
+fn every_file_the_dockerfile_copies_exists() {
+    let dockerfile = read("Dockerfile");
+    let mut copies = 0;
+    for line in dockerfile.lines().filter(|l| l.starts_with("COPY ") && !l.contains("--from=")) {
+        let parts: Vec<&str> = line.split_whitespace().skip(1).collect();
+        for source in &parts[..parts.len() - 1] {
+            assert!(root().join(source).exists(), "Dockerfile copies {source}, which does not exist");
+            copies += 1;
+        }
+    }
+    assert!(copies >= 4, "found {copies} COPY sources");
+    assert!(dockerfile.contains("USER 10001"), "the runtime image runs as a non-root user");
+}
+
+#[test]
+fn kubernetes_manifests_are_complete() {
+    let kustomization = yaml("deploy/k8s/kustomization.yaml");
+    let mut kinds = BTreeSet::new();
+    for resource in kustomization["resources"].as_sequence().expect("resources") {
+        let rel = format!("deploy/k8s/{}", resource.as_str().expect("resource path"));
+        for doc in yaml_documents(&rel) {
+            assert!(doc["apiVersion"].is_string() && doc["metadata"]["name"].is_string(), "{rel}: apiVersion and name");
+            kinds.insert(doc["kind"].as_str().expect("kind").to_string());
+            if doc["kind"] == "StatefulSet" {
+                assert!(doc["spec"]["volumeClaimTemplates"].is_sequence(), "{rel}: the store needs a volume claim");
+            }
+            if doc["kind"] == "ConfigMap" {
+                let toml = doc["data"]["dedupd.toml"].as_str().expect("ConfigMap data dedupd.toml");
+                Config::from_toml_str(toml, Vec::<(String, String)>::new())
+                    .unwrap_or_else(|e| panic!("{rel}: dedupd.toml does not validate: {e}"));
+            }
+        }
+    }
+    let expected = ["ConfigMap", "PodDisruptionBudget", "Service", "ServiceMonitor", "StatefulSet"];
+    assert_eq!(kinds, expected.iter().map(|s| s.to_string()).collect(), "kinds in deploy/k8s");
+}
+
+#[test]
+fn compose_dedupd_config_validates() {
+    let path = root().join("deploy/compose/dedupd.toml");
+    let config = Config::load(&path, Vec::<(String, String)>::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.kafka.bootstrap_servers, "kafka:9092");
+    assert_eq!(config.http.listen.port(), 9464, "prometheus.yml scrapes dedupd:9464");
+}
+
+#[test]
+fn every_metric_an_alert_or_dashboard_queries_is_exported() {
+    let exported = exported_metrics();
+    let mut used: Vec<(String, String)> = Vec::new();
+    for rule in alert_rules() {
+        let name = rule["alert"].as_str().expect("alert name").to_string();
+        used.extend(metrics_in(rule["expr"].as_str().expect("expr")).into_iter().map(|m| (name.clone(), m)));
+    }
+    // The unit tests' input series too: a test on a misspelt name proves nothing.
+    let tests = yaml("deploy/prometheus/rules_test.yml");
+    for t in tests["tests"].as_sequence().expect("tests") {
+        for s in t["input_series"].as_sequence().expect("input_series") {
+            let series = s["series"].as_str().expect("series");
+            used.extend(metrics_in(series).into_iter().map(|m| ("rules_test.yml".to_string(), m)));
+        }
+    }
+    for rel in files_under("deploy/grafana", &[".json"]) {
+        let v: serde_json::Value = serde_json::from_str(&read(&rel)).expect("dashboard json");
+        let mut exprs = Vec::new();
+        json_exprs(&v, &mut exprs);
+        assert!(!exprs.is_empty(), "{rel}: no panel queries");
+        for e in exprs {
+            used.extend(metrics_in(&e).into_iter().map(|m| (rel.clone(), m)));
+        }
+    }
+    assert!(used.len() >= 20, "found only {} metric uses", used.len());
+    let unknown: Vec<_> = used.iter().filter(|(_, m)| !exported.contains(m)).collect();
+    assert!(unknown.is_empty(), "metrics queried but not exported: {unknown:?}\nexported: {exported:?}");
+}
+
+/// GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+#[test]
+fn every_alert_has_severity_annotations_and_a_runbook_section() {
+    let runbook = read("docs/runbook.md");
+    let anchors: BTreeSet<String> =
+        runbook.lines().filter_map(|l| l.strip_prefix('#')).map(|l| anchor(l.trim_start_matches('#'))).collect();
+    let rules = alert_rules();
+    assert!(rules.len() >= 6, "rules.yml has {} alerts", rules.len());
+    for rule in rules {
+        let name = rule["alert"].as_str().expect("alert");
+        assert!(
+            ["critical", "warning"].contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+            "{name}: severity label"
+        );
+        assert!(rule["for"].is_string(), "{name}: a `for:` duration");
+        for key in ["summary", "description", "runbook_url"] {
+            assert!(rule["annotations"][key].is_string(), "{name}: annotation {key}");
+        }
+        let url = rule["annotations"]["runbook_url"].as_str().unwrap_or("");
+        let fragment = url.strip_prefix("docs/runbook.md#").unwrap_or_else(|| panic!("{name}: runbook_url {url}"));
+        assert!(anchors.contains(fragment), "{name}: docs/runbook.md has no section #{fragment}");
+    }
+}
