@@ -140,6 +140,12 @@ impl Metrics {
         self.consumer_lag.with_label_values(&[topic, &partition.to_string()]).set(lag);
     }
 
+    /// A partition left this instance: its lag is another member's to report.
+    pub fn forget_lag(&self, topic: &str, partition: i32) {
+        // Err = never reported: nothing to remove.
+        let _ = self.consumer_lag.remove_label_values(&[topic, &partition.to_string()]);
+    }
+
     /// Commands executing now.
     pub fn set_in_flight(&self, n: usize) {
         self.in_flight.set(i64::try_from(n).unwrap_or(i64::MAX));

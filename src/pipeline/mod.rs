@@ -3,6 +3,7 @@
 //! stop taking records → drain workers (publish, store offsets) → commit → leave the group.
 
 mod consumer;
+mod metered;
 mod publish;
 mod purge;
 mod worker;
@@ -80,7 +81,10 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
     let health = Arc::new(Health::default());
     let router = Arc::new(Router::from_config(&config)?);
-    let built: HashMap<String, Arc<dyn Sink>> = sinks::build_all(&config.sinks)?;
+    let built: HashMap<String, Arc<dyn Sink>> = sinks::build_all(&config.sinks)?
+        .into_iter()
+        .map(|(name, sink)| (name, metered::MeteredSink::wrap(sink, Arc::clone(&metrics))))
+        .collect();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let engine = Arc::new(Engine::new(EngineParts {
         store: Arc::clone(&store),
