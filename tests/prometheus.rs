@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
+use common::process::{DedupdProcess, KeptOnFailure, tail_of_file, wait_for_http_addr};
 use serde_json::{Value, json};
 
 /// Distinct commands produced; each of the first `REPEATS` is produced a second time.
@@ -112,28 +112,6 @@ fn per_outcome(result: &[Value], instance: &str) -> BTreeMap<String, f64> {
     }
     m.retain(|_, n| *n != 0.0);
     m
-}
-
-/// The `http_addr` of the "dedupd running" line of a JSON log, once it is there.
-async fn wait_for_http_addr(log: &Path, child: &mut DedupdProcess, timeout: Duration) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let addr = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find_map(|v| {
-            (v["fields"]["message"] == "dedupd running")
-                .then(|| v["fields"]["http_addr"].as_str().map(str::to_string))?
-        });
-        if let Some(addr) = addr {
-            return addr;
-        }
-        assert!(child.exited().is_none(), "dedupd exited early:\n{}", tail_of_file(log, 40));
-        assert!(
-            Instant::now() < deadline,
-            "dedupd did not log `dedupd running` within {timeout:?}:\n{}",
-            tail_of_file(log, 40)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

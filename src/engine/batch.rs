@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::retry::{RunEnd, run_with_retry};
 use super::{Engine, EngineError, Item, ItemResult};
@@ -99,11 +100,25 @@ impl Engine {
                 .await
                 .map_err(|e| EngineError::Join(e.to_string()))??;
 
-            let runs = durable.into_iter().zip(claimed.iter()).map(|(claim, &(_, _, cmd, _))| async move {
-                let _permit = self.limiter.acquire().await;
-                let sink = &self.route_sinks[cmd.route];
-                let end = run_with_retry(sink.as_ref(), &claim, cmd, &self.retry, cancel).await;
-                (claim, end)
+            let runs = durable.into_iter().zip(claimed.iter()).map(|(claim, &(_, i, cmd, _))| {
+                // Everything the sink run logs (retries, the sink's own events) carries
+                // the command's identity.
+                let source = &items[i].source;
+                let span = tracing::info_span!(
+                    "sink_run",
+                    key = %cmd.key,
+                    r#type = %cmd.kind,
+                    topic = %source.topic,
+                    partition = source.partition,
+                    offset = source.offset,
+                );
+                async move {
+                    let _permit = self.limiter.acquire().await;
+                    let sink = &self.route_sinks[cmd.route];
+                    let end = run_with_retry(sink.as_ref(), &claim, cmd, &self.retry, cancel).await;
+                    (claim, end)
+                }
+                .instrument(span)
             });
             let ends = futures::future::join_all(runs).await;
 

@@ -56,6 +56,7 @@ pub(super) async fn run_with_retry(
             claim.record().attempts.saturating_sub(1) + attempt,
             command.traceparent.as_deref(),
         );
+        tracing::debug!(sink = sink.name(), attempt, "sink call");
         match sink.execute(request).await {
             Ok(result) => return RunEnd::Succeeded { result, attempts: attempt },
             Err(SinkError::Permanent { message, result }) => {

@@ -129,8 +129,9 @@ impl PartitionWorker {
             if let Err(e) = self.consumer.store_offset(m.topic(), m.partition(), m.offset()) {
                 tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "could not store offset (partition revoked?)");
             }
-            for (_, p) in &done {
+            for (m, p) in &done {
                 self.record_metrics(p);
+                log_command(m, p);
             }
         }
         self.shared.metrics.batch_processed(started.elapsed().as_secs_f64());
@@ -197,4 +198,20 @@ impl PartitionWorker {
             traceparent,
         }
     }
+}
+
+/// One span per command once its result is acknowledged: key, topic, partition, offset and
+/// outcome, with a debug event in it (`log.level = "dedupd=debug"` shows every command).
+fn log_command(m: &OwnedMessage, p: &Processed) {
+    let r = &p.result;
+    let span = tracing::info_span!(
+        "command",
+        key = r.key.as_deref().unwrap_or(""),
+        topic = m.topic(),
+        partition = m.partition(),
+        offset = m.offset(),
+        outcome = r.outcome.as_str(),
+    );
+    let _entered = span.enter();
+    tracing::debug!(route = r.route.as_deref(), sink_called = p.sink_called, replay = r.replay, "command done");
 }

@@ -194,6 +194,8 @@ pub struct Seen {
     pub key: Option<String>,
     /// `Dedupd-Attempt`, if sent.
     pub attempt: Option<String>,
+    /// `traceparent`, if sent.
+    pub traceparent: Option<String>,
     /// The body.
     pub body: Bytes,
 }
@@ -226,7 +228,7 @@ async fn slow_receive(State(s): State<ReceiverState>, uri: Uri, headers: HeaderM
         // Sequence number and record under one lock, so `seen` is in `seq` order.
         let mut seen = s.seen.lock();
         let seq = s.next.fetch_add(1, Ordering::SeqCst);
-        seen.push(Seen { seq, path: uri.path().to_string(), key: header("idempotency-key"), attempt: header("dedupd-attempt"), body });
+        seen.push(Seen { seq, path: uri.path().to_string(), key: header("idempotency-key"), attempt: header("dedupd-attempt"), traceparent: header("traceparent"), body });
         *s.last_arrival.lock() = Some(Instant::now());
         seq
     };
@@ -410,5 +412,23 @@ impl Drop for KeptOnFailure {
         {
             eprintln!("test failed: kept {}", d.keep().display());
         }
+    }
+}
+
+/// The `http_addr` of the "dedupd running" line of a JSON log (`log.format = "json"`),
+/// once it is there; fails if the process exits or `timeout` passes first.
+pub async fn wait_for_http_addr(log: &Path, child: &mut DedupdProcess, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let addr = text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find_map(|v| {
+            (v["fields"]["message"] == "dedupd running").then(|| v["fields"]["http_addr"].as_str().map(str::to_string))?
+        });
+        if let Some(addr) = addr {
+            return addr;
+        }
+        assert!(child.exited().is_none(), "dedupd exited early:\n{}", tail_of_file(log, 40));
+        assert!(Instant::now() < deadline, "dedupd did not log `dedupd running` within {timeout:?}:\n{}", tail_of_file(log, 40));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
