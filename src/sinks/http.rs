@@ -16,13 +16,14 @@
 //! 64 KiB of text and the result gets `"truncated": true`).
 
 use std::error::Error as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{Sink, SinkError, SinkOutput, SinkRequest};
+use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of an `http` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -51,9 +52,9 @@ fn default_request_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
-impl HttpSinkConfig {
-    /// Checks the URL.
-    pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+impl SinkKind for HttpSinkConfig {
+    /// Checks the URL and the timeout.
+    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
         if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
             return Err((format!("{at}.url"), self.url.clone(), "must start with http:// or https://".into()));
         }
@@ -61,6 +62,15 @@ impl HttpSinkConfig {
             return Err((format!("{at}.request_timeout"), "0s".into(), "must be positive".into()));
         }
         Ok(())
+    }
+
+    fn forwards_key(&self) -> bool {
+        self.forward_key
+    }
+
+    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+        let sink = HttpSink::new(name, self).map_err(|e| SinkBuildError { name: name.to_string(), reason: e.to_string() })?;
+        Ok(Arc::new(sink))
     }
 }
 

@@ -1,13 +1,30 @@
 //! The `log` sink: writes the command to the log and succeeds. For trials and tests.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
-use super::{Sink, SinkError, SinkOutput, SinkRequest};
+use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of a `log` sink.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSinkConfig {}
+
+impl SinkKind for LogSinkConfig {
+    fn validate(&self, _at: &str) -> Result<(), (String, String, String)> {
+        Ok(())
+    }
+
+    fn forwards_key(&self) -> bool {
+        // Logging twice is harmless: a re-run is safe.
+        true
+    }
+
+    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+        Ok(Arc::new(LogSink::new(name, self)))
+    }
+}
 
 /// A `log` sink at run time.
 pub struct LogSink {
