@@ -11,7 +11,10 @@
 //! crate names a kind.
 
 pub mod http;
+pub mod kafka;
+pub mod limit;
 pub mod log;
+pub mod template;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use self::limit::{LimitedSink, SinkLimits};
 use crate::store::DurableClaim;
 
 /// What a kind's config provides; the [`sink_kinds!`] registration dispatches to it.
@@ -30,6 +34,9 @@ pub trait SinkKind {
     /// Whether an instance with this config passes the key downstream so that re-running an
     /// orphaned claim is safe (SPEC §4); `false` makes such a claim `indeterminate`.
     fn forwards_key(&self) -> bool;
+    /// The instance's `[sinks.NAME.limits]` (a `limits: SinkLimits` field with
+    /// `#[serde(default)]` on the kind's config); [`build_all`] applies them to every kind.
+    fn limits(&self) -> &SinkLimits;
     /// Builds the instance called `name`.
     fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError>;
 }
@@ -69,6 +76,8 @@ macro_rules! sink_kinds {
 sink_kinds! {
     /// JSON POST to a URL with an `Idempotency-Key` header.
     "http" => Http(http::HttpSinkConfig),
+    /// Produces to a Kafka topic with an idempotent producer, the key as record key and header.
+    "kafka" => Kafka(kafka::KafkaSinkConfig),
     /// Writes the command to the log; for trials and tests.
     "log" => Log(log::LogSinkConfig),
 }
@@ -84,9 +93,10 @@ impl SinkConfig {
         self.as_kind().forwards_key()
     }
 
-    /// Builds the instance called `name`.
+    /// Builds the instance called `name`, wrapped in its limits when it has any.
     pub fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
-        self.as_kind().build(name)
+        let kind = self.as_kind();
+        Ok(LimitedSink::wrap(kind.build(name)?, kind.limits()))
     }
 }
 
