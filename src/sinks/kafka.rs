@@ -258,27 +258,30 @@ pub(crate) enum Class {
 /// auto-created: a config mistake that retries cannot fix).
 pub(crate) fn classify(err: &KafkaError) -> Class {
     use RDKafkaErrorCode as C;
+    let transient = |code: &RDKafkaErrorCode| {
+        matches!(
+            code,
+            C::MessageTimedOut
+                | C::QueueFull
+                | C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::Resolve
+                | C::NetworkException
+                | C::RequestTimedOut
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+                | C::PreferredLeaderNotAvailable
+                | C::FencedLeaderEpoch
+                | C::KafkaStorageError
+                | C::NotEnoughReplicas
+                | C::NotEnoughReplicasAfterAppend
+                | C::PurgeQueue
+                | C::OutOfOrderSequenceNumber
+        )
+    };
     match err {
         KafkaError::Canceled => Class::Transient,
-        KafkaError::MessageProduction(code) => match code {
-            C::MessageTimedOut
-            | C::QueueFull
-            | C::BrokerTransportFailure
-            | C::AllBrokersDown
-            | C::Resolve
-            | C::NetworkException
-            | C::RequestTimedOut
-            | C::LeaderNotAvailable
-            | C::NotLeaderForPartition
-            | C::PreferredLeaderNotAvailable
-            | C::FencedLeaderEpoch
-            | C::KafkaStorageError
-            | C::NotEnoughReplicas
-            | C::NotEnoughReplicasAfterAppend
-            | C::PurgeQueue
-            | C::OutOfOrderSequenceNumber => Class::Transient,
-            _ => Class::Permanent,
-        },
+        KafkaError::MessageProduction(code) if transient(code) => Class::Transient,
         _ => Class::Permanent,
     }
 }
