@@ -176,6 +176,7 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
             forward_key: true,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
+            ..HttpSinkConfig::default()
         }),
     );
     config.routes.push(RouteConfig {

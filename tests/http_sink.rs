@@ -92,6 +92,7 @@ fn config(url: &str) -> HttpSinkConfig {
         forward_key: true,
         connect_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_secs(10),
+        ..HttpSinkConfig::default()
     }
 }
 

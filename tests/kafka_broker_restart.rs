@@ -122,6 +122,7 @@ async fn broker_restart_mid_run() {
             forward_key: true,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
+            ..HttpSinkConfig::default()
         }),
     );
     config.routes.push(RouteConfig {

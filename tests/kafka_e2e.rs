@@ -165,6 +165,7 @@ async fn ten_thousand_commands_with_duplicates_conflicts_and_bad_records() {
             forward_key: true,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
+            ..HttpSinkConfig::default()
         }),
     );
     config.routes.push(RouteConfig {

@@ -118,6 +118,7 @@ fn config(bootstrap: &str, t: &Topics, store: &std::path::Path, receiver: &SlowR
             forward_key: false,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
+            ..HttpSinkConfig::default()
         }),
     );
     c.routes.push(RouteConfig {

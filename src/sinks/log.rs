@@ -1,13 +1,39 @@
 //! The `log` sink: writes the command to the log and succeeds. For trials and tests.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
-use super::{Sink, SinkError, SinkOutput, SinkRequest};
+use super::limit::SinkLimits;
+use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of a `log` sink.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct LogSinkConfig {}
+pub struct LogSinkConfig {
+    /// Rate and concurrency limits (useful to try a limit out before pointing it at a provider).
+    #[serde(default)]
+    pub limits: SinkLimits,
+}
+
+impl SinkKind for LogSinkConfig {
+    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+        self.limits.validate(at)
+    }
+
+    fn forwards_key(&self) -> bool {
+        // Logging twice is harmless: a re-run is safe.
+        true
+    }
+
+    fn limits(&self) -> &SinkLimits {
+        &self.limits
+    }
+
+    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+        Ok(Arc::new(LogSink::new(name, self)))
+    }
+}
 
 /// A `log` sink at run time.
 pub struct LogSink {

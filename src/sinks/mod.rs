@@ -2,50 +2,101 @@
 //! kind; each kind lives in one file, has a config type (pure data) separate from its
 //! runtime, and declares whether it forwards the key downstream (which decides what
 //! happens to a claim orphaned by a crash, SPEC §4).
+//!
+//! Adding a kind (docs/sinks.md walks through a complete example): write `src/sinks/NAME.rs`
+//! with a config type implementing [`SinkKind`] and a runtime implementing [`Sink`], declare
+//! the module below, and add ONE line to the [`sink_kinds!`] registration. The registration
+//! generates the `kind = "..."`-tagged [`SinkConfig`] enum and all of its dispatch
+//! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); nothing else in the
+//! crate names a kind.
 
 pub mod http;
+pub mod kafka;
+pub mod limit;
 pub mod log;
+pub mod template;
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use self::limit::{LimitedSink, SinkLimits};
 use crate::store::DurableClaim;
 
-/// Config of one sink instance: `kind = "..."` plus the kind's own keys.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum SinkConfig {
+/// What a kind's config provides; the [`sink_kinds!`] registration dispatches to it.
+pub trait SinkKind {
+    /// Checks the kind's values; on error returns (key, value, reason) with the key spelled
+    /// from `at` (e.g. `sinks.payments-api`), as [`crate::config::Config::validate`] reports it.
+    fn validate(&self, at: &str) -> Result<(), (String, String, String)>;
+    /// Whether an instance with this config passes the key downstream so that re-running an
+    /// orphaned claim is safe (SPEC §4); `false` makes such a claim `indeterminate`.
+    fn forwards_key(&self) -> bool;
+    /// The instance's `[sinks.NAME.limits]` (a `limits: SinkLimits` field with
+    /// `#[serde(default)]` on the kind's config); [`build_all`] applies them to every kind.
+    fn limits(&self) -> &SinkLimits;
+    /// Builds the instance called `name`.
+    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError>;
+}
+
+/// Generates [`SinkConfig`] (one variant per kind, tagged by `kind = "<name>"`) and its
+/// dispatch to [`SinkKind`]. One line per kind: `/// doc` then `"name" => Variant(module::Config),`.
+macro_rules! sink_kinds {
+    ($($(#[doc = $doc:literal])* $name:literal => $variant:ident($config:ty),)+) => {
+        /// Config of one sink instance: `kind = "..."` plus the kind's own keys.
+        #[derive(Debug, Clone, Deserialize, Serialize)]
+        #[serde(tag = "kind")]
+        pub enum SinkConfig {
+            $($(#[doc = $doc])* #[serde(rename = $name)] $variant($config),)+
+        }
+
+        impl SinkConfig {
+            /// Every registered kind's name, in registration order.
+            pub const KINDS: &'static [&'static str] = &[$($name),+];
+
+            /// The kind's name, as written in `kind = "..."`.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(SinkConfig::$variant(_) => $name,)+
+                }
+            }
+
+            /// The kind-specific config behind this instance.
+            pub fn as_kind(&self) -> &dyn SinkKind {
+                match self {
+                    $(SinkConfig::$variant(c) => c,)+
+                }
+            }
+        }
+    };
+}
+
+sink_kinds! {
     /// JSON POST to a URL with an `Idempotency-Key` header.
-    Http(http::HttpSinkConfig),
+    "http" => Http(http::HttpSinkConfig),
+    /// Produces to a Kafka topic with an idempotent producer, the key as record key and header.
+    "kafka" => Kafka(kafka::KafkaSinkConfig),
     /// Writes the command to the log; for trials and tests.
-    Log(log::LogSinkConfig),
+    "log" => Log(log::LogSinkConfig),
 }
 
 impl SinkConfig {
     /// Checks the kind's values; on error returns (key, value, reason).
     pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        match self {
-            SinkConfig::Http(c) => c.validate(at),
-            SinkConfig::Log(_) => Ok(()),
-        }
+        self.as_kind().validate(at)
     }
 
     /// Whether this instance passes the key downstream so that a re-run is safe.
     pub fn forwards_key(&self) -> bool {
-        match self {
-            SinkConfig::Http(c) => c.forward_key,
-            SinkConfig::Log(_) => true,
-        }
+        self.as_kind().forwards_key()
     }
 
-    /// The kind's name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            SinkConfig::Http(_) => "http",
-            SinkConfig::Log(_) => "log",
-        }
+    /// Builds the instance called `name`, wrapped in its limits when it has any.
+    pub fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+        let kind = self.as_kind();
+        Ok(LimitedSink::wrap(kind.build(name)?, kind.limits()))
     }
 }
 
@@ -124,18 +175,21 @@ pub struct SinkBuildError {
 }
 
 /// Builds every configured sink instance, by name.
-pub fn build_all(
-    configs: &std::collections::BTreeMap<String, SinkConfig>,
-) -> Result<std::collections::HashMap<String, std::sync::Arc<dyn Sink>>, SinkBuildError> {
-    let mut out: std::collections::HashMap<String, std::sync::Arc<dyn Sink>> = std::collections::HashMap::new();
-    for (name, config) in configs {
-        let sink: std::sync::Arc<dyn Sink> = match config {
-            SinkConfig::Http(c) => std::sync::Arc::new(
-                http::HttpSink::new(name, c).map_err(|e| SinkBuildError { name: name.clone(), reason: e.to_string() })?,
-            ),
-            SinkConfig::Log(c) => std::sync::Arc::new(log::LogSink::new(name, c)),
-        };
-        out.insert(name.clone(), sink);
+pub fn build_all(configs: &BTreeMap<String, SinkConfig>) -> Result<HashMap<String, Arc<dyn Sink>>, SinkBuildError> {
+    configs.iter().map(|(name, config)| Ok((name.clone(), config.build(name)?))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registration_tags_configs_by_kind_name() {
+        let log: SinkConfig = toml::from_str("kind = \"log\"").unwrap();
+        assert_eq!(log.kind(), "log");
+        assert!(log.forwards_key());
+        assert!(SinkConfig::KINDS.contains(&"http") && SinkConfig::KINDS.contains(&"log"));
+        let unknown = toml::from_str::<SinkConfig>("kind = \"carrier-pigeon\"").unwrap_err();
+        assert!(unknown.to_string().contains("carrier-pigeon"), "{unknown}");
     }
-    Ok(out)
 }

@@ -1,0 +1,151 @@
+//! How an `http` sink's attempt ended and what that means (SPEC §4): the one place that
+//! names what is transient, and the server's `Retry-After`.
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+
+/// How one POST ended, as far as classification cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// A response head arrived with this status code (redirects already followed).
+    Status(u16),
+    /// No response: connect error (refused, DNS, TLS), connect or request timeout, or an
+    /// I/O error while sending the request or before the response head arrived.
+    NoResponse,
+    /// The redirect policy gave up: a redirect loop or more than 10 hops.
+    RedirectLoop,
+    /// The request could not be built (e.g. an unusable URL or header value).
+    Unbuildable,
+}
+
+impl Ending {
+    /// The ending a reqwest error stands for.
+    pub(super) fn of_error(err: &reqwest::Error) -> Ending {
+        if err.is_redirect() {
+            Ending::RedirectLoop
+        } else if err.is_builder() {
+            Ending::Unbuildable
+        } else if let Some(status) = err.status() {
+            Ending::Status(status.as_u16())
+        } else {
+            // is_connect, is_timeout, is_request, is_body and anything unforeseen: nothing
+            // was answered, so the same key may safely be tried again.
+            Ending::NoResponse
+        }
+    }
+}
+
+/// What a POST's ending means for the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// The receiver accepted it: store the result.
+    Success,
+    /// Retry with the same key, with backoff (SPEC §4).
+    Transient,
+    /// Retrying cannot help: complete as `failed` and replay that.
+    Permanent,
+}
+
+/// The single place that says which endings are transient (SPEC §4).
+///
+/// Transient (retried with the same key):
+/// - no response at all: connect errors (refused, unreachable, DNS, TLS handshake), the
+///   connect or request timeout, and request errors before a response head arrived —
+///   the receiver may or may not have acted, and the key lets it tell;
+/// - HTTP 5xx (the receiver failed, not the command);
+/// - HTTP 429 Too Many Requests and 408 Request Timeout (come back later).
+///
+/// Permanent: every other non-2xx status (other 4xx, a 3xx that was not followed, codes
+/// outside 100..=599), a redirect loop, and a request that could not be built.
+///
+/// Success: 2xx.
+pub(crate) fn classify(ending: Ending) -> Class {
+    match ending {
+        Ending::NoResponse => Class::Transient,
+        Ending::Status(200..=299) => Class::Success,
+        Ending::Status(408 | 429 | 500..=599) => Class::Transient,
+        Ending::Status(_) => Class::Permanent,
+        Ending::RedirectLoop | Ending::Unbuildable => Class::Permanent,
+    }
+}
+
+/// The server-suggested wait: `Retry-After` in delta-seconds on a 429 or 503 only. An
+/// HTTP-date or garbage value yields `None` (the engine's own backoff applies).
+pub(crate) fn retry_after(code: u16, headers: &HeaderMap) -> Option<Duration> {
+    if code != 429 && code != 503 {
+        return None;
+    }
+    let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u64>().ok().map(Duration::from_secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn two_hundreds_succeed() {
+        for code in [200, 201, 202, 204, 299] {
+            assert_eq!(classify(Ending::Status(code)), Class::Success, "{code}");
+        }
+    }
+
+    #[test]
+    fn no_response_is_transient() {
+        assert_eq!(classify(Ending::NoResponse), Class::Transient);
+    }
+
+    #[test]
+    fn server_errors_throttling_and_request_timeout_are_transient() {
+        for code in [500, 501, 502, 503, 504, 599, 429, 408] {
+            assert_eq!(classify(Ending::Status(code)), Class::Transient, "{code}");
+        }
+    }
+
+    #[test]
+    fn other_client_errors_are_permanent() {
+        for code in [400, 401, 403, 404, 405, 409, 410, 413, 415, 422, 451, 499] {
+            assert_eq!(classify(Ending::Status(code)), Class::Permanent, "{code}");
+        }
+    }
+
+    #[test]
+    fn unfollowed_redirects_odd_codes_loops_and_unbuildable_are_permanent() {
+        for code in [100, 300, 304, 399, 600, 999] {
+            assert_eq!(classify(Ending::Status(code)), Class::Permanent, "{code}");
+        }
+        assert_eq!(classify(Ending::RedirectLoop), Class::Permanent);
+        assert_eq!(classify(Ending::Unbuildable), Class::Permanent);
+    }
+
+    fn with_retry_after(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn retry_after_seconds_on_429_and_503_only() {
+        assert_eq!(retry_after(429, &with_retry_after("3")), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(503, &with_retry_after(" 120 ")), Some(Duration::from_secs(120)));
+        assert_eq!(retry_after(503, &with_retry_after("0")), Some(Duration::ZERO));
+        assert_eq!(retry_after(500, &with_retry_after("3")), None);
+        assert_eq!(retry_after(408, &with_retry_after("3")), None);
+        assert_eq!(retry_after(429, &HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn retry_after_dates_and_garbage_are_ignored() {
+        assert_eq!(retry_after(429, &with_retry_after("Wed, 21 Oct 2015 07:28:00 GMT")), None);
+        assert_eq!(retry_after(429, &with_retry_after("-3")), None);
+        assert_eq!(retry_after(429, &with_retry_after("+3")), None);
+        assert_eq!(retry_after(429, &with_retry_after("1.5")), None);
+        assert_eq!(retry_after(429, &with_retry_after("")), None);
+        assert_eq!(retry_after(429, &with_retry_after("99999999999999999999999")), None);
+    }
+}

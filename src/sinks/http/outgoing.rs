@@ -1,0 +1,304 @@
+//! What an `http` sink's config adds to every request: static headers, headers and
+//! credentials read from the environment (once, when the sink is built), and the URL and
+//! body templates rendered from each payload.
+
+use std::borrow::Cow;
+
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::HttpSinkError;
+use crate::sinks::template::{Encoding, JsonTemplate, StringTemplate, TemplateError};
+
+/// `auth = { bearer_env = "VAR" }` or `auth = { basic_user = "u", basic_password_env = "VAR" }`.
+/// Secrets come from the environment only, never from the config file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpAuthConfig {
+    /// Environment variable holding a bearer token (`Authorization: Bearer <token>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_env: Option<String>,
+    /// User name for HTTP basic auth (with `basic_password_env`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_user: Option<String>,
+    /// Environment variable holding the basic-auth password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_password_env: Option<String>,
+}
+
+impl HttpAuthConfig {
+    /// Checks that exactly one scheme is configured, completely.
+    pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+        match (&self.bearer_env, &self.basic_user, &self.basic_password_env) {
+            (Some(var), None, None) if !var.trim().is_empty() => Ok(()),
+            (None, Some(_), Some(var)) if !var.trim().is_empty() => Ok(()),
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err((
+                format!("{at}.auth"),
+                "bearer_env and basic_*".into(),
+                "choose one: bearer_env, or basic_user with basic_password_env".into(),
+            )),
+            (None, Some(user), None) => {
+                Err((format!("{at}.auth.basic_user"), user.clone(), "needs basic_password_env".into()))
+            }
+            (None, None, Some(var)) => {
+                Err((format!("{at}.auth.basic_password_env"), var.clone(), "needs basic_user".into()))
+            }
+            _ => Err((
+                format!("{at}.auth"),
+                "{}".into(),
+                "set bearer_env, or basic_user with basic_password_env (non-empty variable names)".into(),
+            )),
+        }
+    }
+}
+
+/// Headers dedupd sets itself (or that `auth` sets), which config cannot override.
+const RESERVED_HEADERS: [&str; 7] = [
+    "idempotency-key",
+    "dedupd-command-type",
+    "dedupd-attempt",
+    "traceparent",
+    "content-type",
+    "content-length",
+    "host",
+];
+
+/// Checks a configured header name: valid, and not one dedupd sets. `authorization` is
+/// only refused when `auth` is set.
+pub(super) fn check_header_name(name: &str, auth_set: bool) -> Result<HeaderName, String> {
+    let parsed = HeaderName::from_bytes(name.as_bytes()).map_err(|_| "is not a valid HTTP header name".to_string())?;
+    if RESERVED_HEADERS.contains(&parsed.as_str()) {
+        return Err("is set by dedupd itself".into());
+    }
+    if auth_set && parsed == AUTHORIZATION {
+        return Err("is set by `auth`; remove one of the two".into());
+    }
+    Ok(parsed)
+}
+
+/// The config's additions, resolved when the sink is built.
+#[derive(Debug)]
+pub(super) struct Outgoing {
+    url: UrlSource,
+    body: Option<JsonTemplate>,
+    /// Static and environment headers, auth included (marked sensitive).
+    headers: HeaderMap,
+}
+
+#[derive(Debug)]
+enum UrlSource {
+    Fixed(reqwest::Url),
+    Template(StringTemplate),
+}
+
+impl Outgoing {
+    /// Resolves the config; `env` reads an environment variable (the process environment
+    /// in production). A variable that is unset or empty is an error naming it.
+    pub(super) fn build(
+        sink: &str,
+        config: &super::HttpSinkConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Outgoing, HttpSinkError> {
+        let url = url_source(sink, &config.url)?;
+        let body = config.body_template.as_ref().map(JsonTemplate::parse).transpose().map_err(|e| {
+            HttpSinkError::Config { sink: sink.into(), key: "body_template".into(), reason: e.to_string() }
+        })?;
+        let bad_header = |name: &str, reason: String| HttpSinkError::Config {
+            sink: sink.into(),
+            key: format!("headers.{name}"),
+            reason,
+        };
+        let read_env = |var: &str, purpose: String| -> Result<String, HttpSinkError> {
+            env(var).filter(|v| !v.is_empty()).ok_or_else(|| HttpSinkError::MissingEnv {
+                sink: sink.into(),
+                var: var.into(),
+                purpose,
+            })
+        };
+        let auth_set = config.auth.is_some();
+        let mut headers = HeaderMap::new();
+        for (name, value) in &config.headers {
+            let header = check_header_name(name, auth_set).map_err(|r| bad_header(name, r))?;
+            let value =
+                HeaderValue::from_str(value).map_err(|_| bad_header(name, "is not a valid header value".into()))?;
+            headers.insert(header, value);
+        }
+        for (name, var) in &config.headers_from_env {
+            let header = check_header_name(name, auth_set).map_err(|r| bad_header(name, r))?;
+            let mut value = HeaderValue::from_str(&read_env(var, format!("header `{name}`"))?)
+                .map_err(|_| bad_header(name, format!("the value of ${var} is not a valid header value")))?;
+            // Environment headers are usually secrets (API keys): keep them out of debug output.
+            value.set_sensitive(true);
+            headers.insert(header, value);
+        }
+        if let Some(auth) = &config.auth {
+            let credentials = match (&auth.bearer_env, &auth.basic_user, &auth.basic_password_env) {
+                (Some(var), None, None) => {
+                    format!("Bearer {}", read_env(var, "auth.bearer_env".into())?)
+                }
+                (None, Some(user), Some(var)) => {
+                    let password = read_env(var, "auth.basic_password_env".into())?;
+                    format!("Basic {}", base64(format!("{user}:{password}").as_bytes()))
+                }
+                _ => {
+                    return Err(HttpSinkError::Config {
+                        sink: sink.into(),
+                        key: "auth".into(),
+                        reason: "set bearer_env, or basic_user with basic_password_env".into(),
+                    });
+                }
+            };
+            let mut value = HeaderValue::from_str(&credentials).map_err(|_| HttpSinkError::Config {
+                sink: sink.into(),
+                key: "auth".into(),
+                reason: "the credentials are not a valid header value".into(),
+            })?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        Ok(Outgoing { url, body, headers })
+    }
+
+    /// The URL of one request; `Err` (permanent) when a field is missing or the rendered
+    /// URL does not parse.
+    pub(super) fn url(&self, payload: &Value) -> Result<reqwest::Url, String> {
+        match &self.url {
+            UrlSource::Fixed(url) => Ok(url.clone()),
+            UrlSource::Template(template) => {
+                let text = template.render(payload, Encoding::Url).map_err(|e| format!("url: {e}"))?;
+                reqwest::Url::parse(&text).map_err(|e| format!("url: rendered `{text}` does not parse: {e}"))
+            }
+        }
+    }
+
+    /// The JSON body of one request: the payload, or the body template rendered from it.
+    pub(super) fn body<'p>(&self, payload: &'p Value) -> Result<Cow<'p, Value>, TemplateError> {
+        match &self.body {
+            Some(template) => template.render(payload).map(Cow::Owned),
+            None => Ok(Cow::Borrowed(payload)),
+        }
+    }
+
+    /// The configured headers (static, from the environment, auth).
+    pub(super) fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+}
+
+/// A fixed URL, or a template whose literal start fixes the scheme (so that a payload can
+/// never choose it) and whose shape parses when fields are filled in.
+fn url_source(sink: &str, url: &str) -> Result<UrlSource, HttpSinkError> {
+    let invalid = |reason: String| HttpSinkError::InvalidUrl { sink: sink.into(), url: url.into(), reason };
+    let template = StringTemplate::parse(url).map_err(|e| invalid(e.to_string()))?;
+    let prefix = template.literal_prefix();
+    if !(prefix.starts_with("http://") || prefix.starts_with("https://")) {
+        return Err(invalid("must start with http:// or https:// (written out, not from a field)".into()));
+    }
+    let sample = reqwest::Url::parse(&template.render_with("x")).map_err(|e| invalid(e.to_string()))?;
+    if template.has_fields() { Ok(UrlSource::Template(template)) } else { Ok(UrlSource::Fixed(sample)) }
+}
+
+/// Standard base64 with padding (RFC 4648 §4), for basic-auth credentials.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Checks what can be checked without the environment (for config validation).
+pub(super) fn validate(config: &super::HttpSinkConfig, at: &str) -> Result<(), (String, String, String)> {
+    url_source("", &config.url).map_err(|e| match e {
+        HttpSinkError::InvalidUrl { reason, .. } => (format!("{at}.url"), config.url.clone(), reason),
+        other => (format!("{at}.url"), config.url.clone(), other.to_string()),
+    })?;
+    let auth_set = config.auth.is_some();
+    for (name, value) in &config.headers {
+        check_header_name(name, auth_set).map_err(|r| (format!("{at}.headers"), name.clone(), r))?;
+        if HeaderValue::from_str(value).is_err() {
+            return Err((format!("{at}.headers.{name}"), value.clone(), "is not a valid header value".into()));
+        }
+    }
+    for (name, var) in &config.headers_from_env {
+        check_header_name(name, auth_set).map_err(|r| (format!("{at}.headers_from_env"), name.clone(), r))?;
+        if var.trim().is_empty() {
+            return Err((
+                format!("{at}.headers_from_env.{name}"),
+                "\"\"".into(),
+                "must name an environment variable".into(),
+            ));
+        }
+    }
+    if let Some(auth) = &config.auth {
+        auth.validate(at)?;
+    }
+    if let Some(body) = &config.body_template {
+        JsonTemplate::parse(body).map_err(|e| (format!("{at}.body_template"), body.to_string(), e.to_string()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), encoded);
+        }
+    }
+
+    #[test]
+    fn auth_shapes() {
+        let ok = |a: HttpAuthConfig| a.validate("sinks.h").is_ok();
+        assert!(ok(HttpAuthConfig { bearer_env: Some("T".into()), ..Default::default() }));
+        assert!(ok(HttpAuthConfig {
+            basic_user: Some("u".into()),
+            basic_password_env: Some("P".into()),
+            ..Default::default()
+        }));
+        assert!(!ok(HttpAuthConfig::default()));
+        assert!(!ok(HttpAuthConfig { basic_user: Some("u".into()), ..Default::default() }));
+        assert!(!ok(HttpAuthConfig {
+            bearer_env: Some("T".into()),
+            basic_user: Some("u".into()),
+            ..Default::default()
+        }));
+    }
+
+    #[test]
+    fn reserved_and_invalid_header_names_are_refused() {
+        assert!(check_header_name("X-Api-Key", true).is_ok());
+        assert!(check_header_name("Idempotency-Key", false).is_err());
+        assert!(check_header_name("bad header", false).is_err());
+        assert!(check_header_name("Authorization", false).is_ok());
+        assert!(check_header_name("Authorization", true).is_err());
+    }
+
+    #[test]
+    fn url_templates_must_fix_the_scheme() {
+        assert!(url_source("s", "https://api.test/x/{/id}").is_ok());
+        assert!(matches!(url_source("s", "{/base}/x"), Err(HttpSinkError::InvalidUrl { .. })));
+        assert!(matches!(url_source("s", "https://api.test/{/id"), Err(HttpSinkError::InvalidUrl { .. })));
+        assert!(matches!(url_source("s", "ftp://x/"), Err(HttpSinkError::InvalidUrl { .. })));
+    }
+}

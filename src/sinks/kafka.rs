@@ -1,0 +1,355 @@
+//! The `kafka` sink: produces one record per command to a topic through an idempotent
+//! producer (`enable.idempotence=true`, `acks=all`), and forwards the key so that a
+//! consumer downstream can deduplicate a crash re-run.
+//!
+//! What goes out, per attempt:
+//! - record key = the idempotency key (so one command always lands in one partition);
+//! - headers `idempotency-key: <key>`, `dedupd-command-type: <type>`, `dedupd-attempt: <n>`,
+//!   and `traceparent` when the input carried one;
+//! - value = the payload as JSON, or `template` rendered from it (a JSON value whose
+//!   string leaves may name payload fields, see [`super::template`]).
+//!
+//! The stored result is `{"topic", "partition", "offset"}` of the acknowledged record.
+//! Failures are classified in [`classify`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::limit::SinkLimits;
+use super::template::JsonTemplate;
+use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
+
+/// Config of a `kafka` sink.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    /// Comma-separated `host:port` list of the target cluster's brokers (`brokers` is
+    /// accepted as another name).
+    #[serde(alias = "brokers")]
+    pub bootstrap_servers: String,
+    /// The topic records are produced to.
+    pub topic: String,
+    /// The record value as a JSON template over the payload; the payload itself when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<Value>,
+    /// Extra librdkafka producer properties, passed through verbatim (like
+    /// `kafka.producer.*`); those that would weaken delivery are refused.
+    #[serde(default)]
+    pub producer: BTreeMap<String, String>,
+    /// How long one attempt may wait for the broker's acknowledgement
+    /// (librdkafka `message.timeout.ms`); past it the attempt is transient.
+    #[serde(default = "default_delivery_timeout", with = "crate::config::duration_str")]
+    pub delivery_timeout: Duration,
+    /// Rate and concurrency limits.
+    #[serde(default)]
+    pub limits: SinkLimits,
+}
+
+fn default_delivery_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// Producer properties dedupd sets itself: the sink's delivery guarantee rests on them.
+const RESERVED: [&str; 5] =
+    ["bootstrap.servers", "enable.idempotence", "acks", "message.timeout.ms", "delivery.timeout.ms"];
+
+impl SinkKind for KafkaSinkConfig {
+    /// Checks the values; on error returns (key, value, reason).
+    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err((format!("{at}.bootstrap_servers"), "\"\"".into(), "must list at least one host:port".into()));
+        }
+        if self.topic.trim().is_empty() {
+            return Err((format!("{at}.topic"), "\"\"".into(), "must not be empty".into()));
+        }
+        for key in RESERVED {
+            if let Some(value) = self.producer.get(key) {
+                return Err((
+                    format!("{at}.producer.\"{key}\""),
+                    value.clone(),
+                    "is set by dedupd itself (use bootstrap_servers / delivery_timeout)".into(),
+                ));
+            }
+        }
+        if self.delivery_timeout < Duration::from_millis(1)
+            || self.delivery_timeout > Duration::from_millis(i32::MAX as u64)
+        {
+            return Err((
+                format!("{at}.delivery_timeout"),
+                humantime::format_duration(self.delivery_timeout).to_string(),
+                "must be between 1ms and ~24 days".into(),
+            ));
+        }
+        if let Some(template) = &self.template {
+            JsonTemplate::parse(template)
+                .map_err(|e| (format!("{at}.template"), template.to_string(), e.to_string()))?;
+        }
+        self.limits.validate(at)
+    }
+
+    fn forwards_key(&self) -> bool {
+        true
+    }
+
+    fn limits(&self) -> &SinkLimits {
+        &self.limits
+    }
+
+    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+        let sink =
+            KafkaSink::new(name, self).map_err(|e| SinkBuildError { name: name.to_string(), reason: e.to_string() })?;
+        Ok(Arc::new(sink))
+    }
+}
+
+/// Why a `kafka` sink could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaSinkError {
+    /// The template does not parse.
+    #[error("sink `{sink}`: template: {source}")]
+    Template {
+        /// The sink instance.
+        sink: String,
+        /// What is wrong.
+        #[source]
+        source: super::template::TemplateError,
+    },
+    /// librdkafka refused the producer configuration.
+    #[error("sink `{sink}`: cannot create the producer: {source}")]
+    Producer {
+        /// The sink instance.
+        sink: String,
+        /// The underlying error.
+        #[source]
+        source: KafkaError,
+    },
+}
+
+/// A `kafka` sink at run time: one producer per instance.
+pub struct KafkaSink {
+    name: String,
+    topic: String,
+    template: Option<JsonTemplate>,
+    delivery_timeout: Duration,
+    producer: FutureProducer,
+}
+
+impl KafkaSink {
+    /// Builds the sink and its producer (librdkafka connects lazily: an unreachable
+    /// cluster shows as transient failures, not as a build error).
+    pub fn new(name: &str, config: &KafkaSinkConfig) -> Result<KafkaSink, KafkaSinkError> {
+        let template = config
+            .template
+            .as_ref()
+            .map(JsonTemplate::parse)
+            .transpose()
+            .map_err(|source| KafkaSinkError::Template { sink: name.to_string(), source })?;
+        let mut c = ClientConfig::new();
+        c.set("linger.ms", "2");
+        for (k, v) in &config.producer {
+            c.set(k, v);
+        }
+        // Set last, so nothing passed through can weaken them (validate refuses it too).
+        c.set("bootstrap.servers", &config.bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", config.delivery_timeout.as_millis().max(1).to_string());
+        let producer = c.create().map_err(|source| KafkaSinkError::Producer { sink: name.to_string(), source })?;
+        Ok(KafkaSink {
+            name: name.to_string(),
+            topic: config.topic.clone(),
+            template,
+            delivery_timeout: config.delivery_timeout,
+            producer,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Sink for KafkaSink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forwards_key(&self) -> bool {
+        // The key goes out as record key and header: a downstream consumer can drop a re-run.
+        true
+    }
+
+    async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
+        let value = match &self.template {
+            Some(template) => template.render(request.payload).map_err(|e| permanent(e.to_string()))?,
+            None => request.payload.clone(),
+        };
+        let bytes = serde_json::to_vec(&value).map_err(|e| permanent(format!("cannot serialise the value: {e}")))?;
+        let attempt = request.attempt.to_string();
+        let mut headers = OwnedHeaders::new()
+            .insert(Header { key: "idempotency-key", value: Some(request.key) })
+            .insert(Header { key: "dedupd-command-type", value: Some(request.kind) })
+            .insert(Header { key: "dedupd-attempt", value: Some(attempt.as_str()) });
+        if let Some(traceparent) = request.traceparent {
+            headers = headers.insert(Header { key: "traceparent", value: Some(traceparent) });
+        }
+        let record = FutureRecord::to(&self.topic).key(request.key).payload(&bytes).headers(headers);
+        // librdkafka reports every message within message.timeout.ms; the outer bound is
+        // a safety net so that an attempt can never hang.
+        let bound = self.delivery_timeout.saturating_add(Duration::from_secs(5));
+        let sent = tokio::time::timeout(bound, self.producer.send(record, self.delivery_timeout)).await;
+        match sent {
+            Ok(Ok(delivery)) => {
+                tracing::debug!(sink = %self.name, key = request.key, partition = delivery.partition, offset = delivery.offset, "kafka sink: acknowledged");
+                Ok(json!({ "topic": self.topic, "partition": delivery.partition, "offset": delivery.offset }))
+            }
+            Ok(Err((err, _message))) => {
+                let message = format!("producing to `{}`: {err}", self.topic);
+                tracing::debug!(sink = %self.name, key = request.key, error = %message, "kafka sink: not delivered");
+                match classify(&err) {
+                    Class::Transient => Err(SinkError::Transient { message, retry_after: None }),
+                    Class::Permanent => Err(permanent(message)),
+                }
+            }
+            Err(_) => Err(SinkError::Transient {
+                message: format!(
+                    "producing to `{}`: no acknowledgement within {}",
+                    self.topic,
+                    humantime::format_duration(bound)
+                ),
+                retry_after: None,
+            }),
+        }
+    }
+}
+
+fn permanent(message: String) -> SinkError {
+    SinkError::Permanent { result: json!({ "error": message }), message }
+}
+
+/// What a delivery error means for the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// Retry with the same key.
+    Transient,
+    /// Retrying cannot help.
+    Permanent,
+}
+
+/// The single place that says which producer errors are transient.
+///
+/// Transient: the delivery timed out or the local queue was full (`MessageTimedOut`,
+/// `QueueFull`), the cluster was unreachable or changing leaders (`BrokerTransportFailure`,
+/// `AllBrokersDown`, `Resolve`, `NetworkException`, `RequestTimedOut`,
+/// `LeaderNotAvailable`, `NotLeaderForPartition`, `PreferredLeaderNotAvailable`,
+/// `FencedLeaderEpoch`, `KafkaStorageError`, `NotEnoughReplicas`,
+/// `NotEnoughReplicasAfterAppend`), the message was purged because the producer shut down
+/// (`PurgeQueue`, and a cancelled delivery future), and an idempotence sequence error the
+/// producer recovers from (`OutOfOrderSequenceNumber`).
+///
+/// Permanent: everything else, notably `MessageSizeTooLarge`, `InvalidMessage`,
+/// `InvalidRecord`, `TopicAuthorizationFailed`, `ClusterAuthorizationFailed`, and
+/// `UnknownTopic` / `UnknownTopicOrPartition` (the topic does not exist and is not
+/// auto-created: a config mistake that retries cannot fix).
+pub(crate) fn classify(err: &KafkaError) -> Class {
+    use RDKafkaErrorCode as C;
+    let transient = |code: &RDKafkaErrorCode| {
+        matches!(
+            code,
+            C::MessageTimedOut
+                | C::QueueFull
+                | C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::Resolve
+                | C::NetworkException
+                | C::RequestTimedOut
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+                | C::PreferredLeaderNotAvailable
+                | C::FencedLeaderEpoch
+                | C::KafkaStorageError
+                | C::NotEnoughReplicas
+                | C::NotEnoughReplicasAfterAppend
+                | C::PurgeQueue
+                | C::OutOfOrderSequenceNumber
+        )
+    };
+    match err {
+        KafkaError::Canceled => Class::Transient,
+        KafkaError::MessageProduction(code) if transient(code) => Class::Transient,
+        _ => Class::Permanent,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> KafkaSinkConfig {
+        toml::from_str("bootstrap_servers = \"127.0.0.1:1\"\ntopic = \"out\"").unwrap()
+    }
+
+    #[test]
+    fn defaults_and_brokers_alias() {
+        let c: KafkaSinkConfig = toml::from_str("brokers = \"b:9092\"\ntopic = \"t\"").unwrap();
+        assert_eq!(c.bootstrap_servers, "b:9092");
+        assert_eq!(c.delivery_timeout, Duration::from_secs(30));
+        assert!(c.limits.is_unlimited());
+        assert!(toml::from_str::<KafkaSinkConfig>("brokers = \"b\"\ntopic = \"t\"\nacks = \"1\"").is_err());
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let mut c = config();
+        c.producer.insert("acks".into(), "1".into());
+        assert_eq!(c.validate("sinks.k").unwrap_err().0, "sinks.k.producer.\"acks\"");
+        let mut c = config();
+        c.topic = " ".into();
+        assert_eq!(c.validate("sinks.k").unwrap_err().0, "sinks.k.topic");
+        let mut c = config();
+        c.template = Some(json!({"x": "{broken"}));
+        assert_eq!(c.validate("sinks.k").unwrap_err().0, "sinks.k.template");
+        assert!(config().validate("sinks.k").is_ok());
+    }
+
+    #[test]
+    fn retriable_errors_are_transient_others_permanent() {
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::QueueFull,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::NotEnoughReplicas,
+        ] {
+            assert_eq!(classify(&KafkaError::MessageProduction(code)), Class::Transient, "{code:?}");
+        }
+        assert_eq!(classify(&KafkaError::Canceled), Class::Transient);
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::InvalidRecord,
+        ] {
+            assert_eq!(classify(&KafkaError::MessageProduction(code)), Class::Permanent, "{code:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_template_field_is_permanent_and_named() {
+        let mut c = config();
+        c.template = Some(json!({"to": "{/customer/email}"}));
+        let sink = KafkaSink::new("k", &c).unwrap();
+        let payload = json!({"customer": {}});
+        let request = SinkRequest { key: "k1", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+        match sink.execute(request).await {
+            Err(SinkError::Permanent { message, .. }) => {
+                assert!(message.contains("/customer/email"), "{message}")
+            }
+            other => panic!("expected a permanent failure, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Per-sink limits: a token bucket (`rate_per_second`, `burst`) and a cap on calls in
+//! flight (`max_concurrency`), so that a provider's sending limit is respected whatever
+//! the pipeline's own concurrency is.
+//!
+//! Every kind's config carries a `limits` sub-table (`[sinks.NAME.limits]`, unlimited when
+//! absent); `build_all` wraps each built sink in a [`LimitedSink`] when any limit is set.
+//!
+//! Order inside [`LimitedSink::execute`]: a concurrency permit first, then a token, then the
+//! call. Taking the token while already holding the permit means tokens are never spent by
+//! calls that then queue for a permit and would all start at once when permits free up:
+//! calls leave at most at the bucket's pace.
+//!
+//! Time is tokio's, so that tests can run with `tokio::time::pause()`.
+
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::time::{Duration, Instant};
+
+use super::{Sink, SinkError, SinkOutput, SinkRequest};
+
+/// `[sinks.NAME.limits]`: all optional; an absent key means no limit of that kind.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkLimits {
+    /// Sustained calls per second (token bucket refill rate); may be fractional (0.5 = one
+    /// call every 2 s). Counts attempts, retries included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_second: Option<f64>,
+    /// Calls that may go out at once after a quiet period (bucket capacity); default 1.
+    /// Over any window of T seconds at most `burst + rate_per_second * T` calls start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<NonZeroU32>,
+    /// Most calls of this sink in flight at once, across all partitions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<NonZeroUsize>,
+}
+
+/// Highest accepted `rate_per_second` (a million calls per second is no limit at all).
+const MAX_RATE: f64 = 1_000_000.0;
+
+impl SinkLimits {
+    /// Checks the values; `at` is the sink's key (`sinks.NAME`). On error returns (key,
+    /// value, reason).
+    pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+        if let Some(rate) = self.rate_per_second
+            && !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE)
+        {
+            return Err((
+                format!("{at}.limits.rate_per_second"),
+                rate.to_string(),
+                format!("must be a number above 0 and at most {MAX_RATE}"),
+            ));
+        }
+        if let Some(burst) = self.burst
+            && self.rate_per_second.is_none()
+        {
+            return Err((format!("{at}.limits.burst"), burst.to_string(), "needs limits.rate_per_second".into()));
+        }
+        Ok(())
+    }
+
+    /// Whether any limit is set.
+    pub fn is_unlimited(&self) -> bool {
+        self.rate_per_second.is_none() && self.max_concurrency.is_none()
+    }
+}
+
+/// A token bucket on tokio time. Callers that find it empty take a token "on credit" (the
+/// count goes below zero) and sleep until it would have been refilled, so they are served
+/// in arrival order without polling. A caller cancelled while sleeping loses its token;
+/// that only makes the limit stricter.
+#[derive(Debug)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    state: Mutex<BucketState>,
+}
+
+#[derive(Debug)]
+struct BucketState {
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket of `burst` tokens refilled at `rate` per second (`rate` > 0).
+    pub fn new(rate: f64, burst: NonZeroU32) -> TokenBucket {
+        let burst = f64::from(burst.get());
+        TokenBucket { rate, burst, state: Mutex::new(BucketState { tokens: burst, at: Instant::now() }) }
+    }
+
+    /// Waits until a token is available and takes it.
+    pub async fn acquire(&self) {
+        let wait = {
+            let mut state = self.state.lock();
+            let now = Instant::now();
+            let refill = now.saturating_duration_since(state.at).as_secs_f64() * self.rate;
+            state.tokens = (state.tokens + refill).min(self.burst) - 1.0;
+            state.at = now;
+            if state.tokens >= 0.0 { None } else { Some(Duration::from_secs_f64(-state.tokens / self.rate)) }
+        };
+        if let Some(wait) = wait {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// A sink wrapped in its limits.
+pub struct LimitedSink {
+    inner: Arc<dyn Sink>,
+    bucket: Option<TokenBucket>,
+    permits: Option<Semaphore>,
+}
+
+impl LimitedSink {
+    /// Wraps `inner`; returns it unchanged when `limits` sets nothing.
+    pub fn wrap(inner: Arc<dyn Sink>, limits: &SinkLimits) -> Arc<dyn Sink> {
+        if limits.is_unlimited() {
+            return inner;
+        }
+        let bucket = limits
+            .rate_per_second
+            .filter(|rate| rate.is_finite() && *rate > 0.0)
+            .map(|rate| TokenBucket::new(rate.min(MAX_RATE), limits.burst.unwrap_or(NonZeroU32::MIN)));
+        let permits = limits.max_concurrency.map(|n| Semaphore::new(n.get().min(Semaphore::MAX_PERMITS)));
+        Arc::new(LimitedSink { inner, bucket, permits })
+    }
+}
+
+#[async_trait::async_trait]
+impl Sink for LimitedSink {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn forwards_key(&self) -> bool {
+        self.inner.forwards_key()
+    }
+
+    async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
+        // The semaphore is never closed, so acquire cannot fail; if it ever did, running
+        // unthrottled would break the provider's limit, so fail transiently instead.
+        let _permit = match &self.permits {
+            Some(permits) => match permits.acquire().await {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    return Err(SinkError::Transient {
+                        message: "sink concurrency limiter closed".into(),
+                        retry_after: None,
+                    });
+                }
+            },
+            None => None,
+        };
+        if let Some(bucket) = &self.bucket {
+            bucket.acquire().await;
+        }
+        self.inner.execute(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Records when each call started and how many ran at once; each call takes `busy`.
+    struct Recorder {
+        starts: Mutex<Vec<Instant>>,
+        in_flight: AtomicUsize,
+        max_in_flight: AtomicUsize,
+        busy: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn forwards_key(&self) -> bool {
+            true
+        }
+        async fn execute(&self, _request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
+            self.starts.lock().push(Instant::now());
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(self.busy).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(json!({}))
+        }
+    }
+
+    fn recorder(busy: Duration) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            starts: Mutex::new(Vec::new()),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            busy,
+        })
+    }
+
+    async fn run_many(sink: Arc<dyn Sink>, n: usize) {
+        let payload = json!({});
+        let calls = (0..n).map(|_| {
+            let sink = Arc::clone(&sink);
+            let payload = payload.clone();
+            async move {
+                let request = SinkRequest { key: "k", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+                sink.execute(request).await
+            }
+        });
+        for result in futures::future::join_all(calls).await {
+            assert!(result.is_ok());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_and_burst_bound_every_window() {
+        let inner = recorder(Duration::ZERO);
+        let limits = SinkLimits { rate_per_second: Some(10.0), burst: NonZeroU32::new(3), max_concurrency: None };
+        let t0 = Instant::now();
+        run_many(LimitedSink::wrap(inner.clone(), &limits), 33).await;
+        let starts: Vec<Duration> = inner.starts.lock().iter().map(|t| *t - t0).collect();
+        assert_eq!(starts.len(), 33);
+        // The burst goes at once, then one call every 100 ms: the 33rd at 3.0 s.
+        assert_eq!(starts.iter().filter(|d| d.is_zero()).count(), 3);
+        let last = starts.iter().max().copied().unwrap_or_default();
+        assert!(last >= Duration::from_millis(2_990) && last <= Duration::from_millis(3_010), "{last:?}");
+        for from in &starts {
+            let in_window = starts.iter().filter(|d| **d >= *from && **d < *from + Duration::from_secs(1)).count();
+            assert!(in_window <= 10 + 3, "{in_window} calls in the second from {from:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_bucket_refills_after_a_quiet_period_but_not_beyond_burst() {
+        let inner = recorder(Duration::ZERO);
+        let limits = SinkLimits { rate_per_second: Some(2.0), burst: NonZeroU32::new(2), max_concurrency: None };
+        let sink = LimitedSink::wrap(inner.clone(), &limits);
+        run_many(Arc::clone(&sink), 2).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let t1 = Instant::now();
+        run_many(sink, 3).await;
+        let late: Vec<Duration> = inner.starts.lock()[2..].iter().map(|t| *t - t1).collect();
+        assert_eq!(late[..2], [Duration::ZERO, Duration::ZERO]);
+        assert!(late[2] >= Duration::from_millis(490), "{late:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_concurrency_caps_calls_in_flight() {
+        let inner = recorder(Duration::from_millis(100));
+        let limits = SinkLimits { rate_per_second: None, burst: None, max_concurrency: NonZeroUsize::new(4) };
+        run_many(LimitedSink::wrap(inner.clone(), &limits), 40).await;
+        assert_eq!(inner.starts.lock().len(), 40);
+        assert_eq!(inner.max_in_flight.load(Ordering::SeqCst), 4);
+    }
+
+    #[test]
+    fn unlimited_is_the_default_and_not_wrapped() {
+        assert!(SinkLimits::default().is_unlimited());
+        let parsed: SinkLimits = toml::from_str("rate_per_second = 0.5\nburst = 2\nmax_concurrency = 3").unwrap();
+        assert_eq!(parsed.rate_per_second, Some(0.5));
+        assert!(toml::from_str::<SinkLimits>("rate = 1").is_err(), "unknown keys are refused");
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        for rate in [0.0, -1.0, f64::NAN, f64::INFINITY, 2e6] {
+            let limits = SinkLimits { rate_per_second: Some(rate), ..SinkLimits::default() };
+            let (key, _, _) = limits.validate("sinks.x").unwrap_err();
+            assert_eq!(key, "sinks.x.limits.rate_per_second");
+        }
+        let burst_alone = SinkLimits { burst: NonZeroU32::new(3), ..SinkLimits::default() };
+        assert_eq!(burst_alone.validate("sinks.x").unwrap_err().0, "sinks.x.limits.burst");
+        assert!(SinkLimits { rate_per_second: Some(0.5), ..SinkLimits::default() }.validate("s").is_ok());
+    }
+}
