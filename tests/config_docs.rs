@@ -100,6 +100,7 @@ fn every_key_set() -> Config {
             forward_key: true,
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(1),
+            ..HttpSinkConfig::default()
         }),
     );
     c.routes.push(RouteConfig {
