@@ -36,9 +36,18 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Result<Metrics, MetricsError> {
         let registry = Registry::new_custom(Some("dedupd".into()), None)?;
+        // One sink call: sub-millisecond (log, a local receiver) to the http sink's
+        // request timeout (10 s by default).
         let latency = vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-        // Repeats come from within a batch (ms) to days later: buckets span 1 s to 7 d.
-        let ages = vec![1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
+        // One batch: as fast as one sink call, or minutes when a transient failure is retried
+        // with backoff (up to `retry.max_backoff`, 30 s, per attempt).
+        let mut batch = latency.clone();
+        batch.extend([60.0, 120.0, 300.0]);
+        // Repeats come from within the same batch or an agent's quick retry (well under a
+        // second) to days later, and never later than `store.max_ttl` (7 d by default):
+        // buckets span 0.1 s to 7 d.
+        let ages =
+            vec![0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -54,7 +63,7 @@ impl Metrics {
             )?,
             process_duration: Histogram::with_opts(
                 HistogramOpts::new("process_duration_seconds", "Time from batch start to results acknowledged.")
-                    .buckets(latency),
+                    .buckets(batch),
             )?,
             store_records: IntGaugeVec::new(Opts::new("store_records", "Stored records by state."), &["state"])?,
             store_disk_bytes: IntGauge::new("store_disk_bytes", "Bytes the store occupies on disk.")?,
