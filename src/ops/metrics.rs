@@ -6,8 +6,12 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::envelope::RejectReason;
 use crate::outcome::Outcome;
 use crate::store::{State, StateCounts};
+
+/// The `status` values of `sink_requests_total`.
+pub const SINK_STATUSES: [&str; 3] = ["ok", "transient", "permanent"];
 
 /// The metrics of one dedupd process, in their own registry.
 pub struct Metrics {
@@ -112,7 +116,31 @@ impl Metrics {
         for s in State::ALL {
             m.store_records.with_label_values(&[s.as_str()]).set(0);
         }
+        for r in RejectReason::ALL {
+            m.dead_letter.with_label_values(&[r.as_str()]);
+        }
         Ok(m)
+    }
+
+    /// Creates, at 0, every series that the configured `routes` and `sinks` can have, so
+    /// that a scrape shows them before their first event: an absent series is not a 0 to
+    /// PromQL, and `increase()` misses a counter's first step from absent to 1 (the first
+    /// conflict on a route would not fire an alert on `increase(...conflict...)`).
+    pub fn init_known(&self, routes: &[&str], sinks: &[&str]) {
+        for route in routes {
+            // `rejected` has no route: its records never reached the router's answer.
+            for outcome in Outcome::ALL.into_iter().filter(|o| *o != Outcome::Rejected) {
+                self.commands.with_label_values(&[outcome.as_str(), route]);
+            }
+            self.duplicate_age.with_label_values(&[*route]);
+        }
+        self.commands.with_label_values(&[Outcome::Rejected.as_str(), "-"]);
+        for sink in sinks {
+            for status in SINK_STATUSES {
+                self.sink_requests.with_label_values(&[*sink, status]);
+            }
+            self.sink_duration.with_label_values(&[*sink]);
+        }
     }
 
     /// One input record ended with `outcome` on `route` (`-` when it had none).
@@ -220,5 +248,24 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn known_series_render_at_zero_before_any_event() {
+        let m = Metrics::new().unwrap();
+        m.init_known(&["mail"], &["smtp"]);
+        let text = m.render();
+        for line in [
+            "dedupd_commands_total{outcome=\"conflict\",route=\"mail\"} 0",
+            "dedupd_commands_total{outcome=\"rejected\",route=\"-\"} 0",
+            "dedupd_sink_requests_total{sink=\"smtp\",status=\"permanent\"} 0",
+            "dedupd_sink_duration_seconds_count{sink=\"smtp\"} 0",
+            "dedupd_duplicate_age_seconds_count{route=\"mail\"} 0",
+            "dedupd_dead_letter_total{reason=\"no_route\"} 0",
+            "dedupd_dead_letter_total{reason=\"stale\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+        assert!(!text.contains("route=\"-\",") && !text.contains("outcome=\"rejected\",route=\"mail\""), "{text}");
     }
 }
