@@ -6,8 +6,12 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::envelope::RejectReason;
 use crate::outcome::Outcome;
 use crate::store::{State, StateCounts};
+
+/// The `status` values of `sink_requests_total`.
+pub const SINK_STATUSES: [&str; 3] = ["ok", "transient", "permanent"];
 
 /// The metrics of one dedupd process, in their own registry.
 pub struct Metrics {
@@ -36,9 +40,18 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Result<Metrics, MetricsError> {
         let registry = Registry::new_custom(Some("dedupd".into()), None)?;
+        // One sink call: sub-millisecond (log, a local receiver) to the http sink's
+        // request timeout (10 s by default).
         let latency = vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-        // Repeats come from within a batch (ms) to days later: buckets span 1 s to 7 d.
-        let ages = vec![1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
+        // One batch: as fast as one sink call, or minutes when a transient failure is retried
+        // with backoff (up to `retry.max_backoff`, 30 s, per attempt).
+        let mut batch = latency.clone();
+        batch.extend([60.0, 120.0, 300.0]);
+        // Repeats come from within the same batch or an agent's quick retry (well under a
+        // second) to days later, and never later than `store.max_ttl` (7 d by default):
+        // buckets span 0.1 s to 7 d.
+        let ages =
+            vec![0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -54,7 +67,7 @@ impl Metrics {
             )?,
             process_duration: Histogram::with_opts(
                 HistogramOpts::new("process_duration_seconds", "Time from batch start to results acknowledged.")
-                    .buckets(latency),
+                    .buckets(batch),
             )?,
             store_records: IntGaugeVec::new(Opts::new("store_records", "Stored records by state."), &["state"])?,
             store_disk_bytes: IntGauge::new("store_disk_bytes", "Bytes the store occupies on disk.")?,
@@ -103,7 +116,31 @@ impl Metrics {
         for s in State::ALL {
             m.store_records.with_label_values(&[s.as_str()]).set(0);
         }
+        for r in RejectReason::ALL {
+            m.dead_letter.with_label_values(&[r.as_str()]);
+        }
         Ok(m)
+    }
+
+    /// Creates, at 0, every series that the configured `routes` and `sinks` can have, so
+    /// that a scrape shows them before their first event: an absent series is not a 0 to
+    /// PromQL, and `increase()` misses a counter's first step from absent to 1 (the first
+    /// conflict on a route would not fire an alert on `increase(...conflict...)`).
+    pub fn init_known(&self, routes: &[&str], sinks: &[&str]) {
+        for route in routes {
+            // `rejected` has no route: its records never reached the router's answer.
+            for outcome in Outcome::ALL.into_iter().filter(|o| *o != Outcome::Rejected) {
+                self.commands.with_label_values(&[outcome.as_str(), route]);
+            }
+            self.duplicate_age.with_label_values(&[*route]);
+        }
+        self.commands.with_label_values(&[Outcome::Rejected.as_str(), "-"]);
+        for sink in sinks {
+            for status in SINK_STATUSES {
+                self.sink_requests.with_label_values(&[*sink, status]);
+            }
+            self.sink_duration.with_label_values(&[*sink]);
+        }
     }
 
     /// One input record ended with `outcome` on `route` (`-` when it had none).
@@ -211,5 +248,24 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn known_series_render_at_zero_before_any_event() {
+        let m = Metrics::new().unwrap();
+        m.init_known(&["mail"], &["smtp"]);
+        let text = m.render();
+        for line in [
+            "dedupd_commands_total{outcome=\"conflict\",route=\"mail\"} 0",
+            "dedupd_commands_total{outcome=\"rejected\",route=\"-\"} 0",
+            "dedupd_sink_requests_total{sink=\"smtp\",status=\"permanent\"} 0",
+            "dedupd_sink_duration_seconds_count{sink=\"smtp\"} 0",
+            "dedupd_duplicate_age_seconds_count{route=\"mail\"} 0",
+            "dedupd_dead_letter_total{reason=\"no_route\"} 0",
+            "dedupd_dead_letter_total{reason=\"stale\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+        assert!(!text.contains("route=\"-\",") && !text.contains("outcome=\"rejected\",route=\"mail\""), "{text}");
     }
 }

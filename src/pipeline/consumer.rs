@@ -70,7 +70,12 @@ impl ClientContext for PipelineContext {
 
 impl ConsumerContext for PipelineContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        self.metrics.rebalance();
+        // Every rebalance ends in an assignment (possibly empty) for every member, while a
+        // revoke comes only before some of them: counting assignments counts rebalances
+        // once each, not twice when partitions move.
+        if let Rebalance::Assign(_) = rebalance {
+            self.metrics.rebalance();
+        }
         if let Rebalance::Revoke(tpl) = rebalance {
             let revoked: Vec<Tp> = tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
             tracing::info!(partitions = ?revoked, "partitions revoked: draining");

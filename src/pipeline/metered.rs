@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::ops::Metrics;
+use crate::ops::metrics::SINK_STATUSES;
 use crate::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
 
 /// A sink that reports each call to the metrics.
@@ -33,10 +34,11 @@ impl Sink for MeteredSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let started = Instant::now();
         let result = self.inner.execute(request).await;
+        let [ok, transient, permanent] = SINK_STATUSES;
         let status = match &result {
-            Ok(_) => "ok",
-            Err(SinkError::Transient { .. }) => "transient",
-            Err(SinkError::Permanent { .. }) => "permanent",
+            Ok(_) => ok,
+            Err(SinkError::Transient { .. }) => transient,
+            Err(SinkError::Permanent { .. }) => permanent,
         };
         self.metrics.sink_request(self.inner.name(), status, started.elapsed().as_secs_f64());
         result

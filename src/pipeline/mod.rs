@@ -81,6 +81,11 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
     let health = Arc::new(Health::default());
     let router = Arc::new(Router::from_config(&config)?);
+    {
+        let routes: Vec<&str> = router.routes().iter().map(|r| r.name.as_str()).collect();
+        let sinks: Vec<&str> = config.sinks.keys().map(String::as_str).collect();
+        metrics.init_known(&routes, &sinks);
+    }
     let built: HashMap<String, Arc<dyn Sink>> = sinks::build_all(&config.sinks)?
         .into_iter()
         .map(|(name, sink)| (name, metered::MeteredSink::wrap(sink, Arc::clone(&metrics))))

@@ -2,5 +2,7 @@
 #![allow(dead_code)]
 
 pub mod engine;
+pub mod exposition;
 pub mod kafka;
 pub mod process;
+pub mod scripted;

@@ -1,0 +1,523 @@
+//! The SPEC §7 metrics after a real run: `dedupd run` as a child on a real broker, two
+//! routes (`main` with the default TTL, `brief` with a TTL of a few seconds so compaction
+//! removes its keys during the test), one http sink to a scripted loopback receiver (one
+//! key answered 400 for good, one 503 then 200), and a known mix of commands: distinct,
+//! repeats, conflicts, a stale record and one bad record of each kind we can make.
+//!
+//! Once the results topic holds one record per input, `/metrics` is scraped (polled until
+//! the background gauges have refreshed and compaction has run) and every SPEC §7 metric is
+//! checked with exact values against the ground truth: the results and dead-letter topics,
+//! what the receiver answered, and the store itself once dedupd has stopped.
+//!
+//! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test metrics_run`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::exposition::Exposition;
+use common::kafka;
+use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
+use common::scripted::ScriptedReceiver;
+use dedupd::outcome::ResultRecord;
+use rdkafka::ClientConfig;
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::{Value, json};
+
+/// Input partitions; every one gets records, so every one must report its lag.
+const PARTITIONS: i32 = 3;
+/// Distinct commands per route.
+const DISTINCT: usize = 8;
+/// TTL of the `brief` route: long enough that its repeats arrive before expiry and no
+/// command of it goes stale on a loaded machine, short enough to see compaction.
+const BRIEF_TTL: &str = "5s";
+/// The key the receiver refuses for good (HTTP 400: `failed`).
+const FAILING_KEY: &str = "main-0";
+/// The key the receiver answers 503 once, then 200 (`transient`, then `ok`).
+const FLAKY_KEY: &str = "main-1";
+/// Every SPEC §7 metric with its type (plus `refused_partitions`, SPEC §3's "metric").
+const CATALOGUE: [(&str, &str); 13] = [
+    ("dedupd_commands_total", "counter"),
+    ("dedupd_sink_requests_total", "counter"),
+    ("dedupd_sink_duration_seconds", "histogram"),
+    ("dedupd_process_duration_seconds", "histogram"),
+    ("dedupd_store_records", "gauge"),
+    ("dedupd_store_disk_bytes", "gauge"),
+    ("dedupd_compaction_removed_total", "counter"),
+    ("dedupd_consumer_lag", "gauge"),
+    ("dedupd_in_flight", "gauge"),
+    ("dedupd_dead_letter_total", "counter"),
+    ("dedupd_rebalances_total", "counter"),
+    ("dedupd_duplicate_age_seconds", "histogram"),
+    ("dedupd_refused_partitions", "gauge"),
+];
+
+/// One input record and what its result must be.
+struct Input {
+    kafka_key: String,
+    value: Vec<u8>,
+    partition: i32,
+    /// Kafka timestamp to set (the stale record's is days old); `None` = now.
+    timestamp_ms: Option<i64>,
+    outcome: &'static str,
+    /// The route in `commands_total` (`-` for records without one).
+    route: &'static str,
+    /// `dedupd-reason` of its dead letter, if it must have one.
+    reason: Option<&'static str>,
+}
+
+fn command(key: &str, kind: &str, payload: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({"id": key, "type": kind, "payload": payload})).expect("json")
+}
+
+fn workload() -> Vec<Input> {
+    let mut out = Vec::new();
+    let cmd = |route: &'static str, i: usize, payload: Value, outcome: &'static str| {
+        let key = format!("{route}-{i}");
+        Input {
+            value: command(&key, &format!("{route}.op"), payload),
+            kafka_key: key,
+            partition: (i % PARTITIONS as usize) as i32,
+            timestamp_ms: None,
+            outcome,
+            route,
+            reason: None,
+        }
+    };
+    for route in ["main", "brief"] {
+        for i in 0..DISTINCT {
+            let outcome = if format!("{route}-{i}") == FAILING_KEY { "failed" } else { "succeeded" };
+            out.push(cmd(route, i, json!({"i": i}), outcome));
+        }
+    }
+    // Repeats (same payload) behind their originals in the same partition, the failed
+    // key's included (it replays the failure), then conflicts (same key, other payload).
+    for (route, i) in [("main", 0), ("main", 2), ("main", 3), ("brief", 0), ("brief", 1)] {
+        out.push(cmd(route, i, json!({"i": i}), "duplicate"));
+    }
+    for (route, i) in [("main", 4), ("brief", 2)] {
+        out.push(cmd(route, i, json!({"i": i, "changed": true}), "conflict"));
+    }
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    out.push(Input {
+        timestamp_ms: Some(now_ms - 2 * 86_400_000),
+        reason: Some("stale"),
+        ..cmd("main", 100, json!({"old": true}), "stale")
+    });
+    let bad: [(&'static str, Vec<u8>); 6] = [
+        ("invalid_json", b"{not json".to_vec()),
+        ("missing_key", br#"{"type":"main.op","payload":{}}"#.to_vec()),
+        ("bad_key", br#"{"id":"","type":"main.op","payload":{}}"#.to_vec()),
+        ("no_route", command("nr-1", "other.op", json!({}))),
+        ("too_large", command("big-1", "main.op", json!({"pad": "x".repeat(4096)}))),
+        ("bad_field", br#"{"id":"bf-1","type":"main.op","payload":{},"ttl":"soon"}"#.to_vec()),
+    ];
+    for (j, (reason, value)) in bad.into_iter().enumerate() {
+        out.push(Input {
+            kafka_key: format!("bad-{j}"),
+            value,
+            partition: (j % PARTITIONS as usize) as i32,
+            timestamp_ms: None,
+            outcome: "rejected",
+            route: "-",
+            reason: Some(reason),
+        });
+    }
+    out
+}
+
+/// Produces `inputs` in order (idempotent producer: order kept per partition); returns
+/// each record's `(partition, offset)`.
+async fn produce(bootstrap: &str, topic: &str, inputs: &[Input]) -> Vec<(i32, i64)> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "60000")
+        .create()
+        .expect("producer");
+    let mut acks = Vec::new();
+    for r in inputs {
+        let mut rec =
+            FutureRecord::to(topic).key(r.kafka_key.as_str()).payload(r.value.as_slice()).partition(r.partition);
+        if let Some(ts) = r.timestamp_ms {
+            rec = rec.timestamp(ts);
+        }
+        acks.push(producer.send_result(rec).map_err(|(e, _)| e).expect("enqueue"));
+    }
+    let mut out = Vec::new();
+    for ack in futures::future::join_all(acks).await {
+        let d = ack.expect("producer dropped").map_err(|(e, _)| e).expect("delivery");
+        out.push((d.partition, d.offset));
+    }
+    out
+}
+
+/// The `http_addr` of the "dedupd running" line of the JSON log, once it is there.
+async fn wait_for_http_addr(log: &Path, child: &mut DedupdProcess, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let addr = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find_map(|v| {
+            (v["fields"]["message"] == "dedupd running")
+                .then(|| v["fields"]["http_addr"].as_str().map(str::to_string))?
+        });
+        if let Some(addr) = addr {
+            return addr;
+        }
+        assert!(child.exited().is_none(), "dedupd exited early:\n{}", tail_of_file(log, 40));
+        assert!(Instant::now() < deadline, "no `dedupd running` within {timeout:?}:\n{}", tail_of_file(log, 40));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn config(bootstrap: &str, topics: [&str; 3], store: &Path, receiver_url: &str) -> String {
+    let [input, results, dlq] = topics;
+    format!(
+        r#"[kafka]
+bootstrap_servers = "{bootstrap}"
+group_id = "{group}"
+input_topics = ["{input}"]
+results_topic = "{results}"
+dead_letter_topic = "{dlq}"
+
+[kafka.consumer]
+"statistics.interval.ms" = "500"
+
+[limits]
+max_command_bytes = 2048
+
+[store]
+path = "{store}"
+
+[retry]
+initial_backoff = "50ms"
+
+[sinks.receiver]
+kind = "http"
+url = "{receiver_url}"
+
+[[routes]]
+name = "main"
+types = ["main.*"]
+sink = "receiver"
+
+[[routes]]
+name = "brief"
+types = ["brief.*"]
+sink = "receiver"
+ttl = "{BRIEF_TTL}"
+
+[http]
+listen = "127.0.0.1:0"
+
+[log]
+format = "json"
+level = "info"
+"#,
+        group = kafka::unique("metrics-group"),
+        store = store.display(),
+    )
+}
+
+/// What the run did, from the ground truth (topics and receiver).
+struct Truth {
+    commands: BTreeMap<Vec<String>, f64>,
+    dead_letters: BTreeMap<Vec<String>, f64>,
+    sink_requests: BTreeMap<Vec<String>, f64>,
+    duplicates: BTreeMap<Vec<String>, f64>,
+    sink_calls: f64,
+    brief_completed: f64,
+    main_completed: f64,
+}
+
+fn count_into(m: &mut BTreeMap<Vec<String>, f64>, key: &[&str]) {
+    *m.entry(key.iter().map(|s| s.to_string()).collect()).or_insert(0.0) += 1.0;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_after_a_run_match_what_the_run_did() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results, dlq) = (kafka::unique("met-in"), kafka::unique("met-results"), kafka::unique("met-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results, 1), (&dlq, 1)]).await;
+    let receiver = ScriptedReceiver::start(&[(FAILING_KEY, &[400]), (FLAKY_KEY, &[503])]).await;
+
+    let dir = KeptOnFailure::new();
+    let (config_path, log, store) =
+        (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"), dir.path().join("store"));
+    let text = config(&bootstrap, [&input, &results, &dlq], &store, &receiver.url("/effects"));
+    std::fs::write(&config_path, text).expect("write config");
+    let mut dedupd = DedupdProcess::run(&config_path, &log);
+    let http = wait_for_http_addr(&log, &mut dedupd, Duration::from_secs(60)).await;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("client");
+
+    // Produce only once the consumer has its partitions, so that the brief route's
+    // commands are consumed well within their TTL (else the stale guard would stop them).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !client.get(format!("http://{http}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
+        assert!(dedupd.exited().is_none(), "dedupd exited:\n{}", tail_of_file(&log, 40));
+        assert!(Instant::now() < deadline, "not ready within 60 s:\n{}", tail_of_file(&log, 40));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Before any record: the catalogue is there already, every series known from the config
+    // at 0 (only consumer_lag waits for a committed offset to measure from).
+    let fresh = scrape(&client, &http).await;
+    check_catalogue(&fresh, &["dedupd_consumer_lag"]);
+    for route in ["main", "brief"] {
+        for outcome in ["succeeded", "failed", "duplicate", "conflict", "indeterminate", "stale"] {
+            let v = fresh.value("dedupd_commands_total", &[("outcome", outcome), ("route", route)]);
+            assert_eq!(v, Some(0.0), "commands_total{{{outcome},{route}}} before any record");
+        }
+    }
+    for status in ["ok", "transient", "permanent"] {
+        let v = fresh.value("dedupd_sink_requests_total", &[("sink", "receiver"), ("status", status)]);
+        assert_eq!(v, Some(0.0), "sink_requests_total{{receiver,{status}}} before any record");
+    }
+    let inputs = workload();
+    let positions = produce(&bootstrap, &input, &inputs).await;
+    let by_pos: BTreeMap<(i32, i64), usize> = positions.iter().enumerate().map(|(i, p)| (*p, i)).collect();
+    let n_dead = inputs.iter().filter(|r| r.reason.is_some()).count();
+
+    let published = kafka::read_all(&bootstrap, &results, inputs.len(), Duration::from_secs(90)).await;
+    assert_eq!(published.len(), inputs.len(), "results within 90 s; dedupd log:\n{}", tail_of_file(&log, 40));
+    let dead = kafka::read_all(&bootstrap, &dlq, n_dead, Duration::from_secs(30)).await;
+    let truth = check_topics(&inputs, &by_pos, &published, &dead, &receiver);
+
+    // Scrape until the background task has refreshed the gauges after compaction, the
+    // statistics report every partition at lag 0, and the counters have caught up.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let scrape = loop {
+        let e = scrape(&client, &http).await;
+        let lags: Vec<Option<f64>> = (0..PARTITIONS)
+            .map(|p| e.value("dedupd_consumer_lag", &[("topic", &input), ("partition", &p.to_string())]))
+            .collect();
+        let settled = e.nonzero_by("dedupd_commands_total", &["outcome", "route"]) == truth.commands
+            && e.value("dedupd_compaction_removed_total", &[]) == Some(truth.brief_completed)
+            && e.value("dedupd_store_records", &[("state", "completed")]) == Some(truth.main_completed)
+            && e.value("dedupd_in_flight", &[]) == Some(0.0)
+            && lags.iter().all(|l| *l == Some(0.0));
+        if settled || Instant::now() > deadline {
+            break e;
+        }
+        assert!(dedupd.exited().is_none(), "dedupd exited:\n{}", tail_of_file(&log, 40));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    check_scrape(&scrape, &truth, &input);
+
+    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
+    // Nothing more than one result per input and one dead letter per bad or stale record.
+    assert_eq!(kafka::count_records(&bootstrap, &results).await, inputs.len() as i64, "records in the results topic");
+    assert_eq!(kafka::count_records(&bootstrap, &dlq).await, n_dead as i64, "records in the dead-letter topic");
+    check_store(&store, &scrape);
+    receiver.stop().await;
+}
+
+/// Checks every result and dead letter against the input it came from; returns the counts
+/// the metrics must show.
+fn check_topics(
+    inputs: &[Input],
+    by_pos: &BTreeMap<(i32, i64), usize>,
+    published: &[rdkafka::message::OwnedMessage],
+    dead: &[rdkafka::message::OwnedMessage],
+    receiver: &ScriptedReceiver,
+) -> Truth {
+    let mut truth = Truth {
+        commands: BTreeMap::new(),
+        dead_letters: BTreeMap::new(),
+        sink_requests: BTreeMap::new(),
+        duplicates: BTreeMap::new(),
+        sink_calls: 0.0,
+        brief_completed: 0.0,
+        main_completed: 0.0,
+    };
+    let mut seen = vec![false; inputs.len()];
+    for m in published {
+        let r: ResultRecord = serde_json::from_slice(m.payload().expect("value")).expect("result record");
+        let i = by_pos[&(r.source.partition, r.source.offset)];
+        assert!(!std::mem::replace(&mut seen[i], true), "two results for input {i}");
+        let route = r.route.as_deref().unwrap_or("-");
+        assert_eq!((r.outcome.as_str(), route), (inputs[i].outcome, inputs[i].route), "input {i}: {r:?}");
+        count_into(&mut truth.commands, &[r.outcome.as_str(), route]);
+        if r.outcome.as_str() == "duplicate" {
+            count_into(&mut truth.duplicates, &[route]);
+        }
+        if matches!(r.outcome.as_str(), "succeeded" | "failed") {
+            *if route == "brief" { &mut truth.brief_completed } else { &mut truth.main_completed } += 1.0;
+        }
+        if r.key.as_deref() == Some(FLAKY_KEY) && !r.replay {
+            assert_eq!(r.attempts, 2, "the flaky key took a retry: {r:?}");
+        }
+    }
+    for m in dead {
+        let reason = kafka::header(m, "dedupd-reason").expect("dedupd-reason");
+        let source = kafka::header(m, "dedupd-source").expect("dedupd-source");
+        let (rest, offset) = source.rsplit_once('/').expect("topic/partition/offset");
+        let partition = rest.rsplit_once('/').expect("topic/partition").1;
+        let i = by_pos[&(partition.parse().expect("partition"), offset.parse().expect("offset"))];
+        assert_eq!(Some(reason.as_str()), inputs[i].reason, "dead letter of input {i}");
+        count_into(&mut truth.dead_letters, &[&reason]);
+    }
+    assert_eq!(dead.len(), inputs.iter().filter(|r| r.reason.is_some()).count(), "dead letters read");
+    for a in receiver.answered() {
+        let status = match a.status {
+            200..=299 => "ok",
+            408 | 429 | 500..=599 => "transient",
+            _ => "permanent",
+        };
+        count_into(&mut truth.sink_requests, &["receiver", status]);
+        truth.sink_calls += 1.0;
+    }
+    // The plan, as a cross-check of the ground truth itself.
+    let plan = |pairs: &[(&[&str], f64)]| -> BTreeMap<Vec<String>, f64> {
+        pairs.iter().map(|(k, v)| (k.iter().map(|s| s.to_string()).collect(), *v)).collect()
+    };
+    let d = DISTINCT as f64;
+    let expected_requests = plan(&[
+        (&["receiver", "ok"], 2.0 * d - 1.0),
+        (&["receiver", "permanent"], 1.0),
+        (&["receiver", "transient"], 1.0),
+    ]);
+    assert_eq!(truth.sink_requests, expected_requests, "what the receiver answered");
+    assert_eq!((truth.main_completed, truth.brief_completed), (d, d), "completed keys per route");
+    truth
+}
+
+async fn scrape(client: &reqwest::Client, http: &str) -> Exposition {
+    let response = client.get(format!("http://{http}/metrics")).send().await.expect("GET /metrics");
+    Exposition::parse(&response.text().await.expect("body"))
+}
+
+/// Every metric of the catalogue has HELP, TYPE and samples (but those in `absent`, which
+/// may have no series yet), and nothing outside the catalogue is exposed.
+fn check_catalogue(e: &Exposition, absent: &[&str]) {
+    for (name, kind) in CATALOGUE.into_iter().filter(|(n, _)| !absent.contains(n)) {
+        assert!(e.help.get(name).is_some_and(|h| !h.is_empty()), "no # HELP for {name}");
+        assert_eq!(e.types.get(name).map(String::as_str), Some(kind), "# TYPE of {name}");
+        let has_samples = e.samples.iter().any(|s| {
+            s.name == name || s.name.strip_prefix(name).is_some_and(|r| ["_bucket", "_sum", "_count"].contains(&r))
+        });
+        assert!(has_samples, "no samples of {name}");
+    }
+    let mut declared: Vec<&str> = e.types.keys().map(String::as_str).collect();
+    declared.sort();
+    let mut catalogue: Vec<&str> =
+        CATALOGUE.iter().map(|(n, _)| *n).filter(|n| !absent.contains(n) || declared.contains(n)).collect();
+    catalogue.sort();
+    assert_eq!(declared, catalogue, "metric families exposed");
+}
+
+fn check_scrape(e: &Exposition, truth: &Truth, input: &str) {
+    let dump =
+        || e.samples.iter().map(|s| format!("{} {:?} {}", s.name, s.labels, s.value)).collect::<Vec<_>>().join("\n");
+    check_catalogue(e, &[]);
+
+    assert_eq!(
+        e.nonzero_by("dedupd_commands_total", &["outcome", "route"]),
+        truth.commands,
+        "commands_total\n{}",
+        dump()
+    );
+    assert_eq!(e.nonzero_by("dedupd_dead_letter_total", &["reason"]), truth.dead_letters, "dead_letter_total");
+    assert_eq!(
+        e.nonzero_by("dedupd_sink_requests_total", &["sink", "status"]),
+        truth.sink_requests,
+        "sink_requests_total"
+    );
+    assert_eq!(
+        e.value("dedupd_sink_duration_seconds_count", &[("sink", "receiver")]),
+        Some(truth.sink_calls),
+        "sink_duration_seconds_count"
+    );
+    assert!(
+        e.value("dedupd_process_duration_seconds_count", &[]).is_some_and(|n| n > 0.0),
+        "process_duration_seconds_count"
+    );
+    assert_eq!(
+        e.nonzero_by("dedupd_duplicate_age_seconds_count", &["route"]),
+        truth.duplicates,
+        "duplicate_age_seconds_count"
+    );
+    let records = |state: &str| e.value("dedupd_store_records", &[("state", state)]);
+    assert_eq!(
+        records("completed"),
+        Some(truth.main_completed),
+        "store_records{{completed}} once the brief keys expired"
+    );
+    assert_eq!(records("in_progress"), Some(0.0), "store_records{{in_progress}}");
+    assert_eq!(records("indeterminate"), Some(0.0), "store_records{{indeterminate}}");
+    assert!(e.value("dedupd_store_disk_bytes", &[]).is_some_and(|b| b > 0.0), "store_disk_bytes");
+    assert_eq!(
+        e.value("dedupd_compaction_removed_total", &[]),
+        Some(truth.brief_completed),
+        "compaction_removed_total"
+    );
+    for p in 0..PARTITIONS {
+        let lag = e.value("dedupd_consumer_lag", &[("topic", input), ("partition", &p.to_string())]);
+        assert_eq!(lag, Some(0.0), "consumer_lag of {input}/{p}\n{}", dump());
+    }
+    assert_eq!(e.series("dedupd_consumer_lag").len(), PARTITIONS as usize, "consumer_lag series");
+    assert_eq!(e.value("dedupd_in_flight", &[]), Some(0.0), "in_flight at rest");
+    assert!(e.value("dedupd_rebalances_total", &[]).is_some_and(|n| n >= 1.0), "rebalances_total");
+    assert_eq!(e.value("dedupd_refused_partitions", &[]), Some(0.0), "refused_partitions");
+
+    // Buckets: cumulative, +Inf = count, and spanning what they measure.
+    for (name, labels, lowest, highest) in [
+        ("dedupd_sink_duration_seconds", vec![("sink", "receiver")], 0.005, 10.0),
+        ("dedupd_process_duration_seconds", vec![], 0.005, 60.0),
+        ("dedupd_duplicate_age_seconds", vec![("route", "main")], 1.0, 7.0 * 86_400.0),
+    ] {
+        let mut buckets: Vec<(f64, f64)> = e
+            .series(&format!("{name}_bucket"))
+            .into_iter()
+            .filter(|(l, _)| labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+            .map(|(l, v)| (l["le"].parse::<f64>().unwrap_or(f64::INFINITY), v))
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{name} buckets are cumulative: {buckets:?}");
+        let count = e.value(&format!("{name}_count"), &labels);
+        assert_eq!(
+            buckets.last().map(|b| (b.0, Some(b.1))),
+            Some((f64::INFINITY, count)),
+            "{name}: +Inf bucket = count"
+        );
+        let finite: Vec<f64> = buckets.iter().map(|b| b.0).filter(|b| b.is_finite()).collect();
+        assert!(finite.first().is_some_and(|b| *b <= lowest), "{name}: lowest bucket {finite:?} above {lowest}");
+        assert!(finite.last().is_some_and(|b| *b >= highest), "{name}: highest bucket {finite:?} below {highest}");
+    }
+}
+
+/// The store, opened after dedupd stopped, holds what the last scrape said it held.
+fn check_store(path: &Path, e: &Exposition) {
+    let store = dedupd::store::KeyStore::open(Default::default(), path, Default::default()).expect("open store");
+    let records = store.scan_records(None, 100_000).expect("scan");
+    let mut by_state: BTreeMap<&str, f64> = BTreeMap::new();
+    let mut completed_keys = Vec::new();
+    for (key, r) in &records {
+        *by_state.entry(r.state().as_str()).or_insert(0.0) += 1.0;
+        if r.state().as_str() == "completed" {
+            completed_keys.push(key.clone());
+        }
+    }
+    for state in ["in_progress", "completed", "indeterminate"] {
+        let gauge = e.value("dedupd_store_records", &[("state", state)]);
+        assert_eq!(gauge, Some(by_state.get(state).copied().unwrap_or(0.0)), "store_records{{{state}}} vs the store");
+    }
+    completed_keys.sort();
+    let expected: Vec<String> = (0..DISTINCT).map(|i| format!("main-{i}")).collect();
+    assert_eq!(completed_keys, expected, "completed keys left after compaction");
+}
+
+#[test]
+fn exposition_parser_reads_values_help_and_type() {
+    let text = "# HELP a_total Things.\n# TYPE a_total counter\na_total{x=\"1\",y=\"q\\\"z\"} 3\nb 1.5\n\
+                c_bucket{le=\"+Inf\"} 2\n";
+    let e = Exposition::parse(text);
+    assert_eq!(e.help["a_total"], "Things.");
+    assert_eq!(e.types["a_total"], "counter");
+    assert_eq!(e.value("a_total", &[("x", "1"), ("y", "q\"z")]), Some(3.0));
+    assert_eq!(e.value("b", &[]), Some(1.5));
+    assert_eq!(e.value("c_bucket", &[("le", "+Inf")]), Some(2.0));
+}
