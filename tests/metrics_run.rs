@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::exposition::Exposition;
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
+use common::process::{DedupdProcess, KeptOnFailure, tail_of_file, wait_for_http_addr};
 use common::scripted::ScriptedReceiver;
 use dedupd::outcome::ResultRecord;
 use rdkafka::ClientConfig;
@@ -33,7 +33,7 @@ const PARTITIONS: i32 = 3;
 const DISTINCT: usize = 8;
 /// TTL of the `brief` route: long enough that its repeats arrive before expiry and no
 /// command of it goes stale on a loaded machine, short enough to see compaction.
-const BRIEF_TTL: &str = "5s";
+const BRIEF_TTL: &str = "15s";
 /// The key the receiver refuses for good (HTTP 400: `failed`).
 const FAILING_KEY: &str = "main-0";
 /// The key the receiver answers 503 once, then 200 (`transient`, then `ok`).
@@ -154,24 +154,6 @@ async fn produce(bootstrap: &str, topic: &str, inputs: &[Input]) -> Vec<(i32, i6
         out.push((d.partition, d.offset));
     }
     out
-}
-
-/// The `http_addr` of the "dedupd running" line of the JSON log, once it is there.
-async fn wait_for_http_addr(log: &Path, child: &mut DedupdProcess, timeout: Duration) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let addr = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find_map(|v| {
-            (v["fields"]["message"] == "dedupd running")
-                .then(|| v["fields"]["http_addr"].as_str().map(str::to_string))?
-        });
-        if let Some(addr) = addr {
-            return addr;
-        }
-        assert!(child.exited().is_none(), "dedupd exited early:\n{}", tail_of_file(log, 40));
-        assert!(Instant::now() < deadline, "no `dedupd running` within {timeout:?}:\n{}", tail_of_file(log, 40));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn config(bootstrap: &str, topics: [&str; 3], store: &Path, receiver_url: &str) -> String {
