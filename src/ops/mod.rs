@@ -1,6 +1,7 @@
-//! Operating surface: the one HTTP listener (`/metrics`, `/healthz`, `/readyz`) and the
-//! metrics catalogue. The admin API (`/v1/keys/...`) joins this listener later.
+//! Operating surface: the one HTTP listener (`/metrics`, `/healthz`, `/readyz`, and the
+//! admin API under `/v1` when `http.admin_token` is set) and the metrics catalogue.
 
+pub mod admin;
 pub mod metrics;
 
 use std::collections::BTreeSet;
@@ -15,6 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
 
+pub use admin::AdminApi;
 pub use metrics::Metrics;
 
 /// What `/readyz` reports: ready once the consumer joined its group, not ready while any
@@ -60,32 +62,76 @@ struct AppState {
 pub enum OpsError {
     /// Could not bind `http.listen`.
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     /// The server stopped with an error.
     #[error("http server: {0}")]
     Serve(std::io::Error),
 }
 
 /// Binds `addr`; returns the bound address and a future that serves until `shutdown`.
+/// No admin API (see [`serve_with_admin`]).
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), OpsError>>), OpsError> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| OpsError::Bind { addr, source })?;
-    let bound = listener.local_addr().map_err(|source| OpsError::Bind { addr, source })?;
+) -> Result<
+    (
+        SocketAddr,
+        impl std::future::Future<Output = Result<(), OpsError>>,
+    ),
+    OpsError,
+> {
+    serve_with_admin(addr, metrics, health, None, shutdown).await
+}
+
+/// Like [`serve`], with the admin API under `/v1` when `admin` is set (else `/v1/...`
+/// answers 404 saying it is off).
+pub async fn serve_with_admin(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    admin: Option<AdminApi>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<
+    (
+        SocketAddr,
+        impl std::future::Future<Output = Result<(), OpsError>>,
+    ),
+    OpsError,
+> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| OpsError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| OpsError::Bind { addr, source })?;
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, health });
-    let fut = async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(OpsError::Serve) };
+        .with_state(AppState { metrics, health })
+        .merge(admin::router(admin));
+    let fut = async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(OpsError::Serve)
+    };
     Ok((bound, fut))
 }
 
 async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        s.metrics.render(),
+    )
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
@@ -96,7 +142,10 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
         let why = if refused.is_empty() {
             "not ready: consumer has not joined its group\n".to_string()
         } else {
-            format!("not ready: partitions refused (store watermark behind committed offset): {}\n", refused.join(", "))
+            format!(
+                "not ready: partitions refused (store watermark behind committed offset): {}\n",
+                refused.join(", ")
+            )
         };
         (StatusCode::SERVICE_UNAVAILABLE, why)
     }

@@ -17,7 +17,9 @@ pub struct LogSink {
 impl LogSink {
     /// Builds the sink.
     pub fn new(name: &str, _config: &LogSinkConfig) -> LogSink {
-        LogSink { name: name.to_string() }
+        LogSink {
+            name: name.to_string(),
+        }
     }
 }
 
