@@ -24,11 +24,11 @@ use dedupd::fingerprint::Fingerprint;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{Completed, Completion, InProgress, KeyStore, SourcePos};
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
 struct Args {
@@ -39,12 +39,7 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a = Args {
-        records: 200_000,
-        rate: 5_000,
-        seconds: 10,
-        backends: vec![StoreBackend::Sled, StoreBackend::Fjall],
-    };
+    let mut a = Args { records: 200_000, rate: 5_000, seconds: 10, backends: vec![StoreBackend::Sled, StoreBackend::Fjall] };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < argv.len() {
@@ -78,35 +73,18 @@ fn unique(name: &str) -> String {
 }
 
 async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
-    let admin: AdminClient<_> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("admin");
+    let admin: AdminClient<_> = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin");
     let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    let r = admin
-        .create_topics(
-            &[t],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-        )
-        .await;
+    let r = admin.create_topics(&[t], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await;
     for x in r.expect("create topics") {
         x.expect("topic created");
     }
     // Wait until metadata shows leaders for all partitions.
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("client");
+    let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("client");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let md = c
-            .fetch_metadata(Some(name), Duration::from_secs(5))
-            .expect("metadata");
-        let ok = md.topics().iter().any(|t| {
-            t.name() == name
-                && t.partitions().len() == partitions as usize
-                && t.partitions().iter().all(|p| p.leader() >= 0)
-        });
+        let md = c.fetch_metadata(Some(name), Duration::from_secs(5)).expect("metadata");
+        let ok = md.topics().iter().any(|t| t.name() == name && t.partitions().len() == partitions as usize && t.partitions().iter().all(|p| p.leader() >= 0));
         if ok || Instant::now() > deadline {
             return;
         }
@@ -188,11 +166,7 @@ fn store_floor(backend: StoreBackend, n: usize) -> f64 {
                 fingerprint: Fingerprint([7; 32]),
                 claimed_at_ms: 1,
                 attempts: 1,
-                source: SourcePos {
-                    topic: "in".into(),
-                    partition: 0,
-                    offset: k as i64,
-                },
+                source: SourcePos { topic: "in".into(), partition: 0, offset: k as i64 },
             };
             pending.push(store.claim(&key, None, claim).expect("claim").expect("won"));
         }
@@ -215,13 +189,7 @@ fn store_floor(backend: StoreBackend, n: usize) -> f64 {
     n as f64 / t.elapsed().as_secs_f64()
 }
 
-fn config(
-    bootstrap: &str,
-    input: &str,
-    results: &str,
-    backend: StoreBackend,
-    dir: &std::path::Path,
-) -> Config {
+fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, dir: &std::path::Path) -> Config {
     let mut c = Config::default();
     c.kafka.bootstrap_servers = bootstrap.into();
     c.kafka.group_id = unique("bench-dedupd");
@@ -231,25 +199,13 @@ fn config(
     c.store.backend = backend;
     c.store.path = dir.to_path_buf();
     c.http.listen = "127.0.0.1:0".parse().expect("addr");
-    c.sinks
-        .insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));
-    c.routes.push(RouteConfig {
-        name: None,
-        types: vec!["*".into()],
-        sink: "noop".into(),
-        ttl: None,
-        fingerprint_exclude: vec![],
-    });
+    c.sinks.insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));
+    c.routes.push(RouteConfig { name: None, types: vec!["*".into()], sink: "noop".into(), ttl: None, fingerprint_exclude: vec![] });
     c
 }
 
 /// Reads `n` result records; returns (input (partition, offset) → result timestamp ms).
-fn read_results(
-    bootstrap: &str,
-    topic: &str,
-    n: usize,
-    bound: Duration,
-) -> HashMap<(i32, i64), i64> {
+fn read_results(bootstrap: &str, topic: &str, n: usize, bound: Duration) -> HashMap<(i32, i64), i64> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("bench-reader"))
@@ -263,8 +219,7 @@ fn read_results(
     let deadline = Instant::now() + bound;
     while out.len() < n && Instant::now() < deadline {
         if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
-            let v: serde_json::Value =
-                serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
             let p = v["source"]["partition"].as_i64().unwrap_or(-1) as i32;
             let o = v["source"]["offset"].as_i64().unwrap_or(-1);
             out.insert((p, o), m.timestamp().to_millis().unwrap_or(0));
@@ -273,22 +228,15 @@ fn read_results(
     out
 }
 
-async fn start_pipeline(
-    config: Config,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<()>,
-    Arc<dedupd::ops::Health>,
-) {
+async fn start_pipeline(config: Config) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<dedupd::ops::Health>) {
     let stop = CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let s = stop.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) =
-            dedupd::pipeline::run(config, Default::default(), s.cancelled_owned(), move |r| {
-                let _ = tx.send(Arc::clone(&r.health));
-            })
-            .await
+        if let Err(e) = dedupd::pipeline::run(config, Default::default(), s.cancelled_owned(), move |r| {
+            let _ = tx.send(Arc::clone(&r.health));
+        })
+        .await
         {
             eprintln!("pipeline: {e}");
         }
@@ -308,10 +256,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     if std::env::var("RUST_LOG").is_ok() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).try_init();
     }
     let a = args();
     let Ok(bootstrap) = std::env::var("DEDUPD_TEST_KAFKA_BOOTSTRAP") else {
@@ -322,20 +267,12 @@ async fn main() {
     create_topic(&bootstrap, &input, 6).await;
     let t = Instant::now();
     produce_backlog(&bootstrap, &input, a.records).await;
-    println!(
-        "produced {} commands in {:.1} s",
-        a.records,
-        t.elapsed().as_secs_f64()
-    );
+    println!("produced {} commands in {:.1} s", a.records, t.elapsed().as_secs_f64());
     let (b, i, n) = (bootstrap.clone(), input.clone(), a.records);
-    let plain = tokio::task::spawn_blocking(move || plain_consume(&b, &i, n))
-        .await
-        .expect("plain");
+    let plain = tokio::task::spawn_blocking(move || plain_consume(&b, &i, n)).await.expect("plain");
     println!("plain rdkafka consumer: {plain:.0} msgs/s");
 
-    println!(
-        "\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain consumer | p50 ms | p99 ms | at rate |"
-    );
+    println!("\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain consumer | p50 ms | p99 ms | at rate |");
     println!("|---|---|---|---|---|---|---|---|");
     for backend in &a.backends {
         let floor_n = a.records.min(100_000);
@@ -350,18 +287,12 @@ async fn main() {
         let dir = tempfile::tempdir().expect("tempdir");
         let results = unique("bench-results");
         create_topic(&bootstrap, &results, 6).await;
-        let (stop, task, _) =
-            start_pipeline(config(&bootstrap, &input, &results, *backend, dir.path())).await;
+        let (stop, task, _) = start_pipeline(config(&bootstrap, &input, &results, *backend, dir.path())).await;
         let (b, r, n) = (bootstrap.clone(), results.clone(), a.records);
-        let seen =
-            tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(600)))
-                .await
-                .expect("read");
+        let seen = tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(600))).await.expect("read");
         stop.cancel();
         let _ = task.await;
-        let (lo, hi) = seen
-            .values()
-            .fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+        let (lo, hi) = seen.values().fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
         let rate = (seen.len() as f64 - 1.0) / ((hi - lo).max(1) as f64 / 1000.0);
 
         // Latency at a fixed rate.
@@ -370,8 +301,7 @@ async fn main() {
         create_topic(&bootstrap, &lat_in, 6).await;
         create_topic(&bootstrap, &lat_out, 6).await;
         let dir2 = tempfile::tempdir().expect("tempdir");
-        let (stop, task, health) =
-            start_pipeline(config(&bootstrap, &lat_in, &lat_out, *backend, dir2.path())).await;
+        let (stop, task, health) = start_pipeline(config(&bootstrap, &lat_in, &lat_out, *backend, dir2.path())).await;
         let ready_by = Instant::now() + Duration::from_secs(60);
         while !health.is_ready() && Instant::now() < ready_by {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -393,10 +323,7 @@ async fn main() {
                 let v = command(10_000_000 + sent);
                 let key = format!("l{sent}");
                 let now_ms = chrono::Utc::now().timestamp_millis();
-                let rec = FutureRecord::to(&lat_in)
-                    .key(&key)
-                    .payload(&v)
-                    .timestamp(now_ms);
+                let rec = FutureRecord::to(&lat_in).key(&key).payload(&v).timestamp(now_ms);
                 if let Ok(f) = p.send_result(rec) {
                     acks.push((sent >= warmup, now_ms, f));
                 }
@@ -414,16 +341,10 @@ async fn main() {
             }
         }
         let (b, r, n) = (bootstrap.clone(), lat_out.clone(), all);
-        let seen =
-            tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(120)))
-                .await
-                .expect("read");
+        let seen = tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(120))).await.expect("read");
         stop.cancel();
         let _ = task.await;
-        let mut lat: Vec<i64> = seen
-            .iter()
-            .filter_map(|(pos, t)| produced.get(pos).map(|p| t - p))
-            .collect();
+        let mut lat: Vec<i64> = seen.iter().filter_map(|(pos, t)| produced.get(pos).map(|p| t - p)).collect();
         lat.sort_unstable();
         println!(
             "| {:?} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {}/s for {} s ({} results) |",

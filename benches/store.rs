@@ -67,11 +67,7 @@ fn claim_record(i: u64) -> InProgress {
         fingerprint: fingerprint(i),
         claimed_at_ms: BASE_EXPIRY - 86_400_000 + i as i64,
         attempts: 1,
-        source: SourcePos {
-            topic: "commands".into(),
-            partition: (i % 12) as i32,
-            offset: i as i64,
-        },
+        source: SourcePos { topic: "commands".into(), partition: (i % 12) as i32, offset: i as i64 },
     }
 }
 
@@ -80,11 +76,8 @@ fn completed_record(i: u64) -> Completed {
         fingerprint: fingerprint(i),
         outcome: Completion::Succeeded,
         // 58 bytes of result JSON: the record encodes to 120 bytes.
-        result: format!(
-            "{{\"status\":200,\"message_id\":\"msg-{:024x}\"}}",
-            u128::from(splitmix(i)) << 32
-        )
-        .into_bytes(),
+        result: format!("{{\"status\":200,\"message_id\":\"msg-{:024x}\"}}", u128::from(splitmix(i)) << 32)
+            .into_bytes(),
         error: None,
         first_seen_at_ms: BASE_EXPIRY - 86_400_000 + i as i64,
         completed_at_ms: BASE_EXPIRY - 86_400_000 + i as i64 + 5,
@@ -102,14 +95,7 @@ fn scattered(n: u64) -> impl Iterator<Item = u64> {
 fn proc_status_kib(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
+        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
         .unwrap_or(0)
 }
 
@@ -143,12 +129,7 @@ fn settled(mut bytes: impl FnMut() -> u64) -> u64 {
 }
 
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
 /// Lookup rounds; the best is reported (the machine is shared, and the first round may
@@ -171,10 +152,7 @@ fn raw_child(backend: &str, n: u64, dir: &Path) {
     let keys: Vec<String> = (0..n).map(key).collect();
     let value = Record::Completed(completed_record(0)).encode();
     assert_eq!(value.len(), 120);
-    emit(
-        "logical_bytes_per_key",
-        keys.iter().map(|k| k.len() + value.len()).sum::<usize>() as f64 / n as f64,
-    );
+    emit("logical_bytes_per_key", keys.iter().map(|k| k.len() + value.len()).sum::<usize>() as f64 / n as f64);
     let rss0 = proc_status_kib("VmRSS:");
     match backend {
         "sled" => {
@@ -191,10 +169,7 @@ fn raw_child(backend: &str, n: u64, dir: &Path) {
             emit("write_per_s", rate(n, t.elapsed()));
             emit("disk_bytes", db.size_on_disk().unwrap() as f64);
             emit("dir_bytes", dir_bytes(dir) as f64);
-            emit(
-                "disk_settled_bytes",
-                settled(|| db.size_on_disk().unwrap_or(0)) as f64,
-            );
+            emit("disk_settled_bytes", settled(|| db.size_on_disk().unwrap_or(0)) as f64);
             let mut best = 0f64;
             for _ in 0..LOOKUP_ROUNDS {
                 let t = Instant::now();
@@ -206,10 +181,7 @@ fn raw_child(backend: &str, n: u64, dir: &Path) {
                 assert_eq!(found, n);
             }
             emit("get_per_s", best);
-            emit(
-                "rss_loaded_kib",
-                proc_status_kib("VmRSS:").saturating_sub(rss0) as f64,
-            );
+            emit("rss_loaded_kib", proc_status_kib("VmRSS:").saturating_sub(rss0) as f64);
             let t = Instant::now();
             for chunk in keys.chunks(CHUNK) {
                 let mut b = sled::Batch::default();
@@ -224,9 +196,7 @@ fn raw_child(backend: &str, n: u64, dir: &Path) {
         }
         "fjall" => {
             let db = fjall::Database::builder(dir).open().unwrap();
-            let ks = db
-                .keyspace("records", fjall::KeyspaceCreateOptions::default)
-                .unwrap();
+            let ks = db.keyspace("records", fjall::KeyspaceCreateOptions::default).unwrap();
             let t = Instant::now();
             for chunk in keys.chunks(BATCH) {
                 let mut b = db.batch();
@@ -239,10 +209,7 @@ fn raw_child(backend: &str, n: u64, dir: &Path) {
             emit("write_per_s", rate(n, t.elapsed()));
             emit("disk_bytes", db.disk_space().unwrap() as f64);
             emit("dir_bytes", dir_bytes(dir) as f64);
-            emit(
-                "disk_settled_bytes",
-                settled(|| db.disk_space().unwrap_or(0)) as f64,
-            );
+            emit("disk_settled_bytes", settled(|| db.disk_space().unwrap_or(0)) as f64);
             let mut best = 0f64;
             for _ in 0..LOOKUP_ROUNDS {
                 let t = Instant::now();
@@ -254,10 +221,7 @@ fn raw_child(backend: &str, n: u64, dir: &Path) {
                 assert_eq!(found, n);
             }
             emit("get_per_s", best);
-            emit(
-                "rss_loaded_kib",
-                proc_status_kib("VmRSS:").saturating_sub(rss0) as f64,
-            );
+            emit("rss_loaded_kib", proc_status_kib("VmRSS:").saturating_sub(rss0) as f64);
             let t = Instant::now();
             for chunk in keys.chunks(CHUNK) {
                 let mut b = db.batch();
@@ -294,12 +258,7 @@ fn store_child(backend: &str, n: u64, dir: &Path) {
         let c = Instant::now();
         let mut pending = Vec::with_capacity(chunk.len());
         for (j, k) in chunk.iter().enumerate() {
-            pending.push(
-                store
-                    .claim(k, None, claim_record(i0 + j as u64))
-                    .unwrap()
-                    .expect("fresh key"),
-            );
+            pending.push(store.claim(k, None, claim_record(i0 + j as u64)).unwrap().expect("fresh key"));
         }
         let durable = store.flush_claims(pending).unwrap();
         claim_t += c.elapsed();
@@ -316,10 +275,7 @@ fn store_child(backend: &str, n: u64, dir: &Path) {
     emit("complete_per_s", rate(n, complete_t));
     emit("disk_bytes", store.disk_bytes().unwrap() as f64);
     emit("dir_bytes", dir_bytes(dir) as f64);
-    emit(
-        "disk_settled_bytes",
-        settled(|| store.disk_bytes().unwrap_or(0)) as f64,
-    );
+    emit("disk_settled_bytes", settled(|| store.disk_bytes().unwrap_or(0)) as f64);
 
     let mut best = 0f64;
     for _ in 0..LOOKUP_ROUNDS {
@@ -332,16 +288,11 @@ fn store_child(backend: &str, n: u64, dir: &Path) {
         assert_eq!(found, n);
     }
     emit("get_per_s", best);
-    emit(
-        "rss_loaded_kib",
-        proc_status_kib("VmRSS:").saturating_sub(rss0) as f64,
-    );
+    emit("rss_loaded_kib", proc_status_kib("VmRSS:").saturating_sub(rss0) as f64);
 
     assert_eq!(store.counts().completed, n as i64);
     let t = Instant::now();
-    let removed = store
-        .compact_expired(BASE_EXPIRY + n as i64, CHUNK)
-        .unwrap();
+    let removed = store.compact_expired(BASE_EXPIRY + n as i64, CHUNK).unwrap();
     emit("delete_s", t.elapsed().as_secs_f64());
     assert_eq!(removed as u64, n);
     assert_eq!(store.counts().completed, 0);
@@ -356,24 +307,11 @@ fn run_child(mode: &str, backend: &str, n: u64, base: &Path) -> BTreeMap<String,
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--child",
-            mode,
-            "--backend",
-            backend,
-            "--keys",
-            &n.to_string(),
-            "--dir",
-            dir.to_str().unwrap(),
-        ])
+        .args(["--child", mode, "--backend", backend, "--keys", &n.to_string(), "--dir", dir.to_str().unwrap()])
         .output()
         .expect("spawn bench child");
     if !out.status.success() {
-        panic!(
-            "{backend} {mode} child failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        panic!("{backend} {mode} child failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     }
     let _ = std::fs::remove_dir_all(&dir);
     String::from_utf8_lossy(&out.stdout)
@@ -402,17 +340,10 @@ fn main() {
         match a.as_str() {
             "--child" => child = args.next(),
             "--backend" => backend = args.next().expect("--backend VALUE"),
-            "--keys" => {
-                n = args
-                    .next()
-                    .and_then(|v| v.replace('_', "").parse().ok())
-                    .expect("--keys N")
-            }
+            "--keys" => n = args.next().and_then(|v| v.replace('_', "").parse().ok()).expect("--keys N"),
             "--dir" => dir = args.next().map(PathBuf::from),
             "--bench" => {} // added by `cargo bench`
-            other => panic!(
-                "unknown argument {other}; use --keys N --backend sled|fjall|both [--dir DIR]"
-            ),
+            other => panic!("unknown argument {other}; use --keys N --backend sled|fjall|both [--dir DIR]"),
         }
     }
     if let Some(mode) = child {
@@ -431,10 +362,7 @@ fn main() {
         "both" => vec!["sled", "fjall"],
         b => vec![b],
     };
-    println!(
-        "store benchmark: {n} keys, write batches of {BATCH}, compaction/delete chunks of {CHUNK}, dir {}",
-        base.display()
-    );
+    println!("store benchmark: {n} keys, write batches of {BATCH}, compaction/delete chunks of {CHUNK}, dir {}", base.display());
     println!("load average before: {}", loadavg());
     for b in backends {
         let t = Instant::now();
@@ -443,116 +371,38 @@ fn main() {
         let m = |map: &BTreeMap<String, f64>, k: &str| map.get(k).copied().unwrap_or(f64::NAN);
         let per_m = 1e6 / n as f64;
         println!();
-        println!(
-            "## {b} ({:.0?} for both children; load average now {})",
-            t.elapsed(),
-            loadavg()
-        );
+        println!("## {b} ({:.0?} for both children; load average now {})", t.elapsed(), loadavg());
         println!();
         println!("| measure | raw floor | dedupd KeyStore | ratio | target | met |");
         println!("|---|---:|---:|---:|---|---|");
-        let row = |name: &str,
-                   r: f64,
-                   s: f64,
-                   fmt: &dyn Fn(f64) -> String,
-                   target: Option<(&str, bool)>| {
+        let row = |name: &str, r: f64, s: f64, fmt: &dyn Fn(f64) -> String, target: Option<(&str, bool)>| {
             let ratio = s / r;
             let (t, met) = match target {
                 Some((t, ok)) => (t.to_string(), if ok { "yes" } else { "**no**" }.to_string()),
                 None => ("–".into(), "–".into()),
             };
-            println!(
-                "| {name} | {} | {} | {ratio:.2}× | {t} | {met} |",
-                fmt(r),
-                fmt(s)
-            );
+            println!("| {name} | {} | {} | {ratio:.2}× | {t} | {met} |", fmt(r), fmt(s));
         };
         let per_s = |v: f64| format!("{}/s", human(v));
         let secs = |v: f64| format!("{v:.2} s");
         let bytes = |v: f64| format!("{v:.0} B");
         let mib = |v: f64| format!("{:.0} MiB", v / 1024.0);
         let w = m(&st, "write_per_s") / m(&raw, "write_per_s");
-        row(
-            "write: raw insert vs claim+complete (keys/s)",
-            m(&raw, "write_per_s"),
-            m(&st, "write_per_s"),
-            &per_s,
-            Some(("≥ 0.45×", w >= 0.45)),
-        );
-        row(
-            "  claim + flush_claims only (keys/s)",
-            m(&raw, "write_per_s"),
-            m(&st, "claim_per_s"),
-            &per_s,
-            None,
-        );
-        row(
-            "  complete + flush only (keys/s)",
-            m(&raw, "write_per_s"),
-            m(&st, "complete_per_s"),
-            &per_s,
-            None,
-        );
+        row("write: raw insert vs claim+complete (keys/s)", m(&raw, "write_per_s"), m(&st, "write_per_s"), &per_s, Some(("≥ 0.45×", w >= 0.45)));
+        row("  claim + flush_claims only (keys/s)", m(&raw, "write_per_s"), m(&st, "claim_per_s"), &per_s, None);
+        row("  complete + flush only (keys/s)", m(&raw, "write_per_s"), m(&st, "complete_per_s"), &per_s, None);
         let g = m(&st, "get_per_s") / m(&raw, "get_per_s");
-        row(
-            "lookup of existing keys (gets/s)",
-            m(&raw, "get_per_s"),
-            m(&st, "get_per_s"),
-            &per_s,
-            Some(("≥ 0.8×", g >= 0.8)),
-        );
+        row("lookup of existing keys (gets/s)", m(&raw, "get_per_s"), m(&st, "get_per_s"), &per_s, Some(("≥ 0.8×", g >= 0.8)));
         let d = m(&st, "delete_s") / m(&raw, "delete_s");
-        row(
-            "remove all: raw deletes vs compact_expired",
-            m(&raw, "delete_s"),
-            m(&st, "delete_s"),
-            &secs,
-            Some(("≤ 1.5×", d <= 1.5)),
-        );
+        row("remove all: raw deletes vs compact_expired", m(&raw, "delete_s"), m(&st, "delete_s"), &secs, Some(("≤ 1.5×", d <= 1.5)));
         let disk = m(&st, "disk_bytes") / m(&raw, "disk_bytes");
-        row(
-            "disk bytes per key, right after the writes",
-            m(&raw, "disk_bytes") / n as f64,
-            m(&st, "disk_bytes") / n as f64,
-            &bytes,
-            Some(("≤ 1.5×", disk <= 1.5)),
-        );
+        row("disk bytes per key, right after the writes", m(&raw, "disk_bytes") / n as f64, m(&st, "disk_bytes") / n as f64, &bytes, Some(("≤ 1.5×", disk <= 1.5)));
         let settled = m(&st, "disk_settled_bytes") / m(&raw, "disk_settled_bytes");
-        row(
-            "disk bytes per key, settled (background work done)",
-            m(&raw, "disk_settled_bytes") / n as f64,
-            m(&st, "disk_settled_bytes") / n as f64,
-            &bytes,
-            Some(("≤ 1.5×", settled <= 1.5)),
-        );
-        row(
-            "  directory walk, right after the writes",
-            m(&raw, "dir_bytes") / n as f64,
-            m(&st, "dir_bytes") / n as f64,
-            &bytes,
-            None,
-        );
+        row("disk bytes per key, settled (background work done)", m(&raw, "disk_settled_bytes") / n as f64, m(&st, "disk_settled_bytes") / n as f64, &bytes, Some(("≤ 1.5×", settled <= 1.5)));
+        row("  directory walk, right after the writes", m(&raw, "dir_bytes") / n as f64, m(&st, "dir_bytes") / n as f64, &bytes, None);
         let logical = m(&raw, "logical_bytes_per_key");
-        row(
-            "disk per key (settled) vs logical key+record bytes",
-            logical,
-            m(&st, "disk_settled_bytes") / n as f64,
-            &bytes,
-            None,
-        );
-        row(
-            "RSS growth loading, per million keys",
-            m(&raw, "rss_loaded_kib") * per_m,
-            m(&st, "rss_loaded_kib") * per_m,
-            &mib,
-            None,
-        );
-        row(
-            "peak RSS (VmHWM), per million keys",
-            m(&raw, "rss_hwm_kib") * per_m,
-            m(&st, "rss_hwm_kib") * per_m,
-            &mib,
-            None,
-        );
+        row("disk per key (settled) vs logical key+record bytes", logical, m(&st, "disk_settled_bytes") / n as f64, &bytes, None);
+        row("RSS growth loading, per million keys", m(&raw, "rss_loaded_kib") * per_m, m(&st, "rss_loaded_kib") * per_m, &mib, None);
+        row("peak RSS (VmHWM), per million keys", m(&raw, "rss_hwm_kib") * per_m, m(&st, "rss_hwm_kib") * per_m, &mib, None);
     }
 }

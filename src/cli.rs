@@ -129,9 +129,7 @@ fn open_store(config: &Config) -> Result<KeyStore, StoreError> {
 pub fn init_tracing(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
@@ -163,19 +161,13 @@ async fn shutdown_signal() {
 
 fn print_record(key: &str, record: &Record) {
     let json = crate::store::record_json(key, record);
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&json).unwrap_or_default()
-    );
+    println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
 }
 
 /// Runs the parsed command.
 pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
-        Command::Run {
-            config,
-            accept_empty_store,
-        } => {
+        Command::Run { config, accept_empty_store } => {
             let config = load(&config)?;
             init_tracing(config.log.format, &config.log.level);
             let options = crate::pipeline::RunOptions { accept_empty_store };
@@ -186,11 +178,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
             init_tracing(LogFormat::Text, "warn");
             let summary = crate::demo::run(commands).await?;
             println!("{summary}");
-            Ok(if summary.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(if summary.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::CheckConfig { config } => {
             let c = load(&config)?;
@@ -230,11 +218,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
                 }
             }
         }
-        Command::Resolve {
-            key,
-            outcome,
-            config,
-        } => {
+        Command::Resolve { key, outcome, config } => {
             let config = load(&config)?;
             let store = open_store(&config)?;
             let outcome = match outcome {
@@ -255,19 +239,13 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
                 "disk_bytes": store.disk_bytes()?,
                 "next_expiry": store.next_expiry()?.map(crate::outcome::rfc3339_ms),
             });
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&stats).unwrap_or_default()
-            );
+            println!("{}", serde_json::to_string_pretty(&stats).unwrap_or_default());
             Ok(ExitCode::SUCCESS)
         }
         Command::Compact { config } => {
             let config = load(&config)?;
             let store = open_store(&config)?;
-            let n = store.compact_expired(
-                chrono::Utc::now().timestamp_millis(),
-                config.store.compaction_chunk.get(),
-            )?;
+            let n = store.compact_expired(chrono::Utc::now().timestamp_millis(), config.store.compaction_chunk.get())?;
             println!("removed {n} expired record(s)");
             Ok(ExitCode::SUCCESS)
         }

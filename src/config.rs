@@ -19,28 +19,17 @@ use crate::sinks::SinkConfig;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("config is not valid TOML or has a bad value: {0}")]
     Parse(String),
     #[error("environment variable {var}: {reason}")]
     Env { var: String, reason: String },
     #[error("config key `{key}` = {value}: {reason}")]
-    Invalid {
-        key: String,
-        value: String,
-        reason: String,
-    },
+    Invalid { key: String, value: String, reason: String },
 }
 
 fn invalid(key: &str, value: impl std::fmt::Display, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_string(),
-        value: value.to_string(),
-        reason: reason.into(),
-    }
+    ConfigError::Invalid { key: key.to_string(), value: value.to_string(), reason: reason.into() }
 }
 
 /// The whole configuration file.
@@ -148,12 +137,7 @@ pub struct EnvelopeConfig {
 
 impl Default for EnvelopeConfig {
     fn default() -> Self {
-        Self {
-            format: EnvelopeFormat::Auto,
-            key: KeySource::Auto,
-            stale_guard: true,
-            stale_by: StaleBy::KafkaTimestamp,
-        }
+        Self { format: EnvelopeFormat::Auto, key: KeySource::Auto, stale_guard: true, stale_by: StaleBy::KafkaTimestamp }
     }
 }
 
@@ -167,9 +151,7 @@ pub struct LimitsConfig {
 
 impl Default for LimitsConfig {
     fn default() -> Self {
-        Self {
-            max_command_bytes: NonZeroUsize::new(1024 * 1024).unwrap_or(NonZeroUsize::MIN),
-        }
+        Self { max_command_bytes: NonZeroUsize::new(1024 * 1024).unwrap_or(NonZeroUsize::MIN) }
     }
 }
 
@@ -311,10 +293,7 @@ pub struct HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
-            admin_token: None,
-        }
+        Self { listen: SocketAddr::from(([127, 0, 0, 1], 9464)), admin_token: None }
     }
 }
 
@@ -341,10 +320,7 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self {
-            format: LogFormat::Text,
-            level: "info".into(),
-        }
+        Self { format: LogFormat::Text, level: "info".into() }
     }
 }
 
@@ -354,10 +330,8 @@ impl Config {
         path: &std::path::Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         Self::from_toml_str(&text, env)
     }
 
@@ -366,14 +340,12 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let mut table: toml::Table =
-            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         for (var, value) in env {
             apply_env_override(&mut table, &var, &value)?;
         }
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        let config: Config =
+            toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -382,44 +354,25 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let k = &self.kafka;
         if k.bootstrap_servers.trim().is_empty() {
-            return Err(invalid(
-                "kafka.bootstrap_servers",
-                "\"\"",
-                "must list at least one host:port",
-            ));
+            return Err(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
         }
         if k.group_id.trim().is_empty() {
             return Err(invalid("kafka.group_id", "\"\"", "must not be empty"));
         }
         if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
-            return Err(invalid(
-                "kafka.input_topics",
-                format!("{:?}", k.input_topics),
-                "must list non-empty topic names",
-            ));
+            return Err(invalid("kafka.input_topics", format!("{:?}", k.input_topics), "must list non-empty topic names"));
         }
-        for (key, topic) in [
-            ("kafka.results_topic", &k.results_topic),
-            ("kafka.dead_letter_topic", &k.dead_letter_topic),
-        ] {
+        for (key, topic) in [("kafka.results_topic", &k.results_topic), ("kafka.dead_letter_topic", &k.dead_letter_topic)] {
             if topic.trim().is_empty() {
                 return Err(invalid(key, "\"\"", "must not be empty"));
             }
             if k.input_topics.contains(topic) {
-                return Err(invalid(
-                    key,
-                    topic,
-                    "must not be one of kafka.input_topics (results would be consumed as commands)",
-                ));
+                return Err(invalid(key, topic, "must not be one of kafka.input_topics (results would be consumed as commands)"));
             }
         }
         for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
             if k.consumer.contains_key(forbidden) {
-                return Err(invalid(
-                    &format!("kafka.consumer.\"{forbidden}\""),
-                    &k.consumer[forbidden],
-                    "is set by dedupd itself; use the dedicated key",
-                ));
+                return Err(invalid(&format!("kafka.consumer.\"{forbidden}\""), &k.consumer[forbidden], "is set by dedupd itself; use the dedicated key"));
             }
         }
         let s = &self.store;
@@ -427,53 +380,28 @@ impl Config {
             return Err(invalid("store.default_ttl", "0s", "must be positive"));
         }
         if s.max_ttl < s.default_ttl {
-            return Err(invalid(
-                "store.max_ttl",
-                humantime::format_duration(s.max_ttl),
-                "must be at least store.default_ttl",
-            ));
+            return Err(invalid("store.max_ttl", humantime::format_duration(s.max_ttl), "must be at least store.default_ttl"));
         }
         if s.compaction_interval.is_zero() {
-            return Err(invalid(
-                "store.compaction_interval",
-                "0s",
-                "must be positive",
-            ));
+            return Err(invalid("store.compaction_interval", "0s", "must be positive"));
         }
         if self.retry.max_backoff < self.retry.initial_backoff {
-            return Err(invalid(
-                "retry.max_backoff",
-                humantime::format_duration(self.retry.max_backoff),
-                "must be at least retry.initial_backoff",
-            ));
+            return Err(invalid("retry.max_backoff", humantime::format_duration(self.retry.max_backoff), "must be at least retry.initial_backoff"));
         }
         for (name, sink) in &self.sinks {
-            sink.validate(&format!("sinks.{name}"))
-                .map_err(|(key, value, reason)| invalid(&key, value, reason))?;
+            sink.validate(&format!("sinks.{name}")).map_err(|(key, value, reason)| invalid(&key, value, reason))?;
         }
         for (i, route) in self.routes.iter().enumerate() {
             let at = format!("routes[{i}]");
             if !self.sinks.contains_key(&route.sink) {
-                return Err(invalid(
-                    &format!("{at}.sink"),
-                    &route.sink,
-                    "names no sink in [sinks]",
-                ));
+                return Err(invalid(&format!("{at}.sink"), &route.sink, "names no sink in [sinks]"));
             }
             if route.types.is_empty() {
-                return Err(invalid(
-                    &format!("{at}.types"),
-                    "[]",
-                    "must list at least one type or glob",
-                ));
+                return Err(invalid(&format!("{at}.types"), "[]", "must list at least one type or glob"));
             }
             for t in &route.types {
                 if let Err(e) = globset::Glob::new(t) {
-                    return Err(invalid(
-                        &format!("{at}.types"),
-                        t,
-                        format!("is not a valid glob: {e}"),
-                    ));
+                    return Err(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
                 }
             }
             if let Some(ttl) = route.ttl {
@@ -483,29 +411,17 @@ impl Config {
             }
             for p in &route.fingerprint_exclude {
                 if !(p.is_empty() || p.starts_with('/')) {
-                    return Err(invalid(
-                        &format!("{at}.fingerprint_exclude"),
-                        p,
-                        "must be a JSON pointer starting with '/'",
-                    ));
+                    return Err(invalid(&format!("{at}.fingerprint_exclude"), p, "must be a JSON pointer starting with '/'"));
                 }
             }
         }
         if let Some(token) = &self.http.admin_token {
             if token.len() < 16 {
-                return Err(invalid(
-                    "http.admin_token",
-                    "(hidden)",
-                    "must be at least 16 characters",
-                ));
+                return Err(invalid("http.admin_token", "(hidden)", "must be at least 16 characters"));
             }
         }
         if let Err(e) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
-            return Err(invalid(
-                "log.level",
-                &self.log.level,
-                format!("is not a tracing filter: {e}"),
-            ));
+            return Err(invalid("log.level", &self.log.level, format!("is not a tracing filter: {e}")));
         }
         Ok(())
     }
@@ -515,19 +431,14 @@ impl Config {
 /// The value is read as a TOML value when it parses as one (numbers, booleans, arrays),
 /// else as a string.
 fn apply_env_override(table: &mut toml::Table, var: &str, value: &str) -> Result<(), ConfigError> {
-    let Some(rest) = var.strip_prefix("DEDUPD_") else {
-        return Ok(());
-    };
+    let Some(rest) = var.strip_prefix("DEDUPD_") else { return Ok(()) };
     // Variables the CLI reads itself, not config keys.
     if matches!(rest, "CONFIG" | "ADMIN_TOKEN" | "ADMIN_URL" | "LOG") || !rest.contains("__") {
         return Ok(());
     }
     let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
     if path.iter().any(|p| p.is_empty()) {
-        return Err(ConfigError::Env {
-            var: var.into(),
-            reason: "has an empty path segment".into(),
-        });
+        return Err(ConfigError::Env { var: var.into(), reason: "has an empty path segment".into() });
     }
     let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
@@ -535,17 +446,10 @@ fn apply_env_override(table: &mut toml::Table, var: &str, value: &str) -> Result
         .unwrap_or_else(|| toml::Value::String(value.to_string()));
     let mut node = table;
     for seg in &path[..path.len() - 1] {
-        let entry = node
-            .entry(seg.clone())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let entry = node.entry(seg.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         node = match entry {
             toml::Value::Table(t) => t,
-            _ => {
-                return Err(ConfigError::Env {
-                    var: var.into(),
-                    reason: format!("`{seg}` is not a table"),
-                });
-            }
+            _ => return Err(ConfigError::Env { var: var.into(), reason: format!("`{seg}` is not a table") }),
         };
     }
     let last = path[path.len() - 1].clone();
@@ -564,11 +468,8 @@ pub mod duration_str {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "`{text}` is not a duration like \"24h\" or \"500ms\": {e}"
-            ))
-        })
+        humantime::parse_duration(&text)
+            .map_err(|e| serde::de::Error::custom(format!("`{text}` is not a duration like \"24h\" or \"500ms\": {e}")))
     }
 }
 
@@ -609,14 +510,8 @@ mod tests {
     #[test]
     fn env_overrides_a_nested_key() {
         let env = vec![
-            (
-                "DEDUPD_KAFKA__BOOTSTRAP_SERVERS".to_string(),
-                "10.0.0.1:9093".to_string(),
-            ),
-            (
-                "DEDUPD_PIPELINE__MAX_IN_FLIGHT".to_string(),
-                "7".to_string(),
-            ),
+            ("DEDUPD_KAFKA__BOOTSTRAP_SERVERS".to_string(), "10.0.0.1:9093".to_string()),
+            ("DEDUPD_PIPELINE__MAX_IN_FLIGHT".to_string(), "7".to_string()),
             ("HOME".to_string(), "/root".to_string()),
         ];
         let c = Config::from_toml_str("[kafka]\nbootstrap_servers = \"a:1\"\n", env).unwrap();
@@ -639,16 +534,12 @@ mod tests {
     #[test]
     fn zero_in_flight_is_refused() {
         let err = Config::from_toml_str("[pipeline]\nmax_in_flight = 0\n", no_env()).unwrap_err();
-        assert!(
-            err.to_string().contains("max_in_flight") || err.to_string().contains("zero"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("max_in_flight") || err.to_string().contains("zero"), "{err}");
     }
 
     #[test]
     fn route_to_missing_sink_names_the_key() {
-        let err = Config::from_toml_str("[[routes]]\ntypes = [\"a\"]\nsink = \"nope\"\n", no_env())
-            .unwrap_err();
+        let err = Config::from_toml_str("[[routes]]\ntypes = [\"a\"]\nsink = \"nope\"\n", no_env()).unwrap_err();
         assert!(err.to_string().contains("routes[0].sink"), "{err}");
     }
 

@@ -62,22 +62,14 @@ pub enum Action {
 }
 
 /// Decides what to do with `input` when the store holds `stored`.
-pub fn decide(
-    input: Result<&Arrival<'_>, RejectReason>,
-    stored: Option<&Record>,
-    ctx: &Context,
-) -> Action {
+pub fn decide(input: Result<&Arrival<'_>, RejectReason>, stored: Option<&Record>, ctx: &Context) -> Action {
     let arrival = match input {
         Ok(a) => a,
         Err(reason) => return Action::Reject(reason),
     };
     let live = stored.filter(|r| !r.is_expired(ctx.now_ms));
     let Some(record) = live else {
-        return if ctx.stale_guard && is_stale(arrival, ctx.now_ms) {
-            Action::Stale
-        } else {
-            Action::Execute
-        };
+        return if ctx.stale_guard && is_stale(arrival, ctx.now_ms) { Action::Stale } else { Action::Execute };
     };
     if record.fingerprint() != arrival.fingerprint {
         return Action::Conflict;
@@ -92,9 +84,7 @@ pub fn decide(
 }
 
 fn is_stale(arrival: &Arrival<'_>, now_ms: i64) -> bool {
-    arrival
-        .produced_at_ms
-        .is_some_and(|produced| now_ms.saturating_sub(produced) > arrival.ttl_ms)
+    arrival.produced_at_ms.is_some_and(|produced| now_ms.saturating_sub(produced) > arrival.ttl_ms)
 }
 
 #[cfg(test)]
@@ -108,20 +98,11 @@ mod tests {
     const OTHER: Fingerprint = Fingerprint([2; 32]);
 
     fn arrival(fp: &Fingerprint) -> Arrival<'_> {
-        Arrival {
-            fingerprint: fp,
-            produced_at_ms: Some(NOW - 1000),
-            ttl_ms: 24 * HOUR,
-        }
+        Arrival { fingerprint: fp, produced_at_ms: Some(NOW - 1000), ttl_ms: 24 * HOUR }
     }
 
     fn ctx() -> Context {
-        Context {
-            now_ms: NOW,
-            executing_here: false,
-            sink_forwards_key: false,
-            stale_guard: true,
-        }
+        Context { now_ms: NOW, executing_here: false, sink_forwards_key: false, stale_guard: true }
     }
 
     fn completed(fp: Fingerprint, expires_at_ms: i64) -> Record {
@@ -138,21 +119,11 @@ mod tests {
     }
 
     fn in_progress(fp: Fingerprint) -> Record {
-        Record::InProgress(InProgress {
-            fingerprint: fp,
-            claimed_at_ms: NOW - 10,
-            attempts: 1,
-            source: SourcePos::default(),
-        })
+        Record::InProgress(InProgress { fingerprint: fp, claimed_at_ms: NOW - 10, attempts: 1, source: SourcePos::default() })
     }
 
     fn indeterminate(fp: Fingerprint) -> Record {
-        Record::Indeterminate(Indeterminate {
-            fingerprint: fp,
-            claimed_at_ms: NOW - 10,
-            attempts: 1,
-            why: "crash".into(),
-        })
+        Record::Indeterminate(Indeterminate { fingerprint: fp, claimed_at_ms: NOW - 10, attempts: 1, why: "crash".into() })
     }
 
     #[test]
@@ -163,138 +134,71 @@ mod tests {
     #[test]
     fn row_expired_record_executes() {
         let expired = completed(FP, NOW);
-        assert_eq!(
-            decide(Ok(&arrival(&FP)), Some(&expired), &ctx()),
-            Action::Execute
-        );
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&expired), &ctx()), Action::Execute);
         // Even with another fingerprint: an expired record is as good as absent.
-        assert_eq!(
-            decide(Ok(&arrival(&OTHER)), Some(&expired), &ctx()),
-            Action::Execute
-        );
+        assert_eq!(decide(Ok(&arrival(&OTHER)), Some(&expired), &ctx()), Action::Execute);
     }
 
     #[test]
     fn row_completed_same_fingerprint_replays() {
         let rec = completed(FP, NOW + 1);
-        assert_eq!(
-            decide(Ok(&arrival(&FP)), Some(&rec), &ctx()),
-            Action::Replay
-        );
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&rec), &ctx()), Action::Replay);
     }
 
     #[test]
     fn row_any_record_other_fingerprint_conflicts() {
-        for rec in [
-            completed(FP, NOW + HOUR),
-            in_progress(FP),
-            indeterminate(FP),
-        ] {
-            assert_eq!(
-                decide(Ok(&arrival(&OTHER)), Some(&rec), &ctx()),
-                Action::Conflict,
-                "{rec:?}"
-            );
-            let here = Context {
-                executing_here: true,
-                ..ctx()
-            };
-            assert_eq!(
-                decide(Ok(&arrival(&OTHER)), Some(&rec), &here),
-                Action::Conflict,
-                "{rec:?}"
-            );
+        for rec in [completed(FP, NOW + HOUR), in_progress(FP), indeterminate(FP)] {
+            assert_eq!(decide(Ok(&arrival(&OTHER)), Some(&rec), &ctx()), Action::Conflict, "{rec:?}");
+            let here = Context { executing_here: true, ..ctx() };
+            assert_eq!(decide(Ok(&arrival(&OTHER)), Some(&rec), &here), Action::Conflict, "{rec:?}");
         }
     }
 
     #[test]
     fn row_in_progress_here_waits() {
-        let here = Context {
-            executing_here: true,
-            ..ctx()
-        };
-        assert_eq!(
-            decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &here),
-            Action::Wait
-        );
-        let forwarding = Context {
-            sink_forwards_key: true,
-            ..here
-        };
-        assert_eq!(
-            decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &forwarding),
-            Action::Wait
-        );
+        let here = Context { executing_here: true, ..ctx() };
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &here), Action::Wait);
+        let forwarding = Context { sink_forwards_key: true, ..here };
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &forwarding), Action::Wait);
     }
 
     #[test]
     fn row_orphan_reruns_when_sink_forwards_key() {
-        let c = Context {
-            sink_forwards_key: true,
-            ..ctx()
-        };
-        assert_eq!(
-            decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &c),
-            Action::RerunOrphan
-        );
+        let c = Context { sink_forwards_key: true, ..ctx() };
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &c), Action::RerunOrphan);
     }
 
     #[test]
     fn row_orphan_becomes_indeterminate_otherwise() {
-        assert_eq!(
-            decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &ctx()),
-            Action::MarkIndeterminate
-        );
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &ctx()), Action::MarkIndeterminate);
     }
 
     #[test]
     fn row_indeterminate_reports_indeterminate() {
-        assert_eq!(
-            decide(Ok(&arrival(&FP)), Some(&indeterminate(FP)), &ctx()),
-            Action::ReportIndeterminate
-        );
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&indeterminate(FP)), &ctx()), Action::ReportIndeterminate);
     }
 
     #[test]
     fn row_produced_longer_ago_than_ttl_is_stale() {
-        let old = Arrival {
-            fingerprint: &FP,
-            produced_at_ms: Some(NOW - 25 * HOUR),
-            ttl_ms: 24 * HOUR,
-        };
+        let old = Arrival { fingerprint: &FP, produced_at_ms: Some(NOW - 25 * HOUR), ttl_ms: 24 * HOUR };
         assert_eq!(decide(Ok(&old), None, &ctx()), Action::Stale);
         // Exactly at the TTL is not yet stale.
-        let edge = Arrival {
-            produced_at_ms: Some(NOW - 24 * HOUR),
-            ..old
-        };
+        let edge = Arrival { produced_at_ms: Some(NOW - 24 * HOUR), ..old };
         assert_eq!(decide(Ok(&edge), None, &ctx()), Action::Execute);
         // The guard can be turned off.
-        let off = Context {
-            stale_guard: false,
-            ..ctx()
-        };
+        let off = Context { stale_guard: false, ..ctx() };
         assert_eq!(decide(Ok(&old), None, &off), Action::Execute);
         // Unknown production time is never stale.
-        let unknown = Arrival {
-            produced_at_ms: None,
-            ..old
-        };
+        let unknown = Arrival { produced_at_ms: None, ..old };
         assert_eq!(decide(Ok(&unknown), None, &ctx()), Action::Execute);
         // A stale repeat of a live completed key still gets its replay.
-        assert_eq!(
-            decide(Ok(&old), Some(&completed(FP, NOW + HOUR)), &ctx()),
-            Action::Replay
-        );
+        assert_eq!(decide(Ok(&old), Some(&completed(FP, NOW + HOUR)), &ctx()), Action::Replay);
     }
 
     #[test]
     fn row_invalid_input_is_rejected() {
         for reason in RejectReason::ALL {
-            assert_eq!(
-                decide(Err(reason), Some(&completed(FP, NOW + HOUR)), &ctx()),
-                Action::Reject(reason)
-            );
+            assert_eq!(decide(Err(reason), Some(&completed(FP, NOW + HOUR)), &ctx()), Action::Reject(reason));
         }
     }
 }

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use parking_lot::Mutex;
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -66,46 +66,14 @@ impl Summary {
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let o = |k: &str| self.outcomes.get(k).copied().unwrap_or(0);
-        writeln!(
-            f,
-            "dedupd demo: {} commands in, {:.1} s",
-            self.inputs, self.seconds
-        )?;
-        writeln!(
-            f,
-            "  effects done (HTTP requests received) : {}",
-            self.requests
-        )?;
-        writeln!(
-            f,
-            "  distinct valid keys                   : {}",
-            self.distinct_valid_keys
-        )?;
-        writeln!(
-            f,
-            "  duplicates suppressed (replayed)      : {}",
-            o("duplicate")
-        )?;
-        writeln!(
-            f,
-            "  conflicts (same key, other payload)   : {}",
-            o("conflict")
-        )?;
-        writeln!(
-            f,
-            "  dead-lettered (bad or stale records)  : {}",
-            self.dead_letters
-        )?;
-        writeln!(
-            f,
-            "  result records by outcome             : {:?}",
-            sorted(&self.outcomes)
-        )?;
-        writeln!(
-            f,
-            "  metrics were at                       : {}",
-            self.metrics_url
-        )?;
+        writeln!(f, "dedupd demo: {} commands in, {:.1} s", self.inputs, self.seconds)?;
+        writeln!(f, "  effects done (HTTP requests received) : {}", self.requests)?;
+        writeln!(f, "  distinct valid keys                   : {}", self.distinct_valid_keys)?;
+        writeln!(f, "  duplicates suppressed (replayed)      : {}", o("duplicate"))?;
+        writeln!(f, "  conflicts (same key, other payload)   : {}", o("conflict"))?;
+        writeln!(f, "  dead-lettered (bad or stale records)  : {}", self.dead_letters)?;
+        writeln!(f, "  result records by outcome             : {:?}", sorted(&self.outcomes))?;
+        writeln!(f, "  metrics were at                       : {}", self.metrics_url)?;
         if self.passed() {
             write!(f, "PASS: every distinct valid command ran exactly once")
         } else {
@@ -126,15 +94,8 @@ fn sorted(m: &HashMap<String, usize>) -> Vec<(&str, usize)> {
 
 type Received = Arc<Mutex<HashMap<String, usize>>>;
 
-async fn receive(
-    State(seen): State<Received>,
-    headers: HeaderMap,
-) -> axum::Json<serde_json::Value> {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+async fn receive(State(seen): State<Received>, headers: HeaderMap) -> axum::Json<serde_json::Value> {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     *seen.lock().entry(key).or_insert(0) += 1;
     axum::Json(json!({"accepted": true}))
 }
@@ -143,10 +104,8 @@ async fn receive(
 fn workload(distinct: usize) -> (Vec<(String, Vec<u8>)>, usize) {
     let mut out: Vec<(String, Vec<u8>)> = Vec::new();
     let cmd = |i: usize, amount: usize| {
-        serde_json::to_vec(
-            &json!({"id": format!("order-{i}"), "type": "payment.charge",
-            "payload": {"customer": format!("c{}", i % 97), "amount": amount}}),
-        )
+        serde_json::to_vec(&json!({"id": format!("order-{i}"), "type": "payment.charge",
+            "payload": {"customer": format!("c{}", i % 97), "amount": amount}}))
         .unwrap_or_default()
     };
     for i in 0..distinct {
@@ -176,12 +135,7 @@ fn workload(distinct: usize) -> (Vec<(String, Vec<u8>)>, usize) {
         br#"{"id":"x-1","type":"unknown.kind","payload":{}}"#.to_vec(),
         b"[1,2,3]".to_vec(),
     ];
-    for (j, v) in bad
-        .into_iter()
-        .cycle()
-        .take((distinct / 100).max(5))
-        .enumerate()
-    {
+    for (j, v) in bad.into_iter().cycle().take((distinct / 100).max(5)).enumerate() {
         out.push((format!("bad-{j}"), v));
     }
     (out, distinct)
@@ -192,28 +146,18 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
     let started = Instant::now();
     let cluster = MockCluster::new(1)?;
     let bootstrap = cluster.bootstrap_servers();
-    for (topic, parts) in [
-        ("demo.commands", 6),
-        ("demo.results", 3),
-        ("demo.dead-letter", 1),
-    ] {
+    for (topic, parts) in [("demo.commands", 6), ("demo.results", 3), ("demo.dead-letter", 1)] {
         cluster.create_topic(topic, parts, 1)?;
     }
 
     let seen: Received = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let receiver_addr = listener.local_addr()?;
-    let app = axum::Router::new()
-        .route("/effects", axum::routing::post(receive))
-        .with_state(Arc::clone(&seen));
+    let app = axum::Router::new().route("/effects", axum::routing::post(receive)).with_state(Arc::clone(&seen));
     let stop_receiver = CancellationToken::new();
     let receiver = {
         let stop = stop_receiver.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        })
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await })
     };
 
     let dir = tempfile::tempdir()?;
@@ -224,9 +168,7 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
     config.kafka.results_topic = "demo.results".into();
     config.kafka.dead_letter_topic = "demo.dead-letter".into();
     config.store.path = dir.path().join("store");
-    config.http.listen = "127.0.0.1:0"
-        .parse()
-        .map_err(|e| DemoError::Io(std::io::Error::other(format!("{e}"))))?;
+    config.http.listen = "127.0.0.1:0".parse().map_err(|e| DemoError::Io(std::io::Error::other(format!("{e}"))))?;
     config.sinks.insert(
         "webhook".into(),
         SinkConfig::Http(HttpSinkConfig {
@@ -246,17 +188,13 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
 
     let (workload, distinct_valid_keys) = workload(distinct);
     let inputs = workload.len();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("enable.idempotence", "true")
-        .create()?;
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", &bootstrap).set("enable.idempotence", "true").create()?;
     // Queue everything, then await the acknowledgements: awaiting each send in turn
     // would wait out linger.ms once per record.
     let mut acks = Vec::with_capacity(workload.len());
     for (key, value) in &workload {
-        let record = FutureRecord::to("demo.commands")
-            .key(key.as_str())
-            .payload(value.as_slice());
+        let record = FutureRecord::to("demo.commands").key(key.as_str()).payload(value.as_slice());
         acks.push(producer.send_result(record).map_err(|(e, _)| e)?);
     }
     for ack in futures::future::join_all(acks).await {
@@ -271,14 +209,9 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
     let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
     let pipeline = {
         let stop = stop.clone();
-        tokio::spawn(crate::pipeline::run(
-            config,
-            Default::default(),
-            stop.cancelled_owned(),
-            move |r| {
-                let _ = addr_tx.send(r.http_addr);
-            },
-        ))
+        tokio::spawn(crate::pipeline::run(config, Default::default(), stop.cancelled_owned(), move |r| {
+            let _ = addr_tx.send(r.http_addr);
+        }))
     };
     let metrics_url = match addr_rx.await {
         Ok(a) => format!("http://{a}/metrics"),
@@ -300,10 +233,7 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
             stop.cancel();
             return Err(DemoError::Timeout(limit, results, inputs));
         }
-        let Some(msg) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200)))
-        else {
-            continue;
-        };
+        let Some(msg) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200))) else { continue };
         let Ok(msg) = msg else { continue };
         if msg.topic() == "demo.dead-letter" {
             dead_letters += 1;
@@ -313,21 +243,15 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
         let outcome = msg
             .payload()
             .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
-            .and_then(|v| {
-                v.get("outcome")
-                    .and_then(|o| o.as_str())
-                    .map(str::to_string)
-            })
+            .and_then(|v| v.get("outcome").and_then(|o| o.as_str()).map(str::to_string))
             .unwrap_or_else(|| "unreadable".into());
         *outcomes.entry(outcome).or_insert(0) += 1;
     }
     // Dead letters are published with their results; give the reader a moment to see them.
-    let rejected = outcomes.get("rejected").copied().unwrap_or(0)
-        + outcomes.get("stale").copied().unwrap_or(0);
+    let rejected = outcomes.get("rejected").copied().unwrap_or(0) + outcomes.get("stale").copied().unwrap_or(0);
     let deadline = Instant::now() + Duration::from_secs(10);
     while dead_letters < rejected && Instant::now() < deadline {
-        if let Some(Ok(m)) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200)))
-        {
+        if let Some(Ok(m)) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200))) {
             if m.topic() == "demo.dead-letter" {
                 dead_letters += 1;
             }

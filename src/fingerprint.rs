@@ -28,13 +28,9 @@ impl fmt::Debug for Fingerprint {
 impl std::str::FromStr for Fingerprint {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let hex_part = s
-            .strip_prefix("sha256:")
-            .ok_or_else(|| format!("`{s}` does not start with sha256:"))?;
+        let hex_part = s.strip_prefix("sha256:").ok_or_else(|| format!("`{s}` does not start with sha256:"))?;
         let bytes = hex::decode(hex_part).map_err(|e| format!("`{s}`: {e}"))?;
-        let arr: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| format!("`{s}` is not 32 bytes"))?;
+        let arr: [u8; 32] = bytes.try_into().map_err(|_| format!("`{s}` is not 32 bytes"))?;
         Ok(Fingerprint(arr))
     }
 }
@@ -51,11 +47,7 @@ pub fn canonical_json(value: &Value) -> Result<Vec<u8>, FingerprintError> {
 
 /// Fingerprint of a command of type `kind` with `payload`, leaving out `exclude` pointers
 /// (RFC 6901, rooted at `{"type", "payload"}`, e.g. `/payload/request_id`).
-pub fn fingerprint(
-    kind: &str,
-    payload: &Value,
-    exclude: &[String],
-) -> Result<Fingerprint, FingerprintError> {
+pub fn fingerprint(kind: &str, payload: &Value, exclude: &[String]) -> Result<Fingerprint, FingerprintError> {
     let mut doc = serde_json::json!({ "type": kind, "payload": payload });
     for pointer in exclude {
         remove_pointer(&mut doc, pointer);
@@ -66,9 +58,7 @@ pub fn fingerprint(
 
 /// Removes the member or element `pointer` names, if it exists.
 fn remove_pointer(doc: &mut Value, pointer: &str) {
-    let Some((parent, last)) = pointer.rsplit_once('/') else {
-        return;
-    };
+    let Some((parent, last)) = pointer.rsplit_once('/') else { return };
     let last = last.replace("~1", "/").replace("~0", "~");
     match doc.pointer_mut(parent) {
         Some(Value::Object(map)) => {
@@ -120,10 +110,7 @@ mod tests {
     #[test]
     fn key_order_whitespace_and_number_spelling_do_not_matter() {
         let a = fp("t", r#"{"a": 1, "b": [1, 2, {"x": 100}], "c": "s"}"#);
-        let b = fp(
-            "t",
-            "{\n  \"c\":\"s\",\"b\":[1.0,2e0,{\"x\":1e2}],  \"a\":1.00}",
-        );
+        let b = fp("t", "{\n  \"c\":\"s\",\"b\":[1.0,2e0,{\"x\":1e2}],  \"a\":1.00}");
         assert_eq!(a, b);
         assert_eq!(fp("t", "1.0"), fp("t", "1"));
         assert_eq!(fp("t", "1e2"), fp("t", "100"));
@@ -143,28 +130,10 @@ mod tests {
 
     #[test]
     fn excluded_pointers_are_left_out() {
-        let ex = vec![
-            "/payload/request_id".to_string(),
-            "/payload/meta/trace~1id".to_string(),
-        ];
-        let a = fingerprint(
-            "t",
-            &json!({"x": 1, "request_id": "r1", "meta": {"trace/id": "a", "k": 1}}),
-            &ex,
-        )
-        .unwrap();
-        let b = fingerprint(
-            "t",
-            &json!({"x": 1, "request_id": "r2", "meta": {"trace/id": "b", "k": 1}}),
-            &ex,
-        )
-        .unwrap();
-        let c = fingerprint(
-            "t",
-            &json!({"x": 2, "request_id": "r1", "meta": {"trace/id": "a", "k": 1}}),
-            &ex,
-        )
-        .unwrap();
+        let ex = vec!["/payload/request_id".to_string(), "/payload/meta/trace~1id".to_string()];
+        let a = fingerprint("t", &json!({"x": 1, "request_id": "r1", "meta": {"trace/id": "a", "k": 1}}), &ex).unwrap();
+        let b = fingerprint("t", &json!({"x": 1, "request_id": "r2", "meta": {"trace/id": "b", "k": 1}}), &ex).unwrap();
+        let c = fingerprint("t", &json!({"x": 2, "request_id": "r1", "meta": {"trace/id": "a", "k": 1}}), &ex).unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
         // A pointer that names nothing changes nothing.

@@ -6,10 +6,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = dedupd::cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("dedupd: cannot start the async runtime: {e}");

@@ -65,11 +65,7 @@ pub struct SourceRef {
 
 impl From<&SourcePos> for SourceRef {
     fn from(s: &SourcePos) -> Self {
-        SourceRef {
-            topic: s.topic.clone(),
-            partition: s.partition,
-            offset: s.offset,
-        }
+        SourceRef { topic: s.topic.clone(), partition: s.partition, offset: s.offset }
     }
 }
 
@@ -156,11 +152,7 @@ mod tests {
             fingerprint: Some("sha256:00".into()),
             first_seen_at: Some(rfc3339_ms(0)),
             completed_at: Some(rfc3339_ms(1)),
-            source: SourceRef {
-                topic: "commands".into(),
-                partition: 3,
-                offset: 1042,
-            },
+            source: SourceRef { topic: "commands".into(), partition: 3, offset: 1042 },
         };
         let v = serde_json::to_value(&r).unwrap();
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
@@ -168,19 +160,8 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "attempts",
-                "completed_at",
-                "error",
-                "fingerprint",
-                "first_seen_at",
-                "key",
-                "outcome",
-                "replay",
-                "result",
-                "route",
-                "sink",
-                "source",
-                "type"
+                "attempts", "completed_at", "error", "fingerprint", "first_seen_at", "key", "outcome", "replay", "result",
+                "route", "sink", "source", "type"
             ]
         );
         assert_eq!(v["outcome"], "succeeded");

@@ -40,11 +40,7 @@ pub struct RouteError {
 
 impl Router {
     /// Compiles `routes`; `default_ttl` and `max_ttl` come from `[store]`.
-    pub fn new(
-        routes: &[RouteConfig],
-        default_ttl: Duration,
-        max_ttl: Duration,
-    ) -> Result<Router, RouteError> {
+    pub fn new(routes: &[RouteConfig], default_ttl: Duration, max_ttl: Duration) -> Result<Router, RouteError> {
         let mut compiled = Vec::with_capacity(routes.len());
         for r in routes {
             let name = r.name.clone().unwrap_or_else(|| r.sink.clone());
@@ -65,27 +61,17 @@ impl Router {
                 matchers,
             });
         }
-        Ok(Router {
-            routes: compiled,
-            default_ttl,
-            max_ttl,
-        })
+        Ok(Router { routes: compiled, default_ttl, max_ttl })
     }
 
     /// The router of a validated config.
     pub fn from_config(config: &Config) -> Result<Router, RouteError> {
-        Router::new(
-            &config.routes,
-            config.store.default_ttl,
-            config.store.max_ttl,
-        )
+        Router::new(&config.routes, config.store.default_ttl, config.store.max_ttl)
     }
 
     /// The first route whose patterns match `kind`.
     pub fn route(&self, kind: &str) -> Option<&Route> {
-        self.routes
-            .iter()
-            .find(|r| r.matchers.iter().any(|m| m.is_match(kind)))
+        self.routes.iter().find(|r| r.matchers.iter().any(|m| m.is_match(kind)))
     }
 
     /// Every route, in order.
@@ -95,10 +81,7 @@ impl Router {
 
     /// TTL of a command: its own, else its route's, else the default; capped by `max_ttl`.
     pub fn effective_ttl(&self, command_ttl: Option<Duration>, route: &Route) -> Duration {
-        command_ttl
-            .or(route.ttl)
-            .unwrap_or(self.default_ttl)
-            .min(self.max_ttl)
+        command_ttl.or(route.ttl).unwrap_or(self.default_ttl).min(self.max_ttl)
     }
 
     /// The cap on any TTL.
@@ -124,11 +107,7 @@ mod tests {
     #[test]
     fn first_match_wins_and_star_is_default() {
         let r = Router::new(
-            &[
-                route(&["email.send"], "smtp", None),
-                route(&["email.*"], "http", None),
-                route(&["*"], "log", None),
-            ],
+            &[route(&["email.send"], "smtp", None), route(&["email.*"], "http", None), route(&["*"], "log", None)],
             Duration::from_secs(60),
             Duration::from_secs(600),
         )
@@ -140,23 +119,14 @@ mod tests {
 
     #[test]
     fn no_match_without_default() {
-        let r = Router::new(
-            &[route(&["a.*"], "s", None)],
-            Duration::from_secs(1),
-            Duration::from_secs(2),
-        )
-        .unwrap();
+        let r = Router::new(&[route(&["a.*"], "s", None)], Duration::from_secs(1), Duration::from_secs(2)).unwrap();
         assert!(r.route("b").is_none());
     }
 
     #[test]
     fn ttl_precedence_and_cap() {
         let r = Router::new(
-            &[
-                route(&["a"], "s", Some(100)),
-                route(&["b"], "s", None),
-                route(&["c"], "s", Some(10_000)),
-            ],
+            &[route(&["a"], "s", Some(100)), route(&["b"], "s", None), route(&["c"], "s", Some(10_000))],
             Duration::from_secs(50),
             Duration::from_secs(1000),
         )
@@ -165,15 +135,9 @@ mod tests {
         let b = r.route("b").unwrap();
         let c = r.route("c").unwrap();
         assert_eq!(r.effective_ttl(None, a), Duration::from_secs(100));
-        assert_eq!(
-            r.effective_ttl(Some(Duration::from_secs(7)), a),
-            Duration::from_secs(7)
-        );
+        assert_eq!(r.effective_ttl(Some(Duration::from_secs(7)), a), Duration::from_secs(7));
         assert_eq!(r.effective_ttl(None, b), Duration::from_secs(50));
         assert_eq!(r.effective_ttl(None, c), Duration::from_secs(1000));
-        assert_eq!(
-            r.effective_ttl(Some(Duration::from_secs(99_999)), b),
-            Duration::from_secs(1000)
-        );
+        assert_eq!(r.effective_ttl(Some(Duration::from_secs(99_999)), b), Duration::from_secs(1000));
     }
 }

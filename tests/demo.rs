@@ -25,18 +25,8 @@ fn demo_runs_every_distinct_command_once_and_exits_zero() {
     };
     let out = child.wait_with_output().expect("output");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        status.success(),
-        "demo failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("effects done (HTTP requests received) : 600"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("distinct valid keys                   : 600"),
-        "{stdout}"
-    );
+    assert!(status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("effects done (HTTP requests received) : 600"), "{stdout}");
+    assert!(stdout.contains("distinct valid keys                   : 600"), "{stdout}");
     assert!(stdout.contains("PASS"), "{stdout}");
 }

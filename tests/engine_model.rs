@@ -30,12 +30,7 @@ const TTL_MS: i64 = 60_000;
 #[derive(Debug, Clone)]
 enum Op {
     /// One arrival in its own batch, the sink doing `behaviour` on its first call.
-    Arrive {
-        key: u8,
-        payload: u8,
-        old: bool,
-        behaviour: Behaviour,
-    },
+    Arrive { key: u8, payload: u8, old: bool, behaviour: Behaviour },
     /// Several arrivals in one batch, sinks answering normally.
     Batch(Vec<(u8, u8, bool)>),
     /// The clock moves on.
@@ -87,38 +82,20 @@ struct Model {
 
 impl Model {
     fn live(&self, key: u8, now: i64) -> Option<&ModelRecord> {
-        self.records.get(&key).filter(
-            |r| !matches!(r, ModelRecord::Completed { expires_at, .. } if *expires_at <= now),
-        )
+        self.records.get(&key).filter(|r| !matches!(r, ModelRecord::Completed { expires_at, .. } if *expires_at <= now))
     }
 
     /// The outcome the model predicts for an arrival whose sink (if called) answers with
     /// `first`, after any crash and redelivery; updates the model.
-    fn arrive(
-        &mut self,
-        key: u8,
-        payload: u8,
-        old: bool,
-        first: Behaviour,
-        forwards: bool,
-        now: i64,
-    ) -> Outcome {
+    fn arrive(&mut self, key: u8, payload: u8, old: bool, first: Behaviour, forwards: bool, now: i64) -> Outcome {
         match self.live(key, now).cloned() {
             Some(ModelRecord::Completed { payload: p, .. }) if p == payload => Outcome::Duplicate,
-            Some(ModelRecord::Indeterminate { payload: p }) if p == payload => {
-                Outcome::Indeterminate
-            }
+            Some(ModelRecord::Indeterminate { payload: p }) if p == payload => Outcome::Indeterminate,
             Some(_) => Outcome::Conflict,
             None if old => Outcome::Stale,
             None => {
                 let completed = |m: &mut Model| {
-                    m.records.insert(
-                        key,
-                        ModelRecord::Completed {
-                            payload,
-                            expires_at: now + TTL_MS,
-                        },
-                    );
+                    m.records.insert(key, ModelRecord::Completed { payload, expires_at: now + TTL_MS });
                 };
                 match first {
                     Behaviour::Succeed => {
@@ -145,8 +122,7 @@ impl Model {
                             completed(self);
                             Outcome::Succeeded
                         } else {
-                            self.records
-                                .insert(key, ModelRecord::Indeterminate { payload });
+                            self.records.insert(key, ModelRecord::Indeterminate { payload });
                             Outcome::Indeterminate
                         }
                     }
@@ -166,24 +142,12 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(
-        dir: &std::path::Path,
-        backend: dedupd::config::StoreBackend,
-        forwards: bool,
-    ) -> Harness {
-        let store =
-            Arc::new(KeyStore::open(backend, dir, dedupd::config::SyncMode::Batch).unwrap());
+    fn new(dir: &std::path::Path, backend: dedupd::config::StoreBackend, forwards: bool) -> Harness {
+        let store = Arc::new(KeyStore::open(backend, dir, dedupd::config::SyncMode::Batch).unwrap());
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let sink = Arc::new(ScriptedSink::new("s", forwards).with_clock(clock.clone()));
         let engine = Self::engine(&store, &sink, &clock);
-        Harness {
-            store,
-            sink,
-            clock,
-            engine,
-            forwards,
-            offset: 0,
-        }
+        Harness { store, sink, clock, engine, forwards, offset: 0 }
     }
 
     fn engine(store: &Arc<KeyStore>, sink: &Arc<ScriptedSink>, clock: &Arc<ManualClock>) -> Engine {
@@ -211,22 +175,14 @@ impl Harness {
         self.offset += 1;
         let now = self.clock.now();
         let produced = if old { now - TTL_MS - 1 } else { now };
-        common::engine::item(
-            &format!("k{key}"),
-            payload,
-            produced,
-            Duration::from_millis(TTL_MS as u64),
-            self.offset,
-        )
+        common::engine::item(&format!("k{key}"), payload, produced, Duration::from_millis(TTL_MS as u64), self.offset)
     }
 
     /// Delivers `items` until every one has a published outcome, restarting after crashes.
     async fn deliver(&mut self, items: Vec<Item>) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
         for _round in 0..5 {
-            let pending: Vec<usize> = (0..items.len())
-                .filter(|i| outcomes[*i].is_none())
-                .collect();
+            let pending: Vec<usize> = (0..items.len()).filter(|i| outcomes[*i].is_none()).collect();
             if pending.is_empty() {
                 break;
             }
@@ -247,62 +203,32 @@ impl Harness {
                 }
             }
         }
-        outcomes
-            .into_iter()
-            .map(|o| o.expect("every arrival gets an outcome within 5 deliveries"))
-            .collect()
+        outcomes.into_iter().map(|o| o.expect("every arrival gets an outcome within 5 deliveries")).collect()
     }
 }
 
-fn run_case(
-    ops: Vec<Op>,
-    forwards: bool,
-    backend: dedupd::config::StoreBackend,
-) -> Result<(), TestCaseError> {
+fn run_case(ops: Vec<Op>, forwards: bool, backend: dedupd::config::StoreBackend) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
     rt.block_on(async {
         let mut h = Harness::new(dir.path(), backend, forwards);
         let mut model = Model::default();
         for op in ops {
             let now = h.clock.now();
             match op {
-                Op::Arrive {
-                    key,
-                    payload,
-                    old,
-                    behaviour,
-                } => {
+                Op::Arrive { key, payload, old, behaviour } => {
                     let expected = model.arrive(key, payload, old, behaviour, forwards, now);
                     h.sink.script(behaviour);
                     let item = h.item(key, payload, old);
                     let got = h.deliver(vec![item]).await;
-                    prop_assert_eq!(
-                        got,
-                        vec![expected],
-                        "arrival k{} p{} {:?}",
-                        key,
-                        payload,
-                        behaviour
-                    );
+                    prop_assert_eq!(got, vec![expected], "arrival k{} p{} {:?}", key, payload, behaviour);
                 }
                 Op::Batch(arrivals) => {
                     h.sink.script(Behaviour::Succeed);
                     let mut expected = Vec::new();
                     let mut items = Vec::new();
                     for (key, payload, old) in arrivals {
-                        expected.push(model.arrive(
-                            key,
-                            payload,
-                            old,
-                            Behaviour::Succeed,
-                            forwards,
-                            now,
-                        ));
+                        expected.push(model.arrive(key, payload, old, Behaviour::Succeed, forwards, now));
                         items.push(h.item(key, payload, old));
                     }
                     let got = h.deliver(items).await;
@@ -316,26 +242,14 @@ fn run_case(
                     model.forgets.entry(key).or_default().push(count);
                 }
                 Op::Resolve(key, succeeded) => {
-                    let outcome = if succeeded {
-                        Completion::Succeeded
-                    } else {
-                        Completion::Failed
-                    };
+                    let outcome = if succeeded { Completion::Succeeded } else { Completion::Failed };
                     let r = h.store.resolve(&format!("k{key}"), outcome, now, TTL_MS);
                     match model.live(key, now).cloned() {
                         Some(ModelRecord::Indeterminate { payload }) => {
                             prop_assert!(r.is_ok(), "{:?}", r);
-                            model.records.insert(
-                                key,
-                                ModelRecord::Completed {
-                                    payload,
-                                    expires_at: now + TTL_MS,
-                                },
-                            );
+                            model.records.insert(key, ModelRecord::Completed { payload, expires_at: now + TTL_MS });
                         }
-                        _ => {
-                            prop_assert!(r.is_err(), "resolve of a non-indeterminate key must fail")
-                        }
+                        _ => prop_assert!(r.is_err(), "resolve of a non-indeterminate key must fail"),
                     }
                 }
                 Op::Compact => {
@@ -348,11 +262,7 @@ fn run_case(
         let seen = h.sink.effects();
         for key in 0u8..4 {
             let want = model.effects.get(&key).cloned().unwrap_or_default();
-            let got: Vec<i64> = seen
-                .iter()
-                .filter(|(k, _)| *k == format!("k{key}"))
-                .map(|(_, t)| *t)
-                .collect();
+            let got: Vec<i64> = seen.iter().filter(|(k, _)| *k == format!("k{key}")).map(|(_, t)| *t).collect();
             prop_assert_eq!(&got, &want, "effects of k{}", key);
             if !h.forwards {
                 let forgets = model.forgets.get(&key).cloned().unwrap_or_default();
@@ -360,9 +270,7 @@ fn run_case(
                     let forgotten_between = forgets.contains(&(i + 1));
                     prop_assert!(
                         forgotten_between || pair[1] - pair[0] >= TTL_MS,
-                        "k{} executed twice within the TTL: {:?}",
-                        key,
-                        got
+                        "k{} executed twice within the TTL: {:?}", key, got
                     );
                 }
             }

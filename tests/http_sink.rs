@@ -32,9 +32,7 @@ struct Seen {
 
 impl Seen {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("ASCII header"))
+        self.headers.get(name).map(|v| v.to_str().expect("ASCII header"))
     }
 }
 
@@ -42,11 +40,7 @@ impl Seen {
 #[derive(Debug, Clone)]
 enum Reply {
     /// This status, headers and body.
-    Fixed {
-        status: u16,
-        headers: Vec<(&'static str, &'static str)>,
-        body: Vec<u8>,
-    },
+    Fixed { status: u16, headers: Vec<(&'static str, &'static str)>, body: Vec<u8> },
     /// Never answers (longer than any request_timeout).
     Hang,
     /// 307 back to the same path, forever.
@@ -59,50 +53,27 @@ struct Server {
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
-async fn handle(
-    State(server): State<Server>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    server.seen.lock().unwrap().push(Seen {
-        method,
-        path: uri.path().to_string(),
-        headers,
-        body,
-    });
+async fn handle(State(server): State<Server>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    server.seen.lock().unwrap().push(Seen { method, path: uri.path().to_string(), headers, body });
     match server.reply {
-        Reply::Fixed {
-            status,
-            headers,
-            body,
-        } => {
+        Reply::Fixed { status, headers, body } => {
             let mut response = (StatusCode::from_u16(status).unwrap(), body).into_response();
             for (name, value) in headers {
-                response.headers_mut().insert(
-                    HeaderName::from_static(name),
-                    HeaderValue::from_static(value),
-                );
+                response.headers_mut().insert(HeaderName::from_static(name), HeaderValue::from_static(value));
             }
             response
         }
         Reply::Hang => std::future::pending().await,
-        Reply::RedirectToSelf => (
-            StatusCode::TEMPORARY_REDIRECT,
-            [("location", uri.path().to_string())],
-        )
-            .into_response(),
+        Reply::RedirectToSelf => {
+            (StatusCode::TEMPORARY_REDIRECT, [("location", uri.path().to_string())]).into_response()
+        }
     }
 }
 
 /// Starts a recording server; returns its hook URL and what it saw.
 async fn start(reply: Reply) -> (String, Arc<Mutex<Vec<Seen>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let app = Router::new().fallback(handle).with_state(Server {
-        reply,
-        seen: seen.clone(),
-    });
+    let app = Router::new().fallback(handle).with_state(Server { reply, seen: seen.clone() });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -112,11 +83,7 @@ async fn start(reply: Reply) -> (String, Arc<Mutex<Vec<Seen>>>) {
 }
 
 fn fixed(status: u16, headers: Vec<(&'static str, &'static str)>, body: &[u8]) -> Reply {
-    Reply::Fixed {
-        status,
-        headers,
-        body: body.to_vec(),
-    }
+    Reply::Fixed { status, headers, body: body.to_vec() }
 }
 
 fn config(url: &str) -> HttpSinkConfig {
@@ -129,22 +96,10 @@ fn config(url: &str) -> HttpSinkConfig {
 }
 
 /// Runs one attempt of a fixed command, bounded in time.
-async fn run(
-    sink: &HttpSink,
-    attempt: u32,
-    traceparent: Option<&str>,
-) -> Result<SinkOutput, SinkError> {
+async fn run(sink: &HttpSink, attempt: u32, traceparent: Option<&str>) -> Result<SinkOutput, SinkError> {
     let payload = json!({ "to": "a@example.com", "amount": 12.5, "tags": ["x", "y"] });
-    let request = SinkRequest {
-        key: "order-42",
-        kind: "email.send",
-        payload: &payload,
-        attempt,
-        traceparent,
-    };
-    tokio::time::timeout(BOUND, sink.execute(request))
-        .await
-        .expect("the sink answers within the bound")
+    let request = SinkRequest { key: "order-42", kind: "email.send", payload: &payload, attempt, traceparent };
+    tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound")
 }
 
 fn seen(log: &Arc<Mutex<Vec<Seen>>>) -> Vec<Seen> {
@@ -153,21 +108,13 @@ fn seen(log: &Arc<Mutex<Vec<Seen>>>) -> Vec<Seen> {
 
 #[tokio::test]
 async fn success_posts_the_payload_with_headers_and_stores_the_json_answer() {
-    let (url, log) = start(fixed(
-        201,
-        vec![("content-type", "application/json")],
-        br#"{"id":"msg-1","queued":true}"#,
-    ))
-    .await;
+    let (url, log) = start(fixed(201, vec![("content-type", "application/json")], br#"{"id":"msg-1","queued":true}"#)).await;
     let sink = HttpSink::new("mailer", &config(&url)).unwrap();
     assert_eq!(sink.name(), "mailer");
     assert!(sink.forwards_key());
 
     let output = run(&sink, 2, Some(TRACEPARENT)).await.unwrap();
-    assert_eq!(
-        output,
-        json!({ "status": 201, "body": { "id": "msg-1", "queued": true } })
-    );
+    assert_eq!(output, json!({ "status": 201, "body": { "id": "msg-1", "queued": true } }));
 
     let seen = seen(&log);
     assert_eq!(seen.len(), 1);
@@ -181,23 +128,13 @@ async fn success_posts_the_payload_with_headers_and_stores_the_json_answer() {
     assert_eq!(request.header("traceparent"), Some(TRACEPARENT));
     assert_eq!(request.headers.get_all("idempotency-key").iter().count(), 1);
     let body: Value = serde_json::from_slice(&request.body).unwrap();
-    assert_eq!(
-        body,
-        json!({ "to": "a@example.com", "amount": 12.5, "tags": ["x", "y"] })
-    );
+    assert_eq!(body, json!({ "to": "a@example.com", "amount": 12.5, "tags": ["x", "y"] }));
 }
 
 #[tokio::test]
 async fn key_is_sent_even_when_not_declared_forwarded_and_text_answers_are_strings() {
     let (url, log) = start(fixed(200, vec![("content-type", "text/plain")], b"queued")).await;
-    let sink = HttpSink::new(
-        "legacy",
-        &HttpSinkConfig {
-            forward_key: false,
-            ..config(&url)
-        },
-    )
-    .unwrap();
+    let sink = HttpSink::new("legacy", &HttpSinkConfig { forward_key: false, ..config(&url) }).unwrap();
     assert!(!sink.forwards_key());
 
     let output = run(&sink, 1, None).await.unwrap();
@@ -214,10 +151,7 @@ async fn key_is_sent_even_when_not_declared_forwarded_and_text_answers_are_strin
 async fn empty_answer_is_null() {
     let (url, _log) = start(fixed(204, vec![], b"")).await;
     let sink = HttpSink::new("s", &config(&url)).unwrap();
-    assert_eq!(
-        run(&sink, 1, None).await.unwrap(),
-        json!({ "status": 204, "body": null })
-    );
+    assert_eq!(run(&sink, 1, None).await.unwrap(), json!({ "status": 204, "body": null }));
 }
 
 #[tokio::test]
@@ -236,10 +170,7 @@ async fn server_error_is_transient() {
     let (url, log) = start(fixed(500, vec![], b"database down")).await;
     let sink = HttpSink::new("s", &config(&url)).unwrap();
     match run(&sink, 1, None).await {
-        Err(SinkError::Transient {
-            message,
-            retry_after,
-        }) => {
+        Err(SinkError::Transient { message, retry_after }) => {
             assert_eq!(retry_after, None);
             assert!(message.contains("500"), "{message}");
             assert!(message.contains("database down"), "{message}");
@@ -254,9 +185,7 @@ async fn too_many_requests_is_transient_with_retry_after() {
     let (url, _log) = start(fixed(429, vec![("retry-after", "3")], b"")).await;
     let sink = HttpSink::new("s", &config(&url)).unwrap();
     match run(&sink, 1, None).await {
-        Err(SinkError::Transient { retry_after, .. }) => {
-            assert_eq!(retry_after, Some(Duration::from_secs(3)))
-        }
+        Err(SinkError::Transient { retry_after, .. }) => assert_eq!(retry_after, Some(Duration::from_secs(3))),
         other => panic!("expected transient, got {other:?}"),
     }
 }
@@ -266,9 +195,7 @@ async fn unavailable_is_transient_with_retry_after() {
     let (url, _log) = start(fixed(503, vec![("retry-after", "7")], b"")).await;
     let sink = HttpSink::new("s", &config(&url)).unwrap();
     match run(&sink, 1, None).await {
-        Err(SinkError::Transient { retry_after, .. }) => {
-            assert_eq!(retry_after, Some(Duration::from_secs(7)))
-        }
+        Err(SinkError::Transient { retry_after, .. }) => assert_eq!(retry_after, Some(Duration::from_secs(7))),
         other => panic!("expected transient, got {other:?}"),
     }
 }
@@ -277,30 +204,16 @@ async fn unavailable_is_transient_with_retry_after() {
 async fn request_timeout_status_is_transient() {
     let (url, _log) = start(fixed(408, vec![], b"")).await;
     let sink = HttpSink::new("s", &config(&url)).unwrap();
-    assert!(matches!(
-        run(&sink, 1, None).await,
-        Err(SinkError::Transient {
-            retry_after: None,
-            ..
-        })
-    ));
+    assert!(matches!(run(&sink, 1, None).await, Err(SinkError::Transient { retry_after: None, .. })));
 }
 
 #[tokio::test]
 async fn bad_request_is_permanent_with_status_and_body_in_result() {
-    let (url, _log) = start(fixed(
-        400,
-        vec![("content-type", "application/json")],
-        br#"{"error":"no such recipient"}"#,
-    ))
-    .await;
+    let (url, _log) = start(fixed(400, vec![("content-type", "application/json")], br#"{"error":"no such recipient"}"#)).await;
     let sink = HttpSink::new("s", &config(&url)).unwrap();
     match run(&sink, 1, None).await {
         Err(SinkError::Permanent { message, result }) => {
-            assert_eq!(
-                result,
-                json!({ "status": 400, "body": { "error": "no such recipient" } })
-            );
+            assert_eq!(result, json!({ "status": 400, "body": { "error": "no such recipient" } }));
             assert!(message.contains("400"), "{message}");
         }
         other => panic!("expected permanent, got {other:?}"),
@@ -312,9 +225,7 @@ async fn not_found_is_permanent() {
     let (url, _log) = start(fixed(404, vec![], b"nope")).await;
     let sink = HttpSink::new("s", &config(&url)).unwrap();
     match run(&sink, 1, None).await {
-        Err(SinkError::Permanent { result, .. }) => {
-            assert_eq!(result, json!({ "status": 404, "body": "nope" }))
-        }
+        Err(SinkError::Permanent { result, .. }) => assert_eq!(result, json!({ "status": 404, "body": "nope" })),
         other => panic!("expected permanent, got {other:?}"),
     }
 }
@@ -326,20 +237,14 @@ async fn redirect_loop_is_permanent() {
     match run(&sink, 1, None).await {
         Err(SinkError::Permanent { result, message }) => {
             assert_eq!(result["status"], Value::Null);
-            assert!(
-                !message.contains("127.0.0.1"),
-                "no URL in the message: {message}"
-            );
+            assert!(!message.contains("127.0.0.1"), "no URL in the message: {message}");
         }
         other => panic!("expected permanent, got {other:?}"),
     }
     let seen = seen(&log);
     assert!(seen.len() > 1, "the redirect was followed");
     // 307 keeps the method, body and key on every hop.
-    assert!(
-        seen.iter()
-            .all(|s| s.method == Method::POST && s.header("idempotency-key") == Some("order-42"))
-    );
+    assert!(seen.iter().all(|s| s.method == Method::POST && s.header("idempotency-key") == Some("order-42")));
 }
 
 #[tokio::test]
@@ -347,18 +252,12 @@ async fn server_slower_than_request_timeout_is_transient() {
     let (url, _log) = start(Reply::Hang).await;
     let sink = HttpSink::new(
         "s",
-        &HttpSinkConfig {
-            request_timeout: Duration::from_millis(300),
-            ..config(&url)
-        },
+        &HttpSinkConfig { request_timeout: Duration::from_millis(300), ..config(&url) },
     )
     .unwrap();
     let started = std::time::Instant::now();
     match run(&sink, 1, None).await {
-        Err(SinkError::Transient {
-            message,
-            retry_after,
-        }) => {
+        Err(SinkError::Transient { message, retry_after }) => {
             assert_eq!(retry_after, None);
             assert!(message.contains("timed out"), "{message}");
         }
@@ -376,10 +275,7 @@ async fn connection_refused_is_transient() {
     };
     let sink = HttpSink::new("s", &config(&format!("http://{closed}/hook"))).unwrap();
     match run(&sink, 1, None).await {
-        Err(SinkError::Transient {
-            message,
-            retry_after,
-        }) => {
+        Err(SinkError::Transient { message, retry_after }) => {
             assert_eq!(retry_after, None);
             assert!(!message.is_empty());
         }

@@ -57,10 +57,7 @@ type Input = (String, Vec<u8>, i32, usize);
 
 /// The inputs, in production order.
 fn workload() -> Vec<Input> {
-    let value = |i: usize| {
-        serde_json::to_vec(&json!({"id": id(i), "type": "effect.apply", "payload": payload(i)}))
-            .expect("json")
-    };
+    let value = |i: usize| serde_json::to_vec(&json!({"id": id(i), "type": "effect.apply", "payload": payload(i)})).expect("json");
     let mut out = Vec::new();
     let mut late: BTreeMap<usize, Vec<Input>> = BTreeMap::new();
     for i in 0..DISTINCT {
@@ -68,10 +65,7 @@ fn workload() -> Vec<Input> {
         out.push((format!("k-{i}"), value(i), p, i));
         match i % 34 {
             0..5 => out.push((format!("k-{i}"), value(i), p, i)),
-            5..10 => late
-                .entry(i + LATE_GAP)
-                .or_default()
-                .push((format!("k-{i}"), value(i), p, i)),
+            5..10 => late.entry(i + LATE_GAP).or_default().push((format!("k-{i}"), value(i), p, i)),
             10..15 => out.push((format!("x-{i}"), value(i), (p + 3) % PARTITIONS, i)),
             _ => {}
         }
@@ -85,13 +79,8 @@ fn workload() -> Vec<Input> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_restart_mid_run() {
-    let Some(bootstrap) = kafka::bootstrap() else {
-        return;
-    };
-    let (Ok(script), Ok(kafka_dir)) = (
-        std::env::var("DEDUPD_TEST_KAFKA_SCRIPT"),
-        std::env::var("DEDUPD_TEST_KAFKA_DIR"),
-    ) else {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (Ok(script), Ok(kafka_dir)) = (std::env::var("DEDUPD_TEST_KAFKA_SCRIPT"), std::env::var("DEDUPD_TEST_KAFKA_DIR")) else {
         assert!(
             std::env::var("DEDUPD_REQUIRE_KAFKA").as_deref() != Ok("1"),
             "DEDUPD_TEST_KAFKA_SCRIPT and DEDUPD_TEST_KAFKA_DIR are needed to restart the broker"
@@ -107,15 +96,8 @@ async fn broker_restart_mid_run() {
     let input_topic = kafka::unique("restart-commands");
     let results_topic = kafka::unique("restart-results");
     let dlq_topic = kafka::unique("restart-dlq");
-    kafka::create_topics(
-        &bootstrap,
-        &[
-            (&input_topic, PARTITIONS),
-            (&results_topic, RESULT_PARTITIONS),
-            (&dlq_topic, 1),
-        ],
-    )
-    .await;
+    kafka::create_topics(&bootstrap, &[(&input_topic, PARTITIONS), (&results_topic, RESULT_PARTITIONS), (&dlq_topic, 1)])
+        .await;
 
     let seed = seed_from_env("BROKER_RESTART_SEED");
     let receiver = SlowReceiver::start(RECEIVER_DELAY_MS, seed).await;
@@ -126,14 +108,8 @@ async fn broker_restart_mid_run() {
     config.kafka.input_topics = vec![input_topic.clone()];
     config.kafka.results_topic = results_topic.clone();
     config.kafka.dead_letter_topic = dlq_topic.clone();
-    config
-        .kafka
-        .consumer
-        .insert("session.timeout.ms".into(), "6000".into());
-    config
-        .kafka
-        .consumer
-        .insert("heartbeat.interval.ms".into(), "1500".into());
+    config.kafka.consumer.insert("session.timeout.ms".into(), "6000".into());
+    config.kafka.consumer.insert("heartbeat.interval.ms".into(), "1500".into());
     // Slow enough that the first half is still running when the broker goes away.
     config.pipeline.max_in_flight = std::num::NonZeroUsize::new(4).expect("nonzero");
     config.pipeline.batch_size = std::num::NonZeroUsize::new(50).expect("nonzero");
@@ -158,12 +134,7 @@ async fn broker_restart_mid_run() {
     let stop = CancellationToken::new();
     let pipeline = {
         let stop = stop.clone();
-        tokio::spawn(dedupd::pipeline::run(
-            config,
-            Default::default(),
-            stop.cancelled_owned(),
-            |_| {},
-        ))
+        tokio::spawn(dedupd::pipeline::run(config, Default::default(), stop.cancelled_owned(), |_| {}))
     };
     let tail = TopicTail::start(&bootstrap, &results_topic, RESULT_PARTITIONS);
 
@@ -175,10 +146,7 @@ async fn broker_restart_mid_run() {
     let n = inputs.len();
     let half = n / 2;
     let outgoing = |range: std::ops::Range<usize>| -> Vec<kafka::OutgoingTo> {
-        inputs[range]
-            .iter()
-            .map(|(k, v, p, _)| (k.clone(), v.clone(), Vec::new(), Some(*p)))
-            .collect()
+        inputs[range].iter().map(|(k, v, p, _)| (k.clone(), v.clone(), Vec::new(), Some(*p))).collect()
     };
     println!("workload: {n} records, {DISTINCT} keys, in two halves of ~{half}");
     let mut positions: Vec<(i32, i64)> = Vec::with_capacity(n);
@@ -193,17 +161,13 @@ async fn broker_restart_mid_run() {
         'first: loop {
             for m in tail.since(read) {
                 read += 1;
-                if let Ok(r) =
-                    serde_json::from_slice::<ResultRecord>(m.payload().unwrap_or_default())
+                if let Ok(r) = serde_json::from_slice::<ResultRecord>(m.payload().unwrap_or_default())
                     && this_half.contains(&(r.source.partition, r.source.offset))
                 {
                     break 'first;
                 }
             }
-            assert!(
-                t.elapsed() < FIRST_RESULT_BOUND,
-                "no result for half {part} within {FIRST_RESULT_BOUND:?}"
-            );
+            assert!(t.elapsed() < FIRST_RESULT_BOUND, "no result for half {part} within {FIRST_RESULT_BOUND:?}");
             assert!(!pipeline.is_finished(), "the pipeline stopped by itself");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -236,11 +200,7 @@ async fn broker_restart_mid_run() {
         );
     }
     assert_eq!(positions.len(), n);
-    let by_pos: HashMap<(i32, i64), usize> = positions
-        .iter()
-        .enumerate()
-        .map(|(seq, pos)| (*pos, seq))
-        .collect();
+    let by_pos: HashMap<(i32, i64), usize> = positions.iter().enumerate().map(|(seq, pos)| (*pos, seq)).collect();
     assert_eq!(by_pos.len(), n, "every input has its own position");
     let t = Instant::now();
     let mut covered: HashSet<usize> = HashSet::new();
@@ -254,18 +214,10 @@ async fn broker_restart_mid_run() {
                 covered.insert(*seq);
             }
         }
-        assert!(
-            !pipeline.is_finished(),
-            "the pipeline stopped by itself: {:?}",
-            pipeline.await
-        );
+        assert!(!pipeline.is_finished(), "the pipeline stopped by itself: {:?}", pipeline.await);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!(
-        "{}/{n} inputs with a result {:.1} s after the second restart",
-        covered.len(),
-        t.elapsed().as_secs_f64()
-    );
+    println!("{}/{n} inputs with a result {:.1} s after the second restart", covered.len(), t.elapsed().as_secs_f64());
     stop.cancel();
     match tokio::time::timeout(Duration::from_secs(60), pipeline).await {
         Ok(Ok(Ok(()))) => {}
@@ -279,70 +231,35 @@ async fn broker_restart_mid_run() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let results = tail.stop();
-    assert_eq!(
-        results.len(),
-        published,
-        "result records read vs in the topic"
-    );
+    assert_eq!(results.len(), published, "result records read vs in the topic");
     let seen = receiver.seen();
     receiver.stop().await;
 
     // The receiver: every key exactly once, with its payload.
     let mut per_key: HashMap<String, usize> = HashMap::new();
     for s in &seen {
-        let key = s
-            .key
-            .clone()
-            .expect("every request carries Idempotency-Key");
-        let i: usize = key
-            .strip_prefix("cmd-")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected key {key}"));
+        let key = s.key.clone().expect("every request carries Idempotency-Key");
+        let i: usize = key.strip_prefix("cmd-").and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("unexpected key {key}"));
         let body: Value = serde_json::from_slice(&s.body).expect("JSON body");
         assert_eq!(body, payload(i), "body of {key}");
         *per_key.entry(key).or_insert(0) += 1;
     }
     let twice: Vec<(&String, &usize)> = per_key.iter().filter(|(_, c)| **c > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "double effect: {} keys executed more than once, e.g. {:?}",
-        twice.len(),
-        &twice[..twice.len().min(10)]
-    );
-    let never: Vec<usize> = (0..DISTINCT)
-        .filter(|i| !per_key.contains_key(&id(*i)))
-        .collect();
-    assert!(
-        never.is_empty(),
-        "loss: {} keys never executed, e.g. {:?}",
-        never.len(),
-        &never[..never.len().min(10)]
-    );
+    assert!(twice.is_empty(), "double effect: {} keys executed more than once, e.g. {:?}", twice.len(), &twice[..twice.len().min(10)]);
+    let never: Vec<usize> = (0..DISTINCT).filter(|i| !per_key.contains_key(&id(*i))).collect();
+    assert!(never.is_empty(), "loss: {} keys never executed, e.g. {:?}", never.len(), &never[..never.len().min(10)]);
 
     // Results: every input has one; only succeeded/duplicate; at most one succeeded per key.
     let mut per_seq: Vec<Vec<ResultRecord>> = vec![Vec::new(); n];
     let mut outcomes: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut succeeded: HashMap<String, usize> = HashMap::new();
     for m in &results {
-        let r: ResultRecord =
-            serde_json::from_slice(m.payload().expect("value")).expect("result record");
+        let r: ResultRecord = serde_json::from_slice(m.payload().expect("value")).expect("result record");
         assert_eq!(r.source.topic, input_topic);
-        let seq = *by_pos
-            .get(&(r.source.partition, r.source.offset))
-            .unwrap_or_else(|| panic!("unknown source {:?}", r.source));
-        assert_eq!(
-            r.key.as_deref(),
-            Some(id(inputs[seq].3).as_str()),
-            "result key of input {seq}"
-        );
-        assert_eq!(
-            header(m, "dedupd-outcome").as_deref(),
-            Some(r.outcome.as_str())
-        );
-        assert!(
-            matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate),
-            "outcome of input {seq}: {r:?}"
-        );
+        let seq = *by_pos.get(&(r.source.partition, r.source.offset)).unwrap_or_else(|| panic!("unknown source {:?}", r.source));
+        assert_eq!(r.key.as_deref(), Some(id(inputs[seq].3).as_str()), "result key of input {seq}");
+        assert_eq!(header(m, "dedupd-outcome").as_deref(), Some(r.outcome.as_str()));
+        assert!(matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate), "outcome of input {seq}: {r:?}");
         *outcomes.entry(r.outcome.as_str()).or_insert(0) += 1;
         if r.outcome == Outcome::Succeeded {
             *succeeded.entry(id(inputs[seq].3)).or_insert(0) += 1;
@@ -350,43 +267,18 @@ async fn broker_restart_mid_run() {
         per_seq[seq].push(r);
     }
     let missing: Vec<usize> = (0..n).filter(|s| per_seq[*s].is_empty()).collect();
-    assert!(
-        missing.is_empty(),
-        "loss: {} inputs without a result, e.g. {:?}",
-        missing.len(),
-        &missing[..missing.len().min(10)]
-    );
+    assert!(missing.is_empty(), "loss: {} inputs without a result, e.g. {:?}", missing.len(), &missing[..missing.len().min(10)]);
     let twice: Vec<_> = succeeded.iter().filter(|(_, c)| **c > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "keys published as succeeded more than once: {:?}",
-        &twice[..twice.len().min(10)]
-    );
-    assert_eq!(
-        kafka::count_records(&bootstrap, &dlq_topic).await,
-        0,
-        "dead letters"
-    );
+    assert!(twice.is_empty(), "keys published as succeeded more than once: {:?}", &twice[..twice.len().min(10)]);
+    assert_eq!(kafka::count_records(&bootstrap, &dlq_topic).await, 0, "dead letters");
     let extra: Vec<usize> = (0..n).filter(|s| per_seq[*s].len() > 1).collect();
     let no_succeeded = DISTINCT - succeeded.len();
-    println!(
-        "results: {} records for {n} inputs, outcomes {outcomes:?}",
-        results.len()
-    );
+    println!("results: {} records for {n} inputs, outcomes {outcomes:?}", results.len());
     println!(
         "inputs with more than one result (re-delivered after the outage): {}{}; keys executed but never published as \
          `succeeded` (their executing input's result came out as a replay): {no_succeeded}",
         extra.len(),
-        if extra.is_empty() {
-            String::new()
-        } else {
-            format!(", e.g. inputs {:?}", &extra[..extra.len().min(5)])
-        }
+        if extra.is_empty() { String::new() } else { format!(", e.g. inputs {:?}", &extra[..extra.len().min(5)]) }
     );
-    println!(
-        "receiver: {} requests for {} keys; total {:.1} s",
-        seen.len(),
-        per_key.len(),
-        started.elapsed().as_secs_f64()
-    );
+    println!("receiver: {} requests for {} keys; total {:.1} s", seen.len(), per_key.len(), started.elapsed().as_secs_f64());
 }

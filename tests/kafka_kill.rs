@@ -42,8 +42,7 @@ use std::time::{Duration, Instant};
 
 use common::kafka::{self, header};
 use common::process::{
-    DedupdProcess, KeptOnFailure, Seen, SlowReceiver, SplitMix, TopicTail, file_len, seed_from_env,
-    tail_of_file, wait_for_line,
+    DedupdProcess, KeptOnFailure, Seen, SlowReceiver, SplitMix, TopicTail, file_len, seed_from_env, tail_of_file, wait_for_line,
 };
 use dedupd::config::{StoreBackend, SyncMode};
 use dedupd::outcome::{Outcome, ResultRecord};
@@ -107,11 +106,7 @@ fn payload(i: usize) -> Value {
 }
 
 fn command(i: usize) -> Vec<u8> {
-    let kind = if forwarding(i) {
-        "fwd.apply"
-    } else {
-        "once.apply"
-    };
+    let kind = if forwarding(i) { "fwd.apply" } else { "once.apply" };
     serde_json::to_vec(&json!({"id": id(i), "type": kind, "payload": payload(i)})).expect("json")
 }
 
@@ -120,26 +115,12 @@ fn workload() -> Vec<Input> {
     let mut late: BTreeMap<usize, Vec<Input>> = BTreeMap::new();
     for i in 0..DISTINCT {
         let p = (i % PARTITIONS as usize) as i32;
-        let rec = |kind, kafka_key: String, partition| Input {
-            i,
-            kind,
-            kafka_key,
-            value: command(i),
-            partition,
-        };
+        let rec = |kind, kafka_key: String, partition| Input { i, kind, kafka_key, value: command(i), partition };
         out.push(rec(Kind::Original, format!("k-{i}"), p));
         match i % 34 {
             0..5 => out.push(rec(Kind::SameBatch, format!("k-{i}"), p)),
-            5..10 => {
-                late.entry(i + LATE_GAP)
-                    .or_default()
-                    .push(rec(Kind::Late, format!("k-{i}"), p))
-            }
-            10..15 => out.push(rec(
-                Kind::OtherPartition,
-                format!("x-{i}"),
-                (p + 3) % PARTITIONS,
-            )),
+            5..10 => late.entry(i + LATE_GAP).or_default().push(rec(Kind::Late, format!("k-{i}"), p)),
+            10..15 => out.push(rec(Kind::OtherPartition, format!("x-{i}"), (p + 3) % PARTITIONS)),
             _ => {}
         }
         if let Some(due) = late.remove(&i) {
@@ -245,9 +226,7 @@ async fn kill_nine_twenty_times_fjall() {
 }
 
 async fn run(backend: &str) {
-    let Some(bootstrap) = kafka::bootstrap() else {
-        return;
-    };
+    let Some(bootstrap) = kafka::bootstrap() else { return };
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let seed = seed_from_env("KAFKA_KILL_SEED");
@@ -257,15 +236,8 @@ async fn run(backend: &str) {
     let input_topic = kafka::unique("kill-commands");
     let results_topic = kafka::unique("kill-results");
     let dlq_topic = kafka::unique("kill-dlq");
-    kafka::create_topics(
-        &bootstrap,
-        &[
-            (&input_topic, PARTITIONS),
-            (&results_topic, RESULT_PARTITIONS),
-            (&dlq_topic, 1),
-        ],
-    )
-    .await;
+    kafka::create_topics(&bootstrap, &[(&input_topic, PARTITIONS), (&results_topic, RESULT_PARTITIONS), (&dlq_topic, 1)])
+        .await;
 
     let receiver = SlowReceiver::start(RECEIVER_DELAY_MS, rng.next_u64()).await;
     let mut dir = KeptOnFailure::new();
@@ -287,42 +259,24 @@ async fn run(backend: &str) {
         .args(["check-config", "-c", config_path.to_str().expect("utf-8")])
         .output()
         .expect("run check-config");
-    assert!(
-        checked.status.success(),
-        "check-config: {}",
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    assert!(checked.status.success(), "check-config: {}", String::from_utf8_lossy(&checked.stderr));
 
     let tail = TopicTail::start(&bootstrap, &results_topic, RESULT_PARTITIONS);
 
     // The input, in KILLS + 1 chunks produced in order, one as each incarnation starts.
     let inputs = Arc::new(workload());
     let n = inputs.len();
-    let chunks: Vec<Range<usize>> = (0..=KILLS)
-        .map(|j| j * n / (KILLS + 1)..(j + 1) * n / (KILLS + 1))
-        .collect();
-    println!(
-        "[{backend}] workload: {n} records, {DISTINCT} keys, {} chunks of ~{}",
-        chunks.len(),
-        n / (KILLS + 1)
-    );
+    let chunks: Vec<Range<usize>> = (0..=KILLS).map(|j| j * n / (KILLS + 1)..(j + 1) * n / (KILLS + 1)).collect();
+    println!("[{backend}] workload: {n} records, {DISTINCT} keys, {} chunks of ~{}", chunks.len(), n / (KILLS + 1));
     let (go, mut go_rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
     let producer = {
-        let (inputs, bootstrap, topic) =
-            (Arc::clone(&inputs), bootstrap.clone(), input_topic.clone());
+        let (inputs, bootstrap, topic) = (Arc::clone(&inputs), bootstrap.clone(), input_topic.clone());
         tokio::spawn(async move {
             let mut positions = Vec::with_capacity(inputs.len());
             while let Some(j) = go_rx.recv().await {
                 let records = inputs[chunks[j].clone()]
                     .iter()
-                    .map(|r| {
-                        (
-                            r.kafka_key.clone(),
-                            r.value.clone(),
-                            Vec::new(),
-                            Some(r.partition),
-                        )
-                    })
+                    .map(|r| (r.kafka_key.clone(), r.value.clone(), Vec::new(), Some(r.partition)))
                     .collect();
                 positions.extend(kafka::produce_all_to(&bootstrap, &topic, records).await);
             }
@@ -349,14 +303,7 @@ async fn run(backend: &str) {
             // "Starts working" = its first request or result once it has its partitions
             // (the assignment is logged by the consumer's assign callback, seconds after
             // the previous incarnation died, so nothing of that one is mistaken for it).
-            let assigned = wait_for_line(
-                &log_path,
-                log_from,
-                "partitions assigned",
-                ASSIGN_BOUND,
-                || p.exited().is_some(),
-            )
-            .await;
+            let assigned = wait_for_line(&log_path, log_from, "partitions assigned", ASSIGN_BOUND, || p.exited().is_some()).await;
             if assigned.is_none() {
                 panic!(
                     "incarnation {incarnation} got no partitions within {ASSIGN_BOUND:?} (exited: {:?}); log:\n{}",
@@ -366,52 +313,30 @@ async fn run(backend: &str) {
             }
             let (requests, results) = (receiver.count(), tail.len());
             let deadline = Instant::now() + FIRST_WORK_BOUND;
-            while receiver.count() == requests && tail.len() == results && Instant::now() < deadline
-            {
+            while receiver.count() == requests && tail.len() == results && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             Instant::now()
         };
         tokio::time::sleep_until((base + delay).into()).await;
         if let Some(status) = p.exited() {
-            panic!(
-                "dedupd exited by itself ({status}) in incarnation {incarnation}; log:\n{}",
-                tail_of_file(&log_path, 40)
-            );
+            panic!("dedupd exited by itself ({status}) in incarnation {incarnation}; log:\n{}", tail_of_file(&log_path, 40));
         }
         let in_flight = receiver.in_flight();
         let lived = p.spawned.elapsed();
         p.kill();
         let requests = receiver.count() - requests_before;
-        let since_last_request = receiver
-            .last_arrival()
-            .map(|t| t.elapsed())
-            .filter(|_| requests > 0);
-        kills.push(Kill {
-            incarnation,
-            from_spawn,
-            delay,
-            lived,
-            in_flight,
-            requests,
-            since_last_request,
-        });
+        let since_last_request = receiver.last_arrival().map(|t| t.elapsed()).filter(|_| requests > 0);
+        kills.push(Kill { incarnation, from_spawn, delay, lived, in_flight, requests, since_last_request });
     }
     let mut process = process.expect("final incarnation");
     drop(go);
     let positions = producer.await.expect("producer task");
     assert_eq!(positions.len(), n, "every input produced");
-    let by_pos: HashMap<(i32, i64), usize> = positions
-        .iter()
-        .enumerate()
-        .map(|(seq, pos)| (*pos, seq))
-        .collect();
+    let by_pos: HashMap<(i32, i64), usize> = positions.iter().enumerate().map(|(seq, pos)| (*pos, seq)).collect();
     assert_eq!(by_pos.len(), n, "every input has its own position");
     for (seq, r) in inputs.iter().enumerate() {
-        assert_eq!(
-            positions[seq].0, r.partition,
-            "input {seq} went to the partition asked for"
-        );
+        assert_eq!(positions[seq].0, r.partition, "input {seq} went to the partition asked for");
     }
     println!(
         "[{backend}] {} kills in {:.1} s, {} of them while the receiver was answering requests:",
@@ -428,10 +353,7 @@ async fn run(backend: &str) {
             k.lived.as_millis(),
             k.requests,
             k.in_flight,
-            k.since_last_request.map_or("-".to_string(), |d| format!(
-                "{} ms before the kill",
-                d.as_millis()
-            ))
+            k.since_last_request.map_or("-".to_string(), |d| format!("{} ms before the kill", d.as_millis()))
         );
     }
 
@@ -450,25 +372,16 @@ async fn run(backend: &str) {
             }
         }
         if let Some(status) = process.exited() {
-            panic!(
-                "final dedupd exited by itself ({status}); log:\n{}",
-                tail_of_file(&log_path, 40)
-            );
+            panic!("final dedupd exited by itself ({status}); log:\n{}", tail_of_file(&log_path, 40));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!(
-        "[{backend}] final run: {}/{n} inputs with a result after {:.1} s",
-        covered.len(),
-        t.elapsed().as_secs_f64()
-    );
+    println!("[{backend}] final run: {}/{n} inputs with a result after {:.1} s", covered.len(), t.elapsed().as_secs_f64());
     let status = process.terminate(Duration::from_secs(60));
     let mut failures: Vec<String> = Vec::new();
     match status {
         Some(s) if s.success() => {}
-        other => failures.push(format!(
-            "final dedupd did not exit cleanly on SIGTERM within 60 s: {other:?}"
-        )),
+        other => failures.push(format!("final dedupd did not exit cleanly on SIGTERM within 60 s: {other:?}")),
     }
     // Everything published is read before checking.
     let published = kafka::count_records(&bootstrap, &results_topic).await as usize;
@@ -478,40 +391,22 @@ async fn run(backend: &str) {
     }
     let results = tail.stop();
     if results.len() != published {
-        failures.push(format!(
-            "read {} result records, the topic holds {published}",
-            results.len()
-        ));
+        failures.push(format!("read {} result records, the topic holds {published}", results.len()));
     }
     let dead_letters = kafka::count_records(&bootstrap, &dlq_topic).await;
     if dead_letters != 0 {
-        failures.push(format!(
-            "{dead_letters} dead letter(s), but every input is a valid command"
-        ));
+        failures.push(format!("{dead_letters} dead letter(s), but every input is a valid command"));
     }
     let seen = receiver.seen();
     receiver.stop().await;
     let store = KeyStore::open(
-        if backend == "fjall" {
-            StoreBackend::Fjall
-        } else {
-            StoreBackend::Sled
-        },
+        if backend == "fjall" { StoreBackend::Fjall } else { StoreBackend::Sled },
         &store_path,
         SyncMode::Batch,
     )
     .expect("open the store after the final run");
 
-    let coverage = check(
-        backend,
-        &inputs,
-        &by_pos,
-        &input_topic,
-        &results,
-        &seen,
-        &store,
-        &mut failures,
-    );
+    let coverage = check(backend, &inputs, &by_pos, &input_topic, &results, &seen, &store, &mut failures);
     // The test must have exercised what it is about, or it proves nothing: kills between an
     // effect and its answer, for both kinds of sink. (How many kills land mid-request varies
     // with the machine's load: under I/O pressure the store's flushes leave gaps of a few
@@ -530,19 +425,11 @@ async fn run(backend: &str) {
             "[{backend}] {} failure(s) (seed {seed}; log, config and store kept in {}):\n{}\nlast log lines:\n{}",
             failures.len(),
             kept.display(),
-            failures
-                .iter()
-                .take(40)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n"),
+            failures.iter().take(40).cloned().collect::<Vec<_>>().join("\n"),
             tail_of_file(&log_path, 20)
         );
     }
-    println!(
-        "[{backend}] passed in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+    println!("[{backend}] passed in {:.1} s", started.elapsed().as_secs_f64());
 }
 
 /// What the crash rows the run exercised.
@@ -590,17 +477,10 @@ fn check(
         };
         let i = inputs[seq].i;
         if r.key.as_deref() != Some(id(i).as_str()) {
-            fail(format!(
-                "result of input {seq} names key {:?}, expected {}",
-                r.key,
-                id(i)
-            ));
+            fail(format!("result of input {seq} names key {:?}, expected {}", r.key, id(i)));
         }
         if header(m, "dedupd-outcome").as_deref() != Some(r.outcome.as_str()) {
-            fail(format!(
-                "dedupd-outcome header of input {seq} differs from {}",
-                r.outcome.as_str()
-            ));
+            fail(format!("dedupd-outcome header of input {seq} differs from {}", r.outcome.as_str()));
         }
         *outcomes.entry(r.outcome.as_str()).or_insert(0) += 1;
         per_seq[seq].push(r.clone());
@@ -611,11 +491,7 @@ fn check(
         fail(format!(
             "{} inputs without a result, e.g. {:?}",
             missing.len(),
-            missing
-                .iter()
-                .take(10)
-                .map(|s| (*s, inputs[*s].kind, id(inputs[*s].i)))
-                .collect::<Vec<_>>()
+            missing.iter().take(10).map(|s| (*s, inputs[*s].kind, id(inputs[*s].i))).collect::<Vec<_>>()
         ));
     }
     let repeated_results = per_seq.iter().filter(|v| v.len() > 1).count();
@@ -626,45 +502,22 @@ fn check(
         let body: Value = match serde_json::from_slice(&s.body) {
             Ok(v) => v,
             Err(e) => {
-                fail(format!(
-                    "request {} has a body that is not JSON: {e}",
-                    s.seq
-                ));
+                fail(format!("request {} has a body that is not JSON: {e}", s.seq));
                 continue;
             }
         };
-        let Some(i) = body
-            .get("n")
-            .and_then(Value::as_u64)
-            .map(|n| n as usize)
-            .filter(|i| *i < DISTINCT)
-        else {
+        let Some(i) = body.get("n").and_then(Value::as_u64).map(|n| n as usize).filter(|i| *i < DISTINCT) else {
             fail(format!("request {} with an unexpected body {body}", s.seq));
             continue;
         };
         if s.path != path_of(i) {
-            fail(format!(
-                "request {} for {} went to {}, its route's sink is {}",
-                s.seq,
-                id(i),
-                s.path,
-                path_of(i)
-            ));
+            fail(format!("request {} for {} went to {}, its route's sink is {}", s.seq, id(i), s.path, path_of(i)));
         }
         if s.key.as_deref() != Some(id(i).as_str()) {
-            fail(format!(
-                "request {} for {} carries Idempotency-Key {:?}",
-                s.seq,
-                id(i),
-                s.key
-            ));
+            fail(format!("request {} for {} carries Idempotency-Key {:?}", s.seq, id(i), s.key));
         }
         if body != payload(i) {
-            fail(format!(
-                "request {} for {}: body {body} is not the payload",
-                s.seq,
-                id(i)
-            ));
+            fail(format!("request {} for {}: body {body} is not the payload", s.seq, id(i)));
         }
         requests[i].push(s);
     }
@@ -681,28 +534,12 @@ fn check(
             let first = reqs[0];
             for s in &reqs[1..] {
                 if s.key != first.key || s.body != first.body {
-                    fail(format!(
-                        "forwarding key {}: request {} differs from request {} in key or body",
-                        id(i),
-                        s.seq,
-                        first.seq
-                    ));
+                    fail(format!("forwarding key {}: request {} differs from request {} in key or body", id(i), s.seq, first.seq));
                 }
             }
-            let attempts: Vec<u64> = reqs
-                .iter()
-                .map(|s| {
-                    s.attempt
-                        .as_deref()
-                        .and_then(|a| a.parse().ok())
-                        .unwrap_or(0)
-                })
-                .collect();
+            let attempts: Vec<u64> = reqs.iter().map(|s| s.attempt.as_deref().and_then(|a| a.parse().ok()).unwrap_or(0)).collect();
             if attempts.windows(2).any(|w| w[0] >= w[1]) {
-                fail(format!(
-                    "forwarding key {}: Dedupd-Attempt not increasing over its re-runs: {attempts:?}",
-                    id(i)
-                ));
+                fail(format!("forwarding key {}: Dedupd-Attempt not increasing over its re-runs: {attempts:?}", id(i)));
             }
         }
     }
@@ -711,19 +548,14 @@ fn check(
     let mut records: HashMap<String, Record> = HashMap::new();
     let mut after: Option<String> = None;
     loop {
-        let page = store
-            .scan_records(after.as_deref(), 1000)
-            .expect("scan the store");
+        let page = store.scan_records(after.as_deref(), 1000).expect("scan the store");
         let Some((last, _)) = page.last() else { break };
         after = Some(last.clone());
         records.extend(page);
     }
     let counts = store.counts();
     if counts.in_progress != 0 {
-        fail(format!(
-            "the store holds {} in_progress record(s) after the final run",
-            counts.in_progress
-        ));
+        fail(format!("the store holds {} in_progress record(s) after the final run", counts.in_progress));
     }
     let (mut ind_received, mut ind_not_received, mut reran) = (0usize, 0usize, 0usize);
     for i in 0..DISTINCT {
@@ -737,125 +569,67 @@ fn check(
         if rs.is_empty() {
             fail(format!("key {key} has no result at all"));
         }
-        let succeeded = rs
-            .iter()
-            .filter(|r| r.outcome == Outcome::Succeeded)
-            .count();
-        let ok = rs
-            .iter()
-            .filter(|r| matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate))
-            .count();
-        let ind = rs
-            .iter()
-            .filter(|r| r.outcome == Outcome::Indeterminate)
-            .count();
-        if let Some(r) = rs.iter().find(|r| {
-            !matches!(
-                r.outcome,
-                Outcome::Succeeded | Outcome::Duplicate | Outcome::Indeterminate
-            )
-        }) {
-            fail(format!(
-                "key {key}: unexpected outcome {:?}: {r:?}",
-                r.outcome
-            ));
+        let succeeded = rs.iter().filter(|r| r.outcome == Outcome::Succeeded).count();
+        let ok = rs.iter().filter(|r| matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate)).count();
+        let ind = rs.iter().filter(|r| r.outcome == Outcome::Indeterminate).count();
+        if let Some(r) = rs.iter().find(|r| !matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate | Outcome::Indeterminate)) {
+            fail(format!("key {key}: unexpected outcome {:?}: {r:?}", r.outcome));
         }
         if succeeded > 1 {
-            fail(format!(
-                "key {key}: {succeeded} `succeeded` results (one execution may publish only one)"
-            ));
+            fail(format!("key {key}: {succeeded} `succeeded` results (one execution may publish only one)"));
         }
         if ok > 0 && ind > 0 {
-            fail(format!(
-                "key {key}: both succeeded/duplicate ({ok}) and indeterminate ({ind}) results"
-            ));
+            fail(format!("key {key}: both succeeded/duplicate ({ok}) and indeterminate ({ind}) results"));
         }
         if forwarding(i) && ind > 0 {
-            fail(format!(
-                "forwarding key {key} published `indeterminate` ({ind} times); its orphans must be re-run"
-            ));
+            fail(format!("forwarding key {key} published `indeterminate` ({ind} times); its orphans must be re-run"));
         }
         if ok > 0 && reqs.is_empty() {
-            fail(format!(
-                "key {key} was published as succeeded/duplicate but its sink ({}) never received it",
-                path_of(i)
-            ));
+            fail(format!("key {key} was published as succeeded/duplicate but its sink ({}) never received it", path_of(i)));
         }
         match records.get(&key) {
             None => fail(format!("key {key}: no record in the store")),
             Some(Record::InProgress(p)) => fail(format!("key {key} is still in_progress: {p:?}")),
             Some(Record::Completed(c)) => {
                 if c.outcome != Completion::Succeeded {
-                    fail(format!(
-                        "key {key} completed as {:?}: {:?}",
-                        c.outcome, c.error
-                    ));
+                    fail(format!("key {key} completed as {:?}: {:?}", c.outcome, c.error));
                 }
                 if reqs.is_empty() {
-                    fail(format!(
-                        "key {key} is stored completed but its sink ({}) never received it",
-                        path_of(i)
-                    ));
+                    fail(format!("key {key} is stored completed but its sink ({}) never received it", path_of(i)));
                 }
                 let stored: Value = serde_json::from_slice(&c.result).unwrap_or(Value::Null);
                 match stored.pointer("/body/seq").and_then(Value::as_u64) {
                     Some(seq) if own_seqs.contains(&seq) => {}
-                    other => fail(format!(
-                        "key {key}: the stored result {stored} answers request {other:?}, not one of its own {own_seqs:?}"
-                    )),
+                    other => fail(format!("key {key}: the stored result {stored} answers request {other:?}, not one of its own {own_seqs:?}")),
                 }
-                for r in rs
-                    .iter()
-                    .filter(|r| matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate))
-                {
+                for r in rs.iter().filter(|r| matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate)) {
                     if r.result != stored {
-                        fail(format!(
-                            "key {key}: published result {} (input {:?}) differs from the stored {stored}",
-                            r.result, r.source
-                        ));
+                        fail(format!("key {key}: published result {} (input {:?}) differs from the stored {stored}", r.result, r.source));
                     }
                 }
                 if ind > 0 {
-                    fail(format!(
-                        "key {key} is stored completed but was published indeterminate"
-                    ));
+                    fail(format!("key {key} is stored completed but was published indeterminate"));
                 }
             }
             Some(Record::Indeterminate(r)) => {
                 if forwarding(i) {
-                    fail(format!(
-                        "forwarding key {key} is stored indeterminate: {}",
-                        r.why
-                    ));
+                    fail(format!("forwarding key {key} is stored indeterminate: {}", r.why));
                 }
                 if ok > 0 {
-                    fail(format!(
-                        "key {key} is stored indeterminate but was published succeeded/duplicate"
-                    ));
+                    fail(format!("key {key} is stored indeterminate but was published succeeded/duplicate"));
                 }
                 if ind == 0 {
-                    fail(format!(
-                        "key {key} is stored indeterminate but no result says so"
-                    ));
+                    fail(format!("key {key} is stored indeterminate but no result says so"));
                 }
-                if reqs.is_empty() {
-                    ind_not_received += 1
-                } else {
-                    ind_received += 1
-                }
+                if reqs.is_empty() { ind_not_received += 1 } else { ind_received += 1 }
             }
         }
         if !forwarding(i) && reqs.is_empty() && ind == 0 {
-            fail(format!(
-                "non-forwarding key {key} was never received and has no `indeterminate` result"
-            ));
+            fail(format!("non-forwarding key {key} was never received and has no `indeterminate` result"));
         }
     }
     if records.len() != DISTINCT {
-        fail(format!(
-            "the store holds {} records, expected {DISTINCT}",
-            records.len()
-        ));
+        fail(format!("the store holds {} records, expected {DISTINCT}", records.len()));
     }
     let once = seen.iter().filter(|s| s.path == "/once").count();
     println!(
@@ -870,8 +644,5 @@ fn check(
         seen.len(),
         seen.len() - once
     );
-    Coverage {
-        answer_lost_once: ind_received,
-        reran_fwd: reran,
-    }
+    Coverage { answer_lost_once: ind_received, reran_fwd: reran }
 }

@@ -12,14 +12,10 @@ async fn health_readiness_and_metrics() {
     let metrics = Arc::new(Metrics::new().unwrap());
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
-    let (addr, server) = serve(
-        "127.0.0.1:0".parse().unwrap(),
-        metrics.clone(),
-        health.clone(),
-        stop.clone().cancelled_owned(),
-    )
-    .await
-    .unwrap();
+    let (addr, server) =
+        serve("127.0.0.1:0".parse().unwrap(), metrics.clone(), health.clone(), stop.clone().cancelled_owned())
+            .await
+            .unwrap();
     let task = tokio::spawn(server);
     let get = |path: &'static str| async move {
         let r = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
@@ -42,14 +38,8 @@ async fn health_readiness_and_metrics() {
     metrics.command(Outcome::Duplicate, Some("mail"));
     let (status, text) = get("/metrics").await;
     assert_eq!(status, 200);
-    assert!(
-        text.contains("dedupd_commands_total{outcome=\"duplicate\",route=\"mail\"} 2"),
-        "{text}"
-    );
-    assert!(
-        text.contains("dedupd_store_records{state=\"indeterminate\"} 0"),
-        "{text}"
-    );
+    assert!(text.contains("dedupd_commands_total{outcome=\"duplicate\",route=\"mail\"} 2"), "{text}");
+    assert!(text.contains("dedupd_store_records{state=\"indeterminate\"} 0"), "{text}");
 
     stop.cancel();
     task.await.unwrap().unwrap();

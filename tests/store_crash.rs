@@ -34,12 +34,8 @@ const FAR: i64 = 4_000_000_000_000;
 
 /// The fingerprint the child claims `key` with (the project's own, of a fixed command).
 fn fingerprint_of(key: &str) -> Fingerprint {
-    dedupd::fingerprint::fingerprint(
-        "crash-test",
-        &serde_json::Value::String(key.to_string()),
-        &[],
-    )
-    .unwrap_or(Fingerprint([0; 32]))
+    dedupd::fingerprint::fingerprint("crash-test", &serde_json::Value::String(key.to_string()), &[])
+        .unwrap_or(Fingerprint([0; 32]))
 }
 
 /// splitmix64: small, seedable, good enough to pick kill times.
@@ -85,27 +81,15 @@ fn parse_key(key: &str) -> Option<(usize, i64)> {
 }
 
 fn crash_loop(kind: StoreBackend, name: &str) {
-    let kills: usize = std::env::var("STORE_CRASH_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
-    let seed: u64 = std::env::var("STORE_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let kills: usize = std::env::var("STORE_CRASH_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let seed: u64 = std::env::var("STORE_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
     eprintln!("[{name}] {kills} kills, STORE_CRASH_SEED={seed}");
     let mut rng = Rng(seed ^ name.len() as u64);
     let dir = tempfile::tempdir().unwrap();
-    let per_store: usize = std::env::var("STORE_CRASH_KILLS_PER_STORE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(25)
-        .max(1);
+    let per_store: usize =
+        std::env::var("STORE_CRASH_KILLS_PER_STORE").ok().and_then(|v| v.parse().ok()).unwrap_or(25).max(1);
     let started = Instant::now();
     let mut runs: Vec<Run> = Vec::new();
     let mut all_runs: Vec<Run> = Vec::new();
@@ -129,23 +113,12 @@ fn crash_loop(kind: StoreBackend, name: &str) {
             _ => (Some("DURABLE"), Duration::from_micros(rng.below(15_000))),
         };
         let how = match wait_for {
-            None => format!(
-                "store {} run {run}: batch {batch}, killed {delay:?} after spawn",
-                kill / per_store
-            ),
-            Some(w) => format!(
-                "store {} run {run}: batch {batch}, killed {delay:?} after the first {w}",
-                kill / per_store
-            ),
+            None => format!("store {} run {run}: batch {batch}, killed {delay:?} after spawn", kill / per_store),
+            Some(w) => format!("store {} run {run}: batch {batch}, killed {delay:?} after the first {w}", kill / per_store),
         };
 
         let mut child = Command::new(env!("CARGO_BIN_EXE_store-crash-child"))
-            .args([
-                name,
-                path.to_str().unwrap(),
-                &run.to_string(),
-                &batch.to_string(),
-            ])
+            .args([name, path.to_str().unwrap(), &run.to_string(), &batch.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -194,46 +167,24 @@ fn crash_loop(kind: StoreBackend, name: &str) {
             break;
         }
 
-        let mut r = Run {
-            batch,
-            how,
-            ..Run::default()
-        };
+        let mut r = Run { batch, how, ..Run::default() };
         let mut saw_open = false;
         for l in &lines {
             let mut parts = l.split_whitespace();
-            match (
-                parts.next(),
-                parts.next().and_then(|x| x.parse::<i64>().ok()),
-                parts.next().and_then(|x| x.parse::<i64>().ok()),
-            ) {
+            match (parts.next(), parts.next().and_then(|x| x.parse::<i64>().ok()), parts.next().and_then(|x| x.parse::<i64>().ok())) {
                 (Some("OPEN"), _, _) => saw_open = true,
                 (Some("DURABLE"), Some(a), Some(b)) => {
-                    assert_eq!(
-                        a, r.durable,
-                        "{}: DURABLE lines out of sequence: {lines:?}",
-                        r.how
-                    );
+                    assert_eq!(a, r.durable, "{}: DURABLE lines out of sequence: {lines:?}", r.how);
                     r.durable = b + 1;
                 }
                 (Some("COMPLETED"), Some(a), Some(b)) => {
-                    assert_eq!(
-                        a, r.completed,
-                        "{}: COMPLETED lines out of sequence: {lines:?}",
-                        r.how
-                    );
+                    assert_eq!(a, r.completed, "{}: COMPLETED lines out of sequence: {lines:?}", r.how);
                     r.completed = b + 1;
                 }
                 _ => panic!("{}: unexpected child output {l:?}", r.how),
             }
         }
-        stats[if !saw_open {
-            0
-        } else if r.durable == 0 {
-            1
-        } else {
-            2
-        }] += 1;
+        stats[if !saw_open { 0 } else if r.durable == 0 { 1 } else { 2 }] += 1;
         runs.push(r);
 
         let t = Instant::now();
@@ -276,9 +227,7 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
     let mut records: BTreeMap<String, Record> = BTreeMap::new();
     let mut start: Vec<u8> = Vec::new();
     loop {
-        let page = backend
-            .scan(Tree::Records, &start, None, 10_000)
-            .map_err(|e| format!("scan: {e}"))?;
+        let page = backend.scan(Tree::Records, &start, None, 10_000).map_err(|e| format!("scan: {e}"))?;
         let Some((last, _)) = page.last() else { break };
         start = last.clone();
         start.push(0);
@@ -291,10 +240,7 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
 
     // The expiry index is exactly the completed records' expiries.
     let mut index: Vec<(i64, String)> = Vec::new();
-    for (k, _) in backend
-        .scan(Tree::Expiry, &[], None, usize::MAX)
-        .map_err(|e| format!("scan expiry: {e}"))?
-    {
+    for (k, _) in backend.scan(Tree::Expiry, &[], None, usize::MAX).map_err(|e| format!("scan expiry: {e}"))? {
         if k.len() < 8 {
             return Err(format!("short expiry key {k:?}"));
         }
@@ -302,10 +248,8 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
         index.push((at, String::from_utf8_lossy(&k[8..]).into_owned()));
     }
     index.sort();
-    let mut want: Vec<(i64, String)> = records
-        .iter()
-        .filter_map(|(k, r)| r.expires_at_ms().map(|at| (at, k.clone())))
-        .collect();
+    let mut want: Vec<(i64, String)> =
+        records.iter().filter_map(|(k, r)| r.expires_at_ms().map(|at| (at, k.clone()))).collect();
     want.sort();
     if index != want {
         let extra: Vec<_> = index.iter().filter(|e| !want.contains(e)).take(5).collect();
@@ -320,9 +264,7 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
     // Per run: contents, reported durability and completion, prefix order.
     let mut present: Vec<Vec<(i64, &Record)>> = vec![Vec::new(); runs.len()];
     for (key, rec) in &records {
-        let Some((run, i)) = parse_key(key) else {
-            return Err(format!("unknown key {key:?}"));
-        };
+        let Some((run, i)) = parse_key(key) else { return Err(format!("unknown key {key:?}")) };
         if run >= runs.len() {
             return Err(format!("key {key} of a run that never happened"));
         }
@@ -357,25 +299,15 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
                 continue; // may have been compacted since
             }
             match (by_i.get(&i), i < r.completed) {
-                (None, _) => {
-                    return Err(format!(
-                        "key r{run:04}-{i:07} was reported durable but is gone"
-                    ));
-                }
+                (None, _) => return Err(format!("key r{run:04}-{i:07} was reported durable but is gone")),
                 (Some(Record::InProgress(_)), true) => {
-                    return Err(format!(
-                        "key r{run:04}-{i:07} was reported completed but is in_progress"
-                    ));
+                    return Err(format!("key r{run:04}-{i:07} was reported completed but is in_progress"));
                 }
                 _ => {}
             }
         }
         // Prefix order of the non-expiring keys: present ones, then completed ones.
-        let steady: Vec<(i64, &Record)> = by_i
-            .iter()
-            .filter(|(i, _)| !r.expiring(**i))
-            .map(|(i, r)| (*i, *r))
-            .collect();
+        let steady: Vec<(i64, &Record)> = by_i.iter().filter(|(i, _)| !r.expiring(**i)).map(|(i, r)| (*i, *r)).collect();
         let expected_seq = (0..).filter(|i| !r.expiring(*i));
         for ((i, _), want_i) in steady.iter().zip(expected_seq) {
             if *i != want_i {
@@ -404,8 +336,7 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
     }
 
     // Counts, watermark through the KeyStore itself.
-    let store = KeyStore::with_backend(backend, SyncMode::Batch)
-        .map_err(|e| format!("KeyStore open: {e}"))?;
+    let store = KeyStore::with_backend(backend, SyncMode::Batch).map_err(|e| format!("KeyStore open: {e}"))?;
     let counts = store.counts();
     let by_scan = records.values().fold([0i64; 3], |mut c, r| {
         c[match r {
@@ -416,18 +347,12 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
         c
     });
     if [counts.in_progress, counts.completed, counts.indeterminate] != by_scan {
-        return Err(format!(
-            "counts {counts:?} differ from the scan {by_scan:?}"
-        ));
+        return Err(format!("counts {counts:?} differ from the scan {by_scan:?}"));
     }
     if let Some(off) = max_completed_offset {
-        let wm = store
-            .watermark("crash", 0)
-            .map_err(|e| format!("watermark: {e}"))?;
+        let wm = store.watermark("crash", 0).map_err(|e| format!("watermark: {e}"))?;
         if wm.is_none_or(|w| w < off) {
-            return Err(format!(
-                "watermark {wm:?} below the last completed offset {off}"
-            ));
+            return Err(format!("watermark {wm:?} below the last completed offset {off}"));
         }
     }
     Ok(())
@@ -453,14 +378,11 @@ fn first_creation_killed(kind: StoreBackend, name: &str) {
         let mut out = String::new();
         let _ = std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out);
         opened_before_kill += usize::from(out.starts_with("OPEN"));
-        let store = KeyStore::open(kind, &path, SyncMode::Batch).unwrap_or_else(|e| {
-            panic!("[{name}] attempt {attempt}: reopen after a kill during creation: {e}")
-        });
+        let store = KeyStore::open(kind, &path, SyncMode::Batch)
+            .unwrap_or_else(|e| panic!("[{name}] attempt {attempt}: reopen after a kill during creation: {e}"));
         store.recount().unwrap();
     }
-    eprintln!(
-        "[{name}] 40 kills during creation, {opened_before_kill} of them after the open had finished"
-    );
+    eprintln!("[{name}] 40 kills during creation, {opened_before_kill} of them after the open had finished");
 }
 
 #[test]

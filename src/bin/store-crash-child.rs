@@ -24,12 +24,8 @@ const FAR: i64 = 4_000_000_000_000;
 
 /// The fingerprint the child claims `key` with (the project's own, of a fixed command).
 fn fingerprint_of(key: &str) -> Fingerprint {
-    dedupd::fingerprint::fingerprint(
-        "crash-test",
-        &serde_json::Value::String(key.to_string()),
-        &[],
-    )
-    .unwrap_or(Fingerprint([0; 32]))
+    dedupd::fingerprint::fingerprint("crash-test", &serde_json::Value::String(key.to_string()), &[])
+        .unwrap_or(Fingerprint([0; 32]))
 }
 
 fn main() -> ExitCode {
@@ -78,17 +74,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 fingerprint: fingerprint_of(&key),
                 claimed_at_ms: 1_000 + i,
                 attempts: 1,
-                source: SourcePos {
-                    topic: "crash".into(),
-                    partition: 0,
-                    offset: run * RUN_STRIDE + i,
-                },
+                source: SourcePos { topic: "crash".into(), partition: 0, offset: run * RUN_STRIDE + i },
             };
             match store.claim(&key, None, claim)? {
                 Ok(p) => pending.push(p),
-                Err(current) => {
-                    return Err(format!("fresh key {key} was taken: {current:?}").into());
-                }
+                Err(current) => return Err(format!("fresh key {key} was taken: {current:?}").into()),
             }
         }
         let durable = store.flush_claims(pending)?;

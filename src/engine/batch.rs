@@ -19,10 +19,7 @@ enum Start {
     /// Decided without running a sink.
     Done(Box<Processed>),
     /// Claimed (not yet durable); `previous` is what the claim replaced.
-    Claimed {
-        pending: PendingClaim,
-        previous: Option<Record>,
-    },
+    Claimed { pending: PendingClaim, previous: Option<Record> },
     /// Another batch of this process is executing the key.
     Wait(watch::Receiver<()>),
 }
@@ -52,9 +49,7 @@ impl Engine {
         let mut queue_of: HashMap<&str, usize> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
             match &item.parsed {
-                Err(rejection) => {
-                    results[i] = Some(ItemResult::Done(Box::new(rejected(item, rejection))))
-                }
+                Err(rejection) => results[i] = Some(ItemResult::Done(Box::new(rejected(item, rejection)))),
                 Ok(cmd) => {
                     let q = *queue_of.entry(cmd.key.as_str()).or_insert_with(|| {
                         queues.push(VecDeque::new());
@@ -104,14 +99,12 @@ impl Engine {
                 .await
                 .map_err(|e| EngineError::Join(e.to_string()))??;
 
-            let runs = durable.into_iter().zip(claimed.iter()).map(
-                |(claim, &(_, _, cmd, _))| async move {
-                    let _permit = self.limiter.acquire().await;
-                    let sink = &self.route_sinks[cmd.route];
-                    let end = run_with_retry(sink.as_ref(), &claim, cmd, &self.retry, cancel).await;
-                    (claim, end)
-                },
-            );
+            let runs = durable.into_iter().zip(claimed.iter()).map(|(claim, &(_, _, cmd, _))| async move {
+                let _permit = self.limiter.acquire().await;
+                let sink = &self.route_sinks[cmd.route];
+                let end = run_with_retry(sink.as_ref(), &claim, cmd, &self.retry, cancel).await;
+                (claim, end)
+            });
             let ends = futures::future::join_all(runs).await;
 
             let mut done_keys = Vec::with_capacity(ends.len());
@@ -121,62 +114,20 @@ impl Engine {
                 let prior = claim.record().attempts.saturating_sub(1);
                 let result = match end {
                     RunEnd::Succeeded { result, attempts } => {
-                        let c = self.completion(
-                            cmd,
-                            first_seen,
-                            completed_at,
-                            Completion::Succeeded,
-                            &result,
-                            None,
-                            prior + attempts,
-                        );
+                        let c = self.completion(cmd, first_seen, completed_at, Completion::Succeeded, &result, None, prior + attempts);
                         self.store.complete(claim, c)?;
-                        ItemResult::Done(Box::new(self.executed(
-                            &items[i],
-                            cmd,
-                            Outcome::Succeeded,
-                            result,
-                            None,
-                            prior + attempts,
-                            first_seen,
-                            completed_at,
-                        )))
+                        ItemResult::Done(Box::new(self.executed(&items[i], cmd, Outcome::Succeeded, result, None, prior + attempts, first_seen, completed_at)))
                     }
-                    RunEnd::Failed {
-                        result,
-                        error,
-                        attempts,
-                    } => {
-                        let c = self.completion(
-                            cmd,
-                            first_seen,
-                            completed_at,
-                            Completion::Failed,
-                            &result,
-                            Some(&error),
-                            prior + attempts,
-                        );
+                    RunEnd::Failed { result, error, attempts } => {
+                        let c = self.completion(cmd, first_seen, completed_at, Completion::Failed, &result, Some(&error), prior + attempts);
                         self.store.complete(claim, c)?;
-                        ItemResult::Done(Box::new(self.executed(
-                            &items[i],
-                            cmd,
-                            Outcome::Failed,
-                            result,
-                            Some(error),
-                            prior + attempts,
-                            first_seen,
-                            completed_at,
-                        )))
+                        ItemResult::Done(Box::new(self.executed(&items[i], cmd, Outcome::Failed, result, Some(error), prior + attempts, first_seen, completed_at)))
                     }
                     RunEnd::NeverRan => {
                         // The sink never saw it: put back what the claim replaced, so the
                         // next owner of the partition decides as if we had never been here.
                         let mine = Record::InProgress(claim.record().clone());
-                        if self
-                            .store
-                            .compare_and_swap(&cmd.key, Some(&mine), previous.as_ref())?
-                            .is_err()
-                        {
+                        if self.store.compare_and_swap(&cmd.key, Some(&mine), previous.as_ref())?.is_err() {
                             tracing::warn!(key = %cmd.key, "claim changed while abandoning it; leaving it");
                         }
                         ItemResult::Abandoned
@@ -212,13 +163,7 @@ impl Engine {
                 }
             }
         }
-        Ok((
-            results
-                .into_iter()
-                .map(|r| r.unwrap_or(ItemResult::Abandoned))
-                .collect(),
-            flushed,
-        ))
+        Ok((results.into_iter().map(|r| r.unwrap_or(ItemResult::Abandoned)).collect(), flushed))
     }
 
     /// Decides one record and takes the first step. Loops only when a compare-and-swap
@@ -232,11 +177,7 @@ impl Engine {
         };
         loop {
             let stored = self.store.get(&cmd.key)?;
-            let waiter = self
-                .inflight
-                .lock()
-                .get(&cmd.key)
-                .map(watch::Sender::subscribe);
+            let waiter = self.inflight.lock().get(&cmd.key).map(watch::Sender::subscribe);
             let ctx = Context {
                 now_ms: now,
                 executing_here: waiter.is_some(),
@@ -265,20 +206,10 @@ impl Engine {
                             attempts: p.attempts.saturating_add(1),
                             source: item.source.clone(),
                         },
-                        _ => InProgress {
-                            fingerprint: cmd.fingerprint,
-                            claimed_at_ms: now,
-                            attempts: 1,
-                            source: item.source.clone(),
-                        },
+                        _ => InProgress { fingerprint: cmd.fingerprint, claimed_at_ms: now, attempts: 1, source: item.source.clone() },
                     };
                     match self.store.claim(&cmd.key, stored.as_ref(), claim) {
-                        Ok(Ok(pending)) => {
-                            return Ok(Start::Claimed {
-                                pending,
-                                previous: stored,
-                            });
-                        }
+                        Ok(Ok(pending)) => return Ok(Start::Claimed { pending, previous: stored }),
                         Ok(Err(_)) => {
                             self.inflight.lock().remove(&cmd.key);
                         }
@@ -289,16 +220,10 @@ impl Engine {
                     }
                 }
                 Action::MarkIndeterminate => {
-                    let Some(Record::InProgress(p)) = &stored else {
-                        continue;
-                    };
+                    let Some(Record::InProgress(p)) = &stored else { continue };
                     let why = format!(
                         "claimed at {} by {}/{}/{} and never completed (crash?); sink `{}` does not forward the key, so the effect is unknown",
-                        rfc3339_ms(p.claimed_at_ms),
-                        p.source.topic,
-                        p.source.partition,
-                        p.source.offset,
-                        sink.name()
+                        rfc3339_ms(p.claimed_at_ms), p.source.topic, p.source.partition, p.source.offset, sink.name()
                     );
                     let new = Record::Indeterminate(Indeterminate {
                         fingerprint: p.fingerprint,
@@ -306,14 +231,8 @@ impl Engine {
                         attempts: p.attempts,
                         why,
                     });
-                    if self
-                        .store
-                        .compare_and_swap(&cmd.key, stored.as_ref(), Some(&new))?
-                        .is_ok()
-                    {
-                        return Ok(Start::Done(Box::new(
-                            self.from_record(item, cmd, &new, now),
-                        )));
+                    if self.store.compare_and_swap(&cmd.key, stored.as_ref(), Some(&new))?.is_ok() {
+                        return Ok(Start::Done(Box::new(self.from_record(item, cmd, &new, now))));
                     }
                 }
                 Action::Replay | Action::ReportIndeterminate | Action::Conflict => {
@@ -343,18 +262,11 @@ impl Engine {
                     );
                     let mut p = self.base(item, Some(cmd), Outcome::Stale);
                     p.result.error = Some(error.clone());
-                    p.dead_letter = Some(DeadLetter {
-                        reason: "stale",
-                        error,
-                    });
+                    p.dead_letter = Some(DeadLetter { reason: "stale", error });
                     return Ok(Start::Done(Box::new(p)));
                 }
                 Action::Reject(reason) => {
-                    let rejection = Rejection {
-                        reason,
-                        message: "rejected".into(),
-                        key: Some(cmd.key.clone()),
-                    };
+                    let rejection = Rejection { reason, message: "rejected".into(), key: Some(cmd.key.clone()) };
                     return Ok(Start::Done(Box::new(rejected(item, &rejection))));
                 }
             }
@@ -408,9 +320,7 @@ impl Engine {
             duplicate_age_ms: None,
             // The envelope's trace context (CloudEvents attributes included) when there is
             // a command; the raw header otherwise.
-            traceparent: cmd
-                .and_then(|c| c.traceparent.clone())
-                .or_else(|| item.traceparent.clone()),
+            traceparent: cmd.and_then(|c| c.traceparent.clone()).or_else(|| item.traceparent.clone()),
             sink_called: false,
         }
     }
@@ -443,9 +353,8 @@ impl Engine {
             Record::Completed(c) => {
                 let mut p = self.base(item, Some(cmd), Outcome::Duplicate);
                 p.result.replay = true;
-                p.result.result = serde_json::from_slice(&c.result).unwrap_or_else(|_| {
-                    Value::String(String::from_utf8_lossy(&c.result).into_owned())
-                });
+                p.result.result = serde_json::from_slice(&c.result)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&c.result).into_owned()));
                 p.result.error = c.error.clone();
                 p.result.attempts = c.attempts;
                 p.result.first_seen_at = Some(rfc3339_ms(c.first_seen_at_ms));
@@ -489,10 +398,7 @@ fn rejected(item: &Item, rejection: &Rejection) -> Processed {
             completed_at: None,
             source: SourceRef::from(&item.source),
         },
-        dead_letter: Some(DeadLetter {
-            reason: rejection.reason.as_str(),
-            error,
-        }),
+        dead_letter: Some(DeadLetter { reason: rejection.reason.as_str(), error }),
         duplicate_age_ms: None,
         traceparent: item.traceparent.clone(),
         sink_called: false,

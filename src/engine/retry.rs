@@ -17,11 +17,7 @@ pub(super) enum RunEnd {
     /// The sink succeeded on attempt `attempts`.
     Succeeded { result: Value, attempts: u32 },
     /// Permanent failure, or transient failures until `retry.max_attempts`.
-    Failed {
-        result: Value,
-        error: String,
-        attempts: u32,
-    },
+    Failed { result: Value, error: String, attempts: u32 },
     /// Cancelled before the first call: the sink never ran.
     NeverRan,
     /// Cancelled after at least one call without a definite answer.
@@ -32,16 +28,9 @@ pub(super) enum RunEnd {
 /// upper half jittered so that retries of many keys spread out.
 pub(super) fn backoff(retry: &RetryConfig, next: u32, retry_after: Option<Duration>) -> Duration {
     let exp = next.saturating_sub(2).min(30);
-    let base = retry
-        .initial_backoff
-        .saturating_mul(1u32 << exp)
-        .min(retry.max_backoff);
+    let base = retry.initial_backoff.saturating_mul(1u32 << exp).min(retry.max_backoff);
     let half = base / 2;
-    let jitter = if half.is_zero() {
-        Duration::ZERO
-    } else {
-        half.mul_f64(rand::random_range(0.0..1.0))
-    };
+    let jitter = if half.is_zero() { Duration::ZERO } else { half.mul_f64(rand::random_range(0.0..1.0)) };
     (half + jitter).max(retry_after.unwrap_or(Duration::ZERO).min(retry.max_backoff))
 }
 
@@ -58,13 +47,7 @@ pub(super) async fn run_with_retry(
     let mut attempt = 1u32;
     loop {
         if cancel.is_cancelled() {
-            return if attempt == 1 {
-                RunEnd::NeverRan
-            } else {
-                RunEnd::Interrupted {
-                    attempts: attempt - 1,
-                }
-            };
+            return if attempt == 1 { RunEnd::NeverRan } else { RunEnd::Interrupted { attempts: attempt - 1 } };
         }
         let request = SinkRequest::new(
             claim,
@@ -74,23 +57,11 @@ pub(super) async fn run_with_retry(
             command.traceparent.as_deref(),
         );
         match sink.execute(request).await {
-            Ok(result) => {
-                return RunEnd::Succeeded {
-                    result,
-                    attempts: attempt,
-                };
-            }
+            Ok(result) => return RunEnd::Succeeded { result, attempts: attempt },
             Err(SinkError::Permanent { message, result }) => {
-                return RunEnd::Failed {
-                    result,
-                    error: message,
-                    attempts: attempt,
-                };
+                return RunEnd::Failed { result, error: message, attempts: attempt };
             }
-            Err(SinkError::Transient {
-                message,
-                retry_after,
-            }) => {
+            Err(SinkError::Transient { message, retry_after }) => {
                 if attempt >= max {
                     return RunEnd::Failed {
                         result: Value::Object(Default::default()),
@@ -124,20 +95,11 @@ mod tests {
         };
         for _ in 0..100 {
             let b2 = backoff(&r, 2, None);
-            assert!(
-                b2 >= Duration::from_millis(50) && b2 <= Duration::from_millis(100),
-                "{b2:?}"
-            );
+            assert!(b2 >= Duration::from_millis(50) && b2 <= Duration::from_millis(100), "{b2:?}");
             let b3 = backoff(&r, 3, None);
-            assert!(
-                b3 >= Duration::from_millis(100) && b3 <= Duration::from_millis(200),
-                "{b3:?}"
-            );
+            assert!(b3 >= Duration::from_millis(100) && b3 <= Duration::from_millis(200), "{b3:?}");
             let b20 = backoff(&r, 20, None);
-            assert!(
-                b20 >= Duration::from_millis(500) && b20 <= Duration::from_secs(1),
-                "{b20:?}"
-            );
+            assert!(b20 >= Duration::from_millis(500) && b20 <= Duration::from_secs(1), "{b20:?}");
         }
         assert!(backoff(&r, 2, Some(Duration::from_millis(700))) >= Duration::from_millis(700));
         assert!(backoff(&r, 2, Some(Duration::from_secs(60))) <= Duration::from_secs(1));

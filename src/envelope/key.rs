@@ -10,16 +10,10 @@ pub(super) fn validate_key(key: &str, what: &str) -> Result<String, Rejection> {
         return Err(bad(format!("the key ({what}) is empty")));
     }
     if key.len() > MAX_KEY_BYTES {
-        return Err(bad(format!(
-            "the key ({what}) is {} bytes, over the limit of {MAX_KEY_BYTES}",
-            key.len()
-        )));
+        return Err(bad(format!("the key ({what}) is {} bytes, over the limit of {MAX_KEY_BYTES}", key.len())));
     }
     if let Some(c) = key.chars().find(|c| c.is_control()) {
-        return Err(bad(format!(
-            "the key ({what}) contains the control character U+{:04X}",
-            u32::from(c)
-        )));
+        return Err(bad(format!("the key ({what}) contains the control character U+{:04X}", u32::from(c))));
     }
     Ok(key.to_string())
 }
@@ -34,10 +28,7 @@ pub(super) fn key_from_bytes(bytes: &[u8], what: &str) -> Result<String, Rejecti
         Ok(s) => validate_key(s, what),
         Err(e) => Err(reject(
             RejectReason::BadKey,
-            format!(
-                "the key ({what}) is not UTF-8 (invalid byte at offset {})",
-                e.valid_up_to()
-            ),
+            format!("the key ({what}) is not UTF-8 (invalid byte at offset {})", e.valid_up_to()),
             None,
         )),
     }
@@ -46,16 +37,11 @@ pub(super) fn key_from_bytes(bytes: &[u8], what: &str) -> Result<String, Rejecti
 /// A key from a JSON member: absent or null is missing, anything but a string is bad.
 pub(super) fn key_from_json(v: Option<&Value>, what: &str) -> Result<String, Rejection> {
     match v {
-        None | Some(Value::Null) => Err(missing_key(format!(
-            "the record has no key: {what} is missing"
-        ))),
+        None | Some(Value::Null) => Err(missing_key(format!("the record has no key: {what} is missing"))),
         Some(Value::String(s)) => validate_key(s, what),
         Some(other) => Err(reject(
             RejectReason::BadKey,
-            format!(
-                "the key ({what}) is a JSON {}, not a string",
-                json_type(other)
-            ),
+            format!("the key ({what}) is a JSON {}, not a string", json_type(other)),
             None,
         )),
     }
@@ -64,47 +50,27 @@ pub(super) fn key_from_json(v: Option<&Value>, what: &str) -> Result<String, Rej
 /// One part of a CloudEvents key (`source` or `id`): a non-empty string.
 pub(super) fn ce_part_json(obj: Option<&Value>, name: &str) -> Result<String, Rejection> {
     match obj {
-        None | Some(Value::Null) => Err(missing_key(format!(
-            "the CloudEvent has no `{name}`, which makes half of its key"
-        ))),
-        Some(Value::String(s)) if s.is_empty() => Err(reject(
-            RejectReason::BadKey,
-            format!("the CloudEvent's `{name}` is empty"),
-            None,
-        )),
+        None | Some(Value::Null) => Err(missing_key(format!("the CloudEvent has no `{name}`, which makes half of its key"))),
+        Some(Value::String(s)) if s.is_empty() => {
+            Err(reject(RejectReason::BadKey, format!("the CloudEvent's `{name}` is empty"), None))
+        }
         Some(Value::String(s)) => Ok(s.clone()),
         Some(other) => Err(reject(
             RejectReason::BadKey,
-            format!(
-                "the CloudEvent's `{name}` is a JSON {}, not a string",
-                json_type(other)
-            ),
+            format!("the CloudEvent's `{name}` is a JSON {}, not a string", json_type(other)),
             None,
         )),
     }
 }
 
-pub(super) fn ce_part_header(
-    headers: &[(String, Option<Vec<u8>>)],
-    name: &str,
-) -> Result<String, Rejection> {
+pub(super) fn ce_part_header(headers: &[(String, Option<Vec<u8>>)], name: &str) -> Result<String, Rejection> {
     let Some(bytes) = header(headers, name) else {
-        return Err(missing_key(format!(
-            "the binary CloudEvent has no {name} header, which makes half of its key"
-        )));
+        return Err(missing_key(format!("the binary CloudEvent has no {name} header, which makes half of its key")));
     };
     match std::str::from_utf8(bytes) {
-        Ok("") => Err(reject(
-            RejectReason::BadKey,
-            format!("header {name} is empty"),
-            None,
-        )),
+        Ok("") => Err(reject(RejectReason::BadKey, format!("header {name} is empty"), None)),
         Ok(s) => Ok(s.to_string()),
-        Err(_) => Err(reject(
-            RejectReason::BadKey,
-            format!("header {name} is not UTF-8"),
-            None,
-        )),
+        Err(_) => Err(reject(RejectReason::BadKey, format!("header {name} is not UTF-8"), None)),
     }
 }
 
@@ -121,11 +87,7 @@ pub(super) fn tool_arguments(doc: &Value) -> Result<&serde_json::Map<String, Val
 }
 
 /// The key the shape carries itself.
-pub(super) fn shape_key(
-    shape: Shape,
-    record: &InputRecord<'_>,
-    doc: &Value,
-) -> Result<String, Rejection> {
+pub(super) fn shape_key(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Result<String, Rejection> {
     match shape {
         Shape::Native => key_from_json(doc.get("id"), "`id`"),
         Shape::ToolCall => {
@@ -146,12 +108,7 @@ pub(super) fn shape_key(
 }
 
 /// The key per `envelope.key`.
-pub(super) fn read_key(
-    record: &InputRecord<'_>,
-    source: &KeySource,
-    shape: Shape,
-    doc: &Value,
-) -> Result<String, Rejection> {
+pub(super) fn read_key(record: &InputRecord<'_>, source: &KeySource, shape: Shape, doc: &Value) -> Result<String, Rejection> {
     match source {
         KeySource::Auto => match header(record.headers, "idempotency-key") {
             Some(bytes) => key_from_bytes(bytes, "header idempotency-key"),
@@ -159,9 +116,7 @@ pub(super) fn read_key(
         },
         KeySource::Header(name) => match header(record.headers, name) {
             Some(bytes) => key_from_bytes(bytes, &format!("header {name}")),
-            None => Err(missing_key(format!(
-                "the record has no {name} header (envelope.key = header:{name})"
-            ))),
+            None => Err(missing_key(format!("the record has no {name} header (envelope.key = header:{name})"))),
         },
         KeySource::JsonPointer(pointer) => {
             let what = format!("json:{pointer}");
@@ -174,9 +129,7 @@ pub(super) fn read_key(
         }
         KeySource::RecordKey => match record.key {
             Some(bytes) => key_from_bytes(bytes, "Kafka record key"),
-            None => Err(missing_key(
-                "the record has no Kafka record key (envelope.key = record-key)".to_string(),
-            )),
+            None => Err(missing_key("the record has no Kafka record key (envelope.key = record-key)".to_string())),
         },
     }
 }

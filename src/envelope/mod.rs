@@ -33,6 +33,7 @@
 //!   (`ce_traceparent` header, `traceparent` attribute). Not UTF-8: dropped, not rejected.
 //! - `stale` is never produced here: it needs the clock, see [`crate::decide`].
 
+
 mod key;
 mod shapes;
 #[cfg(test)]
@@ -101,9 +102,7 @@ impl std::str::FromStr for KeySource {
             }
             Ok(KeySource::JsonPointer(ptr.to_string()))
         } else {
-            Err(format!(
-                "`{s}` is not one of auto, header:NAME, json:/pointer, record-key"
-            ))
+            Err(format!("`{s}` is not one of auto, header:NAME, json:/pointer, record-key"))
         }
     }
 }
@@ -267,10 +266,7 @@ pub fn parse(
     if bytes.len() > max {
         return Err(reject(
             RejectReason::TooLarge,
-            format!(
-                "value is {} bytes, over limits.max_command_bytes = {max}",
-                bytes.len()
-            ),
+            format!("value is {} bytes, over limits.max_command_bytes = {max}", bytes.len()),
             None,
         ));
     }
@@ -280,37 +276,26 @@ pub fn parse(
     let key = read_key(record, &envelope.key, shape, &doc)?;
     let known = Some(key.as_str());
 
-    let kind =
-        read_type(shape, record, &doc).map_err(|m| reject(RejectReason::MissingType, m, known))?;
+    let kind = read_type(shape, record, &doc).map_err(|m| reject(RejectReason::MissingType, m, known))?;
 
-    let (ttl, created_at_ms) =
-        read_fields(shape, record, &doc).map_err(|m| reject(RejectReason::BadField, m, known))?;
+    let (ttl, created_at_ms) = read_fields(shape, record, &doc).map_err(|m| reject(RejectReason::BadField, m, known))?;
 
     let traceparent = read_traceparent(shape, record, &doc);
 
-    let payload =
-        take_payload(shape, &mut doc).map_err(|m| reject(RejectReason::BadEnvelope, m, known))?;
+    let payload = take_payload(shape, &mut doc).map_err(|m| reject(RejectReason::BadEnvelope, m, known))?;
 
     let Some((route_index, route)) = find_route(router, &kind) else {
         return Err(reject(
             RejectReason::NoRoute,
-            format!(
-                "no route matches type {} and there is no default route (`*`)",
-                quote(&kind)
-            ),
+            format!("no route matches type {} and there is no default route (`*`)", quote(&kind)),
             known,
         ));
     };
     let ttl = router.effective_ttl(ttl, route);
 
-    let fingerprint = crate::fingerprint::fingerprint(&kind, &payload, &route.fingerprint_exclude)
-        .map_err(|e| {
-            reject(
-                RejectReason::InvalidJson,
-                format!("the payload cannot be canonicalised for the fingerprint: {e}"),
-                known,
-            )
-        })?;
+    let fingerprint = crate::fingerprint::fingerprint(&kind, &payload, &route.fingerprint_exclude).map_err(|e| {
+        reject(RejectReason::InvalidJson, format!("the payload cannot be canonicalised for the fingerprint: {e}"), known)
+    })?;
 
     // Kafka uses -1 for "no timestamp"; a negative timestamp is treated as unknown so that
     // it cannot make every command look stale.
@@ -335,32 +320,20 @@ pub fn parse(
 }
 
 fn reject(reason: RejectReason, message: String, key: Option<&str>) -> Rejection {
-    Rejection {
-        reason,
-        message,
-        key: key.map(str::to_string),
-    }
+    Rejection { reason, message, key: key.map(str::to_string) }
 }
 
 /// The value of the last header named `name` (ASCII case-insensitively); a header whose
 /// last occurrence has a null value counts as absent.
 fn header<'h>(headers: &'h [(String, Option<Vec<u8>>)], name: &str) -> Option<&'h [u8]> {
-    headers
-        .iter()
-        .rev()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .and_then(|(_, v)| v.as_deref())
+    headers.iter().rev().find(|(n, _)| n.eq_ignore_ascii_case(name)).and_then(|(_, v)| v.as_deref())
 }
 
 /// `s` quoted and escaped for a message, cut after 64 characters.
 fn quote(s: &str) -> String {
     const MAX_CHARS: usize = 64;
     match s.char_indices().nth(MAX_CHARS) {
-        Some((cut, _)) => format!(
-            "{:?}… ({} bytes)",
-            s.get(..cut).unwrap_or_default(),
-            s.len()
-        ),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", s.get(..cut).unwrap_or_default(), s.len()),
         None => format!("{s:?}"),
     }
 }
@@ -398,20 +371,12 @@ fn parse_json(bytes: &[u8], what: &str) -> Result<Value, Rejection> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
         reject(
             RejectReason::InvalidJson,
-            format!(
-                "{what} is not UTF-8 (invalid byte at offset {})",
-                e.valid_up_to()
-            ),
+            format!("{what} is not UTF-8 (invalid byte at offset {})", e.valid_up_to()),
             None,
         )
     })?;
-    serde_json::from_str(text).map_err(|e| {
-        reject(
-            RejectReason::InvalidJson,
-            format!("{what} is not valid JSON: {e}"),
-            None,
-        )
-    })
+    serde_json::from_str(text)
+        .map_err(|e| reject(RejectReason::InvalidJson, format!("{what} is not valid JSON: {e}"), None))
 }
 
 fn bad_envelope(message: String) -> Rejection {
@@ -421,9 +386,6 @@ fn bad_envelope(message: String) -> Rejection {
 /// The first route matching `kind`, with its index.
 fn find_route<'r>(router: &'r Router, kind: &str) -> Option<(usize, &'r Route)> {
     let route = router.route(kind)?;
-    let index = router
-        .routes()
-        .iter()
-        .position(|r| std::ptr::eq(r, route))?;
+    let index = router.routes().iter().position(|r| std::ptr::eq(r, route))?;
     Some((index, route))
 }

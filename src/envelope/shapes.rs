@@ -4,11 +4,7 @@
 use super::*;
 
 /// Finds the shape and parses the value: the envelope object, or a binary CloudEvent's data.
-pub(super) fn detect(
-    record: &InputRecord<'_>,
-    format: EnvelopeFormat,
-    bytes: &[u8],
-) -> Result<(Shape, Value), Rejection> {
+pub(super) fn detect(record: &InputRecord<'_>, format: EnvelopeFormat, bytes: &[u8]) -> Result<(Shape, Value), Rejection> {
     let binary = header(record.headers, "ce_specversion");
     if let Some(version) = binary {
         if matches!(format, EnvelopeFormat::Native | EnvelopeFormat::ToolCall) {
@@ -25,11 +21,7 @@ pub(super) fn detect(
                     quote(other)
                 )));
             }
-            Err(_) => {
-                return Err(bad_envelope(
-                    "header ce_specversion is not UTF-8".to_string(),
-                ));
-            }
+            Err(_) => return Err(bad_envelope("header ce_specversion is not UTF-8".to_string())),
         }
         let data = parse_json(bytes, "the value (the data of a binary CloudEvent)")?;
         return Ok((Shape::CloudEventsBinary, data));
@@ -57,19 +49,12 @@ pub(super) fn detect(
     // A pinned format reads the record as that shape whenever it has that shape's marker
     // fields, even if auto-detection would have picked another one.
     let (shape, wanted) = match format {
-        EnvelopeFormat::Auto => (
-            auto,
-            "`specversion` (CloudEvents), `tool` (tool call) or `id`/`type`/`payload` (native)",
-        ),
-        EnvelopeFormat::Native => (
-            is_native.then_some(Shape::Native),
-            "`id`, `type` or `payload`",
-        ),
+        EnvelopeFormat::Auto => (auto, "`specversion` (CloudEvents), `tool` (tool call) or `id`/`type`/`payload` (native)"),
+        EnvelopeFormat::Native => (is_native.then_some(Shape::Native), "`id`, `type` or `payload`"),
         EnvelopeFormat::ToolCall => (has("tool").then_some(Shape::ToolCall), "`tool`"),
-        EnvelopeFormat::Cloudevents => (
-            has("specversion").then_some(Shape::CloudEventsStructured),
-            "`specversion` (nor a ce_specversion header)",
-        ),
+        EnvelopeFormat::Cloudevents => {
+            (has("specversion").then_some(Shape::CloudEventsStructured), "`specversion` (nor a ce_specversion header)")
+        }
     };
     let Some(shape) = shape else {
         let looks = match auto {
@@ -91,10 +76,7 @@ pub(super) fn detect(
                 )));
             }
             Some(v) => {
-                return Err(bad_envelope(format!(
-                    "`specversion` is a JSON {}, not the string \"1.0\"",
-                    json_type(v)
-                )));
+                return Err(bad_envelope(format!("`specversion` is a JSON {}, not the string \"1.0\"", json_type(v))));
             }
             None => return Err(bad_envelope("`specversion` is missing".to_string())),
         }
@@ -103,11 +85,7 @@ pub(super) fn detect(
 }
 
 /// The command type: a non-empty string. Errors are `missing_type` messages.
-pub(super) fn read_type(
-    shape: Shape,
-    record: &InputRecord<'_>,
-    doc: &Value,
-) -> Result<String, String> {
+pub(super) fn read_type(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Result<String, String> {
     let (value, name) = match shape {
         Shape::Native => (doc.get("type"), "`type`"),
         Shape::ToolCall => (doc.get("tool"), "`tool`"),
@@ -125,10 +103,7 @@ pub(super) fn read_type(
         None | Some(Value::Null) => Err(format!("{} has no {name}", shape_name(shape))),
         Some(Value::String(s)) if s.is_empty() => Err(format!("{name} is empty")),
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(format!(
-            "{name} is a JSON {}, not a string",
-            json_type(other)
-        )),
+        Some(other) => Err(format!("{name} is a JSON {}, not a string", json_type(other))),
     }
 }
 
@@ -142,76 +117,46 @@ pub(super) fn time_from_json(v: Option<&Value>, name: &str) -> Result<Option<i64
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => parse_time(s, name).map(Some),
-        Some(other) => Err(format!(
-            "{name} is a JSON {}, not an RFC 3339 string",
-            json_type(other)
-        )),
+        Some(other) => Err(format!("{name} is a JSON {}, not an RFC 3339 string", json_type(other))),
     }
 }
 
 /// `ttl` and `created_at` (CloudEvents: `time`/`ce_time`). Errors are `bad_field` messages.
-pub(super) fn read_fields(
-    shape: Shape,
-    record: &InputRecord<'_>,
-    doc: &Value,
-) -> Result<(Option<Duration>, Option<i64>), String> {
+pub(super) fn read_fields(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Result<(Option<Duration>, Option<i64>), String> {
     match shape {
         Shape::Native => {
             let ttl = match doc.get("ttl") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(s)) => match humantime::parse_duration(s) {
                     Ok(d) if d.is_zero() => {
-                        return Err(
-                            "`ttl` is zero; leave it out to use the route's TTL".to_string()
-                        );
+                        return Err("`ttl` is zero; leave it out to use the route's TTL".to_string());
                     }
                     Ok(d) => Some(d),
-                    Err(e) => {
-                        return Err(format!(
-                            "`ttl` = {} is not a duration like \"72h\": {e}",
-                            quote(s)
-                        ));
-                    }
+                    Err(e) => return Err(format!("`ttl` = {} is not a duration like \"72h\": {e}", quote(s))),
                 },
                 Some(other) => {
-                    return Err(format!(
-                        "`ttl` is a JSON {}, not a duration string like \"72h\"",
-                        json_type(other)
-                    ));
+                    return Err(format!("`ttl` is a JSON {}, not a duration string like \"72h\"", json_type(other)));
                 }
             };
             Ok((ttl, time_from_json(doc.get("created_at"), "`created_at`")?))
         }
         Shape::ToolCall => Ok((None, None)),
         Shape::CloudEventsStructured => Ok((None, time_from_json(doc.get("time"), "`time`")?)),
-        Shape::CloudEventsBinary => {
-            match header(record.headers, "ce_time").map(std::str::from_utf8) {
-                None => Ok((None, None)),
-                Some(Ok(s)) => Ok((None, Some(parse_time(s, "header ce_time")?))),
-                Some(Err(_)) => Err("header ce_time is not UTF-8".to_string()),
-            }
-        }
+        Shape::CloudEventsBinary => match header(record.headers, "ce_time").map(std::str::from_utf8) {
+            None => Ok((None, None)),
+            Some(Ok(s)) => Ok((None, Some(parse_time(s, "header ce_time")?))),
+            Some(Err(_)) => Err("header ce_time is not UTF-8".to_string()),
+        },
     }
 }
 
 /// W3C trace context: the `traceparent` header; for CloudEvents also the distributed
 /// tracing extension (`ce_traceparent` header, `traceparent` attribute). Not UTF-8: dropped.
-pub(super) fn read_traceparent(
-    shape: Shape,
-    record: &InputRecord<'_>,
-    doc: &Value,
-) -> Option<String> {
-    let from_header = |name: &str| {
-        header(record.headers, name)
-            .and_then(|b| std::str::from_utf8(b).ok())
-            .map(str::to_string)
-    };
+pub(super) fn read_traceparent(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Option<String> {
+    let from_header = |name: &str| header(record.headers, name).and_then(|b| std::str::from_utf8(b).ok()).map(str::to_string);
     from_header("traceparent").or_else(|| match shape {
         Shape::CloudEventsBinary => from_header("ce_traceparent"),
-        Shape::CloudEventsStructured => doc
-            .get("traceparent")
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        Shape::CloudEventsStructured => doc.get("traceparent").and_then(Value::as_str).map(str::to_string),
         Shape::Native | Shape::ToolCall => None,
     })
 }
@@ -221,26 +166,18 @@ pub(super) fn take_payload(shape: Shape, doc: &mut Value) -> Result<Value, Strin
     match shape {
         Shape::Native => match doc.as_object_mut().and_then(|o| o.remove("payload")) {
             Some(p) => Ok(p),
-            None => Err(
-                "the native command has no `payload` (use \"payload\": null for none)".to_string(),
-            ),
+            None => Err("the native command has no `payload` (use \"payload\": null for none)".to_string()),
         },
         Shape::ToolCall => {
             tool_arguments(doc)?;
-            Ok(doc
-                .as_object_mut()
-                .and_then(|o| o.remove("arguments"))
-                .unwrap_or(Value::Null))
+            Ok(doc.as_object_mut().and_then(|o| o.remove("arguments")).unwrap_or(Value::Null))
         }
         Shape::CloudEventsStructured => {
-            let Some(obj) = doc.as_object_mut() else {
-                return Ok(Value::Null);
-            };
+            let Some(obj) = doc.as_object_mut() else { return Ok(Value::Null) };
             match obj.remove("data") {
                 Some(data) => Ok(data),
                 None if obj.contains_key("data_base64") => Err(
-                    "the CloudEvent carries `data_base64`; only JSON `data` is supported"
-                        .to_string(),
+                    "the CloudEvent carries `data_base64`; only JSON `data` is supported".to_string(),
                 ),
                 None => Ok(Value::Null),
             }

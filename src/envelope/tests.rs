@@ -45,23 +45,15 @@ fn env() -> EnvelopeConfig {
 }
 
 fn env_format(format: EnvelopeFormat) -> EnvelopeConfig {
-    EnvelopeConfig {
-        format,
-        ..EnvelopeConfig::default()
-    }
+    EnvelopeConfig { format, ..EnvelopeConfig::default() }
 }
 
 fn env_key(key: &str) -> EnvelopeConfig {
-    EnvelopeConfig {
-        key: key.parse().unwrap(),
-        ..EnvelopeConfig::default()
-    }
+    EnvelopeConfig { key: key.parse().unwrap(), ..EnvelopeConfig::default() }
 }
 
 fn limits(max: usize) -> LimitsConfig {
-    LimitsConfig {
-        max_command_bytes: NonZeroUsize::new(max).unwrap(),
-    }
+    LimitsConfig { max_command_bytes: NonZeroUsize::new(max).unwrap() }
 }
 
 /// A record builder: value, record key, headers, timestamp.
@@ -74,26 +66,15 @@ struct Rec {
 }
 
 fn rec(value: &str) -> Rec {
-    Rec {
-        value: Some(value.as_bytes().to_vec()),
-        key: None,
-        headers: vec![],
-        ts: Some(TS),
-    }
+    Rec { value: Some(value.as_bytes().to_vec()), key: None, headers: vec![], ts: Some(TS) }
 }
 
 impl Rec {
     fn raw(value: &[u8]) -> Rec {
-        Rec {
-            value: Some(value.to_vec()),
-            key: None,
-            headers: vec![],
-            ts: Some(TS),
-        }
+        Rec { value: Some(value.to_vec()), key: None, headers: vec![], ts: Some(TS) }
     }
     fn h(mut self, name: &str, value: &str) -> Rec {
-        self.headers
-            .push((name.into(), Some(value.as_bytes().to_vec())));
+        self.headers.push((name.into(), Some(value.as_bytes().to_vec())));
         self
     }
     fn hb(mut self, name: &str, value: Option<&[u8]>) -> Rec {
@@ -108,11 +89,7 @@ impl Rec {
         self.ts = ts;
         self
     }
-    fn parse_with(
-        &self,
-        envelope: &EnvelopeConfig,
-        limits: &LimitsConfig,
-    ) -> Result<Command, Rejection> {
+    fn parse_with(&self, envelope: &EnvelopeConfig, limits: &LimitsConfig) -> Result<Command, Rejection> {
         let record = InputRecord {
             topic: "commands",
             partition: 0,
@@ -174,10 +151,7 @@ fn auto_detects_tool_call_and_payload_is_the_whole_arguments() {
     assert_eq!(c.shape, Shape::ToolCall);
     assert_eq!(c.key, "tk-1");
     assert_eq!(c.kind, "charge_card");
-    assert_eq!(
-        c.payload,
-        serde_json::json!({"amount": 5, "idempotency_key": "tk-1"})
-    );
+    assert_eq!(c.payload, serde_json::json!({"amount": 5, "idempotency_key": "tk-1"}));
     assert_eq!(c.route, 1);
     assert_eq!(c.ttl, Duration::from_secs(2 * HOUR));
 }
@@ -208,11 +182,7 @@ fn auto_detects_binary_cloudevents_with_any_json_data() {
     assert_eq!(c.payload, serde_json::json!({"amount": 3}));
     for data in ["[1,2]", "\"text\"", "42", "null", "true"] {
         let c = binary(data).ok();
-        assert_eq!(
-            c.payload,
-            serde_json::from_str::<Value>(data).unwrap(),
-            "{data}"
-        );
+        assert_eq!(c.payload, serde_json::from_str::<Value>(data).unwrap(), "{data}");
     }
 }
 
@@ -233,14 +203,8 @@ fn binary_cloudevent_headers_match_case_insensitively_and_last_wins() {
 fn native_is_detected_by_any_of_id_type_payload() {
     // Each alone is enough to be read as native; the other fields then fail on their own.
     assert_eq!(rec(r#"{"id":"k"}"#).err().reason, RejectReason::MissingType);
-    assert_eq!(
-        rec(r#"{"type":"email.send"}"#).err().reason,
-        RejectReason::MissingKey
-    );
-    assert_eq!(
-        rec(r#"{"payload":{}}"#).err().reason,
-        RejectReason::MissingKey
-    );
+    assert_eq!(rec(r#"{"type":"email.send"}"#).err().reason, RejectReason::MissingKey);
+    assert_eq!(rec(r#"{"payload":{}}"#).err().reason, RejectReason::MissingKey);
 }
 
 #[test]
@@ -269,15 +233,8 @@ fn pinned_native() {
     assert_eq!(rec(NATIVE).env(&e).unwrap().shape, Shape::Native);
     let r = rec(TOOL).env(&e).unwrap_err();
     assert_eq!(r.reason, RejectReason::BadEnvelope);
-    assert!(
-        r.message.contains("tool call") && r.message.contains("native"),
-        "{}",
-        r.message
-    );
-    assert_eq!(
-        reason(rec(r#"{"specversion":"1.0","source":"s"}"#).env(&e)),
-        RejectReason::BadEnvelope
-    );
+    assert!(r.message.contains("tool call") && r.message.contains("native"), "{}", r.message);
+    assert_eq!(reason(rec(r#"{"specversion":"1.0","source":"s"}"#).env(&e)), RejectReason::BadEnvelope);
     assert_eq!(reason(binary("{}").env(&e)), RejectReason::BadEnvelope);
     // A native command with an extra `tool` member is read as native when pinned.
     let extra = r#"{"id":"k","type":"email.send","payload":1,"tool":"x"}"#;
@@ -298,14 +255,8 @@ fn pinned_tool_call() {
 #[test]
 fn pinned_cloudevents() {
     let e = env_format(EnvelopeFormat::Cloudevents);
-    assert_eq!(
-        rec(STRUCTURED).env(&e).unwrap().shape,
-        Shape::CloudEventsStructured
-    );
-    assert_eq!(
-        binary("{}").env(&e).unwrap().shape,
-        Shape::CloudEventsBinary
-    );
+    assert_eq!(rec(STRUCTURED).env(&e).unwrap().shape, Shape::CloudEventsStructured);
+    assert_eq!(binary("{}").env(&e).unwrap().shape, Shape::CloudEventsBinary);
     assert_eq!(reason(rec(NATIVE).env(&e)), RejectReason::BadEnvelope);
     assert_eq!(reason(rec(TOOL).env(&e)), RejectReason::BadEnvelope);
 }
@@ -315,12 +266,7 @@ fn only_cloudevents_1_0_is_accepted() {
     let r = rec(r#"{"specversion":"0.3","id":"e","source":"s","type":"com.example.x"}"#).err();
     assert_eq!(r.reason, RejectReason::BadEnvelope);
     assert!(r.message.contains("0.3"), "{}", r.message);
-    assert_eq!(
-        rec(r#"{"specversion":1,"id":"e","source":"s","type":"t"}"#)
-            .err()
-            .reason,
-        RejectReason::BadEnvelope
-    );
+    assert_eq!(rec(r#"{"specversion":1,"id":"e","source":"s","type":"t"}"#).err().reason, RejectReason::BadEnvelope);
     let b = binary("{}");
     let mut b03 = b.clone();
     b03.headers[0].1 = Some(b"0.3".to_vec());
@@ -340,74 +286,34 @@ fn idempotency_key_header_overrides_every_shape() {
     }
     assert_eq!(binary("{}").h("idempotency-key", "H").ok().key, "H");
     // The shape's own key is then not needed at all.
-    let c = rec(r#"{"type":"email.send","payload":{}}"#)
-        .h("Idempotency-Key", "H")
-        .ok();
+    let c = rec(r#"{"type":"email.send","payload":{}}"#).h("Idempotency-Key", "H").ok();
     assert_eq!(c.key, "H");
-    let c = rec(r#"{"tool":"charge_card","arguments":{}}"#)
-        .h("IDEMPOTENCY-KEY", "H")
-        .ok();
+    let c = rec(r#"{"tool":"charge_card","arguments":{}}"#).h("IDEMPOTENCY-KEY", "H").ok();
     assert_eq!(c.key, "H");
 }
 
 #[test]
 fn idempotency_key_header_last_occurrence_wins_and_null_is_absent() {
-    assert_eq!(
-        rec(NATIVE)
-            .h("idempotency-key", "a")
-            .h("idempotency-key", "b")
-            .ok()
-            .key,
-        "b"
-    );
-    assert_eq!(
-        rec(NATIVE)
-            .h("idempotency-key", "a")
-            .hb("idempotency-key", None)
-            .ok()
-            .key,
-        "k1"
-    );
+    assert_eq!(rec(NATIVE).h("idempotency-key", "a").h("idempotency-key", "b").ok().key, "b");
+    assert_eq!(rec(NATIVE).h("idempotency-key", "a").hb("idempotency-key", None).ok().key, "k1");
 }
 
 #[test]
 fn a_bad_idempotency_key_header_does_not_fall_back() {
-    assert_eq!(
-        rec(NATIVE)
-            .hb("idempotency-key", Some(&[0xc3, 0x28]))
-            .err()
-            .reason,
-        RejectReason::BadKey
-    );
-    assert_eq!(
-        rec(NATIVE).h("idempotency-key", "").err().reason,
-        RejectReason::BadKey
-    );
+    assert_eq!(rec(NATIVE).hb("idempotency-key", Some(&[0xc3, 0x28])).err().reason, RejectReason::BadKey);
+    assert_eq!(rec(NATIVE).h("idempotency-key", "").err().reason, RejectReason::BadKey);
 }
 
 #[test]
 fn key_source_header_uses_only_that_header() {
     let e = env_key("header:x-request-key");
-    let c = rec(NATIVE)
-        .h("idempotency-key", "ignored")
-        .h("X-Request-Key", "R")
-        .env(&e)
-        .unwrap();
+    let c = rec(NATIVE).h("idempotency-key", "ignored").h("X-Request-Key", "R").env(&e).unwrap();
     assert_eq!(c.key, "R");
-    let r = rec(NATIVE)
-        .h("idempotency-key", "ignored")
-        .env(&e)
-        .unwrap_err();
+    let r = rec(NATIVE).h("idempotency-key", "ignored").env(&e).unwrap_err();
     assert_eq!(r.reason, RejectReason::MissingKey);
     assert!(r.message.contains("x-request-key"), "{}", r.message);
-    assert_eq!(
-        reason(rec(NATIVE).hb("x-request-key", Some(&[0xff])).env(&e)),
-        RejectReason::BadKey
-    );
-    assert_eq!(
-        reason(rec(NATIVE).hb("x-request-key", None).env(&e)),
-        RejectReason::MissingKey
-    );
+    assert_eq!(reason(rec(NATIVE).hb("x-request-key", Some(&[0xff])).env(&e)), RejectReason::BadKey);
+    assert_eq!(reason(rec(NATIVE).hb("x-request-key", None).env(&e)), RejectReason::MissingKey);
 }
 
 #[test]
@@ -430,20 +336,9 @@ fn key_source_json_pointer_uses_only_that_pointer() {
 #[test]
 fn key_source_record_key() {
     let e = env_key("record-key");
-    assert_eq!(
-        rec(NATIVE)
-            .key(b"rk")
-            .h("idempotency-key", "ignored")
-            .env(&e)
-            .unwrap()
-            .key,
-        "rk"
-    );
+    assert_eq!(rec(NATIVE).key(b"rk").h("idempotency-key", "ignored").env(&e).unwrap().key, "rk");
     assert_eq!(reason(rec(NATIVE).env(&e)), RejectReason::MissingKey);
-    assert_eq!(
-        reason(rec(NATIVE).key(&[0x80]).env(&e)),
-        RejectReason::BadKey
-    );
+    assert_eq!(reason(rec(NATIVE).key(&[0x80]).env(&e)), RejectReason::BadKey);
     assert_eq!(reason(rec(NATIVE).key(b"").env(&e)), RejectReason::BadKey);
     // Auto ignores the record key.
     assert_eq!(rec(NATIVE).key(b"rk").ok().key, "k1");
@@ -456,32 +351,11 @@ fn key_source_auto_falls_back_to_the_shape_key() {
 
 #[test]
 fn missing_shape_keys_are_missing_key() {
-    assert_eq!(
-        rec(r#"{"type":"email.send","payload":1}"#).err().reason,
-        RejectReason::MissingKey
-    );
-    assert_eq!(
-        rec(r#"{"id":null,"type":"email.send","payload":1}"#)
-            .err()
-            .reason,
-        RejectReason::MissingKey
-    );
-    assert_eq!(
-        rec(r#"{"tool":"charge_card","arguments":{}}"#).err().reason,
-        RejectReason::MissingKey
-    );
-    assert_eq!(
-        rec(r#"{"specversion":"1.0","id":"e","type":"t"}"#)
-            .err()
-            .reason,
-        RejectReason::MissingKey
-    );
-    assert_eq!(
-        rec(r#"{"specversion":"1.0","source":"s","type":"t"}"#)
-            .err()
-            .reason,
-        RejectReason::MissingKey
-    );
+    assert_eq!(rec(r#"{"type":"email.send","payload":1}"#).err().reason, RejectReason::MissingKey);
+    assert_eq!(rec(r#"{"id":null,"type":"email.send","payload":1}"#).err().reason, RejectReason::MissingKey);
+    assert_eq!(rec(r#"{"tool":"charge_card","arguments":{}}"#).err().reason, RejectReason::MissingKey);
+    assert_eq!(rec(r#"{"specversion":"1.0","id":"e","type":"t"}"#).err().reason, RejectReason::MissingKey);
+    assert_eq!(rec(r#"{"specversion":"1.0","source":"s","type":"t"}"#).err().reason, RejectReason::MissingKey);
     let mut b = binary("{}");
     b.headers.retain(|(n, _)| n != "ce_id");
     assert_eq!(b.err().reason, RejectReason::MissingKey);
@@ -489,18 +363,8 @@ fn missing_shape_keys_are_missing_key() {
 
 #[test]
 fn non_string_keys_are_bad_key() {
-    assert_eq!(
-        rec(r#"{"id":7,"type":"email.send","payload":1}"#)
-            .err()
-            .reason,
-        RejectReason::BadKey
-    );
-    assert_eq!(
-        rec(r#"{"id":["k"],"type":"email.send","payload":1}"#)
-            .err()
-            .reason,
-        RejectReason::BadKey
-    );
+    assert_eq!(rec(r#"{"id":7,"type":"email.send","payload":1}"#).err().reason, RejectReason::BadKey);
+    assert_eq!(rec(r#"{"id":["k"],"type":"email.send","payload":1}"#).err().reason, RejectReason::BadKey);
     let t = r#"{"tool":"charge_card","arguments":{"idempotency_key":{"a":1}}}"#;
     assert_eq!(rec(t).err().reason, RejectReason::BadKey);
     let ce = r#"{"specversion":"1.0","id":1,"source":"s","type":"t"}"#;
@@ -524,50 +388,25 @@ fn key_of_255_bytes_is_ok_and_256_is_bad() {
     // Bytes, not characters: 85 three-byte characters are 255 bytes.
     let euro = "€".repeat(85);
     assert_eq!(rec(&native_with_key(&euro)).ok().key, euro);
-    assert_eq!(
-        rec(&native_with_key(&format!("{euro}x"))).err().reason,
-        RejectReason::BadKey
-    );
+    assert_eq!(rec(&native_with_key(&format!("{euro}x"))).err().reason, RejectReason::BadKey);
     // The same limit for a header key and a composed CloudEvents key.
     assert_eq!(rec(NATIVE).h("idempotency-key", &k255).ok().key, k255);
-    assert_eq!(
-        rec(NATIVE)
-            .h("idempotency-key", &"k".repeat(256))
-            .err()
-            .reason,
-        RejectReason::BadKey
-    );
+    assert_eq!(rec(NATIVE).h("idempotency-key", &"k".repeat(256)).err().reason, RejectReason::BadKey);
     let ce = |id: &str| {
-        serde_json::json!({"specversion": "1.0", "source": "s", "id": id, "type": "com.example.x"})
-            .to_string()
+        serde_json::json!({"specversion": "1.0", "source": "s", "id": id, "type": "com.example.x"}).to_string()
     };
     assert!(rec(&ce(&"i".repeat(253))).env(&env()).is_ok());
-    assert_eq!(
-        rec(&ce(&"i".repeat(254))).err().reason,
-        RejectReason::BadKey
-    );
+    assert_eq!(rec(&ce(&"i".repeat(254))).err().reason, RejectReason::BadKey);
     assert_eq!(rec(&native_with_key("")).err().reason, RejectReason::BadKey);
 }
 
 #[test]
 fn keys_with_control_characters_are_bad() {
-    for k in [
-        "a\nb",
-        "\u{0}",
-        "tab\there",
-        "del\u{7f}",
-        "c1\u{85}",
-        "\u{9f}",
-        "\r",
-    ] {
+    for k in ["a\nb", "\u{0}", "tab\there", "del\u{7f}", "c1\u{85}", "\u{9f}", "\r"] {
         let r = rec(&native_with_key(k)).err();
         assert_eq!(r.reason, RejectReason::BadKey, "{k:?}");
         assert!(r.message.contains("control character U+"), "{}", r.message);
-        assert_eq!(
-            rec(NATIVE).h("idempotency-key", k).err().reason,
-            RejectReason::BadKey,
-            "{k:?}"
-        );
+        assert_eq!(rec(NATIVE).h("idempotency-key", k).err().reason, RejectReason::BadKey, "{k:?}");
     }
     // Spaces, punctuation and non-ASCII letters are fine.
     for k in ["a b", "order/42:retry", "ключ-😀", "\u{200b}zero-width"] {
@@ -577,13 +416,7 @@ fn keys_with_control_characters_are_bad() {
 
 #[test]
 fn non_utf8_key_sources_are_bad_key() {
-    assert_eq!(
-        rec(NATIVE)
-            .hb("idempotency-key", Some(&[0xe2, 0x82]))
-            .err()
-            .reason,
-        RejectReason::BadKey
-    );
+    assert_eq!(rec(NATIVE).hb("idempotency-key", Some(&[0xe2, 0x82])).err().reason, RejectReason::BadKey);
     let mut b = binary("{}");
     b.headers.push(("ce_id".into(), Some(vec![0xff, 0xfe])));
     assert_eq!(b.err().reason, RejectReason::BadKey);
@@ -623,12 +456,7 @@ fn non_utf8_non_json_and_non_objects_are_invalid_json() {
     b.value = Some(vec![0xff]);
     assert_eq!(b.err().reason, RejectReason::InvalidJson);
     // Numbers JSON cannot hold as finite doubles.
-    assert_eq!(
-        rec(r#"{"id":"k","type":"email.send","payload":1e999}"#)
-            .err()
-            .reason,
-        RejectReason::InvalidJson
-    );
+    assert_eq!(rec(r#"{"id":"k","type":"email.send","payload":1e999}"#).err().reason, RejectReason::InvalidJson);
 }
 
 #[test]
@@ -637,36 +465,18 @@ fn too_large_is_checked_at_the_boundary_and_before_parsing() {
     assert!(rec(NATIVE).parse_with(&env(), &limits(n)).is_ok());
     let r = rec(NATIVE).parse_with(&env(), &limits(n - 1)).unwrap_err();
     assert_eq!(r.reason, RejectReason::TooLarge);
-    assert_eq!(
-        r.message,
-        format!(
-            "value is {n} bytes, over limits.max_command_bytes = {}",
-            n - 1
-        )
-    );
+    assert_eq!(r.message, format!("value is {n} bytes, over limits.max_command_bytes = {}", n - 1));
     assert_eq!(r.key, None);
     // Size comes first: an oversized non-JSON value is too_large, not invalid_json.
     let junk = Rec::raw(&[0xff; 100]);
-    assert_eq!(
-        reason(junk.parse_with(&env(), &limits(99))),
-        RejectReason::TooLarge
-    );
-    assert_eq!(
-        reason(junk.parse_with(&env(), &limits(100))),
-        RejectReason::InvalidJson
-    );
+    assert_eq!(reason(junk.parse_with(&env(), &limits(99))), RejectReason::TooLarge);
+    assert_eq!(reason(junk.parse_with(&env(), &limits(100))), RejectReason::InvalidJson);
     // The default limit is 1 MiB.
     let big = Rec::raw(&vec![b' '; 1024 * 1024 + 1]);
     let r = big.err();
-    assert_eq!(
-        r.message,
-        "value is 1048577 bytes, over limits.max_command_bytes = 1048576"
-    );
+    assert_eq!(r.message, "value is 1048577 bytes, over limits.max_command_bytes = 1048576");
     // Binary CloudEvents are held to it too.
-    assert_eq!(
-        reason(binary("[1,2,3]").parse_with(&env(), &limits(6))),
-        RejectReason::TooLarge
-    );
+    assert_eq!(reason(binary("[1,2,3]").parse_with(&env(), &limits(6))), RejectReason::TooLarge);
 }
 
 // ---- type and route ----
@@ -685,11 +495,7 @@ fn missing_or_non_string_type_is_missing_type() {
     ] {
         let r = rec(v).err();
         assert_eq!(r.reason, RejectReason::MissingType, "{v}");
-        assert_eq!(
-            r.key.as_deref().map(|k| !k.is_empty()),
-            Some(true),
-            "{v}: key carried"
-        );
+        assert_eq!(r.key.as_deref().map(|k| !k.is_empty()), Some(true), "{v}: key carried");
     }
     let mut b = binary("{}");
     b.headers.retain(|(n, _)| n != "ce_type");
@@ -710,10 +516,7 @@ fn unrouted_type_is_no_route_with_the_key() {
 #[test]
 fn a_default_route_takes_every_type() {
     let router = Router::new(
-        &[
-            route("mail", &["email.*"], None, &[]),
-            route("rest", &["*"], None, &[]),
-        ],
+        &[route("mail", &["email.*"], None, &[]), route("rest", &["*"], None, &[])],
         Duration::from_secs(60),
         Duration::from_secs(600),
     )
@@ -741,12 +544,7 @@ fn payload_rules() {
     let r = rec(r#"{"id":"k","type":"email.send"}"#).err();
     assert_eq!(r.reason, RejectReason::BadEnvelope);
     assert_eq!(r.key.as_deref(), Some("k"));
-    assert_eq!(
-        rec(r#"{"id":"k","type":"email.send","payload":null}"#)
-            .ok()
-            .payload,
-        Value::Null
-    );
+    assert_eq!(rec(r#"{"id":"k","type":"email.send","payload":null}"#).ok().payload, Value::Null);
     // Tool call: arguments must be an object.
     for v in [
         r#"{"tool":"charge_card"}"#,
@@ -756,11 +554,7 @@ fn payload_rules() {
         assert_eq!(rec(v).err().reason, RejectReason::BadEnvelope, "{v}");
         // Also when the key comes from the header, and then the key is reported.
         let r = rec(v).h("idempotency-key", "H").err();
-        assert_eq!(
-            (r.reason, r.key.as_deref()),
-            (RejectReason::BadEnvelope, Some("H")),
-            "{v}"
-        );
+        assert_eq!((r.reason, r.key.as_deref()), (RejectReason::BadEnvelope, Some("H")), "{v}");
     }
     // CloudEvents: data_base64 is not supported.
     let v = r#"{"specversion":"1.0","id":"e","source":"s","type":"com.example.x","data_base64":"AAE="}"#;
@@ -772,38 +566,15 @@ fn payload_rules() {
 #[test]
 fn ttl_parses_humantime_and_is_capped() {
     let with = |ttl: &str| format!(r#"{{"id":"k","type":"plain","payload":{{}},"ttl":{ttl}}}"#);
-    assert_eq!(
-        rec(&with("\"72h\"")).ok().ttl,
-        Duration::from_secs(72 * HOUR)
-    );
-    assert_eq!(
-        rec(&with("\"1h 30m\"")).ok().ttl,
-        Duration::from_secs(90 * 60)
-    );
+    assert_eq!(rec(&with("\"72h\"")).ok().ttl, Duration::from_secs(72 * HOUR));
+    assert_eq!(rec(&with("\"1h 30m\"")).ok().ttl, Duration::from_secs(90 * 60));
     assert_eq!(rec(&with("\"30s\"")).ok().ttl, Duration::from_secs(30));
-    assert_eq!(
-        rec(&with("\"30d\"")).ok().ttl,
-        Duration::from_secs(7 * 24 * HOUR),
-        "capped by max_ttl"
-    );
-    assert_eq!(
-        rec(&with("null")).ok().ttl,
-        Duration::from_secs(24 * HOUR),
-        "route has none: default"
-    );
+    assert_eq!(rec(&with("\"30d\"")).ok().ttl, Duration::from_secs(7 * 24 * HOUR), "capped by max_ttl");
+    assert_eq!(rec(&with("null")).ok().ttl, Duration::from_secs(24 * HOUR), "route has none: default");
     // The command's ttl beats the route's.
     let mail = r#"{"id":"k","type":"email.send","payload":{},"ttl":"5m"}"#;
     assert_eq!(rec(mail).ok().ttl, Duration::from_secs(300));
-    for bad in [
-        "\"0s\"",
-        "\"0h\"",
-        "\"soon\"",
-        "\"\"",
-        "\"-1h\"",
-        "3600",
-        "true",
-        "\"99999999999999999999h\"",
-    ] {
+    for bad in ["\"0s\"", "\"0h\"", "\"soon\"", "\"\"", "\"-1h\"", "3600", "true", "\"99999999999999999999h\""] {
         let r = rec(&with(bad)).err();
         assert_eq!(r.reason, RejectReason::BadField, "{bad}");
         assert!(r.message.contains("`ttl`"), "{}", r.message);
@@ -814,29 +585,11 @@ fn ttl_parses_humantime_and_is_capped() {
 #[test]
 fn created_at_parses_rfc3339() {
     let with = |c: &str| format!(r#"{{"id":"k","type":"plain","payload":{{}},"created_at":{c}}}"#);
-    assert_eq!(
-        rec(&with("\"2023-11-14T22:13:20Z\"")).ok().created_at_ms,
-        Some(1_700_000_000_000)
-    );
-    assert_eq!(
-        rec(&with("\"2023-11-14T23:13:20.5+01:00\""))
-            .ok()
-            .created_at_ms,
-        Some(1_700_000_000_500)
-    );
+    assert_eq!(rec(&with("\"2023-11-14T22:13:20Z\"")).ok().created_at_ms, Some(1_700_000_000_000));
+    assert_eq!(rec(&with("\"2023-11-14T23:13:20.5+01:00\"")).ok().created_at_ms, Some(1_700_000_000_500));
     assert_eq!(rec(&with("null")).ok().created_at_ms, None);
-    for bad in [
-        "\"2023-11-14\"",
-        "\"yesterday\"",
-        "\"2023-11-14 22:13:20\"",
-        "1700000000",
-        "\"2023-13-01T00:00:00Z\"",
-    ] {
-        assert_eq!(
-            rec(&with(bad)).err().reason,
-            RejectReason::BadField,
-            "{bad}"
-        );
+    for bad in ["\"2023-11-14\"", "\"yesterday\"", "\"2023-11-14 22:13:20\"", "1700000000", "\"2023-13-01T00:00:00Z\""] {
+        assert_eq!(rec(&with(bad)).err().reason, RejectReason::BadField, "{bad}");
     }
 }
 
@@ -846,21 +599,9 @@ fn cloudevents_time_serves_as_created_at() {
     assert_eq!(rec(v).ok().created_at_ms, Some(1_700_000_000_000));
     let v = r#"{"specversion":"1.0","id":"e","source":"s","type":"com.example.x","time":"noon"}"#;
     assert_eq!(rec(v).err().reason, RejectReason::BadField);
-    assert_eq!(
-        binary("{}")
-            .h("ce_time", "2023-11-14T22:13:20Z")
-            .ok()
-            .created_at_ms,
-        Some(1_700_000_000_000)
-    );
-    assert_eq!(
-        binary("{}").h("ce_time", "noon").err().reason,
-        RejectReason::BadField
-    );
-    assert_eq!(
-        binary("{}").hb("ce_time", Some(&[0xff])).err().reason,
-        RejectReason::BadField
-    );
+    assert_eq!(binary("{}").h("ce_time", "2023-11-14T22:13:20Z").ok().created_at_ms, Some(1_700_000_000_000));
+    assert_eq!(binary("{}").h("ce_time", "noon").err().reason, RejectReason::BadField);
+    assert_eq!(binary("{}").hb("ce_time", Some(&[0xff])).err().reason, RejectReason::BadField);
     // Tool calls have neither ttl nor created_at: such members are only arguments' business.
     let t = r#"{"tool":"charge_card","arguments":{"idempotency_key":"k"},"ttl":"garbage","created_at":"x"}"#;
     assert_eq!(rec(t).ok().created_at_ms, None);
@@ -869,14 +610,8 @@ fn cloudevents_time_serves_as_created_at() {
 #[test]
 fn stale_by_picks_the_production_time() {
     let v = r#"{"id":"k","type":"plain","payload":{},"created_at":"2023-11-14T22:13:20Z"}"#;
-    let kafka = EnvelopeConfig {
-        stale_by: StaleBy::KafkaTimestamp,
-        ..env()
-    };
-    let created = EnvelopeConfig {
-        stale_by: StaleBy::CreatedAt,
-        ..env()
-    };
+    let kafka = EnvelopeConfig { stale_by: StaleBy::KafkaTimestamp, ..env() };
+    let created = EnvelopeConfig { stale_by: StaleBy::CreatedAt, ..env() };
     let r = rec(v).ts(Some(TS + 5000));
     assert_eq!(r.env(&kafka).unwrap().produced_at_ms, Some(TS + 5000));
     assert_eq!(r.env(&created).unwrap().produced_at_ms, Some(TS));
@@ -884,27 +619,11 @@ fn stale_by_picks_the_production_time() {
     let r = rec(NATIVE).ts(Some(TS + 5000));
     assert_eq!(r.env(&created).unwrap().produced_at_ms, Some(TS + 5000));
     // No timestamp at all, or Kafka's -1: unknown.
-    assert_eq!(
-        rec(NATIVE).ts(None).env(&kafka).unwrap().produced_at_ms,
-        None
-    );
-    assert_eq!(
-        rec(NATIVE).ts(Some(-1)).env(&kafka).unwrap().produced_at_ms,
-        None
-    );
-    assert_eq!(
-        rec(NATIVE)
-            .ts(Some(-1))
-            .env(&created)
-            .unwrap()
-            .produced_at_ms,
-        None
-    );
+    assert_eq!(rec(NATIVE).ts(None).env(&kafka).unwrap().produced_at_ms, None);
+    assert_eq!(rec(NATIVE).ts(Some(-1)).env(&kafka).unwrap().produced_at_ms, None);
+    assert_eq!(rec(NATIVE).ts(Some(-1)).env(&created).unwrap().produced_at_ms, None);
     // stale_guard does not change parsing: staleness is decided later, with the clock.
-    let off = EnvelopeConfig {
-        stale_guard: false,
-        ..env()
-    };
+    let off = EnvelopeConfig { stale_guard: false, ..env() };
     assert_eq!(rec(NATIVE).env(&off).unwrap(), rec(NATIVE).ok());
 }
 
@@ -913,39 +632,13 @@ fn stale_by_picks_the_production_time() {
 #[test]
 fn traceparent_is_carried() {
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    assert_eq!(
-        rec(NATIVE).h("traceparent", tp).ok().traceparent.as_deref(),
-        Some(tp)
-    );
-    assert_eq!(
-        rec(TOOL)
-            .h("TraceParent", "x")
-            .h("traceparent", tp)
-            .ok()
-            .traceparent
-            .as_deref(),
-        Some(tp)
-    );
+    assert_eq!(rec(NATIVE).h("traceparent", tp).ok().traceparent.as_deref(), Some(tp));
+    assert_eq!(rec(TOOL).h("TraceParent", "x").h("traceparent", tp).ok().traceparent.as_deref(), Some(tp));
     assert_eq!(rec(NATIVE).ok().traceparent, None);
-    assert_eq!(
-        rec(NATIVE)
-            .hb("traceparent", Some(&[0xff]))
-            .ok()
-            .traceparent,
-        None
-    );
+    assert_eq!(rec(NATIVE).hb("traceparent", Some(&[0xff])).ok().traceparent, None);
     // CloudEvents distributed tracing extension.
-    assert_eq!(
-        binary("{}")
-            .h("ce_traceparent", tp)
-            .ok()
-            .traceparent
-            .as_deref(),
-        Some(tp)
-    );
-    let v = format!(
-        r#"{{"specversion":"1.0","id":"e","source":"s","type":"com.example.x","traceparent":"{tp}"}}"#
-    );
+    assert_eq!(binary("{}").h("ce_traceparent", tp).ok().traceparent.as_deref(), Some(tp));
+    let v = format!(r#"{{"specversion":"1.0","id":"e","source":"s","type":"com.example.x","traceparent":"{tp}"}}"#);
     assert_eq!(rec(&v).ok().traceparent.as_deref(), Some(tp));
 }
 
@@ -953,22 +646,13 @@ fn traceparent_is_carried() {
 
 #[test]
 fn fingerprint_ignores_key_order_whitespace_and_envelope_extras() {
-    let a = rec(
-        r#"{"id":"k1","type":"email.send","payload":{"to":"a@b","n":1,"x":[1,{"p":1,"q":2}]}}"#,
-    )
-    .ok();
+    let a = rec(r#"{"id":"k1","type":"email.send","payload":{"to":"a@b","n":1,"x":[1,{"p":1,"q":2}]}}"#).ok();
     let b = rec("{\"payload\" : {\"x\":[1.0,{\"q\":2,\"p\":1}], \"n\":1e0,\"to\":\"a@b\"},\n \"type\":\"email.send\",\"id\":\"other\",\"ttl\":\"2h\",\"created_at\":\"2023-11-14T22:13:20Z\"}")
         .h("traceparent", "00-x")
         .ok();
     assert_eq!(a.fingerprint, b.fingerprint);
-    assert_eq!(
-        a.fingerprint,
-        crate::fingerprint::fingerprint("email.send", &a.payload, &[]).unwrap()
-    );
-    let c = rec(
-        r#"{"id":"k1","type":"email.send","payload":{"to":"a@b","n":2,"x":[1,{"p":1,"q":2}]}}"#,
-    )
-    .ok();
+    assert_eq!(a.fingerprint, crate::fingerprint::fingerprint("email.send", &a.payload, &[]).unwrap());
+    let c = rec(r#"{"id":"k1","type":"email.send","payload":{"to":"a@b","n":2,"x":[1,{"p":1,"q":2}]}}"#).ok();
     assert_ne!(a.fingerprint, c.fingerprint);
     // The same payload in a tool call and as binary CloudEvents data agree on the fingerprint
     // of {type, payload} whatever the shape.
@@ -993,55 +677,28 @@ fn every_reason_but_stale_is_produced_by_some_input() {
     let cases: Vec<(Rec, LimitsConfig)> = vec![
         (rec("nope"), LimitsConfig::default()),
         (rec(NATIVE), limits(3)),
-        (
-            rec(r#"{"type":"email.send","payload":1}"#),
-            LimitsConfig::default(),
-        ),
-        (
-            rec(r#"{"id":1,"type":"email.send","payload":1}"#),
-            LimitsConfig::default(),
-        ),
+        (rec(r#"{"type":"email.send","payload":1}"#), LimitsConfig::default()),
+        (rec(r#"{"id":1,"type":"email.send","payload":1}"#), LimitsConfig::default()),
         (rec(r#"{"id":"k","payload":1}"#), LimitsConfig::default()),
         (rec(r#"{"x":1}"#), LimitsConfig::default()),
-        (
-            rec(r#"{"id":"k","type":"email.send","payload":1,"ttl":"0s"}"#),
-            LimitsConfig::default(),
-        ),
-        (
-            rec(r#"{"id":"k","type":"nowhere","payload":1}"#),
-            LimitsConfig::default(),
-        ),
+        (rec(r#"{"id":"k","type":"email.send","payload":1,"ttl":"0s"}"#), LimitsConfig::default()),
+        (rec(r#"{"id":"k","type":"nowhere","payload":1}"#), LimitsConfig::default()),
     ];
-    let produced: BTreeSet<&str> = cases
-        .iter()
-        .map(|(r, l)| r.parse_with(&env(), l).unwrap_err().reason.as_str())
-        .collect();
-    let expected: BTreeSet<&str> = RejectReason::ALL
-        .iter()
-        .filter(|r| **r != RejectReason::Stale)
-        .map(|r| r.as_str())
-        .collect();
+    let produced: BTreeSet<&str> =
+        cases.iter().map(|(r, l)| r.parse_with(&env(), l).unwrap_err().reason.as_str()).collect();
+    let expected: BTreeSet<&str> =
+        RejectReason::ALL.iter().filter(|r| **r != RejectReason::Stale).map(|r| r.as_str()).collect();
     assert_eq!(produced, expected);
 }
 
 #[test]
 fn reason_names_are_stable() {
     let names: Vec<&str> = RejectReason::ALL.iter().map(|r| r.as_str()).collect();
-    for spec_name in [
-        "invalid_json",
-        "too_large",
-        "missing_key",
-        "bad_key",
-        "no_route",
-        "stale",
-    ] {
+    for spec_name in ["invalid_json", "too_large", "missing_key", "bad_key", "no_route", "stale"] {
         assert!(names.contains(&spec_name), "{spec_name}");
     }
     for r in RejectReason::ALL {
-        assert_eq!(
-            serde_json::to_value(r).unwrap(),
-            Value::String(r.as_str().into())
-        );
+        assert_eq!(serde_json::to_value(r).unwrap(), Value::String(r.as_str().into()));
     }
 }
 
@@ -1095,17 +752,11 @@ fn envelope_config() -> impl Strategy<Value = EnvelopeConfig> {
         Just(KeySource::JsonPointer("/payload/k".into())),
         Just(KeySource::JsonPointer("/".into())),
     ];
-    (format, key, any::<bool>(), any::<bool>()).prop_map(|(format, key, stale_guard, created)| {
-        EnvelopeConfig {
-            format,
-            key,
-            stale_guard,
-            stale_by: if created {
-                StaleBy::CreatedAt
-            } else {
-                StaleBy::KafkaTimestamp
-            },
-        }
+    (format, key, any::<bool>(), any::<bool>()).prop_map(|(format, key, stale_guard, created)| EnvelopeConfig {
+        format,
+        key,
+        stale_guard,
+        stale_by: if created { StaleBy::CreatedAt } else { StaleBy::KafkaTimestamp },
     })
 }
 

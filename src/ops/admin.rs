@@ -47,24 +47,15 @@ struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            challenge: None,
-        }
+        ApiError { status, message: message.into(), challenge: None }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut r = (
-            self.status,
-            axum::Json(serde_json::json!({"error": self.message})),
-        )
-            .into_response();
+        let mut r = (self.status, axum::Json(serde_json::json!({"error": self.message}))).into_response();
         if let Some(c) = self.challenge {
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(c));
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(c));
         }
         r
     }
@@ -77,9 +68,7 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 }
 
 /// Runs a blocking store call off the async workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.map_err(internal)?
 }
 
@@ -88,12 +77,7 @@ pub fn router(admin: Option<AdminApi>) -> Router {
     let Some(admin) = admin else {
         return Router::new().route(
             "/v1/{*rest}",
-            any(|| async {
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "the admin API is off: set http.admin_token",
-                )
-            }),
+            any(|| async { ApiError::new(StatusCode::NOT_FOUND, "the admin API is off: set http.admin_token") }),
         );
     };
     Router::new()
@@ -109,14 +93,8 @@ pub fn router(admin: Option<AdminApi>) -> Router {
 
 /// Equal tokens, in time independent of where they differ and of their lengths.
 fn token_matches(expected: &str, given: &str) -> bool {
-    let (a, b) = (
-        Sha256::digest(expected.as_bytes()),
-        Sha256::digest(given.as_bytes()),
-    );
-    let diff = a
-        .iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    let (a, b) = (Sha256::digest(expected.as_bytes()), Sha256::digest(given.as_bytes()));
+    let diff = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0
 }
 
@@ -147,10 +125,7 @@ async fn require_token(State(admin): State<AdminApi>, request: Request, next: Ne
 async fn inspect(State(a): State<AdminApi>, Path(key): Path<String>) -> ApiResult {
     blocking(move || match a.store.get(&key).map_err(internal)? {
         Some(r) => Ok(axum::Json(record_json(&key, &r)).into_response()),
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("key {key:?} has no record"),
-        )),
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("key {key:?} has no record"))),
     })
     .await
 }
@@ -167,23 +142,12 @@ async fn forget(
     params: Result<Query<ForgetParams>, QueryRejection>,
 ) -> ApiResult {
     let Ok(Query(params)) = params else {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad query: force must be true or false",
-        ));
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: force must be true or false"));
     };
     blocking(move || match a.store.forget_checked(&key, params.force) {
-        Ok(was) => Ok(
-            axum::Json(serde_json::json!({"forgot": key, "was": was.state().as_str()}))
-                .into_response(),
-        ),
-        Err(e @ ForgetError::NotFound(_)) => {
-            Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string()))
-        }
-        Err(e @ ForgetError::InProgress(_)) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("{e} (?force=true)"),
-        )),
+        Ok(was) => Ok(axum::Json(serde_json::json!({"forgot": key, "was": was.state().as_str()})).into_response()),
+        Err(e @ ForgetError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
+        Err(e @ ForgetError::InProgress(_)) => Err(ApiError::new(StatusCode::CONFLICT, format!("{e} (?force=true)"))),
         Err(ForgetError::Store(e)) => Err(internal(e)),
     })
     .await
@@ -198,22 +162,15 @@ struct ResolveBody {
 
 async fn resolve(State(a): State<AdminApi>, Path(key): Path<String>, body: Bytes) -> ApiResult {
     let body: ResolveBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("body must be {{\"as\": \"succeeded\"|\"failed\"}}: {e}"),
-        )
+        ApiError::new(StatusCode::BAD_REQUEST, format!("body must be {{\"as\": \"succeeded\"|\"failed\"}}: {e}"))
     })?;
     blocking(move || {
         let now = chrono::Utc::now().timestamp_millis();
         let ttl = i64::try_from(a.resolve_ttl.as_millis()).unwrap_or(i64::MAX);
         match a.store.resolve(&key, body.outcome, now, ttl) {
             Ok(r) => Ok(axum::Json(record_json(&key, &r)).into_response()),
-            Err(e @ ResolveError::NotFound(_)) => {
-                Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string()))
-            }
-            Err(e @ ResolveError::NotIndeterminate { .. }) => {
-                Err(ApiError::new(StatusCode::CONFLICT, e.to_string()))
-            }
+            Err(e @ ResolveError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
+            Err(e @ ResolveError::NotIndeterminate { .. }) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
             Err(ResolveError::Store(e)) => Err(internal(e)),
         }
     })
@@ -227,10 +184,7 @@ async fn stats(State(a): State<AdminApi>) -> ApiResult {
 async fn compact(State(a): State<AdminApi>) -> ApiResult {
     blocking(move || {
         let now = chrono::Utc::now().timestamp_millis();
-        let removed = a
-            .store
-            .compact_expired(now, a.compaction_chunk)
-            .map_err(internal)?;
+        let removed = a.store.compact_expired(now, a.compaction_chunk).map_err(internal)?;
         Ok(axum::Json(serde_json::json!({"removed": removed})).into_response())
     })
     .await
@@ -255,19 +209,16 @@ impl Write for ChannelWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::take(&mut self.buf));
-        self.tx.blocking_send(Ok(chunk)).map_err(|_| {
-            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
-        })
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))
     }
 }
 
 async fn export(State(a): State<AdminApi>) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
     tokio::task::spawn_blocking(move || {
-        let mut out = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::new(),
-        };
+        let mut out = ChannelWriter { tx: tx.clone(), buf: Vec::new() };
         let now = chrono::Utc::now().timestamp_millis();
         if let Err(e) = a.store.export_to(now, &mut out) {
             tracing::warn!(error = %e, "admin export stopped");
@@ -298,31 +249,18 @@ async fn import(
     body: Body,
 ) -> ApiResult {
     let Ok(Query(params)) = params else {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad query: overwrite must be true or false",
-        ));
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: overwrite must be true or false"));
     };
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
     blocking(move || {
-        let options = ImportOptions {
-            overwrite: params.overwrite,
-            now_ms: chrono::Utc::now().timestamp_millis(),
-        };
-        match a
-            .store
-            .import_from(std::io::BufReader::new(reader), options, |_| {})
-        {
+        let options = ImportOptions { overwrite: params.overwrite, now_ms: chrono::Utc::now().timestamp_millis() };
+        match a.store.import_from(std::io::BufReader::new(reader), options, |_| {}) {
             Ok(report) => Ok(axum::Json(report).into_response()),
-            Err(e @ TransferError::Line { .. }) => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("{e} (the lines before it were applied)"),
-            )),
-            Err(TransferError::Io(e)) => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("reading the body: {e}"),
-            )),
+            Err(e @ TransferError::Line { .. }) => {
+                Err(ApiError::new(StatusCode::BAD_REQUEST, format!("{e} (the lines before it were applied)")))
+            }
+            Err(TransferError::Io(e)) => Err(ApiError::new(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))),
             Err(TransferError::Store(e)) => Err(internal(e)),
         }
     })
@@ -344,10 +282,7 @@ mod tests {
     #[test]
     fn bearer_scheme_is_case_insensitive() {
         let mut h = HeaderMap::new();
-        h.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("bearer abc"),
-        );
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("bearer abc"));
         assert_eq!(bearer(&h), Some("abc"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
         assert_eq!(bearer(&h), None);

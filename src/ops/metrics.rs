@@ -2,8 +2,8 @@
 //! that label values cannot drift between call sites.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::outcome::Outcome;
@@ -36,23 +36,9 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Result<Metrics, MetricsError> {
         let registry = Registry::new_custom(Some("dedupd".into()), None)?;
-        let latency = vec![
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            30.0,
-        ];
+        let latency = vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
         // Repeats come from within a batch (ms) to days later: buckets span 1 s to 7 d.
-        let ages = vec![
-            1.0,
-            10.0,
-            60.0,
-            300.0,
-            900.0,
-            3600.0,
-            6.0 * 3600.0,
-            86400.0,
-            3.0 * 86400.0,
-            7.0 * 86400.0,
-        ];
+        let ages = vec![1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -122,17 +108,13 @@ impl Metrics {
 
     /// One input record ended with `outcome` on `route` (`-` when it had none).
     pub fn command(&self, outcome: Outcome, route: Option<&str>) {
-        self.commands
-            .with_label_values(&[outcome.as_str(), route.unwrap_or("-")])
-            .inc();
+        self.commands.with_label_values(&[outcome.as_str(), route.unwrap_or("-")]).inc();
     }
 
     /// One sink call ended.
     pub fn sink_request(&self, sink: &str, status: &str, seconds: f64) {
         self.sink_requests.with_label_values(&[sink, status]).inc();
-        self.sink_duration
-            .with_label_values(&[sink])
-            .observe(seconds);
+        self.sink_duration.with_label_values(&[sink]).observe(seconds);
     }
 
     /// A batch went from first record to results acknowledged in `seconds`.
@@ -142,17 +124,10 @@ impl Metrics {
 
     /// The store's state counts and size.
     pub fn store(&self, counts: StateCounts, disk_bytes: u64) {
-        self.store_records
-            .with_label_values(&[State::InProgress.as_str()])
-            .set(counts.in_progress);
-        self.store_records
-            .with_label_values(&[State::Completed.as_str()])
-            .set(counts.completed);
-        self.store_records
-            .with_label_values(&[State::Indeterminate.as_str()])
-            .set(counts.indeterminate);
-        self.store_disk_bytes
-            .set(i64::try_from(disk_bytes).unwrap_or(i64::MAX));
+        self.store_records.with_label_values(&[State::InProgress.as_str()]).set(counts.in_progress);
+        self.store_records.with_label_values(&[State::Completed.as_str()]).set(counts.completed);
+        self.store_records.with_label_values(&[State::Indeterminate.as_str()]).set(counts.indeterminate);
+        self.store_disk_bytes.set(i64::try_from(disk_bytes).unwrap_or(i64::MAX));
     }
 
     /// Compaction removed `n` records.
@@ -162,9 +137,7 @@ impl Metrics {
 
     /// Lag of one partition.
     pub fn lag(&self, topic: &str, partition: i32, lag: i64) {
-        self.consumer_lag
-            .with_label_values(&[topic, &partition.to_string()])
-            .set(lag);
+        self.consumer_lag.with_label_values(&[topic, &partition.to_string()]).set(lag);
     }
 
     /// Commands executing now.
@@ -184,15 +157,12 @@ impl Metrics {
 
     /// A repeat arrived `seconds` after the first sighting.
     pub fn duplicate_age(&self, route: Option<&str>, seconds: f64) {
-        self.duplicate_age
-            .with_label_values(&[route.unwrap_or("-")])
-            .observe(seconds);
+        self.duplicate_age.with_label_values(&[route.unwrap_or("-")]).observe(seconds);
     }
 
     /// How many partitions are refused now.
     pub fn set_refused_partitions(&self, n: usize) {
-        self.refused_partitions
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.refused_partitions.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// The Prometheus text exposition of every metric.

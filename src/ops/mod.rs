@@ -62,10 +62,7 @@ struct AppState {
 pub enum OpsError {
     /// Could not bind `http.listen`.
     #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     /// The server stopped with an error.
     #[error("http server: {0}")]
     Serve(std::io::Error),
@@ -78,13 +75,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<
-    (
-        SocketAddr,
-        impl std::future::Future<Output = Result<(), OpsError>>,
-    ),
-    OpsError,
-> {
+) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), OpsError>>), OpsError> {
     serve_with_admin(addr, metrics, health, None, shutdown).await
 }
 
@@ -96,42 +87,21 @@ pub async fn serve_with_admin(
     health: Arc<Health>,
     admin: Option<AdminApi>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<
-    (
-        SocketAddr,
-        impl std::future::Future<Output = Result<(), OpsError>>,
-    ),
-    OpsError,
-> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| OpsError::Bind { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| OpsError::Bind { addr, source })?;
+) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), OpsError>>), OpsError> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| OpsError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| OpsError::Bind { addr, source })?;
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .with_state(AppState { metrics, health })
         .merge(admin::router(admin));
-    let fut = async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(OpsError::Serve)
-    };
+    let fut = async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(OpsError::Serve) };
     Ok((bound, fut))
 }
 
 async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        s.metrics.render(),
-    )
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
@@ -142,10 +112,7 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
         let why = if refused.is_empty() {
             "not ready: consumer has not joined its group\n".to_string()
         } else {
-            format!(
-                "not ready: partitions refused (store watermark behind committed offset): {}\n",
-                refused.join(", ")
-            )
+            format!("not ready: partitions refused (store watermark behind committed offset): {}\n", refused.join(", "))
         };
         (StatusCode::SERVICE_UNAVAILABLE, why)
     }

@@ -57,11 +57,7 @@ impl ConsumerContext for PipelineContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         self.metrics.rebalance();
         if let Rebalance::Revoke(tpl) = rebalance {
-            let revoked: Vec<Tp> = tpl
-                .elements()
-                .iter()
-                .map(|e| (e.topic().to_string(), e.partition()))
-                .collect();
+            let revoked: Vec<Tp> = tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
             tracing::info!(partitions = ?revoked, "partitions revoked: draining");
             {
                 let mut held = self.held.lock();
@@ -78,21 +74,15 @@ impl ConsumerContext for PipelineContext {
             for tp in &revoked {
                 assigned.remove(tp);
                 self.refused.lock().remove(tp);
-                self.health
-                    .set_refused(&format!("{}/{}", tp.0, tp.1), false);
+                self.health.set_refused(&format!("{}/{}", tp.0, tp.1), false);
             }
-            self.metrics
-                .set_refused_partitions(self.refused.lock().len());
+            self.metrics.set_refused_partitions(self.refused.lock().len());
         }
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
-            let parts: Vec<Tp> = tpl
-                .elements()
-                .iter()
-                .map(|e| (e.topic().to_string(), e.partition()))
-                .collect();
+            let parts: Vec<Tp> = tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
             tracing::info!(partitions = ?parts, "partitions assigned");
             self.assigned.lock().extend(parts.iter().cloned());
             // Nothing is held for a newly assigned partition: undo any backpressure pause
@@ -118,9 +108,7 @@ impl PipelineContext {
             }
         };
         for e in committed.elements() {
-            let Offset::Offset(next) = e.offset() else {
-                continue;
-            };
+            let Offset::Offset(next) = e.offset() else { continue };
             let watermark = match self.store.watermark(e.topic(), e.partition()) {
                 Ok(w) => w,
                 Err(err) => {
@@ -143,14 +131,11 @@ impl PipelineContext {
                 if let Err(err) = consumer.pause(&one) {
                     tracing::error!(error = %err, partition = %name, "could not pause refused partition");
                 }
-                self.refused
-                    .lock()
-                    .insert((e.topic().to_string(), e.partition()));
+                self.refused.lock().insert((e.topic().to_string(), e.partition()));
                 self.health.set_refused(&name, true);
             }
         }
-        self.metrics
-            .set_refused_partitions(self.refused.lock().len());
+        self.metrics.set_refused_partitions(self.refused.lock().len());
     }
 
     /// Cancels the workers of `parts` (no new sink calls), waits for their current batch
@@ -158,17 +143,12 @@ impl PipelineContext {
     fn stop_workers(&self, parts: &[Tp]) {
         let handles: Vec<(Tp, WorkerHandle)> = {
             let mut workers = self.workers.lock();
-            parts
-                .iter()
-                .filter_map(|tp| workers.remove(tp).map(|h| (tp.clone(), h)))
-                .collect()
+            parts.iter().filter_map(|tp| workers.remove(tp).map(|h| (tp.clone(), h))).collect()
         };
         for (tp, h) in handles {
             h.cancel.cancel();
             drop(h.tx);
-            let joined = self
-                .runtime
-                .block_on(async { tokio::time::timeout(DRAIN_TIMEOUT, h.join).await });
+            let joined = self.runtime.block_on(async { tokio::time::timeout(DRAIN_TIMEOUT, h.join).await });
             if joined.is_err() {
                 tracing::error!(topic = %tp.0, partition = tp.1, "worker did not drain in time; its uncommitted records will be redelivered");
             }
@@ -177,13 +157,7 @@ impl PipelineContext {
 
     /// Hands `msg` to its worker without blocking: behind already held records of its
     /// partition, else into the queue, else (queue full) held, and the partition paused.
-    fn dispatch(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        tp: Tp,
-        tx: &mpsc::Sender<OwnedMessage>,
-        msg: OwnedMessage,
-    ) {
+    fn dispatch(&self, consumer: &BaseConsumer<Self>, tp: Tp, tx: &mpsc::Sender<OwnedMessage>, msg: OwnedMessage) {
         let mut held = self.held.lock();
         if let Some(q) = held.get_mut(&tp) {
             q.push_back(msg);
@@ -274,9 +248,7 @@ pub(crate) struct ConsumerParts {
 }
 
 /// Creates the consumer and runs it on a thread until `stop`; returns the thread's handle.
-pub(crate) fn spawn(
-    parts: ConsumerParts,
-) -> Result<std::thread::JoinHandle<()>, rdkafka::error::KafkaError> {
+pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>, rdkafka::error::KafkaError> {
     let ctx = PipelineContext {
         workers: Mutex::new(HashMap::new()),
         held: Mutex::new(HashMap::new()),
@@ -288,14 +260,8 @@ pub(crate) fn spawn(
         health: Arc::clone(&parts.health),
         accept_empty_store: parts.accept_empty_store,
     };
-    let consumer: BaseConsumer<PipelineContext> =
-        consumer_config(&parts.kafka).create_with_context(ctx)?;
-    let topics: Vec<&str> = parts
-        .kafka
-        .input_topics
-        .iter()
-        .map(String::as_str)
-        .collect();
+    let consumer: BaseConsumer<PipelineContext> = consumer_config(&parts.kafka).create_with_context(ctx)?;
+    let topics: Vec<&str> = parts.kafka.input_topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     let consumer = Arc::new(consumer);
     std::thread::Builder::new()

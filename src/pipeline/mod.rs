@@ -76,11 +76,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_start: impl FnOnce(&Running) + Send,
 ) -> Result<(), PipelineError> {
-    let store = Arc::new(KeyStore::open(
-        config.store.backend,
-        &config.store.path,
-        config.store.sync,
-    )?);
+    let store = Arc::new(KeyStore::open(config.store.backend, &config.store.path, config.store.sync)?);
     let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
     let health = Arc::new(Health::default());
     let router = Arc::new(Router::from_config(&config)?);
@@ -99,28 +95,19 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
-    let admin = config
-        .http
-        .admin_token
-        .clone()
-        .map(|token| crate::ops::AdminApi {
-            store: Arc::clone(&store),
-            token,
-            resolve_ttl: config.store.default_ttl,
-            compaction_chunk: config.store.compaction_chunk.get(),
-        });
-    let (http_addr, http) = crate::ops::serve_with_admin(
-        config.http.listen,
-        Arc::clone(&metrics),
-        Arc::clone(&health),
-        admin,
-        {
+    let admin = config.http.admin_token.clone().map(|token| crate::ops::AdminApi {
+        store: Arc::clone(&store),
+        token,
+        resolve_ttl: config.store.default_ttl,
+        compaction_chunk: config.store.compaction_chunk.get(),
+    });
+    let (http_addr, http) =
+        crate::ops::serve_with_admin(config.http.listen, Arc::clone(&metrics), Arc::clone(&health), admin, {
             let stop = stop.clone();
             async move { stop.cancelled().await }
-        },
-    )
-    .await
-    .map_err(|e| PipelineError::Ops(e.to_string()))?;
+        })
+        .await
+        .map_err(|e| PipelineError::Ops(e.to_string()))?;
     let http_task = tokio::spawn(http);
     let purge_task = tokio::spawn(purge::run(
         Arc::clone(&store),
@@ -151,12 +138,7 @@ pub async fn run(
         stop: consumer_stop.clone(),
         queue_per_partition: config.pipeline.batch_size.get() * 2,
     })?;
-    on_start(&Running {
-        http_addr,
-        metrics: Arc::clone(&metrics),
-        store: Arc::clone(&store),
-        health,
-    });
+    on_start(&Running { http_addr, metrics: Arc::clone(&metrics), store: Arc::clone(&store), health });
     tracing::info!(%http_addr, backend = store.backend_name(), "dedupd running");
 
     tokio::select! {

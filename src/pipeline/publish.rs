@@ -48,35 +48,21 @@ impl Publisher {
     /// for every acknowledgement. Fails if any record was not acknowledged.
     pub async fn publish(&self, records: &[(&OwnedMessage, &Processed)]) -> Result<(), KafkaError> {
         // Serialised up front: the send futures borrow their payloads until acknowledged.
-        let values: Vec<Vec<u8>> = records
-            .iter()
-            .map(|(_, p)| serde_json::to_vec(&p.result).unwrap_or_default())
-            .collect();
-        let sources: Vec<String> = records
-            .iter()
-            .map(|(m, _)| format!("{}/{}/{}", m.topic(), m.partition(), m.offset()))
-            .collect();
+        let values: Vec<Vec<u8>> =
+            records.iter().map(|(_, p)| serde_json::to_vec(&p.result).unwrap_or_default()).collect();
+        let sources: Vec<String> =
+            records.iter().map(|(m, _)| format!("{}/{}/{}", m.topic(), m.partition(), m.offset())).collect();
         let mut acks = Vec::with_capacity(records.len() * 2);
         for (((input, processed), value), source) in records.iter().zip(&values).zip(&sources) {
-            let mut headers = OwnedHeaders::new().insert(Header {
-                key: "dedupd-outcome",
-                value: Some(processed.result.outcome.as_str()),
-            });
+            let mut headers = OwnedHeaders::new()
+                .insert(Header { key: "dedupd-outcome", value: Some(processed.result.outcome.as_str()) });
             if processed.result.replay {
-                headers = headers.insert(Header {
-                    key: "idempotent-replay",
-                    value: Some("true"),
-                });
+                headers = headers.insert(Header { key: "idempotent-replay", value: Some("true") });
             }
             if let Some(tp) = &processed.traceparent {
-                headers = headers.insert(Header {
-                    key: "traceparent",
-                    value: Some(tp.as_str()),
-                });
+                headers = headers.insert(Header { key: "traceparent", value: Some(tp.as_str()) });
             }
-            let mut record = FutureRecord::<[u8], [u8]>::to(&self.results_topic)
-                .payload(value.as_slice())
-                .headers(headers);
+            let mut record = FutureRecord::<[u8], [u8]>::to(&self.results_topic).payload(value.as_slice()).headers(headers);
             if let Some(k) = &processed.result.key {
                 record = record.key(k.as_bytes());
             }
@@ -85,20 +71,10 @@ impl Publisher {
             if let Some(dl) = &processed.dead_letter {
                 let mut headers = input.headers().cloned().unwrap_or_default();
                 headers = headers
-                    .insert(Header {
-                        key: "dedupd-reason",
-                        value: Some(dl.reason),
-                    })
-                    .insert(Header {
-                        key: "dedupd-error",
-                        value: Some(dl.error.as_str()),
-                    })
-                    .insert(Header {
-                        key: "dedupd-source",
-                        value: Some(source.as_str()),
-                    });
-                let mut record =
-                    FutureRecord::<[u8], [u8]>::to(&self.dead_letter_topic).headers(headers);
+                    .insert(Header { key: "dedupd-reason", value: Some(dl.reason) })
+                    .insert(Header { key: "dedupd-error", value: Some(dl.error.as_str()) })
+                    .insert(Header { key: "dedupd-source", value: Some(source.as_str()) });
+                let mut record = FutureRecord::<[u8], [u8]>::to(&self.dead_letter_topic).headers(headers);
                 if let Some(v) = input.payload() {
                     record = record.payload(v);
                 }

@@ -38,13 +38,8 @@ pub(super) async fn run(
         // Sleep until the next record expires, but wake at least every interval (new
         // records with earlier expiries may arrive) and refresh gauges every few seconds.
         let next = store.next_expiry().ok().flatten();
-        let until_next = next.map_or(interval, |at| {
-            Duration::from_millis(u64::try_from(at - now).unwrap_or(0))
-        });
-        let sleep = until_next
-            .min(interval)
-            .min(Duration::from_secs(5))
-            .max(Duration::from_millis(50));
+        let until_next = next.map_or(interval, |at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0)));
+        let sleep = until_next.min(interval).min(Duration::from_secs(5)).max(Duration::from_millis(50));
         tokio::select! {
             () = tokio::time::sleep(sleep) => {}
             () = stop.cancelled() => return,

@@ -88,12 +88,7 @@ impl PartitionWorker {
             self.shared.fatal.cancel();
             return false;
         }
-        let (results, flushed) = match self
-            .shared
-            .engine
-            .process_batch_reporting_flush(&items, &self.cancel)
-            .await
-        {
+        let (results, flushed) = match self.shared.engine.process_batch_reporting_flush(&items, &self.cancel).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");
@@ -108,10 +103,7 @@ impl PartitionWorker {
             let flush_store = Arc::clone(&store);
             if let Ok(Err(e)) | Err(e) = tokio::task::spawn_blocking(move || flush_store.flush())
                 .await
-                .map_err(|e| crate::store::StoreError::Backend {
-                    backend: "join",
-                    message: e.to_string(),
-                })
+                .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
             {
                 tracing::error!(error = %e, "store flush failed; stopping");
                 self.shared.fatal.cancel();
@@ -134,19 +126,14 @@ impl PartitionWorker {
                 return false;
             }
             let (m, _) = done[done.len() - 1];
-            if let Err(e) = self
-                .consumer
-                .store_offset(m.topic(), m.partition(), m.offset())
-            {
+            if let Err(e) = self.consumer.store_offset(m.topic(), m.partition(), m.offset()) {
                 tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "could not store offset (partition revoked?)");
             }
             for (_, p) in &done {
                 self.record_metrics(p);
             }
         }
-        self.shared
-            .metrics
-            .batch_processed(started.elapsed().as_secs_f64());
+        self.shared.metrics.batch_processed(started.elapsed().as_secs_f64());
         tracing::debug!(topic = %self.topic, partition = self.partition, records = batch.len(), engine_ms, ms = started.elapsed().as_millis() as u64, "batch done");
         complete
     }
@@ -186,11 +173,7 @@ impl PartitionWorker {
     fn item(&self, m: &OwnedMessage) -> Item {
         let headers: Vec<(String, Option<Vec<u8>>)> = m
             .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
+            .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
             .unwrap_or_default();
         let record = InputRecord {
             topic: m.topic(),
@@ -207,18 +190,9 @@ impl PartitionWorker {
             .find(|(k, _)| k.eq_ignore_ascii_case("traceparent"))
             .and_then(|(_, v)| v.as_ref())
             .and_then(|v| String::from_utf8(v.clone()).ok());
-        let parsed = parse(
-            &record,
-            &self.shared.envelope,
-            &self.shared.limits,
-            self.shared.engine.router(),
-        );
+        let parsed = parse(&record, &self.shared.envelope, &self.shared.limits, self.shared.engine.router());
         Item {
-            source: SourcePos {
-                topic: m.topic().to_string(),
-                partition: m.partition(),
-                offset: m.offset(),
-            },
+            source: SourcePos { topic: m.topic().to_string(), partition: m.partition(), offset: m.offset() },
             parsed,
             traceparent,
         }

@@ -34,16 +34,10 @@ pub struct HttpSinkConfig {
     #[serde(default = "default_true")]
     pub forward_key: bool,
     /// TCP connect timeout.
-    #[serde(
-        default = "default_connect_timeout",
-        with = "crate::config::duration_str"
-    )]
+    #[serde(default = "default_connect_timeout", with = "crate::config::duration_str")]
     pub connect_timeout: Duration,
     /// Whole-request timeout.
-    #[serde(
-        default = "default_request_timeout",
-        with = "crate::config::duration_str"
-    )]
+    #[serde(default = "default_request_timeout", with = "crate::config::duration_str")]
     pub request_timeout: Duration,
 }
 
@@ -61,18 +55,10 @@ impl HttpSinkConfig {
     /// Checks the URL.
     pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
         if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
-            return Err((
-                format!("{at}.url"),
-                self.url.clone(),
-                "must start with http:// or https://".into(),
-            ));
+            return Err((format!("{at}.url"), self.url.clone(), "must start with http:// or https://".into()));
         }
         if self.request_timeout.is_zero() {
-            return Err((
-                format!("{at}.request_timeout"),
-                "0s".into(),
-                "must be positive".into(),
-            ));
+            return Err((format!("{at}.request_timeout"), "0s".into(), "must be positive".into()));
         }
         Ok(())
     }
@@ -144,9 +130,7 @@ impl HttpSink {
             return Err(invalid_url("must start with http:// or https://".into()));
         }
         if config.request_timeout.is_zero() {
-            return Err(HttpSinkError::ZeroTimeout {
-                sink: name.to_string(),
-            });
+            return Err(HttpSinkError::ZeroTimeout { sink: name.to_string() });
         }
         let client = reqwest::Client::builder()
             .tls_backend_rustls()
@@ -154,10 +138,7 @@ impl HttpSink {
             .timeout(config.request_timeout)
             .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|source| HttpSinkError::Client {
-                sink: name.to_string(),
-                source,
-            })?;
+            .map_err(|source| HttpSinkError::Client { sink: name.to_string(), source })?;
         Ok(HttpSink {
             name: name.to_string(),
             url,
@@ -174,12 +155,10 @@ impl HttpSink {
         let mut headers = HeaderMap::with_capacity(5);
         // from_bytes: non-ASCII keys and types go out as their UTF-8 bytes (obs-text);
         // only control characters are refused.
-        let key = HeaderValue::from_bytes(request.key.as_bytes()).map_err(|_| {
-            "the idempotency key cannot be sent as an HTTP header (control characters)".to_string()
-        })?;
-        let kind = HeaderValue::from_bytes(request.kind.as_bytes()).map_err(|_| {
-            "the command type cannot be sent as an HTTP header (control characters)".to_string()
-        })?;
+        let key = HeaderValue::from_bytes(request.key.as_bytes())
+            .map_err(|_| "the idempotency key cannot be sent as an HTTP header (control characters)".to_string())?;
+        let kind = HeaderValue::from_bytes(request.kind.as_bytes())
+            .map_err(|_| "the command type cannot be sent as an HTTP header (control characters)".to_string())?;
         headers.insert(IDEMPOTENCY_KEY, key);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(COMMAND_TYPE, kind);
@@ -190,9 +169,7 @@ impl HttpSink {
                 Ok(value) => {
                     headers.insert(TRACEPARENT, value);
                 }
-                Err(_) => {
-                    tracing::warn!(sink = %self.name, key = request.key, "traceparent is not a valid header value; not forwarded")
-                }
+                Err(_) => tracing::warn!(sink = %self.name, key = request.key, "traceparent is not a valid header value; not forwarded"),
             }
         }
         Ok(headers)
@@ -211,10 +188,7 @@ impl HttpSink {
             );
         }
         match classify(ending) {
-            Class::Transient => SinkError::Transient {
-                message,
-                retry_after: None,
-            },
+            Class::Transient => SinkError::Transient { message, retry_after: None },
             // Success cannot come out of an error; treat it like any other refusal.
             Class::Permanent | Class::Success => SinkError::Permanent {
                 result: json!({ "status": Value::Null, "body": Value::Null, "error": message }),
@@ -244,13 +218,7 @@ impl Sink for HttpSink {
                 });
             }
         };
-        let sent = self
-            .client
-            .post(self.url.clone())
-            .headers(headers)
-            .json(request.payload)
-            .send()
-            .await;
+        let sent = self.client.post(self.url.clone()).headers(headers).json(request.payload).send().await;
         let mut response = match sent {
             Ok(response) => response,
             Err(err) => {
@@ -265,10 +233,7 @@ impl Sink for HttpSink {
         let body = read_body(&mut response).await;
         tracing::debug!(sink = %self.name, key = request.key, attempt = request.attempt, status = code, "http sink: response");
         let describe_status = || {
-            let reason = status
-                .canonical_reason()
-                .map(|r| format!(" {r}"))
-                .unwrap_or_default();
+            let reason = status.canonical_reason().map(|r| format!(" {r}")).unwrap_or_default();
             match body.snippet() {
                 Some(snippet) => format!("HTTP {code}{reason}: {snippet}"),
                 None => format!("HTTP {code}{reason}"),
@@ -276,14 +241,8 @@ impl Sink for HttpSink {
         };
         match classify(Ending::Status(code)) {
             Class::Success => Ok(body.into_result(code)),
-            Class::Transient => Err(SinkError::Transient {
-                message: describe_status(),
-                retry_after,
-            }),
-            Class::Permanent => Err(SinkError::Permanent {
-                message: describe_status(),
-                result: body.into_result(code),
-            }),
+            Class::Transient => Err(SinkError::Transient { message: describe_status(), retry_after }),
+            Class::Permanent => Err(SinkError::Permanent { message: describe_status(), result: body.into_result(code) }),
         }
     }
 }
@@ -383,18 +342,12 @@ impl Body {
     /// when empty.
     pub(crate) fn from_bytes(bytes: &[u8], truncated: bool) -> Body {
         if bytes.is_empty() {
-            return Body {
-                value: Value::Null,
-                truncated,
-                error: None,
-            };
+            return Body { value: Value::Null, truncated, error: None };
         }
-        if !truncated && let Ok(value) = serde_json::from_slice::<Value>(bytes) {
-            return Body {
-                value,
-                truncated,
-                error: None,
-            };
+        if !truncated
+            && let Ok(value) = serde_json::from_slice::<Value>(bytes)
+        {
+            return Body { value, truncated, error: None };
         }
         // A cut may split the last character: drop the incomplete tail.
         let whole = match std::str::from_utf8(bytes) {
@@ -412,11 +365,7 @@ impl Body {
             text.truncate(cut);
             truncated = true;
         }
-        Body {
-            value: Value::String(text),
-            truncated,
-            error: None,
-        }
+        Body { value: Value::String(text), truncated, error: None }
     }
 
     /// The result stored for a response: `{"status", "body"}`, plus `"truncated": true`
@@ -465,11 +414,7 @@ async fn read_body(response: &mut reqwest::Response) -> Body {
             }
             Ok(None) => break,
             Err(err) => {
-                return Body {
-                    value: Value::Null,
-                    truncated: false,
-                    error: Some(describe(err.without_url())),
-                };
+                return Body { value: Value::Null, truncated: false, error: Some(describe(err.without_url())) };
             }
         }
     }
@@ -539,18 +484,9 @@ mod tests {
 
     #[test]
     fn retry_after_seconds_on_429_and_503_only() {
-        assert_eq!(
-            retry_after(429, &with_retry_after("3")),
-            Some(Duration::from_secs(3))
-        );
-        assert_eq!(
-            retry_after(503, &with_retry_after(" 120 ")),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(
-            retry_after(503, &with_retry_after("0")),
-            Some(Duration::ZERO)
-        );
+        assert_eq!(retry_after(429, &with_retry_after("3")), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(503, &with_retry_after(" 120 ")), Some(Duration::from_secs(120)));
+        assert_eq!(retry_after(503, &with_retry_after("0")), Some(Duration::ZERO));
         assert_eq!(retry_after(500, &with_retry_after("3")), None);
         assert_eq!(retry_after(408, &with_retry_after("3")), None);
         assert_eq!(retry_after(429, &HeaderMap::new()), None);
@@ -558,35 +494,20 @@ mod tests {
 
     #[test]
     fn retry_after_dates_and_garbage_are_ignored() {
-        assert_eq!(
-            retry_after(429, &with_retry_after("Wed, 21 Oct 2015 07:28:00 GMT")),
-            None
-        );
+        assert_eq!(retry_after(429, &with_retry_after("Wed, 21 Oct 2015 07:28:00 GMT")), None);
         assert_eq!(retry_after(429, &with_retry_after("-3")), None);
         assert_eq!(retry_after(429, &with_retry_after("+3")), None);
         assert_eq!(retry_after(429, &with_retry_after("1.5")), None);
         assert_eq!(retry_after(429, &with_retry_after("")), None);
-        assert_eq!(
-            retry_after(429, &with_retry_after("99999999999999999999999")),
-            None
-        );
+        assert_eq!(retry_after(429, &with_retry_after("99999999999999999999999")), None);
     }
 
     #[test]
     fn body_json_text_and_empty() {
-        assert_eq!(
-            Body::from_bytes(br#"{"id":7}"#, false).value,
-            json!({"id": 7})
-        );
-        assert_eq!(
-            Body::from_bytes(b"accepted", false).value,
-            json!("accepted")
-        );
+        assert_eq!(Body::from_bytes(br#"{"id":7}"#, false).value, json!({"id": 7}));
+        assert_eq!(Body::from_bytes(b"accepted", false).value, json!("accepted"));
         assert_eq!(Body::from_bytes(b"", false).value, Value::Null);
-        assert_eq!(
-            Body::from_bytes(b"\xff ok", false).value,
-            json!("\u{fffd} ok")
-        );
+        assert_eq!(Body::from_bytes(b"\xff ok", false).value, json!("\u{fffd} ok"));
     }
 
     #[test]
@@ -615,10 +536,7 @@ mod tests {
 
     #[test]
     fn result_shape() {
-        assert_eq!(
-            Body::from_bytes(b"", false).into_result(204),
-            json!({"status": 204, "body": null})
-        );
+        assert_eq!(Body::from_bytes(b"", false).into_result(204), json!({"status": 204, "body": null}));
         assert_eq!(
             Body::from_bytes(b"abc", true).into_result(200),
             json!({"status": 200, "body": "abc", "truncated": true})
@@ -644,20 +562,11 @@ mod tests {
 
     #[test]
     fn new_checks_url_and_timeout() {
-        assert!(matches!(
-            HttpSink::new("s", &config("ftp://x/")),
-            Err(HttpSinkError::InvalidUrl { .. })
-        ));
-        assert!(matches!(
-            HttpSink::new("s", &config("not a url")),
-            Err(HttpSinkError::InvalidUrl { .. })
-        ));
+        assert!(matches!(HttpSink::new("s", &config("ftp://x/")), Err(HttpSinkError::InvalidUrl { .. })));
+        assert!(matches!(HttpSink::new("s", &config("not a url")), Err(HttpSinkError::InvalidUrl { .. })));
         let mut zero = config("http://127.0.0.1:1/");
         zero.request_timeout = Duration::ZERO;
-        assert!(matches!(
-            HttpSink::new("s", &zero),
-            Err(HttpSinkError::ZeroTimeout { .. })
-        ));
+        assert!(matches!(HttpSink::new("s", &zero), Err(HttpSinkError::ZeroTimeout { .. })));
         let sink = HttpSink::new("s", &config("https://example.invalid/hook")).unwrap();
         assert!(!sink.forwards_key());
         assert_eq!(sink.name(), "s");
@@ -667,23 +576,11 @@ mod tests {
     fn control_characters_in_key_are_refused_but_utf8_is_sent() {
         let sink = HttpSink::new("s", &config("http://127.0.0.1:1/")).unwrap();
         let payload = json!({});
-        let request = |key| SinkRequest {
-            key,
-            kind: "t",
-            payload: &payload,
-            attempt: 1,
-            traceparent: Some("bad\nvalue"),
-        };
+        let request = |key| SinkRequest { key, kind: "t", payload: &payload, attempt: 1, traceparent: Some("bad\nvalue") };
         assert!(sink.headers(&request("a\nb")).is_err());
         let headers = sink.headers(&request("clé")).unwrap();
-        assert_eq!(
-            headers.get(IDEMPOTENCY_KEY).unwrap().as_bytes(),
-            "clé".as_bytes()
-        );
-        assert!(
-            headers.get(TRACEPARENT).is_none(),
-            "a malformed traceparent is dropped"
-        );
+        assert_eq!(headers.get(IDEMPOTENCY_KEY).unwrap().as_bytes(), "clé".as_bytes());
+        assert!(headers.get(TRACEPARENT).is_none(), "a malformed traceparent is dropped");
         assert_eq!(headers.get(ATTEMPT).unwrap(), "1");
     }
 }

@@ -17,9 +17,7 @@ pub struct LogSink {
 impl LogSink {
     /// Builds the sink.
     pub fn new(name: &str, _config: &LogSinkConfig) -> LogSink {
-        LogSink {
-            name: name.to_string(),
-        }
+        LogSink { name: name.to_string() }
     }
 }
 

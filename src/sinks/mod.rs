@@ -74,13 +74,7 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest {
-            key: claim.key(),
-            kind,
-            payload,
-            attempt,
-            traceparent,
-        }
+        SinkRequest { key: claim.key(), kind, payload, attempt, traceparent }
     }
 }
 
@@ -133,16 +127,12 @@ pub struct SinkBuildError {
 pub fn build_all(
     configs: &std::collections::BTreeMap<String, SinkConfig>,
 ) -> Result<std::collections::HashMap<String, std::sync::Arc<dyn Sink>>, SinkBuildError> {
-    let mut out: std::collections::HashMap<String, std::sync::Arc<dyn Sink>> =
-        std::collections::HashMap::new();
+    let mut out: std::collections::HashMap<String, std::sync::Arc<dyn Sink>> = std::collections::HashMap::new();
     for (name, config) in configs {
         let sink: std::sync::Arc<dyn Sink> = match config {
-            SinkConfig::Http(c) => {
-                std::sync::Arc::new(http::HttpSink::new(name, c).map_err(|e| SinkBuildError {
-                    name: name.clone(),
-                    reason: e.to_string(),
-                })?)
-            }
+            SinkConfig::Http(c) => std::sync::Arc::new(
+                http::HttpSink::new(name, c).map_err(|e| SinkBuildError { name: name.clone(), reason: e.to_string() })?,
+            ),
             SinkConfig::Log(c) => std::sync::Arc::new(log::LogSink::new(name, c)),
         };
         out.insert(name.clone(), sink);

@@ -17,12 +17,7 @@ impl KeyStore {
 
     /// [`KeyStore::compact_chunk`] over index keys `>= from`; also returns the last index
     /// key it removed, where the next chunk can start.
-    fn compact_chunk_from(
-        &self,
-        now_ms: i64,
-        limit: usize,
-        from: &[u8],
-    ) -> Result<(usize, Vec<u8>), StoreError> {
+    fn compact_chunk_from(&self, now_ms: i64, limit: usize, from: &[u8]) -> Result<(usize, Vec<u8>), StoreError> {
         // Exclusive gate: no claim can replace a record between the index read and the
         // delete. Held for one bounded chunk only.
         let _gate = self.gate.write();
@@ -75,9 +70,6 @@ impl KeyStore {
     /// The earliest expiry in the index, for a purge task that sleeps until then.
     pub fn next_expiry(&self) -> Result<Option<i64>, StoreError> {
         let first = self.backend.scan(Tree::Expiry, &[], None, 1)?;
-        Ok(first
-            .first()
-            .and_then(|(k, _)| split_expiry_key(k))
-            .map(|(at, _)| at))
+        Ok(first.first().and_then(|(k, _)| split_expiry_key(k)).map(|(at, _)| at))
     }
 }

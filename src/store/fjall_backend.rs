@@ -38,10 +38,7 @@ pub struct FjallBackend {
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend {
-        backend: "fjall",
-        message: e.to_string(),
-    }
+    StoreError::Backend { backend: "fjall", message: e.to_string() }
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -72,18 +69,8 @@ fn clear_unfinished_creation(path: &Path) -> Result<(), StoreError> {
         let is_dir = entry.file_type().map_err(io)?.is_dir();
         let ours = match name.as_str() {
             "lock" | "version" => !is_dir,
-            "keyspaces" => {
-                is_dir
-                    && std::fs::read_dir(entry.path())
-                        .map_err(io)?
-                        .next()
-                        .is_none()
-            }
-            n => {
-                !is_dir
-                    && n.strip_suffix(".jnl")
-                        .is_some_and(|id| id.bytes().all(|b| b.is_ascii_digit()))
-            }
+            "keyspaces" => is_dir && std::fs::read_dir(entry.path()).map_err(io)?.next().is_none(),
+            n => !is_dir && n.strip_suffix(".jnl").is_some_and(|id| id.bytes().all(|b| b.is_ascii_digit())),
         };
         if !ours {
             return Err(err(format!(
@@ -98,16 +85,9 @@ fn clear_unfinished_creation(path: &Path) -> Result<(), StoreError> {
     }
     tracing::warn!(path = %path.display(), "removing the leftovers of an unfinished fjall store creation");
     for (p, is_dir) in leftovers {
-        if is_dir {
-            std::fs::remove_dir(&p)
-        } else {
-            std::fs::remove_file(&p)
-        }
-        .map_err(io)?;
+        if is_dir { std::fs::remove_dir(&p) } else { std::fs::remove_file(&p) }.map_err(io)?;
     }
-    std::fs::File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(io)
+    std::fs::File::open(path).and_then(|d| d.sync_all()).map_err(io)
 }
 
 impl FjallBackend {
@@ -119,26 +99,12 @@ impl FjallBackend {
             .open()
             .map_err(err)?;
         let records = db
-            .keyspace("records", || {
-                KeyspaceCreateOptions::default().max_memtable_size(32 * MIB)
-            })
+            .keyspace("records", || KeyspaceCreateOptions::default().max_memtable_size(32 * MIB))
             .map_err(err)?;
-        let expiry = db
-            .keyspace("expiry", || {
-                KeyspaceCreateOptions::default().max_memtable_size(8 * MIB)
-            })
-            .map_err(err)?;
-        let meta = db
-            .keyspace("meta", || {
-                KeyspaceCreateOptions::default().max_memtable_size(MIB)
-            })
-            .map_err(err)?;
-        Ok(FjallBackend {
-            db,
-            records,
-            expiry,
-            meta,
-        })
+        let expiry =
+            db.keyspace("expiry", || KeyspaceCreateOptions::default().max_memtable_size(8 * MIB)).map_err(err)?;
+        let meta = db.keyspace("meta", || KeyspaceCreateOptions::default().max_memtable_size(MIB)).map_err(err)?;
+        Ok(FjallBackend { db, records, expiry, meta })
     }
 
     fn keyspace(&self, tree: Tree) -> &Keyspace {
@@ -156,11 +122,7 @@ impl Backend for FjallBackend {
     }
 
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self
-            .keyspace(tree)
-            .get(key)
-            .map_err(err)?
-            .map(|v| v.to_vec()))
+        Ok(self.keyspace(tree).get(key).map_err(err)?.map(|v| v.to_vec()))
     }
 
     fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError> {

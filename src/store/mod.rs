@@ -25,24 +25,18 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::{StoreBackend, SyncMode};
 pub use operator::{ForgetError, ResolveError, record_json};
-pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
 pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
+pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The backend reported an I/O or corruption error.
     #[error("{backend} store: {message}")]
-    Backend {
-        backend: &'static str,
-        message: String,
-    },
+    Backend { backend: &'static str, message: String },
     /// A stored value could not be decoded.
     #[error("key {key:?}: {source}")]
-    Corrupt {
-        key: String,
-        source: record::DecodeError,
-    },
+    Corrupt { key: String, source: record::DecodeError },
     /// A completion found its claim gone or replaced (an operator forgot the key meanwhile).
     #[error("key {0:?}: the claim was replaced before completion")]
     ClaimLost(String),
@@ -85,13 +79,8 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
     /// Up to `limit` entries with `start <= key < end`, ascending.
-    fn scan(
-        &self,
-        tree: Tree,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize)
+    -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> Result<u64, StoreError>;
 }
@@ -295,11 +284,7 @@ impl KeyStore {
             Some(r) => {
                 ops.push(Op::Put(Tree::Records, key.as_bytes().to_vec(), r.encode()));
                 if let Some(at) = r.expires_at_ms() {
-                    ops.push(Op::Put(
-                        Tree::Expiry,
-                        expiry_key(at, key.as_bytes()),
-                        Vec::new(),
-                    ));
+                    ops.push(Op::Put(Tree::Expiry, expiry_key(at, key.as_bytes()), Vec::new()));
                 }
             }
             None => ops.push(Op::Delete(Tree::Records, key.as_bytes().to_vec())),
@@ -325,13 +310,8 @@ impl KeyStore {
         let new = Record::InProgress(claim);
         Ok(match self.compare_and_swap(key, expected, Some(&new))? {
             Ok(()) => {
-                let Record::InProgress(record) = new else {
-                    unreachable!("constructed above")
-                };
-                Ok(PendingClaim {
-                    key: key.to_string(),
-                    record,
-                })
+                let Record::InProgress(record) = new else { unreachable!("constructed above") };
+                Ok(PendingClaim { key: key.to_string(), record })
             }
             Err(current) => Err(current),
         })
@@ -342,21 +322,11 @@ impl KeyStore {
         if !claims.is_empty() {
             self.flush()?;
         }
-        Ok(claims
-            .into_iter()
-            .map(|c| DurableClaim {
-                key: c.key,
-                record: c.record,
-            })
-            .collect())
+        Ok(claims.into_iter().map(|c| DurableClaim { key: c.key, record: c.record }).collect())
     }
 
     /// Replaces the durable claim with its completion. Durable after the next [`KeyStore::flush`].
-    pub fn complete(
-        &self,
-        claim: DurableClaim,
-        completed: Completed,
-    ) -> Result<Record, StoreError> {
+    pub fn complete(&self, claim: DurableClaim, completed: Completed) -> Result<Record, StoreError> {
         let expected = Record::InProgress(claim.record);
         let new = Record::Completed(completed);
         match self.compare_and_swap(&claim.key, Some(&expected), Some(&new))? {
@@ -411,10 +381,7 @@ impl KeyStore {
 
     /// The highest input offset recorded for a partition.
     pub fn watermark(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
-        match self
-            .backend
-            .get(Tree::Meta, &watermark_key(topic, partition))?
-        {
+        match self.backend.get(Tree::Meta, &watermark_key(topic, partition))? {
             None => Ok(None),
             Some(v) => {
                 let arr: [u8; 8] = v.as_slice().try_into().map_err(|_| StoreError::Corrupt {
@@ -434,26 +401,14 @@ impl KeyStore {
         for (topic, partition, offset) in offsets {
             let current = self.watermark(topic, *partition)?;
             if current.is_none_or(|c| c < *offset) {
-                ops.push(Op::Put(
-                    Tree::Meta,
-                    watermark_key(topic, *partition),
-                    offset.to_le_bytes().to_vec(),
-                ));
+                ops.push(Op::Put(Tree::Meta, watermark_key(topic, *partition), offset.to_le_bytes().to_vec()));
             }
         }
-        if ops.is_empty() {
-            Ok(())
-        } else {
-            self.backend.apply(ops)
-        }
+        if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
     }
 
     /// Up to `limit` records with keys after `after` (exclusive), for export and stats.
-    pub fn scan_records(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<(String, Record)>, StoreError> {
+    pub fn scan_records(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
         let start = match after {
             Some(a) => {
                 let mut s = a.as_bytes().to_vec();
@@ -473,10 +428,7 @@ impl KeyStore {
 }
 
 fn decode(key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
-    Record::decode(value).map_err(|source| StoreError::Corrupt {
-        key: String::from_utf8_lossy(key).into_owned(),
-        source,
-    })
+    Record::decode(value).map_err(|source| StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source })
 }
 
 #[cfg(test)]

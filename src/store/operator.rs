@@ -44,9 +44,7 @@ impl KeyStore {
         loop {
             let current = match self.get(key)? {
                 None => return Err(ForgetError::NotFound(key.to_string())),
-                Some(Record::InProgress(_)) if !force => {
-                    return Err(ForgetError::InProgress(key.to_string()));
-                }
+                Some(Record::InProgress(_)) if !force => return Err(ForgetError::InProgress(key.to_string())),
                 Some(r) => r,
             };
             if self.compare_and_swap(key, Some(&current), None)?.is_ok() {
@@ -56,7 +54,7 @@ impl KeyStore {
         }
     }
 
-    /// What `stats` shows: backend, records per state, disk bytes, next expiry.
+    /// What `stats` shows: backend, records per state, disk bytes, next expiry, watermarks.
     pub fn stats_json(&self) -> Result<serde_json::Value, StoreError> {
         Ok(serde_json::json!({
             "backend": self.backend_name(),
@@ -69,23 +67,14 @@ impl KeyStore {
 
     /// Turns an `indeterminate` record into a `completed` one with `outcome`, expiring
     /// `ttl_ms` after `now_ms`; repeats then replay it. Flushed before returning.
-    pub fn resolve(
-        &self,
-        key: &str,
-        outcome: Completion,
-        now_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<Record, ResolveError> {
+    pub fn resolve(&self, key: &str, outcome: Completion, now_ms: i64, ttl_ms: i64) -> Result<Record, ResolveError> {
         loop {
             let current = self.get(key)?;
             let ind = match &current {
                 None => return Err(ResolveError::NotFound(key.to_string())),
                 Some(Record::Indeterminate(ind)) => ind.clone(),
                 Some(other) => {
-                    return Err(ResolveError::NotIndeterminate {
-                        key: key.to_string(),
-                        state: other.state().as_str(),
-                    });
+                    return Err(ResolveError::NotIndeterminate { key: key.to_string(), state: other.state().as_str() });
                 }
             };
             let new = Record::Completed(Completed {
@@ -94,20 +83,14 @@ impl KeyStore {
                 result: br#"{"resolved_by":"operator"}"#.to_vec(),
                 error: match outcome {
                     Completion::Succeeded => None,
-                    Completion::Failed => Some(format!(
-                        "resolved as failed by an operator; was: {}",
-                        ind.why
-                    )),
+                    Completion::Failed => Some(format!("resolved as failed by an operator; was: {}", ind.why)),
                 },
                 first_seen_at_ms: ind.claimed_at_ms,
                 completed_at_ms: now_ms,
                 expires_at_ms: now_ms.saturating_add(ttl_ms),
                 attempts: ind.attempts,
             });
-            if self
-                .compare_and_swap(key, current.as_ref(), Some(&new))?
-                .is_ok()
-            {
+            if self.compare_and_swap(key, current.as_ref(), Some(&new))?.is_ok() {
                 self.flush_always()?;
                 return Ok(new);
             }

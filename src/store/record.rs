@@ -217,11 +217,7 @@ impl Record {
                 fingerprint,
                 claimed_at_ms: r.i64()?,
                 attempts: r.u32_varint()?,
-                source: SourcePos {
-                    topic: r.string()?,
-                    partition: r.i32()?,
-                    offset: r.i64()?,
-                },
+                source: SourcePos { topic: r.string()?, partition: r.i32()?, offset: r.i64()? },
             }),
             STATE_COMPLETED => {
                 let outcome = match r.u8()? {
@@ -288,10 +284,7 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.buf.len() < n {
-            return Err(DecodeError(format!(
-                "truncated: wanted {n} bytes, {} left",
-                self.buf.len()
-            )));
+            return Err(DecodeError(format!("truncated: wanted {n} bytes, {} left", self.buf.len())));
         }
         let (head, tail) = self.buf.split_at(n);
         self.buf = tail;
@@ -326,8 +319,7 @@ impl<'a> Reader<'a> {
         u32::try_from(self.varint()?).map_err(|_| DecodeError("attempts out of range".into()))
     }
     fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
-        let len = usize::try_from(self.varint()?)
-            .map_err(|_| DecodeError("length out of range".into()))?;
+        let len = usize::try_from(self.varint()?).map_err(|_| DecodeError("length out of range".into()))?;
         self.take(len)
     }
     fn string(&mut self) -> Result<String, DecodeError> {
@@ -352,11 +344,7 @@ mod tests {
                 fingerprint: fp(1),
                 claimed_at_ms: 1_700_000_000_000,
                 attempts: 1,
-                source: SourcePos {
-                    topic: "commands".into(),
-                    partition: 3,
-                    offset: 1042,
-                },
+                source: SourcePos { topic: "commands".into(), partition: 3, offset: 1042 },
             }),
             Record::Completed(Completed {
                 fingerprint: fp(2),
@@ -368,12 +356,7 @@ mod tests {
                 expires_at_ms: 3,
                 attempts: 300,
             }),
-            Record::Indeterminate(Indeterminate {
-                fingerprint: fp(3),
-                claimed_at_ms: -5,
-                attempts: 2,
-                why: "crash".into(),
-            }),
+            Record::Indeterminate(Indeterminate { fingerprint: fp(3), claimed_at_ms: -5, attempts: 2, why: "crash".into() }),
         ];
         for r in records {
             assert_eq!(Record::decode(&r.encode()).unwrap(), r);

@@ -50,10 +50,7 @@ pub struct SledBackend {
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend {
-        backend: "sled",
-        message: e.to_string(),
-    }
+    StoreError::Backend { backend: "sled", message: e.to_string() }
 }
 
 fn prefix(tree: Tree) -> u8 {
@@ -75,12 +72,7 @@ impl SledBackend {
     pub fn open(path: &Path) -> Result<SledBackend, StoreError> {
         let db = open_db(path)?;
         let tree = db.open_tree("dedupd").map_err(err)?;
-        Ok(SledBackend {
-            db,
-            tree,
-            pending: Mutex::new(Pending::default()),
-            write_lock: Mutex::new(()),
-        })
+        Ok(SledBackend { db, tree, pending: Mutex::new(Pending::default()), write_lock: Mutex::new(()) })
     }
 
     /// Hands the overlay to sled as one atomic batch (no sync).
@@ -196,19 +188,14 @@ impl Backend for SledBackend {
             };
             if take_overlay {
                 let Some((k, v)) = overlay.next() else { break };
-                if next_disk
-                    .as_ref()
-                    .is_some_and(|(dk, _)| dk.as_ref() == k.as_slice())
-                {
+                if next_disk.as_ref().is_some_and(|(dk, _)| dk.as_ref() == k.as_slice()) {
                     next_disk = disk.next().transpose().map_err(err)?; // shadowed by the overlay
                 }
                 if let Some(v) = v {
                     out.push((k[1..].to_vec(), v));
                 }
             } else {
-                let Some((k, v)) = next_disk.take() else {
-                    break;
-                };
+                let Some((k, v)) = next_disk.take() else { break };
                 out.push((k[1..].to_vec(), v.to_vec()));
                 next_disk = disk.next().transpose().map_err(err)?;
             }
@@ -240,16 +227,11 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
-        match sled::Config::new()
-            .path(path)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-        {
+        match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open() {
             Ok(db) => return Ok(db),
             // sled reports a held lock as ErrorKind::Other with this text.
             Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
+                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }

@@ -78,11 +78,7 @@ fn in_progress(b: u8, attempts: u32) -> InProgress {
         fingerprint: fp(b),
         claimed_at_ms: 1_000,
         attempts,
-        source: SourcePos {
-            topic: "commands".into(),
-            partition: 1,
-            offset: 42,
-        },
+        source: SourcePos { topic: "commands".into(), partition: 1, offset: 42 },
     }
 }
 
@@ -100,20 +96,12 @@ fn completed(b: u8, expires_at_ms: i64) -> Completed {
 }
 
 fn indeterminate(b: u8) -> Indeterminate {
-    Indeterminate {
-        fingerprint: fp(b),
-        claimed_at_ms: 1_000,
-        attempts: 1,
-        why: "crashed mid-call".into(),
-    }
+    Indeterminate { fingerprint: fp(b), claimed_at_ms: 1_000, attempts: 1, why: "crashed mid-call".into() }
 }
 
 /// Claims an absent key and makes the claim durable.
 fn durable(store: &KeyStore, key: &str, b: u8) -> DurableClaim {
-    let pending = store
-        .claim(key, None, in_progress(b, 1))
-        .unwrap()
-        .expect("key was absent");
+    let pending = store.claim(key, None, in_progress(b, 1)).unwrap().expect("key was absent");
     let mut d = store.flush_claims(vec![pending]).unwrap();
     d.pop().unwrap()
 }
@@ -128,11 +116,7 @@ fn put_indeterminate(store: &KeyStore, key: &str, b: u8) {
     let claim = durable(store, key, b);
     let expected = Record::InProgress(claim.record().clone());
     store
-        .compare_and_swap(
-            key,
-            Some(&expected),
-            Some(&Record::Indeterminate(indeterminate(b))),
-        )
+        .compare_and_swap(key, Some(&expected), Some(&Record::Indeterminate(indeterminate(b))))
         .unwrap()
         .expect("in_progress → indeterminate");
 }
@@ -166,16 +150,10 @@ fn all_records(store: &KeyStore) -> BTreeMap<String, Record> {
 /// and the live counts equal a full recount.
 fn check_invariants(store: &KeyStore) {
     let records = all_records(store);
-    let mut want: Vec<(i64, String)> = records
-        .iter()
-        .filter_map(|(k, r)| r.expires_at_ms().map(|at| (at, k.clone())))
-        .collect();
+    let mut want: Vec<(i64, String)> =
+        records.iter().filter_map(|(k, r)| r.expires_at_ms().map(|at| (at, k.clone()))).collect();
     want.sort();
-    assert_eq!(
-        expiry_entries(store),
-        want,
-        "expiry index out of step with the records"
-    );
+    assert_eq!(expiry_entries(store), want, "expiry index out of step with the records");
     let live = store.counts();
     let mut by_scan = StateCounts::default();
     for r in records.values() {
@@ -190,11 +168,7 @@ fn check_invariants(store: &KeyStore) {
 }
 
 fn counts(in_progress: i64, completed: i64, indeterminate: i64) -> StateCounts {
-    StateCounts {
-        in_progress,
-        completed,
-        indeterminate,
-    }
+    StateCounts { in_progress, completed, indeterminate }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -203,20 +177,13 @@ fn counts(in_progress: i64, completed: i64, indeterminate: i64) -> StateCounts {
 fn claim_of_absent_key(kind: StoreBackend) {
     let f = Fixture::new(kind);
     assert_eq!(f.store.get("k").unwrap(), None);
-    let pending = f
-        .store
-        .claim("k", None, in_progress(1, 1))
-        .unwrap()
-        .expect("absent key is claimable");
+    let pending = f.store.claim("k", None, in_progress(1, 1)).unwrap().expect("absent key is claimable");
     assert_eq!(pending.key(), "k");
     let durable = f.store.flush_claims(vec![pending]).unwrap();
     assert_eq!(durable.len(), 1);
     assert_eq!(durable[0].key(), "k");
     assert_eq!(durable[0].record(), &in_progress(1, 1));
-    assert_eq!(
-        f.store.get("k").unwrap(),
-        Some(Record::InProgress(in_progress(1, 1)))
-    );
+    assert_eq!(f.store.get("k").unwrap(), Some(Record::InProgress(in_progress(1, 1))));
     assert_eq!(f.store.counts(), counts(1, 0, 0));
     assert!(expiry_entries(&f.store).is_empty());
     check_invariants(&f.store);
@@ -226,31 +193,16 @@ fn claim_cas_failure_returns_current(kind: StoreBackend) {
     let f = Fixture::new(kind);
     let _ = durable(&f.store, "k", 1);
     // A second claim expecting absence loses and sees the winner's record.
-    let lost = f
-        .store
-        .claim("k", None, in_progress(2, 1))
-        .unwrap()
-        .expect_err("key is taken");
+    let lost = f.store.claim("k", None, in_progress(2, 1)).unwrap().expect_err("key is taken");
     assert_eq!(lost, Some(Record::InProgress(in_progress(1, 1))));
     // Expecting a record that is not the stored one also loses.
     let stale = Record::InProgress(in_progress(9, 1));
-    let lost = f
-        .store
-        .claim("k", Some(&stale), in_progress(2, 2))
-        .unwrap()
-        .expect_err("stale expectation");
+    let lost = f.store.claim("k", Some(&stale), in_progress(2, 2)).unwrap().expect_err("stale expectation");
     assert_eq!(lost, Some(Record::InProgress(in_progress(1, 1))));
     // Expecting a record when there is none loses with None.
-    let lost = f
-        .store
-        .claim("other", Some(&stale), in_progress(2, 2))
-        .unwrap()
-        .expect_err("absent");
+    let lost = f.store.claim("other", Some(&stale), in_progress(2, 2)).unwrap().expect_err("absent");
     assert_eq!(lost, None);
-    assert_eq!(
-        f.store.get("k").unwrap(),
-        Some(Record::InProgress(in_progress(1, 1)))
-    );
+    assert_eq!(f.store.get("k").unwrap(), Some(Record::InProgress(in_progress(1, 1))));
     assert_eq!(f.store.counts(), counts(1, 0, 0));
     check_invariants(&f.store);
 }
@@ -276,10 +228,7 @@ fn racing_claims_one_winner(kind: StoreBackend) {
                                 won.push(round);
                             }
                             Err(current) => {
-                                assert!(
-                                    matches!(current, Some(Record::InProgress(_))),
-                                    "{current:?}"
-                                );
+                                assert!(matches!(current, Some(Record::InProgress(_))), "{current:?}");
                             }
                         }
                     }
@@ -298,11 +247,7 @@ fn racing_claims_one_winner(kind: StoreBackend) {
     for (round, w) in per_round.iter().enumerate() {
         assert_eq!(w.len(), 1, "round {round}: winners {w:?}");
         let stored = f.store.get(&format!("race-{round}")).unwrap();
-        assert_eq!(
-            stored,
-            Some(Record::InProgress(in_progress(w[0] as u8, 1))),
-            "round {round}"
-        );
+        assert_eq!(stored, Some(Record::InProgress(in_progress(w[0] as u8, 1))), "round {round}");
     }
     assert_eq!(f.store.counts(), counts(ROUNDS as i64, 0, 0));
     check_invariants(&f.store);
@@ -324,10 +269,7 @@ fn complete_writes_expiry_entry(kind: StoreBackend) {
 fn complete_after_forget_is_claim_lost(kind: StoreBackend) {
     let f = Fixture::new(kind);
     let claim = durable(&f.store, "k", 1);
-    assert_eq!(
-        f.store.forget("k").unwrap(),
-        Some(Record::InProgress(in_progress(1, 1)))
-    );
+    assert_eq!(f.store.forget("k").unwrap(), Some(Record::InProgress(in_progress(1, 1))));
     match f.store.complete(claim, completed(1, 50_000)) {
         Err(StoreError::ClaimLost(k)) => assert_eq!(k, "k"),
         other => panic!("expected ClaimLost, got {other:?}"),
@@ -339,14 +281,8 @@ fn complete_after_forget_is_claim_lost(kind: StoreBackend) {
     let old = durable(&f.store, "j", 1);
     f.store.forget("j").unwrap();
     let _new = durable(&f.store, "j", 2);
-    assert!(matches!(
-        f.store.complete(old, completed(1, 50_000)),
-        Err(StoreError::ClaimLost(_))
-    ));
-    assert_eq!(
-        f.store.get("j").unwrap(),
-        Some(Record::InProgress(in_progress(2, 1)))
-    );
+    assert!(matches!(f.store.complete(old, completed(1, 50_000)), Err(StoreError::ClaimLost(_))));
+    assert_eq!(f.store.get("j").unwrap(), Some(Record::InProgress(in_progress(2, 1))));
     assert_eq!(f.store.counts(), counts(1, 0, 0));
     check_invariants(&f.store);
 }
@@ -356,11 +292,7 @@ fn reclaim_of_expired_completed(kind: StoreBackend) {
     put_completed(&f.store, "k", 1, 5_000);
     let old = f.store.get("k").unwrap().unwrap();
     assert!(old.is_expired(5_000) && !old.is_expired(4_999));
-    let pending = f
-        .store
-        .claim("k", Some(&old), in_progress(2, 1))
-        .unwrap()
-        .expect("expired record is claimable");
+    let pending = f.store.claim("k", Some(&old), in_progress(2, 1)).unwrap().expect("expired record is claimable");
     let claim = f.store.flush_claims(vec![pending]).unwrap().pop().unwrap();
     // The old expiry entry went with the completed record.
     assert!(expiry_entries(&f.store).is_empty());
@@ -380,20 +312,13 @@ fn orphan_reclaim_bumps_attempts(kind: StoreBackend) {
     assert_eq!(orphan, Record::InProgress(first.record().clone()));
     let mut again = in_progress(1, 2);
     again.source.offset = 43;
-    let pending = f
-        .store
-        .claim("k", Some(&orphan), again.clone())
-        .unwrap()
-        .expect("orphan re-claim");
+    let pending = f.store.claim("k", Some(&orphan), again.clone()).unwrap().expect("orphan re-claim");
     let second = f.store.flush_claims(vec![pending]).unwrap().pop().unwrap();
     assert_eq!(second.record().attempts, 2);
     assert_eq!(f.store.get("k").unwrap(), Some(Record::InProgress(again)));
     assert_eq!(f.store.counts(), counts(1, 0, 0));
     // The superseded claim can no longer complete; the new one can.
-    assert!(matches!(
-        f.store.complete(first, completed(1, 9_000)),
-        Err(StoreError::ClaimLost(_))
-    ));
+    assert!(matches!(f.store.complete(first, completed(1, 9_000)), Err(StoreError::ClaimLost(_))));
     let mut done = completed(1, 9_000);
     done.attempts = 2;
     f.store.complete(second, done).unwrap();
@@ -405,29 +330,15 @@ fn indeterminate_has_no_expiry(kind: StoreBackend) {
     let f = Fixture::new(kind);
     put_indeterminate(&f.store, "k", 1);
     f.store.flush().unwrap();
-    assert_eq!(
-        f.store.get("k").unwrap(),
-        Some(Record::Indeterminate(indeterminate(1)))
-    );
+    assert_eq!(f.store.get("k").unwrap(), Some(Record::Indeterminate(indeterminate(1))));
     assert!(expiry_entries(&f.store).is_empty());
     assert_eq!(f.store.counts(), counts(0, 0, 1));
     // Not claimable by a plain claim.
-    let lost = f
-        .store
-        .claim("k", None, in_progress(2, 1))
-        .unwrap()
-        .expect_err("indeterminate is taken");
+    let lost = f.store.claim("k", None, in_progress(2, 1)).unwrap().expect_err("indeterminate is taken");
     assert_eq!(lost, Some(Record::Indeterminate(indeterminate(1))));
     // Operator resolve: indeterminate → completed gets an expiry entry.
     let cur = f.store.get("k").unwrap().unwrap();
-    f.store
-        .compare_and_swap(
-            "k",
-            Some(&cur),
-            Some(&Record::Completed(completed(1, 7_000))),
-        )
-        .unwrap()
-        .unwrap();
+    f.store.compare_and_swap("k", Some(&cur), Some(&Record::Completed(completed(1, 7_000)))).unwrap().unwrap();
     assert_eq!(expiry_entries(&f.store), vec![(7_000, "k".to_string())]);
     assert_eq!(f.store.counts(), counts(0, 1, 0));
     check_invariants(&f.store);
@@ -440,18 +351,9 @@ fn forget_removes_any_state(kind: StoreBackend) {
     put_indeterminate(&f.store, "c", 3);
     assert_eq!(f.store.counts(), counts(1, 1, 1));
     assert_eq!(f.store.forget("absent").unwrap(), None);
-    assert_eq!(
-        f.store.forget("a").unwrap(),
-        Some(Record::InProgress(in_progress(1, 1)))
-    );
-    assert_eq!(
-        f.store.forget("b").unwrap(),
-        Some(Record::Completed(completed(2, 10_000)))
-    );
-    assert_eq!(
-        f.store.forget("c").unwrap(),
-        Some(Record::Indeterminate(indeterminate(3)))
-    );
+    assert_eq!(f.store.forget("a").unwrap(), Some(Record::InProgress(in_progress(1, 1))));
+    assert_eq!(f.store.forget("b").unwrap(), Some(Record::Completed(completed(2, 10_000))));
+    assert_eq!(f.store.forget("c").unwrap(), Some(Record::Indeterminate(indeterminate(3))));
     assert_eq!(f.store.forget("c").unwrap(), None);
     assert_eq!(f.store.counts(), counts(0, 0, 0));
     assert!(expiry_entries(&f.store).is_empty());
@@ -470,12 +372,7 @@ fn counts_follow_transitions(kind: StoreBackend) {
     let f = Fixture::new(kind);
     let mut claims = Vec::new();
     for i in 0..30 {
-        claims.push(
-            f.store
-                .claim(&format!("k{i:02}"), None, in_progress(1, 1))
-                .unwrap()
-                .unwrap(),
-        );
+        claims.push(f.store.claim(&format!("k{i:02}"), None, in_progress(1, 1)).unwrap().unwrap());
     }
     assert_eq!(f.store.counts(), counts(30, 0, 0));
     let claims = f.store.flush_claims(claims).unwrap();
@@ -486,14 +383,7 @@ fn counts_follow_transitions(kind: StoreBackend) {
     assert_eq!(f.store.counts(), counts(20, 10, 0));
     for c in it.by_ref().take(5) {
         let exp = Record::InProgress(c.record().clone());
-        f.store
-            .compare_and_swap(
-                c.key(),
-                Some(&exp),
-                Some(&Record::Indeterminate(indeterminate(1))),
-            )
-            .unwrap()
-            .unwrap();
+        f.store.compare_and_swap(c.key(), Some(&exp), Some(&Record::Indeterminate(indeterminate(1)))).unwrap().unwrap();
     }
     assert_eq!(f.store.counts(), counts(15, 10, 5));
     check_invariants(&f.store);
@@ -501,11 +391,7 @@ fn counts_follow_transitions(kind: StoreBackend) {
     for i in 0..3 {
         let key = format!("k{i:02}");
         let cur = f.store.get(&key).unwrap().unwrap();
-        let _ = f
-            .store
-            .claim(&key, Some(&cur), in_progress(2, 1))
-            .unwrap()
-            .unwrap();
+        let _ = f.store.claim(&key, Some(&cur), in_progress(2, 1)).unwrap().unwrap();
     }
     assert_eq!(f.store.counts(), counts(18, 7, 5));
     // Forget one of each.
@@ -514,11 +400,7 @@ fn counts_follow_transitions(kind: StoreBackend) {
     f.store.forget("k20").unwrap(); // in_progress
     assert_eq!(f.store.counts(), counts(17, 6, 4));
     // Failed CAS changes nothing.
-    let _ = f
-        .store
-        .claim("k21", None, in_progress(3, 1))
-        .unwrap()
-        .unwrap_err();
+    let _ = f.store.claim("k21", None, in_progress(3, 1)).unwrap().unwrap_err();
     assert_eq!(f.store.counts(), counts(17, 6, 4));
     // Compaction removes expired completions only.
     assert_eq!(f.store.compact_expired(i64::MAX, 4).unwrap(), 6);
@@ -600,15 +482,11 @@ fn compaction_chunks_and_next_expiry(kind: StoreBackend) {
 fn watermarks_never_lower(kind: StoreBackend) {
     let f = Fixture::new(kind);
     assert_eq!(f.store.watermark("t", 0).unwrap(), None);
-    f.store
-        .raise_watermarks(&[("t".into(), 0, 10), ("t".into(), 1, 5), ("u".into(), 0, 7)])
-        .unwrap();
+    f.store.raise_watermarks(&[("t".into(), 0, 10), ("t".into(), 1, 5), ("u".into(), 0, 7)]).unwrap();
     assert_eq!(f.store.watermark("t", 0).unwrap(), Some(10));
     assert_eq!(f.store.watermark("t", 1).unwrap(), Some(5));
     assert_eq!(f.store.watermark("u", 0).unwrap(), Some(7));
-    f.store
-        .raise_watermarks(&[("t".into(), 0, 3), ("t".into(), 1, 6)])
-        .unwrap();
+    f.store.raise_watermarks(&[("t".into(), 0, 3), ("t".into(), 1, 6)]).unwrap();
     assert_eq!(f.store.watermark("t", 0).unwrap(), Some(10), "lowered");
     assert_eq!(f.store.watermark("t", 1).unwrap(), Some(6));
     f.store.raise_watermarks(&[("t".into(), 0, 10)]).unwrap();
@@ -629,19 +507,12 @@ fn reopen_keeps_flushed_data(kind: StoreBackend) {
     let f = Fixture::new(kind);
     let mut pending = Vec::new();
     for i in 0..100 {
-        pending.push(
-            f.store
-                .claim(&format!("k{i:03}"), None, in_progress(1, 1))
-                .unwrap()
-                .unwrap(),
-        );
+        pending.push(f.store.claim(&format!("k{i:03}"), None, in_progress(1, 1)).unwrap().unwrap());
     }
     let claims = f.store.flush_claims(pending).unwrap();
     for (i, c) in claims.into_iter().enumerate() {
         if i % 2 == 0 {
-            f.store
-                .complete(c, completed(1, 50_000 + i as i64))
-                .unwrap();
+            f.store.complete(c, completed(1, 50_000 + i as i64)).unwrap();
         }
     }
     put_indeterminate(&f.store, "ind", 2);
@@ -695,26 +566,16 @@ fn scan_records_pages(kind: StoreBackend) {
     assert_eq!(f.store.scan_records(Some("zz"), 10).unwrap(), vec![]);
     let first = f.store.scan_records(None, 1).unwrap();
     assert_eq!(first[0].0, "key");
-    assert_eq!(
-        f.store.scan_records(Some("key-000"), 1).unwrap()[0].0,
-        "key-000x"
-    );
+    assert_eq!(f.store.scan_records(Some("key-000"), 1).unwrap()[0].0, "key-000x");
 }
 
 fn sync_none_still_works(kind: StoreBackend) {
     let f = Fixture::with_sync(kind, SyncMode::None);
-    let pending = f
-        .store
-        .claim("k", None, in_progress(1, 1))
-        .unwrap()
-        .unwrap();
+    let pending = f.store.claim("k", None, in_progress(1, 1)).unwrap().unwrap();
     let claim = f.store.flush_claims(vec![pending]).unwrap().pop().unwrap();
     f.store.complete(claim, completed(1, 10)).unwrap();
     f.store.flush().unwrap();
-    assert_eq!(
-        f.store.get("k").unwrap(),
-        Some(Record::Completed(completed(1, 10)))
-    );
+    assert_eq!(f.store.get("k").unwrap(), Some(Record::Completed(completed(1, 10))));
     assert_eq!(f.store.compact_expired(10, 100).unwrap(), 1);
     assert_eq!(f.store.get("k").unwrap(), None);
     let _ = durable(&f.store, "j", 1);
@@ -722,10 +583,7 @@ fn sync_none_still_works(kind: StoreBackend) {
     // A clean shutdown keeps the data even when nothing was fsynced on the way.
     f.store.flush_always().unwrap();
     let f = f.reopen();
-    assert_eq!(
-        f.store.get("j").unwrap(),
-        Some(Record::InProgress(in_progress(1, 1)))
-    );
+    assert_eq!(f.store.get("j").unwrap(), Some(Record::InProgress(in_progress(1, 1))));
     assert_eq!(f.store.get("k").unwrap(), None);
 }
 
@@ -736,10 +594,7 @@ fn empty_and_reversed_scans(kind: StoreBackend) {
     assert_eq!(b.scan(Tree::Records, b"c", Some(b"a"), 10).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Records, b"b", Some(b"b"), 10).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Records, b"a", None, 0).unwrap(), vec![]);
-    assert_eq!(
-        b.scan(Tree::Records, b"a", Some(b"c"), 10).unwrap().len(),
-        1
-    );
+    assert_eq!(b.scan(Tree::Records, b"a", Some(b"c"), 10).unwrap().len(), 1);
     assert_eq!(b.scan(Tree::Meta, b"", None, 10).unwrap(), vec![]);
     assert!(f.store.disk_bytes().unwrap() > 0);
     // Compaction with a time before any expiry is a no-op.
@@ -753,47 +608,19 @@ fn reads_see_unflushed_writes(kind: StoreBackend) {
     let b = open_backend(kind, dir.path()).unwrap();
     let put = |t: Tree, k: &str, v: &str| Op::Put(t, k.as_bytes().to_vec(), v.as_bytes().to_vec());
     let del = |t: Tree, k: &str| Op::Delete(t, k.as_bytes().to_vec());
-    b.apply(vec![
-        put(Tree::Records, "a", "1"),
-        put(Tree::Records, "c", "1"),
-        put(Tree::Records, "e", "1"),
-    ])
-    .unwrap();
-    b.apply(vec![put(Tree::Expiry, "c", ""), put(Tree::Meta, "m", "1")])
-        .unwrap();
+    b.apply(vec![put(Tree::Records, "a", "1"), put(Tree::Records, "c", "1"), put(Tree::Records, "e", "1")]).unwrap();
+    b.apply(vec![put(Tree::Expiry, "c", ""), put(Tree::Meta, "m", "1")]).unwrap();
     b.flush().unwrap();
-    b.apply(vec![
-        put(Tree::Records, "b", "2"),
-        del(Tree::Records, "c"),
-        put(Tree::Records, "e", "2"),
-    ])
-    .unwrap();
-    b.apply(vec![
-        put(Tree::Records, "f", "2"),
-        del(Tree::Records, "zz"),
-        del(Tree::Expiry, "c"),
-    ])
-    .unwrap();
+    b.apply(vec![put(Tree::Records, "b", "2"), del(Tree::Records, "c"), put(Tree::Records, "e", "2")]).unwrap();
+    b.apply(vec![put(Tree::Records, "f", "2"), del(Tree::Records, "zz"), del(Tree::Expiry, "c")]).unwrap();
     let kv = |k: &str, v: &str| (k.as_bytes().to_vec(), v.as_bytes().to_vec());
     let all = vec![kv("a", "1"), kv("b", "2"), kv("e", "2"), kv("f", "2")];
     assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
-    assert_eq!(
-        b.scan(Tree::Records, b"", None, 2).unwrap(),
-        all[..2].to_vec()
-    );
-    assert_eq!(
-        b.scan(Tree::Records, b"b\0", None, 2).unwrap(),
-        all[2..].to_vec()
-    );
-    assert_eq!(
-        b.scan(Tree::Records, b"b", Some(b"f"), 100).unwrap(),
-        all[1..3].to_vec()
-    );
+    assert_eq!(b.scan(Tree::Records, b"", None, 2).unwrap(), all[..2].to_vec());
+    assert_eq!(b.scan(Tree::Records, b"b\0", None, 2).unwrap(), all[2..].to_vec());
+    assert_eq!(b.scan(Tree::Records, b"b", Some(b"f"), 100).unwrap(), all[1..3].to_vec());
     assert_eq!(b.scan(Tree::Expiry, b"", None, 100).unwrap(), vec![]);
-    assert_eq!(
-        b.scan(Tree::Meta, b"", None, 100).unwrap(),
-        vec![kv("m", "1")]
-    );
+    assert_eq!(b.scan(Tree::Meta, b"", None, 100).unwrap(), vec![kv("m", "1")]);
     assert_eq!(b.get(Tree::Records, b"c").unwrap(), None);
     assert_eq!(b.get(Tree::Records, b"e").unwrap(), Some(b"2".to_vec()));
     assert_eq!(b.get(Tree::Records, b"b").unwrap(), Some(b"2".to_vec()));
@@ -810,19 +637,12 @@ fn reads_see_unflushed_writes(kind: StoreBackend) {
 /// applied.
 fn clean_drop_keeps_unflushed_writes(kind: StoreBackend) {
     let f = Fixture::with_sync(kind, SyncMode::None);
-    let p = f
-        .store
-        .claim("k", None, in_progress(1, 1))
-        .unwrap()
-        .unwrap();
+    let p = f.store.claim("k", None, in_progress(1, 1)).unwrap().unwrap();
     let c = f.store.flush_claims(vec![p]).unwrap().pop().unwrap();
     f.store.complete(c, completed(1, 10)).unwrap();
     f.store.raise_watermarks(&[("t".into(), 0, 5)]).unwrap();
     let f = f.reopen();
-    assert_eq!(
-        f.store.get("k").unwrap(),
-        Some(Record::Completed(completed(1, 10)))
-    );
+    assert_eq!(f.store.get("k").unwrap(), Some(Record::Completed(completed(1, 10))));
     assert_eq!(f.store.watermark("t", 0).unwrap(), Some(5));
     check_invariants(&f.store);
 }
@@ -839,8 +659,7 @@ fn fjall_opens_over_an_unfinished_creation() {
     std::fs::create_dir_all(path.join("keyspaces")).unwrap();
     std::fs::write(path.join("lock"), b"").unwrap();
     std::fs::write(path.join("0.jnl"), vec![0u8; 4096]).unwrap();
-    let store =
-        KeyStore::open(StoreBackend::Fjall, &path, SyncMode::Batch).expect("open over leftovers");
+    let store = KeyStore::open(StoreBackend::Fjall, &path, SyncMode::Batch).expect("open over leftovers");
     let _ = durable(&store, "k", 1);
     drop(store);
     // A torn marker (created, header not yet written) counts as unfinished too.
@@ -851,10 +670,7 @@ fn fjall_opens_over_an_unfinished_creation() {
     KeyStore::open(StoreBackend::Fjall, &path2, SyncMode::Batch).expect("open over a torn marker");
     // The real store reopens with its data.
     let store = KeyStore::open(StoreBackend::Fjall, &path, SyncMode::Batch).unwrap();
-    assert_eq!(
-        store.get("k").unwrap(),
-        Some(Record::InProgress(in_progress(1, 1)))
-    );
+    assert_eq!(store.get("k").unwrap(), Some(Record::InProgress(in_progress(1, 1))));
 }
 
 /// A directory without a fjall marker that holds anything else is left alone.
@@ -863,9 +679,7 @@ fn fjall_refuses_a_foreign_directory() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("conf"), b"someone else's").unwrap();
     std::fs::write(dir.path().join("0.jnl"), b"").unwrap();
-    let e = KeyStore::open(StoreBackend::Fjall, dir.path(), SyncMode::Batch)
-        .err()
-        .expect("must refuse");
+    let e = KeyStore::open(StoreBackend::Fjall, dir.path(), SyncMode::Batch).err().expect("must refuse");
     assert!(e.to_string().contains("no fjall database"), "{e}");
     assert!(dir.path().join("conf").exists() && dir.path().join("0.jnl").exists());
     // An empty directory is fine.

@@ -137,16 +137,9 @@ struct Probe {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry {
     /// The first line.
-    Header {
-        exported_at_ms: i64,
-        records_estimate: i64,
-    },
+    Header { exported_at_ms: i64, records_estimate: i64 },
     /// A partition watermark.
-    Watermark {
-        topic: String,
-        partition: i32,
-        offset: i64,
-    },
+    Watermark { topic: String, partition: i32, offset: i64 },
     /// A record.
     Record { key: String, record: Record },
     /// The last line.
@@ -159,37 +152,20 @@ fn s(kind: &str) -> String {
 
 /// The header line (no newline).
 pub fn header_line(exported_at_ms: i64, backend: &str, records_estimate: i64) -> String {
-    let h = HeaderLine {
-        v: FORMAT_VERSION,
-        kind: s("header"),
-        exported_at_ms,
-        backend: backend.into(),
-        records_estimate,
-    };
+    let h =
+        HeaderLine { v: FORMAT_VERSION, kind: s("header"), exported_at_ms, backend: backend.into(), records_estimate };
     serde_json::to_string(&h).unwrap_or_default()
 }
 
 /// A watermark line (no newline).
 pub fn watermark_line(topic: &str, partition: i32, offset: i64) -> String {
-    let w = WatermarkLine {
-        v: FORMAT_VERSION,
-        kind: s("watermark"),
-        topic: topic.into(),
-        partition,
-        offset,
-    };
+    let w = WatermarkLine { v: FORMAT_VERSION, kind: s("watermark"), topic: topic.into(), partition, offset };
     serde_json::to_string(&w).unwrap_or_default()
 }
 
 /// The end line (no newline).
 pub fn end_line(records: u64, watermarks: u64) -> String {
-    serde_json::to_string(&EndLine {
-        v: FORMAT_VERSION,
-        kind: s("end"),
-        records,
-        watermarks,
-    })
-    .unwrap_or_default()
+    serde_json::to_string(&EndLine { v: FORMAT_VERSION, kind: s("end"), records, watermarks }).unwrap_or_default()
 }
 
 /// A record line (no newline).
@@ -254,9 +230,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
     match probe.v {
         Some(FORMAT_VERSION) => {}
         Some(other) => {
-            return Err(format!(
-                "format version {other} is not supported (this dedupd reads {FORMAT_VERSION})"
-            ));
+            return Err(format!("format version {other} is not supported (this dedupd reads {FORMAT_VERSION})"));
         }
         None => return Err("no \"v\" (format version)".into()),
     }
@@ -265,28 +239,18 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
     match (probe.kind.as_deref(), probe.state.as_deref()) {
         (Some("header"), _) => {
             let h: HeaderLine = serde_json::from_str(line).map_err(err)?;
-            Ok(Entry::Header {
-                exported_at_ms: h.exported_at_ms,
-                records_estimate: h.records_estimate,
-            })
+            Ok(Entry::Header { exported_at_ms: h.exported_at_ms, records_estimate: h.records_estimate })
         }
         (Some("watermark"), _) => {
             let w: WatermarkLine = serde_json::from_str(line).map_err(err)?;
             if w.topic.is_empty() || w.partition < 0 || w.offset < 0 {
                 return Err("watermark needs a topic, a partition >= 0 and an offset >= 0".into());
             }
-            Ok(Entry::Watermark {
-                topic: w.topic,
-                partition: w.partition,
-                offset: w.offset,
-            })
+            Ok(Entry::Watermark { topic: w.topic, partition: w.partition, offset: w.offset })
         }
         (Some("end"), _) => {
             let e: EndLine = serde_json::from_str(line).map_err(err)?;
-            Ok(Entry::End {
-                records: e.records,
-                watermarks: e.watermarks,
-            })
+            Ok(Entry::End { records: e.records, watermarks: e.watermarks })
         }
         (Some("record"), Some("in_progress")) => {
             let r: InProgressLine = serde_json::from_str(line).map_err(err)?;
@@ -296,10 +260,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
                 attempts: r.attempts,
                 source: r.source,
             });
-            Ok(Entry::Record {
-                key: checked_key(r.key)?,
-                record,
-            })
+            Ok(Entry::Record { key: checked_key(r.key)?, record })
         }
         (Some("record"), Some("completed")) => {
             let r: CompletedLine = serde_json::from_str(line).map_err(err)?;
@@ -319,10 +280,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
                 expires_at_ms: r.expires_at_ms,
                 attempts: r.attempts,
             });
-            Ok(Entry::Record {
-                key: checked_key(r.key)?,
-                record,
-            })
+            Ok(Entry::Record { key: checked_key(r.key)?, record })
         }
         (Some("record"), Some("indeterminate")) => {
             let r: IndeterminateLine = serde_json::from_str(line).map_err(err)?;
@@ -332,10 +290,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
                 attempts: r.attempts,
                 why: r.why,
             });
-            Ok(Entry::Record {
-                key: checked_key(r.key)?,
-                record,
-            })
+            Ok(Entry::Record { key: checked_key(r.key)?, record })
         }
         (Some("record"), other) => Err(format!("unknown record state {other:?}")),
         (other, _) => Err(format!("unknown line type {other:?}")),
@@ -343,11 +298,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
 }
 
 fn checked_key(key: String) -> Result<String, String> {
-    if key.is_empty() {
-        Err("empty key".into())
-    } else {
-        Ok(key)
-    }
+    if key.is_empty() { Err("empty key".into()) } else { Ok(key) }
 }
 
 /// What an export wrote.
@@ -425,10 +376,7 @@ impl Shape {
             _ if line_no == 1 => return Err("the first line must be the export header".into()),
             Entry::Watermark { .. } => self.seen.watermarks += 1,
             Entry::Record { .. } => self.seen.records += 1,
-            Entry::End {
-                records,
-                watermarks,
-            } => {
+            Entry::End { records, watermarks } => {
                 if *records != self.seen.records || *watermarks != self.seen.watermarks {
                     return Err(format!(
                         "end line counts {records} record(s) and {watermarks} watermark(s), the stream had {} and {}",
@@ -457,38 +405,27 @@ fn each_entry(
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |reason: String| TransferError::Line {
-            line: line_no,
-            reason,
-        };
+        let bad = |reason: String| TransferError::Line { line: line_no, reason };
         let entry = parse_line(&line).map_err(bad)?;
         shape.check(line_no, &entry).map_err(bad)?;
         apply(entry)?;
     }
     if !shape.ended {
-        return Err(TransferError::Line {
-            line: line_no,
-            reason: "no end line: the export is incomplete".into(),
-        });
+        return Err(TransferError::Line { line: line_no, reason: "no end line: the export is incomplete".into() });
     }
     Ok(shape.seen)
 }
 
 /// Checks a whole export stream without touching any store: every line parses, the header
 /// comes first and the end line last with matching counts. Returns the counts.
-pub fn validate(
-    reader: impl BufRead,
-    progress: impl FnMut(u64),
-) -> Result<ExportCounts, TransferError> {
+pub fn validate(reader: impl BufRead, progress: impl FnMut(u64)) -> Result<ExportCounts, TransferError> {
     each_entry(reader, progress, |_| Ok(()))
 }
 
 impl KeyStore {
     /// Every partition watermark: (topic, partition, offset).
     pub fn watermarks(&self) -> Result<Vec<(String, i32, i64)>, StoreError> {
-        let rows = self
-            .backend
-            .scan(Tree::Meta, b"wm/", Some(b"wm0"), usize::MAX)?;
+        let rows = self.backend.scan(Tree::Meta, b"wm/", Some(b"wm0"), usize::MAX)?;
         let mut out = Vec::with_capacity(rows.len());
         for (k, v) in rows {
             let name = String::from_utf8_lossy(&k).into_owned();
@@ -507,18 +444,10 @@ impl KeyStore {
 
     /// Writes the whole store as export lines to `out`: header, watermarks, records, end.
     /// Not a snapshot: records changing meanwhile appear in one of their versions.
-    pub fn export_to(
-        &self,
-        exported_at_ms: i64,
-        out: &mut dyn Write,
-    ) -> Result<ExportCounts, TransferError> {
+    pub fn export_to(&self, exported_at_ms: i64, out: &mut dyn Write) -> Result<ExportCounts, TransferError> {
         let c = self.counts();
         let estimate = c.in_progress + c.completed + c.indeterminate;
-        writeln!(
-            out,
-            "{}",
-            header_line(exported_at_ms, self.backend_name(), estimate)
-        )?;
+        writeln!(out, "{}", header_line(exported_at_ms, self.backend_name(), estimate))?;
         let mut counts = ExportCounts::default();
         for (topic, partition, offset) in self.watermarks()? {
             writeln!(out, "{}", watermark_line(&topic, partition, offset))?;
@@ -541,12 +470,7 @@ impl KeyStore {
     }
 
     /// Stores one imported record under `options` (see [`Imported`]).
-    pub fn import_record(
-        &self,
-        key: &str,
-        record: &Record,
-        options: ImportOptions,
-    ) -> Result<Imported, StoreError> {
+    pub fn import_record(&self, key: &str, record: &Record, options: ImportOptions) -> Result<Imported, StoreError> {
         if record.is_expired(options.now_ms) {
             return Ok(Imported::Expired);
         }
@@ -559,22 +483,14 @@ impl KeyStore {
                 }
                 _ => {}
             }
-            if self
-                .compare_and_swap(key, current.as_ref(), Some(record))?
-                .is_ok()
-            {
+            if self.compare_and_swap(key, current.as_ref(), Some(record))?.is_ok() {
                 return Ok(Imported::Written);
             }
         }
     }
 
     /// Sets one watermark to `offset` if that raises it. Returns whether it did.
-    fn import_watermark(
-        &self,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-    ) -> Result<bool, StoreError> {
+    fn import_watermark(&self, topic: &str, partition: i32, offset: i64) -> Result<bool, StoreError> {
         let raise = self.watermark(topic, partition)?.is_none_or(|c| c < offset);
         if raise {
             self.raise_watermarks(&[(topic.to_string(), partition, offset)])?;
@@ -594,23 +510,17 @@ impl KeyStore {
         let mut report = ImportReport::default();
         let result = each_entry(reader, progress, |entry| {
             match entry {
-                Entry::Watermark {
-                    topic,
-                    partition,
-                    offset,
-                } => {
+                Entry::Watermark { topic, partition, offset } => {
                     if self.import_watermark(&topic, partition, offset)? {
                         report.watermarks_raised += 1;
                     }
                 }
-                Entry::Record { key, record } => {
-                    match self.import_record(&key, &record, options)? {
-                        Imported::Written => report.imported += 1,
-                        Imported::Unchanged => report.unchanged += 1,
-                        Imported::KeptNewer => report.kept_newer += 1,
-                        Imported::Expired => report.expired += 1,
-                    }
-                }
+                Entry::Record { key, record } => match self.import_record(&key, &record, options)? {
+                    Imported::Written => report.imported += 1,
+                    Imported::Unchanged => report.unchanged += 1,
+                    Imported::KeptNewer => report.kept_newer += 1,
+                    Imported::Expired => report.expired += 1,
+                },
                 Entry::Header { .. } | Entry::End { .. } => {}
             }
             Ok(())
@@ -698,59 +608,25 @@ mod tests {
                     fingerprint: fp(5),
                     claimed_at_ms: 8,
                     attempts: 1,
-                    source: SourcePos {
-                        topic: "t".into(),
-                        partition: 2,
-                        offset: 9,
-                    },
+                    source: SourcePos { topic: "t".into(), partition: 2, offset: 9 },
                 }),
             ),
         ];
         for (k, r) in &records {
             a.compare_and_swap(k, None, Some(r)).unwrap().unwrap();
         }
-        a.raise_watermarks(&[("t".into(), 2, 41), ("u.v".into(), 0, 7)])
-            .unwrap();
+        a.raise_watermarks(&[("t".into(), 2, 41), ("u.v".into(), 0, 7)]).unwrap();
         let mut buf = Vec::new();
         let counts = a.export_to(now, &mut buf).unwrap();
-        assert_eq!(
-            counts,
-            ExportCounts {
-                records: 5,
-                watermarks: 2
-            }
-        );
+        assert_eq!(counts, ExportCounts { records: 5, watermarks: 2 });
         assert_eq!(validate(buf.as_slice(), |_| {}).unwrap(), counts);
 
-        let b =
-            KeyStore::open(StoreBackend::Fjall, &dir.path().join("b"), SyncMode::Batch).unwrap();
-        let report = b
-            .import_from(
-                buf.as_slice(),
-                ImportOptions {
-                    overwrite: false,
-                    now_ms: now,
-                },
-                |_| {},
-            )
-            .unwrap();
-        assert_eq!(
-            report,
-            ImportReport {
-                imported: 4,
-                unchanged: 0,
-                kept_newer: 0,
-                expired: 1,
-                watermarks_raised: 2
-            }
-        );
+        let b = KeyStore::open(StoreBackend::Fjall, &dir.path().join("b"), SyncMode::Batch).unwrap();
+        let report = b.import_from(buf.as_slice(), ImportOptions { overwrite: false, now_ms: now }, |_| {}).unwrap();
+        assert_eq!(report, ImportReport { imported: 4, unchanged: 0, kept_newer: 0, expired: 1, watermarks_raised: 2 });
         for (k, r) in &records {
             let got = b.get(k).unwrap();
-            if *k == "gone" {
-                assert_eq!(got, None)
-            } else {
-                assert_eq!(got.as_ref(), Some(r), "{k}")
-            }
+            if *k == "gone" { assert_eq!(got, None) } else { assert_eq!(got.as_ref(), Some(r), "{k}") }
         }
         assert_eq!(b.watermark("t", 2).unwrap(), Some(41));
         assert_eq!(b.watermark("u.v", 0).unwrap(), Some(7));
@@ -764,40 +640,11 @@ mod tests {
             why: "x".into(),
         });
         let old = b.get("unknown").unwrap();
-        b.compare_and_swap("unknown", old.as_ref(), Some(&newer))
-            .unwrap()
-            .unwrap();
-        let again = b
-            .import_from(
-                buf.as_slice(),
-                ImportOptions {
-                    overwrite: false,
-                    now_ms: now,
-                },
-                |_| {},
-            )
-            .unwrap();
-        assert_eq!(
-            again,
-            ImportReport {
-                imported: 0,
-                unchanged: 3,
-                kept_newer: 1,
-                expired: 1,
-                watermarks_raised: 0
-            }
-        );
+        b.compare_and_swap("unknown", old.as_ref(), Some(&newer)).unwrap().unwrap();
+        let again = b.import_from(buf.as_slice(), ImportOptions { overwrite: false, now_ms: now }, |_| {}).unwrap();
+        assert_eq!(again, ImportReport { imported: 0, unchanged: 3, kept_newer: 1, expired: 1, watermarks_raised: 0 });
         assert_eq!(b.get("unknown").unwrap(), Some(newer));
-        let forced = b
-            .import_from(
-                buf.as_slice(),
-                ImportOptions {
-                    overwrite: true,
-                    now_ms: now,
-                },
-                |_| {},
-            )
-            .unwrap();
+        let forced = b.import_from(buf.as_slice(), ImportOptions { overwrite: true, now_ms: now }, |_| {}).unwrap();
         assert_eq!(forced.imported, 1);
         assert_eq!(b.get("unknown").unwrap().as_ref(), Some(&records[3].1));
     }
@@ -805,39 +652,17 @@ mod tests {
     #[test]
     fn bad_lines_are_named_by_number() {
         let good = format!("{}\n{}\n", header_line(1, "sled", 0), end_line(0, 0));
-        assert_eq!(
-            validate(good.as_bytes(), |_| {}).unwrap(),
-            ExportCounts::default()
-        );
+        assert_eq!(validate(good.as_bytes(), |_| {}).unwrap(), ExportCounts::default());
         let cases = [
             (
-                format!(
-                    "{}\n{{\"v\":1,\"type\":\"record\",\"state\":\"completed\"}}\n",
-                    header_line(1, "s", 0)
-                ),
+                format!("{}\n{{\"v\":1,\"type\":\"record\",\"state\":\"completed\"}}\n", header_line(1, "s", 0)),
                 2,
                 "missing field",
             ),
-            (
-                format!("{}\n{{\"v\":2,\"type\":\"end\"}}\n", header_line(1, "s", 0)),
-                2,
-                "version 2",
-            ),
+            (format!("{}\n{{\"v\":2,\"type\":\"end\"}}\n", header_line(1, "s", 0)), 2, "version 2"),
             (format!("{}\n", end_line(0, 0)), 1, "header"),
-            (
-                format!(
-                    "{}\n{}\n",
-                    header_line(1, "s", 0),
-                    watermark_line("t", 0, 1)
-                ),
-                2,
-                "incomplete",
-            ),
-            (
-                format!("{}\n{}\n", header_line(1, "s", 0), end_line(3, 0)),
-                2,
-                "end line counts",
-            ),
+            (format!("{}\n{}\n", header_line(1, "s", 0), watermark_line("t", 0, 1)), 2, "incomplete"),
+            (format!("{}\n{}\n", header_line(1, "s", 0), end_line(3, 0)), 2, "end line counts"),
             ("not json\n".to_string(), 1, "not a JSON object"),
         ];
         for (text, line, needle) in cases {

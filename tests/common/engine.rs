@@ -118,38 +118,24 @@ impl Sink for ScriptedSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let behaviour = *self.behaviour.lock();
-        let effect = || {
-            self.effects
-                .lock()
-                .push((request.key.to_string(), self.now()))
-        };
+        let effect = || self.effects.lock().push((request.key.to_string(), self.now()));
         match behaviour {
             Behaviour::Succeed => {
                 effect();
                 Ok(serde_json::json!({"done": request.key}))
             }
-            Behaviour::FailPermanently => Err(SinkError::Permanent {
-                message: "refused".into(),
-                result: serde_json::json!({"status": 400}),
-            }),
-            Behaviour::FailTransiently => Err(SinkError::Transient {
-                message: "unavailable".into(),
-                retry_after: None,
-            }),
+            Behaviour::FailPermanently => {
+                Err(SinkError::Permanent { message: "refused".into(), result: serde_json::json!({"status": 400}) })
+            }
+            Behaviour::FailTransiently => Err(SinkError::Transient { message: "unavailable".into(), retry_after: None }),
             Behaviour::CrashBeforeEffect => {
                 self.crash();
-                Err(SinkError::Transient {
-                    message: "process died".into(),
-                    retry_after: None,
-                })
+                Err(SinkError::Transient { message: "process died".into(), retry_after: None })
             }
             Behaviour::CrashAfterEffect => {
                 effect();
                 self.crash();
-                Err(SinkError::Transient {
-                    message: "process died".into(),
-                    retry_after: None,
-                })
+                Err(SinkError::Transient { message: "process died".into(), retry_after: None })
             }
             Behaviour::CrashAfterComplete => {
                 effect();
@@ -163,13 +149,7 @@ impl Sink for ScriptedSink {
 
 /// One default route `*` to sink `s`.
 pub fn router(ttl: Duration) -> Router {
-    let route = RouteConfig {
-        name: Some("all".into()),
-        types: vec!["*".into()],
-        sink: "s".into(),
-        ttl: None,
-        fingerprint_exclude: vec![],
-    };
+    let route = RouteConfig { name: Some("all".into()), types: vec!["*".into()], sink: "s".into(), ttl: None, fingerprint_exclude: vec![] };
     Router::new(&[route], ttl, ttl * 10).unwrap()
 }
 
@@ -202,11 +182,7 @@ pub fn command(key: &str, payload: u8, produced_at_ms: i64, ttl: Duration) -> Co
 /// An item at `offset` of partition 0 of topic `in`.
 pub fn item(key: &str, payload: u8, produced_at_ms: i64, ttl: Duration, offset: i64) -> Item {
     Item {
-        source: SourcePos {
-            topic: "in".into(),
-            partition: 0,
-            offset,
-        },
+        source: SourcePos { topic: "in".into(), partition: 0, offset },
         parsed: Ok(command(key, payload, produced_at_ms, ttl)),
         traceparent: None,
     }

@@ -44,29 +44,18 @@ pub fn bootstrap() -> Option<String> {
 /// `name` plus the process id and a suffix unique within and (very likely) across runs.
 pub fn unique(name: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{name}-{}-{:x}{n}",
-        std::process::id(),
-        (nanos as u64) ^ rand::random::<u64>()
-    )
+    format!("{name}-{}-{:x}{n}", std::process::id(), (nanos as u64) ^ rand::random::<u64>())
 }
 
 /// Creates the topics (replication 1) and waits until the broker reports all of them with
 /// the asked number of partitions.
 pub async fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("admin client");
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|(name, parts)| NewTopic::new(name, *parts, TopicReplication::Fixed(1)))
-        .collect();
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin client");
+    let new: Vec<NewTopic<'_>> =
+        topics.iter().map(|(name, parts)| NewTopic::new(name, *parts, TopicReplication::Fixed(1))).collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = tokio::time::timeout(Duration::from_secs(60), admin.create_topics(&new, &opts))
         .await
@@ -79,33 +68,23 @@ pub async fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) {
     }
     // Wait until the metadata shows every partition (leaders elected).
     let deadline = Instant::now() + Duration::from_secs(30);
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("probe");
+    let probe: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("probe");
     for (name, parts) in topics {
         loop {
-            let ok = tokio::task::block_in_place(|| {
-                probe.fetch_metadata(Some(name), Duration::from_secs(5))
-            })
-            .ok()
-            .and_then(|md| {
-                md.topics().iter().find(|t| t.name() == *name).map(|t| {
-                    t.error().is_none()
-                        && t.partitions().len() == *parts as usize
-                        && t.partitions()
-                            .iter()
-                            .all(|p| p.leader() >= 0 && p.error().is_none())
+            let ok = tokio::task::block_in_place(|| probe.fetch_metadata(Some(name), Duration::from_secs(5)))
+                .ok()
+                .and_then(|md| {
+                    md.topics().iter().find(|t| t.name() == *name).map(|t| {
+                        t.error().is_none()
+                            && t.partitions().len() == *parts as usize
+                            && t.partitions().iter().all(|p| p.leader() >= 0 && p.error().is_none())
+                    })
                 })
-            })
-            .unwrap_or(false);
+                .unwrap_or(false);
             if ok {
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "topic {name} did not show {parts} partitions within 30 s"
-            );
+            assert!(Instant::now() < deadline, "topic {name} did not show {parts} partitions within 30 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -117,15 +96,7 @@ pub type Outgoing = (String, Vec<u8>, Vec<(String, String)>);
 /// Produces every record (keyed, partitioned by key) and waits for every acknowledgement.
 /// Returns each record's `(partition, offset)`, in input order.
 pub async fn produce_all(bootstrap: &str, topic: &str, records: Vec<Outgoing>) -> Vec<(i32, i64)> {
-    produce_all_to(
-        bootstrap,
-        topic,
-        records
-            .into_iter()
-            .map(|(k, v, h)| (k, v, h, None))
-            .collect(),
-    )
-    .await
+    produce_all_to(bootstrap, topic, records.into_iter().map(|(k, v, h)| (k, v, h, None)).collect()).await
 }
 
 /// An [`Outgoing`] record with an explicit partition, or `None` to partition by key.
@@ -150,32 +121,18 @@ pub async fn produce_all_to(
     for (key, value, headers, partition) in &records {
         let mut h = OwnedHeaders::new_with_capacity(headers.len());
         for (k, v) in headers {
-            h = h.insert(Header {
-                key: k.as_str(),
-                value: Some(v.as_str()),
-            });
+            h = h.insert(Header { key: k.as_str(), value: Some(v.as_str()) });
         }
-        let mut rec = FutureRecord::to(topic)
-            .key(key.as_str())
-            .payload(value.as_slice())
-            .headers(h);
+        let mut rec = FutureRecord::to(topic).key(key.as_str()).payload(value.as_slice()).headers(h);
         if let Some(p) = partition {
             rec = rec.partition(*p);
         }
         // send() only waits when the local queue is full; the returned futures await acks.
-        acks.push(
-            producer
-                .send_result(rec)
-                .map_err(|(e, _)| e)
-                .expect("enqueue"),
-        );
+        acks.push(producer.send_result(rec).map_err(|(e, _)| e).expect("enqueue"));
     }
     let mut out = Vec::with_capacity(acks.len());
     for ack in futures::future::join_all(acks).await {
-        let delivery = ack
-            .expect("producer dropped")
-            .map_err(|(e, _)| e)
-            .expect("delivery");
+        let delivery = ack.expect("producer dropped").map_err(|(e, _)| e).expect("delivery");
         out.push((delivery.partition, delivery.offset));
     }
     out
@@ -183,12 +140,7 @@ pub async fn produce_all_to(
 
 /// Reads `topic` from the earliest offset with a fresh group until `expected` records
 /// arrived or `timeout` passed; returns what it got.
-pub async fn read_all(
-    bootstrap: &str,
-    topic: &str,
-    expected: usize,
-    timeout: Duration,
-) -> Vec<OwnedMessage> {
+pub async fn read_all(bootstrap: &str, topic: &str, expected: usize, timeout: Duration) -> Vec<OwnedMessage> {
     let (bootstrap, topic) = (bootstrap.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
@@ -220,24 +172,13 @@ pub async fn read_all(
 pub async fn count_records(bootstrap: &str, topic: &str) -> i64 {
     let (bootstrap, topic) = (bootstrap.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .create()
-            .expect("client");
-        let md = c
-            .fetch_metadata(Some(&topic), Duration::from_secs(10))
-            .expect("metadata");
-        let t = md
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .expect("topic in metadata");
+        let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create().expect("client");
+        let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10)).expect("metadata");
+        let t = md.topics().iter().find(|t| t.name() == topic).expect("topic in metadata");
         t.partitions()
             .iter()
             .map(|p| {
-                let (lo, hi) = c
-                    .fetch_watermarks(&topic, p.id(), Duration::from_secs(10))
-                    .expect("watermarks");
+                let (lo, hi) = c.fetch_watermarks(&topic, p.id(), Duration::from_secs(10)).expect("watermarks");
                 hi - lo
             })
             .sum()
@@ -249,10 +190,7 @@ pub async fn count_records(bootstrap: &str, topic: &str) -> i64 {
 /// A header's value as a string.
 pub fn header(m: &OwnedMessage, name: &str) -> Option<String> {
     let h = m.headers()?;
-    h.iter()
-        .find(|h| h.key == name)
-        .and_then(|h| h.value)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
+    h.iter().find(|h| h.key == name).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// One request the receiver saw: its `Idempotency-Key` header and body.
@@ -269,15 +207,8 @@ pub struct Receiver {
     task: JoinHandle<std::io::Result<()>>,
 }
 
-async fn receive(
-    State(seen): State<Arc<Mutex<Vec<Request>>>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> axum::Json<serde_json::Value> {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+async fn receive(State(seen): State<Arc<Mutex<Vec<Request>>>>, headers: HeaderMap, body: Bytes) -> axum::Json<serde_json::Value> {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     seen.lock().push((key, body));
     axum::Json(serde_json::json!({"accepted": true}))
 }
@@ -285,29 +216,16 @@ async fn receive(
 impl Receiver {
     /// Starts it on 127.0.0.1:0.
     pub async fn start() -> Receiver {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind receiver");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
         let addr = listener.local_addr().expect("addr");
         let seen: Arc<Mutex<Vec<Request>>> = Arc::default();
-        let app = axum::Router::new()
-            .route("/effects", axum::routing::post(receive))
-            .with_state(Arc::clone(&seen));
+        let app = axum::Router::new().route("/effects", axum::routing::post(receive)).with_state(Arc::clone(&seen));
         let stop = CancellationToken::new();
         let task = {
             let stop = stop.clone();
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
-            })
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await })
         };
-        Receiver {
-            addr,
-            seen,
-            stop,
-            task,
-        }
+        Receiver { addr, seen, stop, task }
     }
 
     /// The URL of its endpoint.

@@ -49,16 +49,10 @@ impl SplitMix {
 
 /// A seed from `var` when set (to replay a run), else from the clock.
 pub fn seed_from_env(var: &str) -> u64 {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            (nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)
-        })
+    std::env::var(var).ok().and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        (nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)
+    })
 }
 
 /// A running `dedupd` binary.
@@ -75,11 +69,7 @@ impl DedupdProcess {
     /// Spawns `dedupd ARGS...` with stdout and stderr appended to `log`. `DEDUPD_*`
     /// variables of the test's environment that would override config keys are removed.
     pub fn spawn(args: &[&str], log: &Path) -> DedupdProcess {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("open child log");
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open child log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
         cmd.args(args)
             .stdin(Stdio::null())
@@ -92,12 +82,7 @@ impl DedupdProcess {
             }
         }
         let child = cmd.spawn().expect("spawn dedupd");
-        DedupdProcess {
-            pid: child.id(),
-            child,
-            spawned: Instant::now(),
-            reaped: None,
-        }
+        DedupdProcess { pid: child.id(), child, spawned: Instant::now(), reaped: None }
     }
 
     /// `dedupd run -c CONFIG`.
@@ -133,15 +118,8 @@ impl DedupdProcess {
             return Some(s);
         }
         // The child is not reaped yet, so its pid cannot have been reused.
-        let sent = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.pid.to_string())
-            .status();
-        assert!(
-            sent.as_ref().is_ok_and(|s| s.success()),
-            "could not send SIGTERM to {}: {sent:?}",
-            self.pid
-        );
+        let sent = Command::new("kill").arg("-TERM").arg(self.pid.to_string()).status();
+        assert!(sent.as_ref().is_ok_and(|s| s.success()), "could not send SIGTERM to {}: {sent:?}", self.pid);
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(s) = self.exited() {
@@ -166,13 +144,7 @@ impl Drop for DedupdProcess {
 /// Waits until a line containing `needle` is appended to `path` after byte `from` (e.g.
 /// the child's log, from its length at spawn); returns when it was seen, or `None` after
 /// `timeout` or once `give_up()` says so (the child died).
-pub async fn wait_for_line(
-    path: &Path,
-    from: u64,
-    needle: &str,
-    timeout: Duration,
-    mut give_up: impl FnMut() -> bool,
-) -> Option<Instant> {
+pub async fn wait_for_line(path: &Path, from: u64, needle: &str, timeout: Duration, mut give_up: impl FnMut() -> bool) -> Option<Instant> {
     use std::io::{Read, Seek, SeekFrom};
     let deadline = Instant::now() + timeout;
     let mut buf = Vec::new();
@@ -183,10 +155,7 @@ pub async fn wait_for_line(
         {
             let n = f.read_to_end(&mut buf).unwrap_or(0);
             pos += n as u64;
-            if String::from_utf8_lossy(&buf)
-                .lines()
-                .any(|l| l.contains(needle))
-            {
+            if String::from_utf8_lossy(&buf).lines().any(|l| l.contains(needle)) {
                 return Some(Instant::now());
             }
             // Keep only the unfinished last line.
@@ -209,8 +178,7 @@ pub fn file_len(path: &Path) -> u64 {
 
 /// The last `n` lines of a text file (for failure messages).
 pub fn tail_of_file(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| format!("(cannot read {}: {e})", path.display()));
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("(cannot read {}: {e})", path.display()));
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
@@ -248,33 +216,17 @@ impl Drop for InFlight {
     }
 }
 
-async fn slow_receive(
-    State(s): State<ReceiverState>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> axum::Json<serde_json::Value> {
+async fn slow_receive(State(s): State<ReceiverState>, uri: Uri, headers: HeaderMap, body: Bytes) -> axum::Json<serde_json::Value> {
     s.in_flight.fetch_add(1, Ordering::SeqCst);
     // Decremented however the request ends, also when the client went away and the
     // handler is dropped.
     let _guard = InFlight(Arc::clone(&s.in_flight));
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
     let seq = {
         // Sequence number and record under one lock, so `seen` is in `seq` order.
         let mut seen = s.seen.lock();
         let seq = s.next.fetch_add(1, Ordering::SeqCst);
-        seen.push(Seen {
-            seq,
-            path: uri.path().to_string(),
-            key: header("idempotency-key"),
-            attempt: header("dedupd-attempt"),
-            body,
-        });
+        seen.push(Seen { seq, path: uri.path().to_string(), key: header("idempotency-key"), attempt: header("dedupd-attempt"), body });
         *s.last_arrival.lock() = Some(Instant::now());
         seq
     };
@@ -296,9 +248,7 @@ pub struct SlowReceiver {
 impl SlowReceiver {
     /// Starts it; `seed` seeds the delays.
     pub async fn start(delay_ms: (u64, u64), seed: u64) -> SlowReceiver {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind receiver");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
         let addr = listener.local_addr().expect("addr");
         let state = ReceiverState {
             seen: Arc::default(),
@@ -308,24 +258,13 @@ impl SlowReceiver {
             delay_ms,
             rng: Arc::new(Mutex::new(SplitMix(seed))),
         };
-        let app = axum::Router::new()
-            .fallback(axum::routing::post(slow_receive))
-            .with_state(state.clone());
+        let app = axum::Router::new().fallback(axum::routing::post(slow_receive)).with_state(state.clone());
         let stop = CancellationToken::new();
         let task = {
             let stop = stop.clone();
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
-            })
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await })
         };
-        SlowReceiver {
-            addr,
-            state,
-            stop,
-            task,
-        }
+        SlowReceiver { addr, state, stop, task }
     }
 
     /// The URL of `path` (starting with `/`).
@@ -380,24 +319,20 @@ impl TopicTail {
             .expect("tail consumer");
         let mut tpl = TopicPartitionList::new();
         for p in 0..partitions {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)
-                .expect("tpl");
+            tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
         }
         consumer.assign(&tpl).expect("assign");
         let messages: Arc<Mutex<Vec<OwnedMessage>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (messages, stop, topic) =
-                (Arc::clone(&messages), Arc::clone(&stop), topic.to_string());
+            let (messages, stop, topic) = (Arc::clone(&messages), Arc::clone(&stop), topic.to_string());
             std::thread::spawn(move || {
                 let mut last_error: Option<Instant> = None;
                 while !stop.load(Ordering::SeqCst) {
                     match consumer.poll(Duration::from_millis(100)) {
                         Some(Ok(m)) => messages.lock().push(m.detach()),
                         // Transport errors while a broker restarts: say so now and then.
-                        Some(Err(e))
-                            if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) =>
-                        {
+                        Some(Err(e)) if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) => {
                             eprintln!("tail({topic}): {e}");
                             last_error = Some(Instant::now());
                         }
@@ -406,11 +341,7 @@ impl TopicTail {
                 }
             })
         };
-        TopicTail {
-            messages,
-            stop,
-            thread: Some(thread),
-        }
+        TopicTail { messages, stop, thread: Some(thread) }
     }
 
     /// Records read so far.
@@ -455,10 +386,7 @@ impl KeptOnFailure {
     pub fn new() -> KeptOnFailure {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().to_path_buf();
-        KeptOnFailure {
-            dir: Some(dir),
-            path,
-        }
+        KeptOnFailure { dir: Some(dir), path }
     }
 
     /// Its path.
