@@ -73,3 +73,23 @@ impl Direct {
         Ok(self.store.compact_expired(now_ms(), self.config.store.compaction_chunk.get())? as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StoreBackend;
+
+    #[test]
+    fn a_store_held_elsewhere_is_refused_with_a_pointer_to_the_admin_api() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.store.backend = StoreBackend::Fjall;
+        config.store.path = dir.path().join("store");
+        let _held = KeyStore::open(config.store.backend, &config.store.path, config.store.sync).unwrap();
+        match Direct::open(config) {
+            Err(e @ CliError::Locked { .. }) => assert!(e.to_string().contains("--admin"), "{e}"),
+            Err(other) => panic!("expected Locked, got {other}"),
+            Ok(_) => panic!("opened a store another handle holds"),
+        }
+    }
+}

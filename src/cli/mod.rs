@@ -219,7 +219,8 @@ fn print_json(value: &serde_json::Value) {
 
 /// The connection an operator command works through.
 enum Conn {
-    Direct(direct::Direct),
+    /// Boxed: a store with its config is much larger than a client.
+    Direct(Box<direct::Direct>),
     Remote(remote::Remote),
 }
 
@@ -227,7 +228,7 @@ impl Target {
     fn connect(&self) -> Result<Conn, CliError> {
         match (&self.admin, &self.config) {
             (Some(url), _) => Ok(Conn::Remote(remote::Remote::new(url)?)),
-            (None, Some(config)) => Ok(Conn::Direct(direct::Direct::open(load(config)?)?)),
+            (None, Some(config)) => Ok(Conn::Direct(Box::new(direct::Direct::open(load(config)?)?))),
             (None, None) => Err(CliError::NoTarget),
         }
     }

@@ -15,7 +15,6 @@
 //! a stored record that is newer than the imported one unless told to overwrite, and only
 //! ever raises watermarks.
 
-
 mod lines;
 
 use std::io::{BufRead, Write};
