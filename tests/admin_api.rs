@@ -289,3 +289,32 @@ async fn export_then_import_into_another_instance() {
     assert_eq!(report["unchanged"], 4);
     server.stop().await;
 }
+
+/// An import body far past axum's default 2 MiB body limit streams through.
+#[tokio::test]
+async fn a_large_export_streams_both_ways() {
+    const N: usize = 12_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(KeyStore::open(StoreBackend::Sled, &dir.path().join("a"), SyncMode::Batch).unwrap());
+    let later = now_ms() + 3_600_000;
+    for i in 0..N {
+        let key = format!("key-{i:06}-{}", "x".repeat(200));
+        store.compare_and_swap(&key, None, Some(&completed((i % 250) as u8, later))).unwrap().unwrap();
+    }
+    let server = start(Some(api(&store))).await;
+    let (status, _, body) = call(Method::GET, &format!("{}/v1/export", server.base), Some(TOKEN), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = body.as_str().unwrap().to_string();
+    assert!(text.len() > 4 * 1024 * 1024, "{} bytes", text.len());
+    server.stop().await;
+
+    let other = Arc::new(KeyStore::open(StoreBackend::Sled, &dir.path().join("b"), SyncMode::Batch).unwrap());
+    let server = start(Some(api(&other))).await;
+    let (status, _, report) = call(Method::POST, &format!("{}/v1/import", server.base), Some(TOKEN), Some(text)).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["imported"], N);
+    assert_eq!(other.counts().completed, N as i64);
+    let key = format!("key-{:06}-{}", N - 1, "x".repeat(200));
+    assert_eq!(other.get(&key).unwrap(), store.get(&key).unwrap());
+    server.stop().await;
+}

@@ -255,6 +255,7 @@ async fn operator_commands_and_export_wipe_import_keep_duplicates_recognised() {
     let export = dir.path().join("export.jsonl");
     let ran = cli(args(&["export", export.to_str().expect("utf-8")]), a).await;
     assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.stderr, "", "no progress bar when stderr is not a terminal");
     let expected_records = KEYS + 1; // the keys and the resolved one; the forgotten one is gone
     assert_eq!(
         ran.stdout.trim(),
@@ -298,6 +299,7 @@ async fn operator_commands_and_export_wipe_import_keep_duplicates_recognised() {
     std::fs::remove_dir_all(&store).expect("wipe the store");
     let ran = cli(args(&["import", export.to_str().expect("utf-8"), "-c", &c]), None).await;
     assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.stderr, "", "no progress bar when stderr is not a terminal");
     assert_eq!(
         ran.json(),
         json!({"imported": expected_records, "unchanged": 0, "kept_newer": 0, "expired": 0, "watermarks_raised": PARTITIONS})
