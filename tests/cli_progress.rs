@@ -69,8 +69,11 @@ fn on_terminal(args: &[&str]) -> (i32, String) {
         .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
         .collect::<Vec<_>>()
         .join(" ");
-    let out =
-        Command::new("script").args(["-qec", &line, "/dev/null"]).env_remove("DEDUPD_ADMIN_URL").output().unwrap();
+    let out = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_remove("DEDUPD_ADMIN_URL")
+        .output()
+        .expect("util-linux `script` (Debian: bsdutils, an essential package)");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into())
 }
 
