@@ -131,6 +131,19 @@ async fn off_without_a_token() {
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
         assert!(body["error"].as_str().unwrap().contains("admin API is off"), "{body}");
     }
+    // The CLI says so and exits 2 (an error), not 4 (no such key).
+    let base = server.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dedupd"))
+            .args(["inspect", "done", "--admin", &base])
+            .env("DEDUPD_ADMIN_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("admin API is off"), "{out:?}");
     // The rest of the listener is unaffected.
     let (status, _, _) = call(Method::GET, &format!("{}/healthz", server.base), None, None).await;
     assert_eq!(status, StatusCode::OK);

@@ -115,6 +115,8 @@ pub(super) async fn check(response: Response) -> Result<Response, CliError> {
         .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
         .unwrap_or(text);
     Err(match status {
+        // The API being off is not an answer about the key.
+        StatusCode::NOT_FOUND if message.starts_with("the admin API is off") => CliError::Remote(message),
         StatusCode::NOT_FOUND => CliError::NotFound(message),
         StatusCode::CONFLICT => CliError::Conflict(message),
         StatusCode::UNAUTHORIZED => CliError::Remote(format!("401 {message}: check {TOKEN_ENV}")),
