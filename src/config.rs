@@ -287,7 +287,8 @@ pub struct RouteConfig {
 pub struct HttpConfig {
     /// Address of the one listener (`/metrics`, `/healthz`, `/readyz`, `/v1/keys`).
     pub listen: SocketAddr,
-    /// Bearer token for the admin API; the admin API is off when unset.
+    /// Bearer token for the admin API under `/v1` (docs/admin.md); the admin API is off
+    /// (404) when unset.
     pub admin_token: Option<String>,
 }
 

@@ -1,6 +1,7 @@
-//! Operating surface: the one HTTP listener (`/metrics`, `/healthz`, `/readyz`) and the
-//! metrics catalogue. The admin API (`/v1/keys/...`) joins this listener later.
+//! Operating surface: the one HTTP listener (`/metrics`, `/healthz`, `/readyz`, and the
+//! admin API under `/v1` when `http.admin_token` is set) and the metrics catalogue.
 
+pub mod admin;
 pub mod metrics;
 
 use std::collections::BTreeSet;
@@ -15,6 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
 
+pub use admin::AdminApi;
 pub use metrics::Metrics;
 
 /// What `/readyz` reports: ready once the consumer joined its group, not ready while any
@@ -67,10 +69,23 @@ pub enum OpsError {
 }
 
 /// Binds `addr`; returns the bound address and a future that serves until `shutdown`.
+/// No admin API (see [`serve_with_admin`]).
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), OpsError>>), OpsError> {
+    serve_with_admin(addr, metrics, health, None, shutdown).await
+}
+
+/// Like [`serve`], with the admin API under `/v1` when `admin` is set (else `/v1/...`
+/// answers 404 saying it is off).
+pub async fn serve_with_admin(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    admin: Option<AdminApi>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), OpsError>>), OpsError> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| OpsError::Bind { addr, source })?;
@@ -79,7 +94,8 @@ pub async fn serve(
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, health });
+        .with_state(AppState { metrics, health })
+        .merge(admin::router(admin));
     let fut = async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(OpsError::Serve) };
     Ok((bound, fut))
 }

@@ -104,12 +104,19 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
-    let (http_addr, http) = crate::ops::serve(config.http.listen, Arc::clone(&metrics), Arc::clone(&health), {
-        let stop = stop.clone();
-        async move { stop.cancelled().await }
-    })
-    .await
-    .map_err(|e| PipelineError::Ops(e.to_string()))?;
+    let admin = config.http.admin_token.clone().map(|token| crate::ops::AdminApi {
+        store: Arc::clone(&store),
+        token,
+        resolve_ttl: config.store.default_ttl,
+        compaction_chunk: config.store.compaction_chunk.get(),
+    });
+    let (http_addr, http) =
+        crate::ops::serve_with_admin(config.http.listen, Arc::clone(&metrics), Arc::clone(&health), admin, {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        })
+        .await
+        .map_err(|e| PipelineError::Ops(e.to_string()))?;
     let http_task = tokio::spawn(http);
     let purge_task = tokio::spawn(purge::run(
         Arc::clone(&store),

@@ -19,6 +19,7 @@ mod index;
 mod operator;
 pub mod record;
 mod sled_backend;
+pub mod transfer;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -27,7 +28,8 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::{StoreBackend, SyncMode};
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
-pub use operator::{ResolveError, record_json};
+pub use operator::{ForgetError, ResolveError, record_json};
+pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
 
 /// A store failure.

@@ -1,5 +1,7 @@
-//! Operator actions on single keys (SPEC §3): `resolve` an indeterminate key as succeeded
-//! or failed. `forget` lives beside the other mutations in mod.rs.
+//! Operator actions (SPEC §3, §7): `resolve` an indeterminate key as succeeded or failed,
+//! `forget` a key (refusing an `in_progress` one unless forced), and the stats document.
+//! The CLI on a stopped store and the admin API on a running one both call these, so the
+//! two paths behave alike.
 
 use super::{Completed, Completion, KeyStore, Record, StoreError};
 
@@ -17,7 +19,52 @@ pub enum ResolveError {
     Store(#[from] StoreError),
 }
 
+/// Why a forget did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetError {
+    /// The key has no record.
+    #[error("key {0:?} has no record")]
+    NotFound(String),
+    /// The key is claimed; forgetting a claim that an instance is executing makes that
+    /// instance's completion fail, so it takes `force`.
+    #[error(
+        "key {0:?} is in_progress (being executed, or orphaned by a crash); forget it only when no \
+         instance is executing it, with force"
+    )]
+    InProgress(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 impl KeyStore {
+    /// Removes `key`; an `in_progress` record only with `force`. Returns what was there.
+    /// Flushed before returning.
+    pub fn forget_checked(&self, key: &str, force: bool) -> Result<Record, ForgetError> {
+        loop {
+            let current = match self.get(key)? {
+                None => return Err(ForgetError::NotFound(key.to_string())),
+                Some(Record::InProgress(_)) if !force => return Err(ForgetError::InProgress(key.to_string())),
+                Some(r) => r,
+            };
+            if self.compare_and_swap(key, Some(&current), None)?.is_ok() {
+                self.flush_always()?;
+                return Ok(current);
+            }
+        }
+    }
+
+    /// What `stats` shows: backend, records per state, disk bytes, next expiry, watermarks.
+    pub fn stats_json(&self) -> Result<serde_json::Value, StoreError> {
+        Ok(serde_json::json!({
+            "backend": self.backend_name(),
+            "records": self.counts(),
+            "disk_bytes": self.disk_bytes()?,
+            "next_expiry": self.next_expiry()?.map(crate::outcome::rfc3339_ms),
+            "watermarks": self.watermarks()?.len(),
+        }))
+    }
+
     /// Turns an `indeterminate` record into a `completed` one with `outcome`, expiring
     /// `ttl_ms` after `now_ms`; repeats then replay it. Flushed before returning.
     pub fn resolve(&self, key: &str, outcome: Completion, now_ms: i64, ttl_ms: i64) -> Result<Record, ResolveError> {

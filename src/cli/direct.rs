@@ -1,0 +1,95 @@
+//! Operator commands on a stopped instance's store, opened from its config file.
+
+use serde_json::Value;
+
+use super::CliError;
+use crate::config::Config;
+use crate::store::{Completion, ForgetError, KeyStore, ResolveError, StoreError, record_json};
+
+/// An opened store and the config it came from.
+pub struct Direct {
+    pub(super) store: KeyStore,
+    pub(super) config: Config,
+}
+
+/// True when the backend could not get the store directory's lock (another process has it).
+fn is_lock_error(e: &StoreError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("could not acquire lock") || text.contains("locked") || text.contains("lock file")
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl Direct {
+    /// Opens the configured store; a store held by a running instance is a [`CliError::Locked`].
+    pub fn open(config: Config) -> Result<Direct, CliError> {
+        match KeyStore::open(config.store.backend, &config.store.path, config.store.sync) {
+            Ok(store) => Ok(Direct { store, config }),
+            Err(e) if is_lock_error(&e) => {
+                Err(CliError::Locked { path: config.store.path.display().to_string(), source: e })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The record as JSON.
+    pub fn inspect(&self, key: &str) -> Result<Value, CliError> {
+        match self.store.get(key)? {
+            Some(r) => Ok(record_json(key, &r)),
+            None => Err(CliError::NotFound(format!("key {key:?} has no record"))),
+        }
+    }
+
+    /// Forgets `key`; returns the state it was in.
+    pub fn forget(&self, key: &str, force: bool) -> Result<String, CliError> {
+        match self.store.forget_checked(key, force) {
+            Ok(was) => Ok(was.state().as_str().to_string()),
+            Err(e @ ForgetError::NotFound(_)) => Err(CliError::NotFound(e.to_string())),
+            Err(e @ ForgetError::InProgress(_)) => Err(CliError::Conflict(format!("{e} (--force)"))),
+            Err(ForgetError::Store(e)) => Err(e.into()),
+        }
+    }
+
+    /// Resolves an indeterminate key; returns the new record as JSON.
+    pub fn resolve(&self, key: &str, outcome: Completion) -> Result<Value, CliError> {
+        let ttl = i64::try_from(self.config.store.default_ttl.as_millis()).unwrap_or(i64::MAX);
+        match self.store.resolve(key, outcome, now_ms(), ttl) {
+            Ok(r) => Ok(record_json(key, &r)),
+            Err(e @ ResolveError::NotFound(_)) => Err(CliError::NotFound(e.to_string())),
+            Err(e @ ResolveError::NotIndeterminate { .. }) => Err(CliError::Conflict(e.to_string())),
+            Err(ResolveError::Store(e)) => Err(e.into()),
+        }
+    }
+
+    /// The stats document.
+    pub fn stats(&self) -> Result<Value, CliError> {
+        Ok(self.store.stats_json()?)
+    }
+
+    /// Removes expired records; returns how many.
+    pub fn compact(&self) -> Result<u64, CliError> {
+        Ok(self.store.compact_expired(now_ms(), self.config.store.compaction_chunk.get())? as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StoreBackend;
+
+    #[test]
+    fn a_store_held_elsewhere_is_refused_with_a_pointer_to_the_admin_api() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.store.backend = StoreBackend::Fjall;
+        config.store.path = dir.path().join("store");
+        let _held = KeyStore::open(config.store.backend, &config.store.path, config.store.sync).unwrap();
+        match Direct::open(config) {
+            Err(e @ CliError::Locked { .. }) => assert!(e.to_string().contains("--admin"), "{e}"),
+            Err(other) => panic!("expected Locked, got {other}"),
+            Ok(_) => panic!("opened a store another handle holds"),
+        }
+    }
+}

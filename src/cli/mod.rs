@@ -1,0 +1,341 @@
+//! The command line (SPEC §7). `run` and `demo` start the pipeline; the operator commands
+//! (`inspect`, `forget`, `resolve`, `stats`, `compact`, `export`, `import`) work on a running
+//! instance through its admin API with `--admin URL` (token from `DEDUPD_ADMIN_TOKEN`), or
+//! on a stopped instance's store directly with `-c FILE` ([`direct`]; [`remote`];
+//! [`transfer`] for export and import). Both paths print the same things.
+//!
+//! Exit codes: 0 done, 2 error, 3 refused because of the key's state, 4 no such key.
+
+mod direct;
+mod remote;
+mod transfer;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{Config, ConfigError, LogFormat};
+use crate::store::{Completion, StoreError, TransferError};
+
+/// dedupd: execute side-effect commands from Kafka at most once per idempotency key.
+#[derive(Debug, Parser)]
+#[command(name = "dedupd", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume commands and execute them once each.
+    Run {
+        /// The TOML config file.
+        #[arg(short, long, env = "DEDUPD_CONFIG")]
+        config: PathBuf,
+        /// Process partitions whose committed offset is beyond the store's watermark
+        /// (after the store was lost or replaced on purpose).
+        #[arg(long)]
+        accept_empty_store: bool,
+    },
+    /// A self-contained demonstration: in-process Kafka mock cluster, local HTTP receiver.
+    Demo {
+        /// Distinct valid commands to produce.
+        #[arg(long, default_value_t = 2000)]
+        commands: usize,
+    },
+    /// Validate a config file and exit non-zero naming the bad key.
+    CheckConfig {
+        /// The TOML config file.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Show the stored record of a key.
+    Inspect {
+        /// The key.
+        key: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Remove a key so that its next arrival runs again. An `in_progress` key needs
+    /// `--force`: forget it only when no instance is executing it.
+    Forget {
+        /// The key.
+        key: String,
+        /// Also forget an `in_progress` key.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Resolve an indeterminate key as succeeded or failed.
+    Resolve {
+        /// The key.
+        key: String,
+        /// The outcome to record.
+        #[arg(long = "as", value_enum)]
+        outcome: ResolveAs,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Record counts per state, disk usage, next expiry.
+    Stats {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Remove expired records now.
+    Compact {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Write every record and partition watermark to FILE as JSON Lines (docs/admin.md).
+    Export {
+        /// The file to write (replaced only once the export is complete).
+        file: PathBuf,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Read an export FILE into the store: expired records are skipped, newer stored
+    /// records kept (unless `--overwrite`), watermarks only raised.
+    Import {
+        /// The JSON Lines file written by `export`.
+        file: PathBuf,
+        /// Replace stored records even when they are newer than the imported ones.
+        #[arg(long)]
+        overwrite: bool,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// Where an operator command acts: a running instance (`--admin`) or a stopped one's store.
+#[derive(Debug, Clone, Args)]
+pub struct Target {
+    /// The TOML config file of a stopped instance (for its store path and backend).
+    #[arg(short, long, env = "DEDUPD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The HTTP listener of a running instance, e.g. http://127.0.0.1:9464; the bearer
+    /// token is read from DEDUPD_ADMIN_TOKEN. Wins over --config.
+    #[arg(long, env = "DEDUPD_ADMIN_URL")]
+    pub admin: Option<String>,
+}
+
+/// `resolve --as`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ResolveAs {
+    /// The effect happened.
+    Succeeded,
+    /// The effect did not happen; repeats replay a failure.
+    Failed,
+}
+
+/// A CLI failure; its message is printed and the process exits non-zero.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad config.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// Store failure.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// Export or import failed.
+    #[error("{0}")]
+    Transfer(#[from] TransferError),
+    /// The key has no record (exit 4).
+    #[error("{0}")]
+    NotFound(String),
+    /// The key's state does not allow the action (exit 3).
+    #[error("{0}")]
+    Conflict(String),
+    /// The store is held by a running instance.
+    #[error(
+        "the store at {path} is locked, most likely by a running dedupd: use --admin URL (or DEDUPD_ADMIN_URL) \
+         with DEDUPD_ADMIN_TOKEN to act through its admin API ({source})"
+    )]
+    Locked { path: String, source: StoreError },
+    /// Neither --admin nor --config.
+    #[error("say where: --admin URL for a running instance, or -c FILE for a stopped one's store")]
+    NoTarget,
+    /// The admin API answered with an error, or could not be reached.
+    #[error("admin API: {0}")]
+    Remote(String),
+    /// A local file could not be read or written.
+    #[error("{path}: {source}")]
+    File { path: String, source: std::io::Error },
+    /// The pipeline stopped with an error.
+    #[error("{0}")]
+    Pipeline(#[from] crate::pipeline::PipelineError),
+    /// The demo failed.
+    #[error("{0}")]
+    Demo(#[from] crate::demo::DemoError),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+    Config::load(path, std::env::vars())
+}
+
+/// Sets up tracing for `format` and `level` (RUST_LOG wins when set).
+pub fn init_tracing(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn print_json(value: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+}
+
+/// The connection an operator command works through.
+enum Conn {
+    /// Boxed: a store with its config is much larger than a client.
+    Direct(Box<direct::Direct>),
+    Remote(remote::Remote),
+}
+
+impl Target {
+    fn connect(&self) -> Result<Conn, CliError> {
+        match (&self.admin, &self.config) {
+            (Some(url), _) => Ok(Conn::Remote(remote::Remote::new(url)?)),
+            (None, Some(config)) => Ok(Conn::Direct(Box::new(direct::Direct::open(load(config)?)?))),
+            (None, None) => Err(CliError::NoTarget),
+        }
+    }
+}
+
+/// Runs an operator command; a missing key exits 4, a refusal 3.
+async fn operate(command: Command) -> Result<ExitCode, CliError> {
+    let result = match command {
+        Command::Inspect { key, target } => match target.connect()? {
+            Conn::Direct(d) => d.inspect(&key),
+            Conn::Remote(r) => r.inspect(&key).await,
+        }
+        .map(|record| print_json(&record)),
+        Command::Forget { key, force, target } => match target.connect()? {
+            Conn::Direct(d) => d.forget(&key, force),
+            Conn::Remote(r) => r.forget(&key, force).await,
+        }
+        .map(|was| println!("forgot {key:?} (was {was})")),
+        Command::Resolve { key, outcome, target } => {
+            let outcome = match outcome {
+                ResolveAs::Succeeded => Completion::Succeeded,
+                ResolveAs::Failed => Completion::Failed,
+            };
+            match target.connect()? {
+                Conn::Direct(d) => d.resolve(&key, outcome),
+                Conn::Remote(r) => r.resolve(&key, outcome).await,
+            }
+            .map(|record| print_json(&record))
+        }
+        Command::Stats { target } => match target.connect()? {
+            Conn::Direct(d) => d.stats(),
+            Conn::Remote(r) => r.stats().await,
+        }
+        .map(|stats| print_json(&stats)),
+        Command::Compact { target } => match target.connect()? {
+            Conn::Direct(d) => d.compact(),
+            Conn::Remote(r) => r.compact().await,
+        }
+        .map(|n| println!("removed {n} expired record(s)")),
+        Command::Export { file, target } => {
+            let counts = match target.connect()? {
+                Conn::Direct(d) => transfer::export_direct(&d, &file),
+                Conn::Remote(r) => transfer::export_remote(&r, &file).await,
+            }?;
+            println!(
+                "exported {} record(s) and {} watermark(s) to {}",
+                counts.records,
+                counts.watermarks,
+                file.display()
+            );
+            Ok(())
+        }
+        Command::Import { file, overwrite, target } => {
+            let conn = target.connect()?;
+            let report = match conn {
+                Conn::Direct(d) => transfer::import_direct(&d, &file, overwrite),
+                Conn::Remote(r) => transfer::import_remote(&r, &file, overwrite).await,
+            }?;
+            print_json(&serde_json::to_value(report).unwrap_or_default());
+            Ok(())
+        }
+        Command::Run { .. } | Command::Demo { .. } | Command::CheckConfig { .. } => {
+            Err(CliError::Other("not an operator command".into()))
+        }
+    };
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(CliError::NotFound(m)) => {
+            eprintln!("dedupd: {m}");
+            Ok(ExitCode::from(4))
+        }
+        Err(CliError::Conflict(m)) => {
+            eprintln!("dedupd: {m}");
+            Ok(ExitCode::from(3))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs the parsed command.
+pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
+    match cli.command {
+        Command::Run { config, accept_empty_store } => {
+            let config = load(&config)?;
+            init_tracing(config.log.format, &config.log.level);
+            let options = crate::pipeline::RunOptions { accept_empty_store };
+            crate::pipeline::run(config, options, shutdown_signal(), |_| {}).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo { commands } => {
+            init_tracing(LogFormat::Text, "warn");
+            let summary = crate::demo::run(commands).await?;
+            println!("{summary}");
+            Ok(if summary.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::CheckConfig { config } => {
+            let c = load(&config)?;
+            println!(
+                "{}: ok ({} sink(s), {} route(s), store {:?} at {})",
+                config.display(),
+                c.sinks.len(),
+                c.routes.len(),
+                c.store.backend,
+                c.store.path.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        other => operate(other).await,
+    }
+}

@@ -1,0 +1,125 @@
+//! Operator commands on a running instance, through its admin API (docs/admin.md).
+//! The bearer token comes from `DEDUPD_ADMIN_TOKEN` (never a flag: it would show in `ps`).
+
+use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
+use serde_json::Value;
+
+use super::CliError;
+use crate::store::Completion;
+
+/// The environment variable holding the admin token.
+pub const TOKEN_ENV: &str = "DEDUPD_ADMIN_TOKEN";
+
+/// A client for one instance's admin API.
+pub struct Remote {
+    pub(super) client: reqwest::Client,
+    base: Url,
+    token: String,
+}
+
+fn remote(e: impl std::fmt::Display) -> CliError {
+    CliError::Remote(e.to_string())
+}
+
+impl Remote {
+    /// A client for the listener at `base` (e.g. `http://127.0.0.1:9464`).
+    pub fn new(base: &str) -> Result<Remote, CliError> {
+        let base = Url::parse(base).map_err(|e| CliError::Remote(format!("--admin {base:?}: {e}")))?;
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(CliError::Remote(format!("--admin {base}: not an http(s) URL")));
+        }
+        let token = std::env::var(TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| CliError::Remote(format!("set {TOKEN_ENV} to the instance's http.admin_token")))?;
+        let client =
+            reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(10)).build().map_err(remote)?;
+        Ok(Remote { client, base, token: token.trim().to_string() })
+    }
+
+    /// The URL of `/v1/SEGMENTS...`, each segment percent-encoded (a key may hold `/`).
+    pub(super) fn url(&self, segments: &[&str]) -> Result<Url, CliError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| CliError::Remote(format!("--admin {}: not a base URL", self.base)))?
+            .pop_if_empty()
+            .push("v1")
+            .extend(segments);
+        Ok(url)
+    }
+
+    /// A request with the bearer token.
+    pub(super) fn request(&self, method: Method, url: Url) -> RequestBuilder {
+        self.client.request(method, url).bearer_auth(&self.token)
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        segments: &[&str],
+        query: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> Result<Value, CliError> {
+        let mut url = self.url(segments)?;
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        let mut request = self.request(method, url);
+        if let Some(b) = body {
+            request = request.json(&b);
+        }
+        let response = request.send().await.map_err(|e| CliError::Remote(format!("{}: {e}", self.base)))?;
+        let response = check(response).await?;
+        response.json::<Value>().await.map_err(remote)
+    }
+
+    /// The record as JSON.
+    pub async fn inspect(&self, key: &str) -> Result<Value, CliError> {
+        self.call(Method::GET, &["keys", key], &[], None).await
+    }
+
+    /// Forgets `key`; returns the state it was in.
+    pub async fn forget(&self, key: &str, force: bool) -> Result<String, CliError> {
+        let query: &[(&str, &str)] = if force { &[("force", "true")] } else { &[] };
+        let answer = self.call(Method::DELETE, &["keys", key], query, None).await?;
+        Ok(answer.get("was").and_then(Value::as_str).unwrap_or("unknown").to_string())
+    }
+
+    /// Resolves an indeterminate key; returns the new record as JSON.
+    pub async fn resolve(&self, key: &str, outcome: Completion) -> Result<Value, CliError> {
+        let body = serde_json::json!({"as": outcome.as_str()});
+        self.call(Method::POST, &["keys", key, "resolve"], &[], Some(body)).await
+    }
+
+    /// The stats document.
+    pub async fn stats(&self) -> Result<Value, CliError> {
+        self.call(Method::GET, &["stats"], &[], None).await
+    }
+
+    /// Removes expired records; returns how many.
+    pub async fn compact(&self) -> Result<u64, CliError> {
+        let answer = self.call(Method::POST, &["compact"], &[], None).await?;
+        answer.get("removed").and_then(Value::as_u64).ok_or_else(|| remote(format!("unexpected answer {answer}")))
+    }
+}
+
+/// Passes a 2xx response on; turns the API's error answers into [`CliError`]s.
+pub(super) async fn check(response: Response) -> Result<Response, CliError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let text = response.text().await.unwrap_or_default();
+    let message = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or(text);
+    Err(match status {
+        // The API being off is not an answer about the key.
+        StatusCode::NOT_FOUND if message.starts_with("the admin API is off") => CliError::Remote(message),
+        StatusCode::NOT_FOUND => CliError::NotFound(message),
+        StatusCode::CONFLICT => CliError::Conflict(message),
+        StatusCode::UNAUTHORIZED => CliError::Remote(format!("401 {message}: check {TOKEN_ENV}")),
+        other => CliError::Remote(format!("{other}: {message}")),
+    })
+}

@@ -1,0 +1,290 @@
+//! The admin API (SPEC §7; routes, status codes and formats in docs/admin.md).
+//!
+//! Mounted on the ops listener only when `http.admin_token` is set; without it every
+//! `/v1/...` path answers 404 saying the API is off. Every route needs
+//! `Authorization: Bearer TOKEN`; the token is compared in constant time (over SHA-256
+//! digests, so neither its bytes nor its length leak through timing). Store calls block
+//! (sled, fjall), so each runs on the blocking pool.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use futures::TryStreamExt;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::store::transfer::ImportOptions;
+use crate::store::{Completion, ForgetError, KeyStore, ResolveError, TransferError, record_json};
+
+/// What the admin routes need.
+#[derive(Clone)]
+pub struct AdminApi {
+    /// The running instance's store.
+    pub store: Arc<KeyStore>,
+    /// `http.admin_token`.
+    pub token: String,
+    /// How long a record resolved by an operator is kept (`store.default_ttl`).
+    pub resolve_ttl: Duration,
+    /// Expired records removed per compaction chunk (`store.compaction_chunk`).
+    pub compaction_chunk: usize,
+}
+
+/// An error answer: the status and `{"error": "..."}`.
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    challenge: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), challenge: None }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(serde_json::json!({"error": self.message}))).into_response();
+        if let Some(c) = self.challenge {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(c));
+        }
+        r
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// Runs a blocking store call off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(internal)?
+}
+
+/// The `/v1` routes: the API when `admin` is set, else a 404 explaining it is off.
+pub fn router(admin: Option<AdminApi>) -> Router {
+    let Some(admin) = admin else {
+        return Router::new().route(
+            "/v1/{*rest}",
+            any(|| async { ApiError::new(StatusCode::NOT_FOUND, "the admin API is off: set http.admin_token") }),
+        );
+    };
+    Router::new()
+        .route("/v1/keys/{key}", get(inspect).delete(forget))
+        .route("/v1/keys/{key}/resolve", post(resolve))
+        .route("/v1/stats", get(stats))
+        .route("/v1/compact", post(compact))
+        .route("/v1/export", get(export))
+        .route("/v1/import", post(import))
+        .route_layer(middleware::from_fn_with_state(admin.clone(), require_token))
+        .with_state(admin)
+}
+
+/// Equal tokens, in time independent of where they differ and of their lengths.
+fn token_matches(expected: &str, given: &str) -> bool {
+    let (a, b) = (Sha256::digest(expected.as_bytes()), Sha256::digest(given.as_bytes()));
+    let diff = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+async fn require_token(State(admin): State<AdminApi>, request: Request, next: Next) -> Response {
+    match bearer(request.headers()) {
+        None => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "missing bearer token (Authorization: Bearer TOKEN)".into(),
+            challenge: Some("Bearer realm=\"dedupd\""),
+        }
+        .into_response(),
+        Some(t) if !token_matches(&admin.token, t) => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "wrong bearer token".into(),
+            challenge: Some("Bearer realm=\"dedupd\", error=\"invalid_token\""),
+        }
+        .into_response(),
+        Some(_) => next.run(request).await,
+    }
+}
+
+async fn inspect(State(a): State<AdminApi>, Path(key): Path<String>) -> ApiResult {
+    blocking(move || match a.store.get(&key).map_err(internal)? {
+        Some(r) => Ok(axum::Json(record_json(&key, &r)).into_response()),
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("key {key:?} has no record"))),
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct ForgetParams {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn forget(
+    State(a): State<AdminApi>,
+    Path(key): Path<String>,
+    params: Result<Query<ForgetParams>, QueryRejection>,
+) -> ApiResult {
+    let Ok(Query(params)) = params else {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: force must be true or false"));
+    };
+    blocking(move || match a.store.forget_checked(&key, params.force) {
+        Ok(was) => Ok(axum::Json(serde_json::json!({"forgot": key, "was": was.state().as_str()})).into_response()),
+        Err(e @ ForgetError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
+        Err(e @ ForgetError::InProgress(_)) => Err(ApiError::new(StatusCode::CONFLICT, format!("{e} (?force=true)"))),
+        Err(ForgetError::Store(e)) => Err(internal(e)),
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    #[serde(rename = "as")]
+    outcome: Completion,
+}
+
+async fn resolve(State(a): State<AdminApi>, Path(key): Path<String>, body: Bytes) -> ApiResult {
+    let body: ResolveBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("body must be {{\"as\": \"succeeded\"|\"failed\"}}: {e}"))
+    })?;
+    blocking(move || {
+        let now = chrono::Utc::now().timestamp_millis();
+        let ttl = i64::try_from(a.resolve_ttl.as_millis()).unwrap_or(i64::MAX);
+        match a.store.resolve(&key, body.outcome, now, ttl) {
+            Ok(r) => Ok(axum::Json(record_json(&key, &r)).into_response()),
+            Err(e @ ResolveError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
+            Err(e @ ResolveError::NotIndeterminate { .. }) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
+            Err(ResolveError::Store(e)) => Err(internal(e)),
+        }
+    })
+    .await
+}
+
+async fn stats(State(a): State<AdminApi>) -> ApiResult {
+    blocking(move || Ok(axum::Json(a.store.stats_json().map_err(internal)?).into_response())).await
+}
+
+async fn compact(State(a): State<AdminApi>) -> ApiResult {
+    blocking(move || {
+        let now = chrono::Utc::now().timestamp_millis();
+        let removed = a.store.compact_expired(now, a.compaction_chunk).map_err(internal)?;
+        Ok(axum::Json(serde_json::json!({"removed": removed})).into_response())
+    })
+    .await
+}
+
+/// Hands what the exporter writes to the response body in chunks; a gone client ends it.
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 64 * 1024 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))
+    }
+}
+
+async fn export(State(a): State<AdminApi>) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    tokio::task::spawn_blocking(move || {
+        let mut out = ChannelWriter { tx: tx.clone(), buf: Vec::new() };
+        let now = chrono::Utc::now().timestamp_millis();
+        if let Err(e) = a.store.export_to(now, &mut out) {
+            tracing::warn!(error = %e, "admin export stopped");
+            // Ends the body with an error: the client sees a cut-off stream without its end
+            // line, which import refuses.
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let body = Body::from_stream(tokio_stream_from(rx));
+    ([(header::CONTENT_TYPE, "application/jsonl")], body).into_response()
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[derive(Deserialize)]
+struct ImportParams {
+    #[serde(default)]
+    overwrite: bool,
+}
+
+async fn import(
+    State(a): State<AdminApi>,
+    params: Result<Query<ImportParams>, QueryRejection>,
+    body: Body,
+) -> ApiResult {
+    let Ok(Query(params)) = params else {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: overwrite must be true or false"));
+    };
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    blocking(move || {
+        let options = ImportOptions { overwrite: params.overwrite, now_ms: chrono::Utc::now().timestamp_millis() };
+        match a.store.import_from(std::io::BufReader::new(reader), options, |_| {}) {
+            Ok(report) => Ok(axum::Json(report).into_response()),
+            Err(e @ TransferError::Line { .. }) => {
+                Err(ApiError::new(StatusCode::BAD_REQUEST, format!("{e} (the lines before it were applied)")))
+            }
+            Err(TransferError::Io(e)) => Err(ApiError::new(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))),
+            Err(TransferError::Store(e)) => Err(internal(e)),
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_equal_only_when_equal() {
+        assert!(token_matches("0123456789abcdef", "0123456789abcdef"));
+        assert!(!token_matches("0123456789abcdef", "0123456789abcdeF"));
+        assert!(!token_matches("0123456789abcdef", "0123456789abcdef0"));
+        assert!(!token_matches("0123456789abcdef", ""));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("bearer abc"));
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert_eq!(bearer(&h), None);
+    }
+}

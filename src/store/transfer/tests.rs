@@ -1,0 +1,142 @@
+//! Export and import round trips and line errors.
+
+use super::*;
+use crate::config::{StoreBackend, SyncMode};
+use crate::fingerprint::Fingerprint;
+use crate::store::record::{Completed, Completion, InProgress, Indeterminate, SourcePos};
+use crate::store::{Op, watermark_key};
+
+fn fp(b: u8) -> Fingerprint {
+    Fingerprint([b; 32])
+}
+
+#[test]
+fn watermark_keys_sort_inside_the_scan_bounds() {
+    let k = watermark_key("orders.v1", 12);
+    assert!(k.as_slice() >= b"wm/".as_slice() && k.as_slice() < b"wm0".as_slice());
+    let _ = Op::Delete(Tree::Meta, k);
+}
+
+#[test]
+fn export_then_import_restores_records_and_watermarks_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = KeyStore::open(StoreBackend::Sled, &dir.path().join("a"), SyncMode::Batch).unwrap();
+    let now = 1_000_000;
+    let records = [
+        (
+            "done",
+            Record::Completed(Completed {
+                fingerprint: fp(1),
+                outcome: Completion::Succeeded,
+                result: br#"{"b":1, "a":[1.50,2]}"#.to_vec(),
+                error: None,
+                first_seen_at_ms: 10,
+                completed_at_ms: 20,
+                expires_at_ms: now + 5_000,
+                attempts: 2,
+            }),
+        ),
+        (
+            "multi-line",
+            Record::Completed(Completed {
+                fingerprint: fp(2),
+                outcome: Completion::Failed,
+                result: b"{\n  \"status\": 400\n}".to_vec(),
+                error: Some("HTTP 400".into()),
+                first_seen_at_ms: 10,
+                completed_at_ms: 20,
+                expires_at_ms: now + 5_000,
+                attempts: 1,
+            }),
+        ),
+        (
+            "gone",
+            Record::Completed(Completed {
+                fingerprint: fp(3),
+                outcome: Completion::Succeeded,
+                result: b"{}".to_vec(),
+                error: None,
+                first_seen_at_ms: 1,
+                completed_at_ms: 2,
+                expires_at_ms: now - 1,
+                attempts: 1,
+            }),
+        ),
+        (
+            "unknown",
+            Record::Indeterminate(Indeterminate {
+                fingerprint: fp(4),
+                claimed_at_ms: 7,
+                attempts: 1,
+                why: "crash".into(),
+            }),
+        ),
+        (
+            "running",
+            Record::InProgress(InProgress {
+                fingerprint: fp(5),
+                claimed_at_ms: 8,
+                attempts: 1,
+                source: SourcePos { topic: "t".into(), partition: 2, offset: 9 },
+            }),
+        ),
+    ];
+    for (k, r) in &records {
+        a.compare_and_swap(k, None, Some(r)).unwrap().unwrap();
+    }
+    a.raise_watermarks(&[("t".into(), 2, 41), ("u.v".into(), 0, 7)]).unwrap();
+    let mut buf = Vec::new();
+    let counts = a.export_to(now, &mut buf).unwrap();
+    assert_eq!(counts, ExportCounts { records: 5, watermarks: 2 });
+    assert_eq!(validate(buf.as_slice(), |_| {}).unwrap(), counts);
+
+    let b = KeyStore::open(StoreBackend::Fjall, &dir.path().join("b"), SyncMode::Batch).unwrap();
+    let report = b.import_from(buf.as_slice(), ImportOptions { overwrite: false, now_ms: now }, |_| {}).unwrap();
+    assert_eq!(report, ImportReport { imported: 4, unchanged: 0, kept_newer: 0, expired: 1, watermarks_raised: 2 });
+    for (k, r) in &records {
+        let got = b.get(k).unwrap();
+        if *k == "gone" { assert_eq!(got, None) } else { assert_eq!(got.as_ref(), Some(r), "{k}") }
+    }
+    assert_eq!(b.watermark("t", 2).unwrap(), Some(41));
+    assert_eq!(b.watermark("u.v", 0).unwrap(), Some(7));
+    assert_eq!(b.counts().completed, 2);
+
+    // Again: nothing changes. A newer stored record is kept unless overwriting.
+    let newer =
+        Record::Indeterminate(Indeterminate { fingerprint: fp(4), claimed_at_ms: 99, attempts: 1, why: "x".into() });
+    let old = b.get("unknown").unwrap();
+    b.compare_and_swap("unknown", old.as_ref(), Some(&newer)).unwrap().unwrap();
+    let again = b.import_from(buf.as_slice(), ImportOptions { overwrite: false, now_ms: now }, |_| {}).unwrap();
+    assert_eq!(again, ImportReport { imported: 0, unchanged: 3, kept_newer: 1, expired: 1, watermarks_raised: 0 });
+    assert_eq!(b.get("unknown").unwrap(), Some(newer));
+    let forced = b.import_from(buf.as_slice(), ImportOptions { overwrite: true, now_ms: now }, |_| {}).unwrap();
+    assert_eq!(forced.imported, 1);
+    assert_eq!(b.get("unknown").unwrap().as_ref(), Some(&records[3].1));
+}
+
+#[test]
+fn bad_lines_are_named_by_number() {
+    let good = format!("{}\n{}\n", header_line(1, "sled", 0), end_line(0, 0));
+    assert_eq!(validate(good.as_bytes(), |_| {}).unwrap(), ExportCounts::default());
+    let cases = [
+        (
+            format!("{}\n{{\"v\":1,\"type\":\"record\",\"state\":\"completed\"}}\n", header_line(1, "s", 0)),
+            2,
+            "missing field",
+        ),
+        (format!("{}\n{{\"v\":2,\"type\":\"end\"}}\n", header_line(1, "s", 0)), 2, "version 2"),
+        (format!("{}\n", end_line(0, 0)), 1, "header"),
+        (format!("{}\n{}\n", header_line(1, "s", 0), watermark_line("t", 0, 1)), 2, "incomplete"),
+        (format!("{}\n{}\n", header_line(1, "s", 0), end_line(3, 0)), 2, "end line counts"),
+        ("not json\n".to_string(), 1, "not a JSON object"),
+    ];
+    for (text, line, needle) in cases {
+        match validate(text.as_bytes(), |_| {}) {
+            Err(TransferError::Line { line: l, reason }) => {
+                assert_eq!(l, line, "{text}: {reason}");
+                assert!(reason.contains(needle), "{text}: {reason}");
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
