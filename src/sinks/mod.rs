@@ -10,6 +10,7 @@
 //! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); nothing else in the
 //! crate names a kind.
 
+pub mod exec;
 pub mod http;
 pub mod log;
 
@@ -71,6 +72,8 @@ sink_kinds! {
     "http" => Http(http::HttpSinkConfig),
     /// Writes the command to the log; for trials and tests.
     "log" => Log(log::LogSinkConfig),
+    /// Runs a program with the payload on stdin and the key in `DEDUPD_KEY`.
+    "exec" => Exec(exec::ExecSinkConfig),
 }
 
 impl SinkConfig {

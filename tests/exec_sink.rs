@@ -1,0 +1,217 @@
+//! The `exec` sink running real shell scripts written to a temporary directory.
+//!
+//! The scripts record what they received (stdin, environment) in files the tests read
+//! back. Every await is bounded by [`BOUND`]; the only short timeout is the sink's own
+//! `timeout` in the test that checks a hung program is killed.
+
+use std::num::NonZeroUsize;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use dedupd::sinks::exec::{ExecSink, ExecSinkConfig};
+use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use serde_json::{Value, json};
+
+/// Upper bound on anything a test waits for.
+const BOUND: Duration = Duration::from_secs(20);
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// Writes an executable `/bin/sh` script `name` into `dir`.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn config(program: &Path) -> ExecSinkConfig {
+    ExecSinkConfig {
+        program: program.to_string_lossy().into_owned(),
+        args: vec![],
+        timeout: Duration::from_secs(10),
+        transient_exit_codes: vec![75],
+        max_output_bytes: NonZeroUsize::new(64 * 1024).unwrap(),
+        forward_key: false,
+        env_passthrough: vec![],
+    }
+}
+
+/// Runs one attempt of a fixed command, bounded in time.
+async fn run(sink: &ExecSink, attempt: u32, traceparent: Option<&str>) -> Result<SinkOutput, SinkError> {
+    let payload = json!({ "to": "a@example.com", "amount": 12.5, "note": "line1\nline2 'quoted' ü" });
+    let request = SinkRequest { key: "order-42", kind: "email.send", payload: &payload, attempt, traceparent };
+    tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound")
+}
+
+/// `NAME=value` lines of an `env` dump, as pairs.
+fn env_dump(path: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn lookup<'a>(env: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[tokio::test]
+async fn payload_arrives_on_stdin_and_key_type_attempt_in_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let program = script(
+        out,
+        "record.sh",
+        &format!(
+            "cat > '{0}/stdin.json'\nenv > '{0}/env.txt'\necho \"$1|$2\" > '{0}/args.txt'\necho '{{\"id\": \"job-7\"}}'",
+            out.display()
+        ),
+    );
+    // dedupd's own environment (here: what cargo gives the test binary) is withheld
+    // unless listed in env_passthrough.
+    let passed = std::env::var("CARGO_PKG_NAME").ok();
+    let withheld = std::env::var("CARGO_MANIFEST_DIR").ok();
+    let mut cfg = config(&program);
+    cfg.args = vec!["first arg".into(), "--second".into()];
+    cfg.env_passthrough = vec!["CARGO_PKG_NAME".into()];
+    let sink = ExecSink::new("jobs", &cfg);
+    assert_eq!(sink.name(), "jobs");
+    assert!(!sink.forwards_key(), "exec does not declare the key forwarded unless configured");
+
+    let output = run(&sink, 3, Some(TRACEPARENT)).await.unwrap();
+    assert_eq!(output, json!({ "exit_code": 0, "stdout": { "id": "job-7" } }));
+
+    let stdin: Value = serde_json::from_slice(&std::fs::read(out.join("stdin.json")).unwrap()).unwrap();
+    assert_eq!(stdin, json!({ "to": "a@example.com", "amount": 12.5, "note": "line1\nline2 'quoted' ü" }));
+    let env = env_dump(&out.join("env.txt"));
+    assert_eq!(lookup(&env, "DEDUPD_KEY"), Some("order-42"));
+    assert_eq!(lookup(&env, "DEDUPD_TYPE"), Some("email.send"));
+    assert_eq!(lookup(&env, "DEDUPD_ATTEMPT"), Some("3"));
+    assert_eq!(lookup(&env, "TRACEPARENT"), Some(TRACEPARENT));
+    assert_eq!(lookup(&env, "CARGO_PKG_NAME"), passed.as_deref());
+    assert!(withheld.is_none() || lookup(&env, "CARGO_MANIFEST_DIR").is_none(), "not passed through");
+    assert_eq!(lookup(&env, "PATH").is_some(), std::env::var_os("PATH").is_some());
+    assert_eq!(std::fs::read_to_string(out.join("args.txt")).unwrap(), "first arg|--second\n");
+}
+
+#[tokio::test]
+async fn no_traceparent_no_variable_and_text_output_is_a_string() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let program = script(out, "plain.sh", &format!("env > '{0}/env.txt'\necho queued", out.display()));
+    let sink = ExecSink::new("jobs", &config(&program));
+    let output = run(&sink, 1, None).await.unwrap();
+    assert_eq!(output, json!({ "exit_code": 0, "stdout": "queued\n" }));
+    assert_eq!(lookup(&env_dump(&out.join("env.txt")), "TRACEPARENT"), None);
+}
+
+#[tokio::test]
+async fn exit_codes_map_to_success_transient_and_permanent() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    // Exits with the code written in the file `code`, after a marker that proves it ran.
+    let program = script(
+        out,
+        "exit.sh",
+        &format!(
+            "echo ran >> '{0}/runs'\necho \"partial\"\necho \"oops: $(cat '{0}/code')\" >&2\nexit $(cat '{0}/code')",
+            out.display()
+        ),
+    );
+    let mut cfg = config(&program);
+    cfg.transient_exit_codes = vec![75, 111];
+    let sink = ExecSink::new("jobs", &cfg);
+
+    for (code, expect) in [(75, "transient"), (111, "transient"), (1, "permanent"), (64, "permanent")] {
+        std::fs::write(out.join("code"), code.to_string()).unwrap();
+        match (run(&sink, 1, None).await, expect) {
+            (Err(SinkError::Transient { message, retry_after }), "transient") => {
+                assert!(
+                    message.contains(&format!("code {code}")) && message.contains(&format!("oops: {code}")),
+                    "{message}"
+                );
+                assert_eq!(retry_after, None);
+            }
+            (Err(SinkError::Permanent { message, result }), "permanent") => {
+                assert!(
+                    message.contains(&format!("code {code}")) && message.contains(&format!("oops: {code}")),
+                    "{message}"
+                );
+                assert_eq!(result, json!({ "exit_code": code, "stdout": "partial\n" }));
+            }
+            (other, _) => panic!("exit {code}: expected {expect}, got {other:?}"),
+        }
+    }
+    assert_eq!(std::fs::read_to_string(out.join("runs")).unwrap().lines().count(), 4, "one run per attempt");
+}
+
+#[tokio::test]
+async fn a_missing_program_is_permanent() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = ExecSink::new("jobs", &config(&dir.path().join("does-not-exist")));
+    match run(&sink, 1, None).await {
+        Err(SinkError::Permanent { message, .. }) => assert!(message.contains("cannot start"), "{message}"),
+        other => panic!("expected permanent, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_hung_program_is_killed_at_the_timeout_and_the_attempt_is_transient() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    // `exec` so that the recorded pid is the sleeping process itself.
+    let program = script(out, "hang.sh", &format!("echo $$ > '{0}/pid'\nexec sleep 600", out.display()));
+    let mut cfg = config(&program);
+    cfg.timeout = Duration::from_millis(500);
+    let sink = ExecSink::new("jobs", &cfg);
+
+    match run(&sink, 1, None).await {
+        Err(SinkError::Transient { message, .. }) => assert!(message.contains("timed out"), "{message}"),
+        other => panic!("expected a transient timeout, got {other:?}"),
+    }
+    let pid = std::fs::read_to_string(out.join("pid")).unwrap().trim().to_string();
+    // Killed and reaped by the sink: no such process any more (not even a zombie).
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let deadline = Instant::now() + BOUND;
+    while proc_dir.exists() {
+        assert!(Instant::now() < deadline, "process {pid} still exists after the timeout");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn output_is_bounded_and_truncation_is_noted() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    // 1 MiB of stdout (far past the pipe buffer) and of stderr, then a failing exit: the
+    // sink must keep draining both pipes or the program would block forever.
+    let program = script(
+        out,
+        "loud.sh",
+        "head -c 1048576 /dev/zero | tr '\\0' 'a'\nhead -c 1048576 /dev/zero | tr '\\0' 'e' >&2\nexit ${EXIT:-0}",
+    );
+    let mut cfg = config(&program);
+    cfg.max_output_bytes = NonZeroUsize::new(1000).unwrap();
+    let sink = ExecSink::new("jobs", &cfg);
+
+    let output = run(&sink, 1, None).await.unwrap();
+    assert_eq!(output["truncated"], json!(true));
+    assert_eq!(output["stdout"], json!("a".repeat(1000)));
+
+    cfg.program =
+        script(out, "loud_fail.sh", &format!("EXIT=3 exec '{}'", program.display())).to_string_lossy().into_owned();
+    let sink = ExecSink::new("jobs", &cfg);
+    match run(&sink, 1, None).await {
+        Err(SinkError::Permanent { message, result }) => {
+            assert!(message.contains("stderr (truncated)"), "{}", &message[..200.min(message.len())]);
+            assert!(message.len() < 1200, "stderr quoted within the bound: {} bytes", message.len());
+            assert_eq!(result["exit_code"], json!(3));
+            assert_eq!(result["stdout"].as_str().map(str::len), Some(1000));
+        }
+        other => panic!("expected permanent, got {other:?}"),
+    }
+}
