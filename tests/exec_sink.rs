@@ -4,14 +4,20 @@
 //! back. Every await is bounded by [`BOUND`]; the only short timeout is the sink's own
 //! `timeout` in the test that checks a hung program is killed.
 
+mod common;
+
 use std::num::NonZeroUsize;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use dedupd::outcome::Outcome;
 use dedupd::sinks::exec::{ExecSink, ExecSinkConfig};
 use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use dedupd::store::Record;
 use serde_json::{Value, json};
+
+use common::orphan::EngineWithSink;
 
 /// Upper bound on anything a test waits for.
 const BOUND: Duration = Duration::from_secs(20);
@@ -214,4 +220,40 @@ async fn output_is_bounded_and_truncation_is_noted() {
         }
         other => panic!("expected permanent, got {other:?}"),
     }
+}
+
+/// The crash window: the claim reached the disk, the process died before completing it.
+#[tokio::test]
+async fn an_orphaned_claim_reruns_with_the_same_key_only_when_forwarding() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let program = script(
+        out,
+        "effect.sh",
+        &format!("echo \"$DEDUPD_KEY attempt=$DEDUPD_ATTEMPT\" >> '{0}/effects'", out.display()),
+    );
+    let effects = || std::fs::read_to_string(out.join("effects")).unwrap_or_default();
+
+    // forward_key = true: the program honours DEDUPD_KEY, so the re-run is safe.
+    let mut forwarding = config(&program);
+    forwarding.forward_key = true;
+    let mut h = EngineWithSink::new(std::sync::Arc::new(ExecSink::new("jobs", &forwarding)));
+    let item = h.item("orphan-1", json!({ "n": 1 }));
+    h.orphan_claim(&item);
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Succeeded);
+    assert!(done[0].sink_called);
+    // Same key; the attempt number counts the run the crash interrupted.
+    assert_eq!(effects(), "orphan-1 attempt=2\n");
+    assert!(matches!(h.record("orphan-1"), Some(Record::Completed(_))));
+
+    // forward_key = false (default): the effect is unknown; the program is not run.
+    let mut h = EngineWithSink::new(std::sync::Arc::new(ExecSink::new("jobs", &config(&program))));
+    let item = h.item("orphan-2", json!({ "n": 2 }));
+    h.orphan_claim(&item);
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Indeterminate);
+    assert!(!done[0].sink_called);
+    assert!(matches!(h.record("orphan-2"), Some(Record::Indeterminate(_))));
+    assert_eq!(effects(), "orphan-1 attempt=2\n", "the program did not run for the indeterminate key");
 }

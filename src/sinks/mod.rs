@@ -13,6 +13,7 @@
 pub mod exec;
 pub mod http;
 pub mod log;
+pub mod smtp;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -74,6 +75,8 @@ sink_kinds! {
     "log" => Log(log::LogSinkConfig),
     /// Runs a program with the payload on stdin and the key in `DEDUPD_KEY`.
     "exec" => Exec(exec::ExecSinkConfig),
+    /// Sends an email through an SMTP relay, the key as its Message-ID.
+    "smtp" => Smtp(smtp::SmtpSinkConfig),
 }
 
 impl SinkConfig {

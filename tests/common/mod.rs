@@ -3,4 +3,6 @@
 
 pub mod engine;
 pub mod kafka;
+pub mod orphan;
 pub mod process;
+pub mod smtp_server;
