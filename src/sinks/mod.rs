@@ -5,7 +5,7 @@
 //!
 //! Adding a kind (docs/sinks.md walks through a complete example): write `src/sinks/NAME.rs`
 //! with a config type implementing [`SinkKind`] and a runtime implementing [`Sink`], declare
-//! the module below, and add ONE line to the [`sink_kinds!`] registration. The registration
+//! the module below, and add ONE line to the `sink_kinds!` registration. The registration
 //! generates the `kind = "..."`-tagged [`SinkConfig`] enum and all of its dispatch
 //! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); nothing else in the
 //! crate names a kind.
@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::store::DurableClaim;
 
-/// What a kind's config provides; the [`sink_kinds!`] registration dispatches to it.
+/// What a kind's config provides; the `sink_kinds!` registration dispatches to it.
 pub trait SinkKind {
     /// Checks the kind's values; on error returns (key, value, reason) with the key spelled
     /// from `at` (e.g. `sinks.payments-api`), as [`crate::config::Config::validate`] reports it.
