@@ -17,7 +17,7 @@ use dedupd::store::Record;
 use serde_json::{Value, json};
 
 use common::orphan::EngineWithSink;
-use common::smtp_server::SmtpServer;
+use common::smtp_server::{ServerTls, SmtpServer, test_ca};
 
 /// Upper bound on anything a test waits for.
 const BOUND: Duration = Duration::from_secs(20);
@@ -30,6 +30,7 @@ fn config(port: u16) -> SmtpSinkConfig {
         username: None,
         password: None,
         password_env: None,
+        ca_file: None,
         timeout: Duration::from_secs(10),
         message_id_domain: "mail.example".into(),
         forward_key: false,
@@ -206,6 +207,37 @@ async fn auth_uses_the_configured_credentials() {
     with_auth.password_env = Some("DEDUPD_TEST_SURELY_UNSET_PASSWORD".into());
     let err = SmtpSink::new("mailer", &with_auth).err().expect("a missing password variable fails the build");
     assert!(err.to_string().contains("DEDUPD_TEST_SURELY_UNSET_PASSWORD"), "{err}");
+}
+
+/// A relay with a private CA: trusted through `ca_file`, refused (transient) without it.
+#[tokio::test]
+async fn starttls_and_implicit_tls_verify_the_relay_certificate() {
+    for (server_tls, tls) in [(ServerTls::Starttls, SmtpTls::Starttls), (ServerTls::Implicit, SmtpTls::Tls)] {
+        let Some(server) = SmtpServer::start_with(server_tls) else { return };
+        let mut secured = config(server.port);
+        secured.host = "localhost".into();
+        secured.tls = tls;
+        secured.username = Some("dedupd".into());
+        secured.password = Some("s3cret".into());
+
+        // The system's roots do not include the test CA: the handshake fails, nothing is sent.
+        let untrusted = SmtpSink::new("mailer", &secured).unwrap();
+        match send(&untrusted, "k-untrusted", json!({ "to": "alice@example.org", "text": "x" })).await {
+            Err(SinkError::Transient { message, .. }) => {
+                assert!(message.contains("invalid peer certificate: UnknownIssuer"), "{message}")
+            }
+            other => panic!("{tls:?}: an untrusted certificate must fail (transient), got {other:?}"),
+        }
+        assert!(server.received().is_empty(), "{tls:?}: nothing sent over an unverified connection");
+
+        secured.ca_file = Some(test_ca());
+        let trusted = SmtpSink::new("mailer", &secured).unwrap();
+        send(&trusted, "k-tls", json!({ "to": "alice@example.org", "subject": "secure", "text": "x" })).await.unwrap();
+        let got = server.wait_for(1);
+        assert_eq!(got.len(), 1, "{tls:?}");
+        assert_eq!(got[0].header("Message-ID").as_deref(), Some("<k-tls@mail.example>"));
+        assert_eq!(got[0].auth_login.as_deref(), Some("dedupd"), "{tls:?}: logged in over TLS");
+    }
 }
 
 /// The crash window: the claim reached the disk, the process died before completing it.

@@ -25,12 +25,13 @@
 
 use std::fmt;
 use std::num::NonZeroU16;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
-use lettre::transport::smtp::client::{Tls, TlsParameters};
+use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use serde::{Deserialize, Serialize};
@@ -73,6 +74,10 @@ pub struct SmtpSinkConfig {
     /// Name of the environment variable holding the password, read when the sink is built.
     #[serde(default)]
     pub password_env: Option<String>,
+    /// PEM file of extra root certificates to trust besides the system's (a relay with a
+    /// private CA); read when the sink is built.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     /// Bound on each SMTP exchange (connect, each command and reply).
     #[serde(default = "default_timeout", with = "crate::config::duration_str")]
     pub timeout: Duration,
@@ -100,6 +105,7 @@ impl fmt::Debug for SmtpSinkConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("password_env", &self.password_env)
+            .field("ca_file", &self.ca_file)
             .field("timeout", &self.timeout)
             .field("message_id_domain", &self.message_id_domain)
             .field("forward_key", &self.forward_key)
@@ -141,6 +147,11 @@ impl SinkKind for SmtpSinkConfig {
         }
         if self.timeout.is_zero() {
             return err("timeout", "0s", "must be positive");
+        }
+        if let Some(path) = &self.ca_file
+            && self.tls == SmtpTls::None
+        {
+            return err("ca_file", &path.display().to_string(), "needs tls = \"starttls\" or \"tls\"");
         }
         if !is_domain(&self.message_id_domain) {
             return err("message_id_domain", &self.message_id_domain, "must be a domain (letters, digits, '-', dots)");
@@ -224,7 +235,17 @@ impl SmtpSink {
         let tls = match config.tls {
             SmtpTls::None => Tls::None,
             SmtpTls::Starttls | SmtpTls::Tls => {
-                let params = TlsParameters::new(config.host.clone()).map_err(|e| fail(format!("TLS setup: {e}")))?;
+                let mut params = TlsParameters::builder(config.host.clone());
+                if let Some(path) = &config.ca_file {
+                    let pem = std::fs::read(path).map_err(|e| fail(format!("ca_file {}: {e}", path.display())))?;
+                    if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                        return Err(fail(format!("ca_file {}: no PEM certificate in it", path.display())));
+                    }
+                    let roots =
+                        Certificate::from_pem(&pem).map_err(|e| fail(format!("ca_file {}: {e}", path.display())))?;
+                    params = params.add_root_certificate(roots);
+                }
+                let params = params.build().map_err(|e| fail(format!("TLS setup: {e}")))?;
                 if config.tls == SmtpTls::Tls { Tls::Wrapper(params) } else { Tls::Required(params) }
             }
         };
@@ -383,6 +404,7 @@ mod tests {
             (&format!("{base}username = \"u\"\npassword = \"p\"\npassword_env = \"P\""), "sinks.m.password_env"),
             ("host = \"::1\"\ntls = \"none\"\nmessage_id_domain = \"a..b\"", "sinks.m.message_id_domain"),
             (&format!("{base}from = \"not an address\""), "sinks.m.from"),
+            (&format!("{base}ca_file = \"/etc/ca.pem\""), "sinks.m.ca_file"),
         ];
         for (text, key) in cases {
             let config: SmtpSinkConfig = toml::from_str(text).unwrap();

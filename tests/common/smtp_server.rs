@@ -69,10 +69,31 @@ fn aiosmtpd_installed() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// How the server secures connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerTls {
+    /// No TLS.
+    Plain,
+    /// Offers STARTTLS and requires it before MAIL.
+    Starttls,
+    /// TLS from the first byte.
+    Implicit,
+}
+
+/// The test CA that signed the server's certificate (for `localhost` and `127.0.0.1`).
+pub fn test_ca() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/tls/ca.pem")
+}
+
 impl SmtpServer {
+    /// Starts a plain-text server; see [`SmtpServer::start_with`].
+    pub fn start() -> Option<SmtpServer> {
+        SmtpServer::start_with(ServerTls::Plain)
+    }
+
     /// Starts the server and waits until it accepts connections; `None` (test skipped)
     /// when aiosmtpd is missing and not required.
-    pub fn start() -> Option<SmtpServer> {
+    pub fn start_with(tls: ServerTls) -> Option<SmtpServer> {
         if !aiosmtpd_installed() {
             if std::env::var("DEDUPD_REQUIRE_KAFKA").is_ok_and(|v| v == "1") {
                 panic!("python3 with aiosmtpd is required (DEDUPD_REQUIRE_KAFKA=1): python3 -m pip install aiosmtpd");
@@ -82,9 +103,16 @@ impl SmtpServer {
         }
         let dir = tempfile::tempdir().unwrap();
         let stderr = std::fs::File::create(dir.path().join("server.log")).unwrap();
+        let tls_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/tls");
+        let mode: Vec<PathBuf> = match tls {
+            ServerTls::Plain => vec!["plain".into()],
+            ServerTls::Starttls => vec!["starttls".into(), tls_dir.join("server.pem"), tls_dir.join("server.key")],
+            ServerTls::Implicit => vec!["tls".into(), tls_dir.join("server.pem"), tls_dir.join("server.key")],
+        };
         let mut child = Command::new("python3")
             .arg(script())
             .arg(dir.path())
+            .args(&mode)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """A recording SMTP server for tests/smtp_sink.rs (aiosmtpd, loopback only).
 
-Usage: smtp_server.py OUT_DIR
+Usage: smtp_server.py OUT_DIR [plain|starttls|tls CERT KEY]
+
+plain (default): no TLS. starttls: offers STARTTLS and requires it before MAIL. tls: TLS
+from the first byte (implicit TLS). CERT and KEY are the server's PEM files.
 
 Listens on 127.0.0.1 on a port the OS picks and prints "LISTENING <port>" on stdout once
 it accepts connections. Every message it accepts is stored as OUT_DIR/<n>.json:
@@ -21,6 +24,7 @@ import itertools
 import json
 import os
 import signal
+import ssl
 import sys
 
 from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
@@ -63,9 +67,13 @@ def authenticate(server, session, envelope, mechanism, auth_data):
     return AuthResult(success=ok, auth_data=auth_data.login if ok else None, handled=False)
 
 
-async def main(out_dir):
+async def main(out_dir, mode, cert, key):
     handler = Recorder(out_dir)
     loop = asyncio.get_running_loop()
+    context = None
+    if mode != "plain":
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
 
     def factory():
         return SMTP(
@@ -74,9 +82,12 @@ async def main(out_dir):
             authenticator=authenticate,
             auth_require_tls=False,
             auth_exclude_mechanism=["CRAM-MD5"],
+            require_starttls=mode == "starttls",
+            tls_context=context if mode == "starttls" else None,
         )
 
-    server = await loop.create_server(factory, host="127.0.0.1", port=0)
+    implicit = context if mode == "tls" else None
+    server = await loop.create_server(factory, host="127.0.0.1", port=0, ssl=implicit)
     port = server.sockets[0].getsockname()[1]
     print(f"LISTENING {port}", flush=True)
 
@@ -88,4 +99,8 @@ async def main(out_dir):
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    mode = sys.argv[2] if len(sys.argv) > 2 else "plain"
+    if mode not in ("plain", "starttls", "tls"):
+        sys.exit(f"unknown mode {mode!r}")
+    cert, key = (sys.argv[3], sys.argv[4]) if mode != "plain" else (None, None)
+    asyncio.run(main(sys.argv[1], mode, cert, key))
