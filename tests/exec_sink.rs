@@ -116,6 +116,14 @@ async fn no_traceparent_no_variable_and_text_output_is_a_string() {
 }
 
 #[tokio::test]
+async fn a_bare_program_name_is_looked_up_in_path() {
+    let mut cfg = config(Path::new("sh"));
+    cfg.args = vec!["-c".into(), "printf '%s' \"$DEDUPD_KEY\"".into()];
+    let output = run(&ExecSink::new("jobs", &cfg), 1, None).await.unwrap();
+    assert_eq!(output, json!({ "exit_code": 0, "stdout": "order-42" }));
+}
+
+#[tokio::test]
 async fn exit_codes_map_to_success_transient_and_permanent() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
@@ -165,13 +173,42 @@ async fn a_missing_program_is_permanent() {
     }
 }
 
+/// Whether process `pid` has ended (no such process, or a zombie waiting for its reaper).
+fn ended(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state is the field after the parenthesised command name.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Waits (bounded) until every pid listed in `files` has ended.
+async fn wait_ended(files: &[PathBuf]) {
+    let pids: Vec<String> = files.iter().map(|f| std::fs::read_to_string(f).unwrap().trim().to_string()).collect();
+    let deadline = Instant::now() + BOUND;
+    while !pids.iter().all(|p| ended(p)) {
+        assert!(Instant::now() < deadline, "still running: {pids:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A script that starts a background child and then waits forever, recording both pids.
+fn hanging_script(out: &Path) -> PathBuf {
+    script(
+        out,
+        "hang.sh",
+        &format!(
+            "sleep 600 &\necho $! > '{0}/child.pid.tmp'\nmv '{0}/child.pid.tmp' '{0}/child.pid'\necho $$ > '{0}/pid'\nwait",
+            out.display()
+        ),
+    )
+}
+
 #[tokio::test]
-async fn a_hung_program_is_killed_at_the_timeout_and_the_attempt_is_transient() {
+async fn a_hung_program_and_its_children_are_killed_at_the_timeout_and_the_attempt_is_transient() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
-    // `exec` so that the recorded pid is the sleeping process itself.
-    let program = script(out, "hang.sh", &format!("echo $$ > '{0}/pid'\nexec sleep 600", out.display()));
-    let mut cfg = config(&program);
+    let mut cfg = config(&hanging_script(out));
     cfg.timeout = Duration::from_millis(500);
     let sink = ExecSink::new("jobs", &cfg);
 
@@ -179,14 +216,36 @@ async fn a_hung_program_is_killed_at_the_timeout_and_the_attempt_is_transient() 
         Err(SinkError::Transient { message, .. }) => assert!(message.contains("timed out"), "{message}"),
         other => panic!("expected a transient timeout, got {other:?}"),
     }
-    let pid = std::fs::read_to_string(out.join("pid")).unwrap().trim().to_string();
-    // Killed and reaped by the sink: no such process any more (not even a zombie).
-    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    // The script and the child it started are both gone: nothing can finish an effect late.
+    wait_ended(&[out.join("pid"), out.join("child.pid")]).await;
+}
+
+#[tokio::test]
+async fn an_abandoned_run_kills_the_program_and_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let mut cfg = config(&hanging_script(out));
+    cfg.timeout = Duration::from_secs(600);
+    let sink = ExecSink::new("jobs", &cfg);
+    let payload = json!({});
+    let mut attempt =
+        Box::pin(sink.execute(SinkRequest { key: "k", kind: "t", payload: &payload, attempt: 1, traceparent: None }));
+    // Run it until the script has started its child, then drop it, as a shutdown would.
     let deadline = Instant::now() + BOUND;
-    while proc_dir.exists() {
-        assert!(Instant::now() < deadline, "process {pid} still exists after the timeout");
+    while !(out.join("pid").exists() && out.join("child.pid").exists()) {
+        assert!(Instant::now() < deadline, "the script did not start");
+        tokio::select! {
+            result = &mut attempt => panic!("the hanging script finished: {result:?}"),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    // `pid` is written last; wait until it has content.
+    while std::fs::read_to_string(out.join("pid")).unwrap().trim().is_empty() {
+        assert!(Instant::now() < deadline, "the script did not record its pid");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    drop(attempt);
+    wait_ended(&[out.join("pid"), out.join("child.pid")]).await;
 }
 
 #[tokio::test]

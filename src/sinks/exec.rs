@@ -21,9 +21,11 @@
 //! program never blocks on a full pipe) and the result then gets `"truncated": true`;
 //! stderr is bounded the same way and quoted in failure messages.
 //!
-//! The program is killed when its run is abandoned (timeout, shutdown), but only the
-//! program itself: one that starts long-lived children should `exec` them or kill them
-//! itself, and a child that keeps stdout open makes the run last until the timeout.
+//! Each run gets a process group of its own. When a run is abandoned (timeout, or dedupd
+//! dropping it at shutdown) the whole group is killed, so a script's children (a `curl` it
+//! started, a background job) cannot finish an effect after dedupd gave up on the attempt.
+//! After a normal exit nothing is killed; but a child that keeps stdout open makes the run
+//! last until it closes, or until the timeout.
 
 use std::num::NonZeroUsize;
 use std::process::{ExitStatus, Stdio};
@@ -148,6 +150,8 @@ impl ExecSink {
         if let Some(traceparent) = request.traceparent {
             command.env("TRACEPARENT", traceparent);
         }
+        // A group of its own, so that abandoning the run can kill the program's children too.
+        command.process_group(0);
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
         command
     }
@@ -165,6 +169,9 @@ impl ExecSink {
             },
             _ => transient(format!("cannot start `{}`: {e}", self.config.program)),
         })?;
+        // Declared after `child`, so dropped before it: the group is killed while its leader
+        // is not yet reaped, and the group id cannot have been reused.
+        let mut group = GroupKill(child.id().and_then(|pid| rustix::process::Pid::from_raw(pid.try_into().ok()?)));
         let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
         let max = self.config.max_output_bytes.get();
         let run = async {
@@ -178,10 +185,14 @@ impl ExecSink {
             (stdout, stderr, status)
         };
         match tokio::time::timeout(self.config.timeout, run).await {
-            Ok((stdout, stderr, Ok(status))) => Ok(Finished { status, stdout: stdout?, stderr: stderr? }),
+            Ok((stdout, stderr, Ok(status))) => {
+                group.disarm();
+                Ok(Finished { status, stdout: stdout?, stderr: stderr? })
+            }
             Ok((_, _, Err(e))) => Err(transient(format!("waiting for `{}` failed: {e}", self.config.program))),
             Err(_) => {
-                // kill() also reaps it, so no zombie outlives the attempt.
+                group.kill();
+                // kill() also reaps the program, so no zombie outlives the attempt.
                 let killed = child.kill().await;
                 let mut message = format!(
                     "`{}` timed out after {}; killed",
@@ -194,6 +205,28 @@ impl ExecSink {
                 Err(transient(message))
             }
         }
+    }
+}
+
+/// Kills a run's process group when dropped, unless disarmed after a normal exit.
+struct GroupKill(Option<rustix::process::Pid>);
+
+impl GroupKill {
+    fn kill(&mut self) {
+        if let Some(group) = self.0.take() {
+            // ESRCH (the group is already gone) is the expected race; nothing else can help.
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

@@ -7,8 +7,8 @@
 //! with a config type implementing [`SinkKind`] and a runtime implementing [`Sink`], declare
 //! the module below, and add ONE line to the `sink_kinds!` registration. The registration
 //! generates the `kind = "..."`-tagged [`SinkConfig`] enum and all of its dispatch
-//! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); nothing else in the
-//! crate names a kind.
+//! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); no dispatch code
+//! elsewhere names a kind.
 
 pub mod exec;
 pub mod http;
