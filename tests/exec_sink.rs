@@ -32,16 +32,19 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
+/// A sink config as the TOML `[sinks.NAME]` table would give it (so keys added later with
+/// defaults need no change here), with a 10 s timeout; tests adjust fields.
 fn config(program: &Path) -> ExecSinkConfig {
-    ExecSinkConfig {
-        program: program.to_string_lossy().into_owned(),
-        args: vec![],
-        timeout: Duration::from_secs(10),
-        transient_exit_codes: vec![75],
-        max_output_bytes: NonZeroUsize::new(64 * 1024).unwrap(),
-        forward_key: false,
-        env_passthrough: vec![],
-    }
+    let mut config: ExecSinkConfig =
+        toml::from_str(&format!("program = {:?}\ntimeout = \"10s\"", program.display().to_string())).unwrap();
+    assert_eq!(
+        (config.transient_exit_codes.as_slice(), config.forward_key),
+        (&[75][..], false),
+        "the documented defaults"
+    );
+    assert_eq!(config.max_output_bytes, NonZeroUsize::new(64 * 1024).unwrap());
+    config.args.clear();
+    config
 }
 
 /// Runs one attempt of a fixed command, bounded in time.
