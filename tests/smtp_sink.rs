@@ -203,6 +203,25 @@ async fn auth_uses_the_configured_credentials() {
     assert!(err.to_string().contains("DEDUPD_TEST_SURELY_UNSET_PASSWORD"), "{err}");
 }
 
+/// `password_env`: the password is read from the named variable when the sink is built. The
+/// variable is one this test process already has (cargo sets CARGO_MANIFEST_DIR for tests),
+/// so the test changes no environment; the server accepts `envuser` with that value only.
+#[tokio::test]
+async fn auth_reads_the_password_from_the_named_variable() {
+    let Some(secret) = std::env::var("CARGO_MANIFEST_DIR").ok().filter(|v| !v.is_empty()) else {
+        eprintln!("SKIPPED: CARGO_MANIFEST_DIR is not set at run time (run through cargo test)");
+        return;
+    };
+    let Some(server) = SmtpServer::start_full(ServerTls::Plain, Some(&secret)) else { return };
+    let mut with_env = config(server.port);
+    with_env.username = Some("envuser".into());
+    with_env.password_env = Some("CARGO_MANIFEST_DIR".into());
+    let sink = SmtpSink::new("mailer", &with_env).unwrap();
+    send(&sink, "k-env", json!({ "to": "alice@example.org", "text": "x" })).await.unwrap();
+    let got = server.wait_for(1);
+    assert_eq!(got[0].auth_login.as_deref(), Some("envuser"));
+}
+
 /// A relay with a private CA: trusted through `ca_file`, refused (transient) without it.
 #[tokio::test]
 async fn starttls_and_implicit_tls_verify_the_relay_certificate() {

@@ -94,6 +94,11 @@ impl SmtpServer {
     /// Starts the server and waits until it accepts connections; `None` (test skipped)
     /// when aiosmtpd is missing and not required.
     pub fn start_with(tls: ServerTls) -> Option<SmtpServer> {
+        SmtpServer::start_full(tls, None)
+    }
+
+    /// Like [`SmtpServer::start_with`]; `env_password` also accepts user `envuser` with it.
+    pub fn start_full(tls: ServerTls, env_password: Option<&str>) -> Option<SmtpServer> {
         if !aiosmtpd_installed() {
             if std::env::var("DEDUPD_REQUIRE_KAFKA").is_ok_and(|v| v == "1") {
                 panic!("python3 with aiosmtpd is required (DEDUPD_REQUIRE_KAFKA=1): python3 -m pip install aiosmtpd");
@@ -113,6 +118,7 @@ impl SmtpServer {
             .arg(script())
             .arg(dir.path())
             .args(&mode)
+            .envs(env_password.map(|p| ("DEDUPD_TEST_SMTP_ENV_PASSWORD", p)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -15,7 +15,9 @@ Magic recipients (the local part decides; the message is then not stored):
   tempfail@...  -> 451 4.3.0 at RCPT (transient)
   reject@...    -> 550 5.1.1 at RCPT (permanent)
 
-Logins: user "dedupd" with password "s3cret" is accepted, any other is refused with 535.
+Logins: user "dedupd" with password "s3cret" is accepted, and user "envuser" with the
+password in this process's DEDUPD_TEST_SMTP_ENV_PASSWORD when that is set; any other login
+is refused with 535.
 The server exits when its stdin closes (the test dropped it) or on SIGTERM.
 """
 
@@ -62,8 +64,13 @@ class Recorder:
         return f"250 2.0.0 OK queued as {n}"
 
 
+ACCOUNTS = {b"dedupd": b"s3cret"}
+if os.environ.get("DEDUPD_TEST_SMTP_ENV_PASSWORD"):
+    ACCOUNTS[b"envuser"] = os.environ["DEDUPD_TEST_SMTP_ENV_PASSWORD"].encode()
+
+
 def authenticate(server, session, envelope, mechanism, auth_data):
-    ok = isinstance(auth_data, LoginPassword) and auth_data.login == b"dedupd" and auth_data.password == b"s3cret"
+    ok = isinstance(auth_data, LoginPassword) and ACCOUNTS.get(auth_data.login) == auth_data.password
     return AuthResult(success=ok, auth_data=auth_data.login if ok else None, handled=False)
 
 
