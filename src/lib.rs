@@ -14,7 +14,7 @@
 //! - [`envelope`]: a Kafka record to a `Command` or a typed `Rejection`.
 //! - [`store`]: the key store: CAS claims, group commit, expiry index, compaction, watermarks.
 //! - [`decide`]: the pure decision table of SPEC §4.
-//! - [`sinks`]: the `Sink` trait and one file per kind.
+//! - [`sinks`]: the `Sink` trait, the `sink_kinds!` registration, one file per kind (docs/sinks.md).
 //! - [`outcome`]: what became of a record; the result record of SPEC §5.
 //! - [`cli`]: the command line; [`demo`]: `dedupd demo` on a mock cluster.
 //! - [`pipeline`]: `dedupd run`: consumer thread, partition workers, publisher, purge.

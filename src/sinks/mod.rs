@@ -5,15 +5,17 @@
 //!
 //! Adding a kind (docs/sinks.md walks through a complete example): write `src/sinks/NAME.rs`
 //! with a config type implementing [`SinkKind`] and a runtime implementing [`Sink`], declare
-//! the module below, and add ONE line to the [`sink_kinds!`] registration. The registration
+//! the module below, and add ONE line to the `sink_kinds!` registration. The registration
 //! generates the `kind = "..."`-tagged [`SinkConfig`] enum and all of its dispatch
-//! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); nothing else in the
-//! crate names a kind.
+//! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); no dispatch code
+//! elsewhere names a kind.
 
+pub mod exec;
 pub mod http;
 pub mod kafka;
 pub mod limit;
 pub mod log;
+pub mod smtp;
 pub mod template;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,7 +28,7 @@ use serde_json::Value;
 use self::limit::{LimitedSink, SinkLimits};
 use crate::store::DurableClaim;
 
-/// What a kind's config provides; the [`sink_kinds!`] registration dispatches to it.
+/// What a kind's config provides; the `sink_kinds!` registration dispatches to it.
 pub trait SinkKind {
     /// Checks the kind's values; on error returns (key, value, reason) with the key spelled
     /// from `at` (e.g. `sinks.payments-api`), as [`crate::config::Config::validate`] reports it.
@@ -80,6 +82,10 @@ sink_kinds! {
     "kafka" => Kafka(kafka::KafkaSinkConfig),
     /// Writes the command to the log; for trials and tests.
     "log" => Log(log::LogSinkConfig),
+    /// Runs a program with the payload on stdin and the key in `DEDUPD_KEY`.
+    "exec" => Exec(exec::ExecSinkConfig),
+    /// Sends an email through an SMTP relay, the key as its Message-ID.
+    "smtp" => Smtp(smtp::SmtpSinkConfig),
 }
 
 impl SinkConfig {

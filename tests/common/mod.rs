@@ -4,5 +4,7 @@
 pub mod engine;
 pub mod exposition;
 pub mod kafka;
+pub mod orphan;
 pub mod process;
 pub mod scripted;
+pub mod smtp_server;
