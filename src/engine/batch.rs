@@ -13,7 +13,7 @@ use super::{Engine, EngineError, Item, ItemResult};
 use crate::decide::{Action, Arrival, Context, decide};
 use crate::envelope::{Command, Rejection};
 use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
-use crate::store::{Completed, Completion, InProgress, Indeterminate, PendingClaim, Record};
+use crate::store::{StoreError, Completed, Completion, InProgress, Indeterminate, PendingClaim, Record};
 
 /// The first step for one record.
 enum Start {
@@ -159,7 +159,16 @@ impl Engine {
             }
             // One write (and one expiry-index entry) for the round's completions.
             if !completions.is_empty() {
-                self.store.complete_batch(completions)?;
+                match self.store.complete_batch(completions) {
+                    Ok(_) => {}
+                    // An operator forgot (or overwrote) a key while its sink ran: the effect
+                    // happened and its result is published, but the store keeps what the
+                    // operator asked for. Not a reason to stop the partition.
+                    Err(StoreError::ClaimLost(key)) => {
+                        tracing::warn!(%key, "the claim was removed by an operator while its sink ran; result published, not stored");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             if !done_keys.is_empty() {
                 flushed = true;
