@@ -205,7 +205,7 @@ impl Engine {
             ttl_ms: i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX),
         };
         loop {
-            let stored = self.store.get(&cmd.key)?;
+            let (stored, stamp) = self.store.get_stamped(&cmd.key)?;
             let waiter = self.inflight.lock().get(&cmd.key).map(watch::Sender::subscribe);
             let ctx = Context {
                 now_ms: now,
@@ -237,7 +237,7 @@ impl Engine {
                         },
                         _ => InProgress { fingerprint: cmd.fingerprint, claimed_at_ms: now, attempts: 1, source: item.source.clone() },
                     };
-                    match self.store.claim(&cmd.key, stored.as_ref(), claim) {
+                    match self.store.claim_stamped(&cmd.key, stored.as_ref(), stamp, claim) {
                         Ok(Ok(pending)) => return Ok(Start::Claimed { pending, previous: stored }),
                         Ok(Err(_)) => {
                             self.inflight.lock().remove(&cmd.key);

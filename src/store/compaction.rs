@@ -35,6 +35,8 @@ impl KeyStore {
             ops.push(Op::Delete(Tree::Expiry, entry_key));
         }
         self.backend.apply(ops)?;
+        // Still under the exclusive gate: a ReadStamp from before this chunk is now stale.
+        self.compactions.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.flush()?;
         self.counts[state_index(State::Completed)].fetch_sub(removed as i64, Ordering::Relaxed);
         Ok((removed, last))

@@ -13,6 +13,7 @@
 //!   expiring at `at`, so compaction deletes by the index alone, in bounded chunks, and
 //!   never touches `in_progress` or `indeterminate` records.
 
+mod claims;
 mod compaction;
 mod fjall_backend;
 mod index;
@@ -27,6 +28,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::{StoreBackend, SyncMode};
+pub use claims::{DurableClaim, PendingClaim, ReadStamp};
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
 pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
@@ -99,40 +101,6 @@ pub fn open_backend(kind: StoreBackend, path: &Path) -> Result<Box<dyn Backend>,
 
 const STRIPES: usize = 1024;
 
-/// A claim written but not yet durable. It cannot be handed to a sink.
-#[derive(Debug)]
-#[must_use = "a claim must be flushed with KeyStore::flush_claims before its sink runs"]
-pub struct PendingClaim {
-    key: String,
-    record: InProgress,
-}
-
-impl PendingClaim {
-    /// The claimed key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-/// A claim that has reached the disk: the only thing a sink request can be built from.
-/// Only [`KeyStore::flush_claims`] makes one.
-#[derive(Debug)]
-pub struct DurableClaim {
-    key: String,
-    record: InProgress,
-}
-
-impl DurableClaim {
-    /// The claimed key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-    /// The in-progress record as written (attempt number, first sighting).
-    pub fn record(&self) -> &InProgress {
-        &self.record
-    }
-}
-
 /// Record counts per state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StateCounts {
@@ -151,7 +119,10 @@ pub struct KeyStore {
     /// Mutations hold it shared; a compaction chunk holds it exclusively, so the index it
     /// reads cannot change under it.
     gate: RwLock<()>,
-    stripes: Box<[Mutex<()>]>,
+    stripes: Box<[Mutex<claims::Stripe>]>,
+    /// Bumped by every compaction chunk (which removes records without stripe locks), so a
+    /// [`ReadStamp`] taken before one is never trusted after it.
+    compactions: AtomicU64,
     /// Held (inside a stripe lock) while an index entry shared by several keys is rewritten.
     index_lock: Mutex<()>,
     counts: [AtomicI64; 3],
@@ -203,7 +174,8 @@ impl KeyStore {
             backend,
             sync,
             gate: RwLock::new(()),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..STRIPES).map(|_| Mutex::new(claims::Stripe::default())).collect(),
+            compactions: AtomicU64::new(0),
             index_lock: Mutex::new(()),
             counts: Default::default(),
             flushes_started: AtomicU64::new(0),
@@ -228,7 +200,7 @@ impl KeyStore {
         (h as usize) % STRIPES
     }
 
-    fn stripe(&self, key: &str) -> &Mutex<()> {
+    fn stripe(&self, key: &str) -> &Mutex<claims::Stripe> {
         &self.stripes[Self::stripe_index(key)]
     }
 
@@ -283,11 +255,24 @@ impl KeyStore {
         new: Option<&Record>,
     ) -> Result<Result<(), Option<Record>>, StoreError> {
         let _gate = self.gate.read();
-        let _stripe = self.stripe(key).lock();
+        let mut stripe = self.stripe(key).lock();
         let current = self.get(key)?;
         if current.as_ref() != expected {
             return Ok(Err(current));
         }
+        self.swap_locked(&mut stripe, key, current, new)?;
+        Ok(Ok(()))
+    }
+
+    /// Writes `new` over `current` (what the caller read or trusts is stored), with the
+    /// stripe of `key` held: the record, its index change and the counts.
+    fn swap_locked(
+        &self,
+        stripe: &mut claims::Stripe,
+        key: &str,
+        current: Option<Record>,
+        new: Option<&Record>,
+    ) -> Result<(), StoreError> {
         let mut ops = Vec::with_capacity(3);
         match new {
             Some(r) => {
@@ -308,86 +293,14 @@ impl KeyStore {
             None => None,
         };
         self.backend.apply(ops)?;
+        stripe.changed(key);
         if let Some(c) = &current {
             self.counts[state_index(c.state())].fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(n) = new {
             self.counts[state_index(n.state())].fetch_add(1, Ordering::Relaxed);
         }
-        Ok(Ok(()))
-    }
-
-    /// Claims `key` (absent → in_progress, or expired/orphaned `expected` → in_progress).
-    /// The claim is not durable until [`KeyStore::flush_claims`].
-    pub fn claim(
-        &self,
-        key: &str,
-        expected: Option<&Record>,
-        claim: InProgress,
-    ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
-        let new = Record::InProgress(claim);
-        Ok(match self.compare_and_swap(key, expected, Some(&new))? {
-            Ok(()) => {
-                let Record::InProgress(record) = new else { unreachable!("constructed above") };
-                Ok(PendingClaim { key: key.to_string(), record })
-            }
-            Err(current) => Err(current),
-        })
-    }
-
-    /// Makes a batch of claims durable with one flush (none with `sync = "none"`).
-    pub fn flush_claims(&self, claims: Vec<PendingClaim>) -> Result<Vec<DurableClaim>, StoreError> {
-        if !claims.is_empty() {
-            self.flush()?;
-        }
-        Ok(claims.into_iter().map(|c| DurableClaim { key: c.key, record: c.record }).collect())
-    }
-
-    /// Replaces the durable claim with its completion. Durable after the next [`KeyStore::flush`].
-    pub fn complete(&self, claim: DurableClaim, completed: Completed) -> Result<Record, StoreError> {
-        let mut done = self.complete_batch(vec![(claim, completed)])?;
-        done.pop().ok_or_else(|| StoreError::Backend { backend: self.backend.name(), message: "empty completion".into() })
-    }
-
-    /// Replaces each durable claim with its completion, all in one atomic write with one
-    /// expiry-index entry per second of expiry. Durable after the next [`KeyStore::flush`].
-    /// Claims that were replaced meanwhile (an operator forgot the key) are left alone and
-    /// reported as [`StoreError::ClaimLost`] once the others are written.
-    pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Vec<Record>, StoreError> {
-        let _gate = self.gate.read();
-        // Every stripe involved, locked in ascending order (so batches cannot deadlock).
-        let mut stripes: Vec<usize> = items.iter().map(|(c, _)| Self::stripe_index(&c.key)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let _locks: Vec<_> = stripes.iter().map(|&i| self.stripes[i].lock()).collect();
-        let mut lost: Option<String> = None;
-        let mut ops = Vec::with_capacity(items.len() + 1);
-        let mut indexed: Vec<(String, i64)> = Vec::with_capacity(items.len());
-        let mut done = Vec::with_capacity(items.len());
-        for (claim, completed) in items {
-            let expected = Record::InProgress(claim.record);
-            if self.get(&claim.key)?.as_ref() != Some(&expected) {
-                lost.get_or_insert(claim.key);
-                continue;
-            }
-            let new = Record::Completed(completed);
-            ops.push(Op::Put(Tree::Records, claim.key.as_bytes().to_vec(), new.encode()));
-            if let Some(at) = new.expires_at_ms() {
-                indexed.push((claim.key, at));
-            }
-            done.push(new);
-        }
-        let pairs: Vec<(&str, i64)> = indexed.iter().map(|(k, at)| (k.as_str(), *at)).collect();
-        ops.extend(index::entry_ops(&pairs)?);
-        if !ops.is_empty() {
-            self.backend.apply(ops)?;
-        }
-        self.counts[state_index(State::InProgress)].fetch_sub(done.len() as i64, Ordering::Relaxed);
-        self.counts[state_index(State::Completed)].fetch_add(done.len() as i64, Ordering::Relaxed);
-        match lost {
-            Some(key) => Err(StoreError::ClaimLost(key)),
-            None => Ok(done),
-        }
+        Ok(())
     }
 
     /// Flushes everything written so far (respects `sync = "none"`).

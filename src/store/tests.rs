@@ -40,6 +40,7 @@ both!(
     clean_drop_keeps_unflushed_writes,
     complete_batch_shares_index_entries,
     old_index_is_rebuilt_at_open,
+    stamped_claims_never_trust_a_stale_read,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -771,5 +772,45 @@ fn old_index_is_rebuilt_at_open(kind: StoreBackend) {
     assert_eq!(expiry_entries(&f.store), vec![(5_000, "old".to_string()), (7_000, "new".to_string())]);
     check_invariants(&f.store);
     assert_eq!(f.store.compact_expired(i64::MAX, 10).unwrap(), 2);
+    check_invariants(&f.store);
+}
+
+fn stamped_claims_never_trust_a_stale_read(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    // Unchanged since the read: the claim goes through.
+    let (seen, stamp) = f.store.get_stamped("a").unwrap();
+    assert_eq!(seen, None);
+    assert!(f.store.claim_stamped("a", None, stamp, in_progress(1, 1)).unwrap().is_ok());
+
+    // The key changed after the read: the stale read is not trusted.
+    let (seen, stamp) = f.store.get_stamped("b").unwrap();
+    assert_eq!(seen, None);
+    let _ = durable(&f.store, "b", 2);
+    match f.store.claim_stamped("b", None, stamp, in_progress(1, 1)).unwrap() {
+        Err(Some(current)) => assert_eq!(current, Record::InProgress(in_progress(2, 1))),
+        other => panic!("expected the current record, got {other:?}"),
+    }
+
+    // An expired completion read, then compacted away: not trusted either.
+    put_completed(&f.store, "c", 1, 5_000);
+    let (seen, stamp) = f.store.get_stamped("c").unwrap();
+    let seen = seen.expect("completed");
+    assert_eq!(f.store.compact_expired(6_000, 100).unwrap(), 1);
+    match f.store.claim_stamped("c", Some(&seen), stamp, in_progress(1, 1)).unwrap() {
+        Err(None) => {}
+        other => panic!("expected absent, got {other:?}"),
+    }
+    // Read again, the claim goes through.
+    let (seen, stamp) = f.store.get_stamped("c").unwrap();
+    assert!(f.store.claim_stamped("c", seen.as_ref(), stamp, in_progress(1, 1)).unwrap().is_ok());
+
+    // A claim forgotten and re-claimed by someone else is lost to its first holder, even
+    // though the record looks the same (same fingerprint, same attempt).
+    let old = durable(&f.store, "d", 1);
+    f.store.forget("d").unwrap();
+    let newer = durable(&f.store, "d", 1);
+    assert!(matches!(f.store.complete(old, completed(1, 50_000)), Err(StoreError::ClaimLost(_))));
+    assert_eq!(f.store.get("d").unwrap(), Some(Record::InProgress(in_progress(1, 1))));
+    f.store.complete(newer, completed(1, 50_000)).unwrap();
     check_invariants(&f.store);
 }

@@ -1,0 +1,202 @@
+//! Claims and completions: the hot path, two writes per command and as few reads as the
+//! compare-and-swap semantics allow.
+//!
+//! Each stripe lock guards a small [`Stripe`]: a version bumped by every mutation of a key
+//! in the stripe, and the claims of the stripe that are out (made by this process and not
+//! yet completed or replaced). Both let a caller skip a store read that could only confirm
+//! what it already knows:
+//! - [`KeyStore::get_stamped`] returns a [`ReadStamp`]; [`KeyStore::claim_stamped`] trusts
+//!   the record read with it when nothing in the stripe changed since (and no compaction
+//!   ran), instead of reading it again under the lock;
+//! - [`KeyStore::complete_batch`] checks a claim is still the key's current record by its
+//!   token in the stripe, not by reading the record back.
+//!
+//! Every write to a record goes through these or `compare_and_swap`, under the stripe lock,
+//! and the store directory is locked to one process, so the stripe's view is exact.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Completed, InProgress, KeyStore, Op, Record, State, StoreError, Tree, index, state_index};
+
+/// What a stripe lock guards.
+#[derive(Debug, Default)]
+pub(super) struct Stripe {
+    /// Bumped by every mutation of a key in this stripe.
+    version: u64,
+    /// Claims out: key → the token of its [`DurableClaim`].
+    claims: HashMap<String, u64>,
+}
+
+impl Stripe {
+    /// `key` was written: any claim of it that was out is no longer current.
+    pub(super) fn changed(&mut self, key: &str) {
+        self.version = self.version.wrapping_add(1);
+        self.claims.remove(key);
+    }
+}
+
+/// Claim tokens: unique within the process.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+/// When a record was read: lets [`KeyStore::claim_stamped`] skip reading it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadStamp {
+    stripe_version: u64,
+    compactions: u64,
+}
+
+/// A claim written but not yet durable. It cannot be handed to a sink.
+#[derive(Debug)]
+#[must_use = "a claim must be flushed with KeyStore::flush_claims before its sink runs"]
+pub struct PendingClaim {
+    key: String,
+    record: InProgress,
+    token: u64,
+}
+
+impl PendingClaim {
+    /// The claimed key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// A claim that has reached the disk: the only thing a sink request can be built from.
+/// Only [`KeyStore::flush_claims`] makes one.
+#[derive(Debug)]
+pub struct DurableClaim {
+    key: String,
+    record: InProgress,
+    token: u64,
+}
+
+impl DurableClaim {
+    /// The claimed key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+    /// The in-progress record as written (attempt number, first sighting).
+    pub fn record(&self) -> &InProgress {
+        &self.record
+    }
+}
+
+impl KeyStore {
+    /// The record of `key` and a stamp of when it was read.
+    pub fn get_stamped(&self, key: &str) -> Result<(Option<Record>, ReadStamp), StoreError> {
+        let _gate = self.gate.read();
+        let stripe = self.stripe(key).lock();
+        let stamp =
+            ReadStamp { stripe_version: stripe.version, compactions: self.compactions.load(Ordering::Acquire) };
+        Ok((self.get(key)?, stamp))
+    }
+
+    /// Claims `key` (absent → in_progress, or expired/orphaned `expected` → in_progress).
+    /// The claim is not durable until [`KeyStore::flush_claims`]. Returns `Err(current)`
+    /// when the stored record is not `expected`.
+    pub fn claim(
+        &self,
+        key: &str,
+        expected: Option<&Record>,
+        claim: InProgress,
+    ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
+        self.claim_inner(key, expected, None, claim)
+    }
+
+    /// [`KeyStore::claim`] of a record read with [`KeyStore::get_stamped`]: when nothing in
+    /// its stripe changed since, the read is trusted and not repeated.
+    pub fn claim_stamped(
+        &self,
+        key: &str,
+        expected: Option<&Record>,
+        stamp: ReadStamp,
+        claim: InProgress,
+    ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
+        self.claim_inner(key, expected, Some(stamp), claim)
+    }
+
+    fn claim_inner(
+        &self,
+        key: &str,
+        expected: Option<&Record>,
+        stamp: Option<ReadStamp>,
+        claim: InProgress,
+    ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
+        let _gate = self.gate.read();
+        let mut stripe = self.stripe(key).lock();
+        let unchanged = stamp.is_some_and(|s| {
+            s.stripe_version == stripe.version && s.compactions == self.compactions.load(Ordering::Acquire)
+        });
+        let current = if unchanged { expected.cloned() } else { self.get(key)? };
+        if current.as_ref() != expected {
+            return Ok(Err(current));
+        }
+        let new = Record::InProgress(claim);
+        self.swap_locked(&mut stripe, key, current, Some(&new))?;
+        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        stripe.claims.insert(key.to_string(), token);
+        let Record::InProgress(record) = new else { unreachable!("constructed above") };
+        Ok(Ok(PendingClaim { key: key.to_string(), record, token }))
+    }
+
+    /// Makes a batch of claims durable with one flush (none with `sync = "none"`).
+    pub fn flush_claims(&self, claims: Vec<PendingClaim>) -> Result<Vec<DurableClaim>, StoreError> {
+        if !claims.is_empty() {
+            self.flush()?;
+        }
+        Ok(claims.into_iter().map(|c| DurableClaim { key: c.key, record: c.record, token: c.token }).collect())
+    }
+
+    /// Replaces the durable claim with its completion. Durable after the next [`KeyStore::flush`].
+    pub fn complete(&self, claim: DurableClaim, completed: Completed) -> Result<Record, StoreError> {
+        let mut done = self.complete_batch(vec![(claim, completed)])?;
+        done.pop().ok_or_else(|| StoreError::Backend { backend: self.backend.name(), message: "empty completion".into() })
+    }
+
+    /// Replaces each durable claim with its completion, all in one atomic write with one
+    /// expiry-index entry per second of expiry. Durable after the next [`KeyStore::flush`].
+    /// Claims that were replaced meanwhile (an operator forgot the key) are left alone and
+    /// reported as [`StoreError::ClaimLost`] once the others are written.
+    pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Vec<Record>, StoreError> {
+        let _gate = self.gate.read();
+        // Every stripe involved, locked in ascending order (so batches cannot deadlock).
+        let mut order: Vec<usize> = items.iter().map(|(c, _)| Self::stripe_index(&c.key)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut locks: HashMap<usize, _> = order.iter().map(|&i| (i, self.stripes[i].lock())).collect();
+        let mut lost: Option<String> = None;
+        let mut ops = Vec::with_capacity(items.len() + 1);
+        let mut indexed: Vec<(String, i64)> = Vec::with_capacity(items.len());
+        let mut done = Vec::with_capacity(items.len());
+        for (claim, completed) in items {
+            let stripe = locks.get_mut(&Self::stripe_index(&claim.key)).ok_or_else(|| StoreError::Backend {
+                backend: "store",
+                message: "stripe of a completion not locked (a bug)".into(),
+            })?;
+            // The claim is still the key's record exactly when its token is still out.
+            if stripe.claims.get(&claim.key) != Some(&claim.token) {
+                lost.get_or_insert(claim.key);
+                continue;
+            }
+            stripe.changed(&claim.key);
+            let new = Record::Completed(completed);
+            ops.push(Op::Put(Tree::Records, claim.key.as_bytes().to_vec(), new.encode()));
+            if let Some(at) = new.expires_at_ms() {
+                indexed.push((claim.key, at));
+            }
+            done.push(new);
+        }
+        let pairs: Vec<(&str, i64)> = indexed.iter().map(|(k, at)| (k.as_str(), *at)).collect();
+        ops.extend(index::entry_ops(&pairs)?);
+        if !ops.is_empty() {
+            self.backend.apply(ops)?;
+        }
+        self.counts[state_index(State::InProgress)].fetch_sub(done.len() as i64, Ordering::Relaxed);
+        self.counts[state_index(State::Completed)].fetch_add(done.len() as i64, Ordering::Relaxed);
+        match lost {
+            Some(key) => Err(StoreError::ClaimLost(key)),
+            None => Ok(done),
+        }
+    }
+}
