@@ -23,7 +23,7 @@ use dedupd::config::{Config, RouteConfig, StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
-use dedupd::store::{Completed, Completion, InProgress, KeyStore, SourcePos};
+use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SourcePos};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -151,7 +151,7 @@ fn plain_consume(bootstrap: &str, topic: &str, n: usize) -> f64 {
     got as f64 / secs
 }
 
-/// The store floor: claim + flush + complete + flush in batches of 500, as the engine does.
+/// The store floor: claim + flush + complete_batch + flush in batches of 500, as the engine does.
 fn store_floor(backend: StoreBackend, n: usize) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store");
@@ -168,21 +168,29 @@ fn store_floor(backend: StoreBackend, n: usize) -> f64 {
                 attempts: 1,
                 source: SourcePos { topic: "in".into(), partition: 0, offset: k as i64 },
             };
-            pending.push(store.claim(&key, None, claim).expect("claim").expect("won"));
+            let (expected, stamp) = store.get_stamped(&key).expect("read");
+            pending.push(ClaimRequest { key, expected, stamp, claim });
         }
-        for d in store.flush_claims(pending).expect("flush") {
-            let c = Completed {
-                fingerprint: Fingerprint([7; 32]),
-                outcome: Completion::Succeeded,
-                result: b"{}".to_vec(),
-                error: None,
-                first_seen_at_ms: 1,
-                completed_at_ms: 2,
-                expires_at_ms: 86_400_000,
-                attempts: 1,
-            };
-            store.complete(d, c).expect("complete");
-        }
+        let claimed = store.claim_batch(pending).expect("claim").into_iter().map(|r| r.expect("won")).collect();
+        let durable = store.flush_claims(claimed).expect("flush");
+        // As the engine does for a round: one complete_batch, then one flush.
+        let done = durable
+            .into_iter()
+            .map(|d| {
+                let c = Completed {
+                    fingerprint: Fingerprint([7; 32]),
+                    outcome: Completion::Succeeded,
+                    result: b"{}".to_vec(),
+                    error: None,
+                    first_seen_at_ms: 1,
+                    completed_at_ms: 2,
+                    expires_at_ms: 86_400_000,
+                    attempts: 1,
+                };
+                (d, c)
+            })
+            .collect();
+        store.complete_batch(done).expect("complete");
         store.flush().expect("flush");
         i = end;
     }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use dedupd::config::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
-use dedupd::store::{Completed, Completion, InProgress, KeyStore, Record, SourcePos};
+use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, Record, SourcePos};
 
 const BATCH: usize = 1_000;
 const CHUNK: usize = 10_000;
@@ -256,10 +256,14 @@ fn store_child(backend: &str, n: u64, dir: &Path) {
     let mut i0 = 0u64;
     for chunk in keys.chunks(BATCH) {
         let c = Instant::now();
-        let mut pending = Vec::with_capacity(chunk.len());
+        // As the engine does for a round: read each key (stamped), claim them in one batch.
+        let mut requests = Vec::with_capacity(chunk.len());
         for (j, k) in chunk.iter().enumerate() {
-            pending.push(store.claim(k, None, claim_record(i0 + j as u64)).unwrap().expect("fresh key"));
+            let (expected, stamp) = store.get_stamped(k).unwrap();
+            assert!(expected.is_none(), "fresh key");
+            requests.push(ClaimRequest { key: k.clone(), expected, stamp, claim: claim_record(i0 + j as u64) });
         }
+        let pending: Vec<_> = store.claim_batch(requests).unwrap().into_iter().map(|r| r.expect("fresh key")).collect();
         let durable = store.flush_claims(pending).unwrap();
         claim_t += c.elapsed();
         let c = Instant::now();

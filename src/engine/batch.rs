@@ -13,14 +13,15 @@ use super::{Engine, EngineError, Item, ItemResult};
 use crate::decide::{Action, Arrival, Context, decide};
 use crate::envelope::{Command, Rejection};
 use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
-use crate::store::{StoreError, Completed, Completion, InProgress, Indeterminate, PendingClaim, Record};
+use crate::store::{ClaimRequest, StoreError, Completed, Completion, InProgress, Indeterminate, PendingClaim, Record};
 
 /// The first step for one record.
 enum Start {
     /// Decided without running a sink.
     Done(Box<Processed>),
-    /// Claimed (not yet durable); `previous` is what the claim replaced.
-    Claimed { pending: PendingClaim, previous: Option<Record> },
+    /// To claim (the key is marked in flight); `request.expected` is what the claim
+    /// replaces. Claims of a round are written together.
+    Claim(ClaimRequest),
     /// Another batch of this process is executing the key.
     Wait(watch::Receiver<()>),
 }
@@ -78,17 +79,43 @@ impl Engine {
             let mut claimed: Vec<(usize, usize, &Command, Option<Record>)> = Vec::new();
             let mut pendings: Vec<PendingClaim> = Vec::new();
             let mut waits: Vec<watch::Receiver<()>> = Vec::new();
+            let mut requests: Vec<ClaimRequest> = Vec::new();
+            let mut requested: Vec<(usize, usize, &Command)> = Vec::new();
             for (q, i, cmd) in heads {
                 match self.start(&items[i], cmd, now)? {
                     Start::Done(p) => {
                         results[i] = Some(ItemResult::Done(p));
                         queues[q].pop_front();
                     }
-                    Start::Claimed { pending, previous } => {
+                    Start::Claim(request) => {
+                        requests.push(request);
+                        requested.push((q, i, cmd));
+                    }
+                    Start::Wait(rx) => waits.push(rx),
+                }
+            }
+            // The round's claims in one write. One that lost a race (the key changed since
+            // it was read) stays at the head of its queue and is decided again next round.
+            let previous: Vec<Option<Record>> = requests.iter().map(|r| r.expected.clone()).collect();
+            let outcomes = match self.store.claim_batch(requests) {
+                Ok(o) => o,
+                Err(e) => {
+                    let mut map = self.inflight.lock();
+                    for (_, _, cmd) in &requested {
+                        map.remove(&cmd.key);
+                    }
+                    return Err(e.into());
+                }
+            };
+            for ((outcome, (q, i, cmd)), previous) in outcomes.into_iter().zip(requested).zip(previous) {
+                match outcome {
+                    Ok(pending) => {
                         pendings.push(pending);
                         claimed.push((q, i, cmd, previous));
                     }
-                    Start::Wait(rx) => waits.push(rx),
+                    Err(_) => {
+                        self.inflight.lock().remove(&cmd.key);
+                    }
                 }
             }
 
@@ -237,16 +264,7 @@ impl Engine {
                         },
                         _ => InProgress { fingerprint: cmd.fingerprint, claimed_at_ms: now, attempts: 1, source: item.source.clone() },
                     };
-                    match self.store.claim_stamped(&cmd.key, stored.as_ref(), stamp, claim) {
-                        Ok(Ok(pending)) => return Ok(Start::Claimed { pending, previous: stored }),
-                        Ok(Err(_)) => {
-                            self.inflight.lock().remove(&cmd.key);
-                        }
-                        Err(e) => {
-                            self.inflight.lock().remove(&cmd.key);
-                            return Err(e.into());
-                        }
-                    }
+                    return Ok(Start::Claim(ClaimRequest { key: cmd.key.clone(), expected: stored, stamp, claim }));
                 }
                 Action::MarkIndeterminate => {
                     let Some(Record::InProgress(p)) = &stored else { continue };

@@ -46,6 +46,20 @@ pub struct ReadStamp {
     compactions: u64,
 }
 
+/// One claim of a [`KeyStore::claim_batch`]: the key, the record read with its stamp
+/// (what the claim replaces: `None` = absent), and the claim to write.
+#[derive(Debug)]
+pub struct ClaimRequest {
+    /// The key.
+    pub key: String,
+    /// What [`KeyStore::get_stamped`] returned for it.
+    pub expected: Option<Record>,
+    /// The stamp of that read.
+    pub stamp: ReadStamp,
+    /// The claim to write.
+    pub claim: InProgress,
+}
+
 /// A claim written but not yet durable. It cannot be handed to a sink.
 #[derive(Debug)]
 #[must_use = "a claim must be flushed with KeyStore::flush_claims before its sink runs"]
@@ -138,6 +152,77 @@ impl KeyStore {
         stripe.claims.insert(key.to_string(), token);
         let Record::InProgress(record) = new else { unreachable!("constructed above") };
         Ok(Ok(PendingClaim { key: key.to_string(), record, token }))
+    }
+
+    /// Several [`KeyStore::claim_stamped`] in one atomic write: per request, the pending
+    /// claim, or `Err(current)` when the key no longer holds what was read (then nothing
+    /// is written for it).
+    pub fn claim_batch(
+        &self,
+        requests: Vec<ClaimRequest>,
+    ) -> Result<Vec<Result<PendingClaim, Option<Record>>>, StoreError> {
+        let _gate = self.gate.read();
+        let compactions = self.compactions.load(Ordering::Acquire);
+        let mut order: Vec<usize> = requests.iter().map(|r| Self::stripe_index(&r.key)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut locks: HashMap<usize, _> = order.iter().map(|&i| (i, self.stripes[i].lock())).collect();
+        // The stripes as they were before this batch wrote anything: a stamp is checked
+        // against these, so claims of two keys of one stripe in one batch both trust their
+        // reads (each key appears once: a repeat is refused below).
+        let versions: HashMap<usize, u64> = locks.iter().map(|(&i, s)| (i, s.version)).collect();
+        let mut seen = std::collections::HashSet::with_capacity(requests.len());
+        let mut ops = Vec::with_capacity(requests.len());
+        let mut out = Vec::with_capacity(requests.len());
+        let mut claimed: Vec<(usize, String, u64)> = Vec::new();
+        // States the batched claims replace (None = absent), for the counts.
+        let mut replaced: Vec<Option<State>> = Vec::new();
+        for req in requests {
+            let at = Self::stripe_index(&req.key);
+            let stripe = locks.get_mut(&at).ok_or_else(|| StoreError::Backend {
+                backend: "store",
+                message: "stripe of a claim not locked (a bug)".into(),
+            })?;
+            if !seen.insert(req.key.clone()) {
+                // Its earlier claim in this batch is not written yet: nothing to compare with.
+                out.push(Err(req.expected));
+                continue;
+            }
+            let trusted = versions.get(&at) == Some(&req.stamp.stripe_version) && req.stamp.compactions == compactions;
+            let current = if trusted { req.expected.clone() } else { self.get(&req.key)? };
+            if current != req.expected {
+                out.push(Err(current));
+                continue;
+            }
+            let new = Record::InProgress(req.claim);
+            if current.as_ref().is_some_and(|c| c.expires_at_ms().is_some()) {
+                // Replacing a completed record rewrites its shared index entry: alone, now.
+                self.swap_locked(stripe, &req.key, current, Some(&new))?;
+            } else {
+                ops.push(Op::Put(Tree::Records, req.key.as_bytes().to_vec(), new.encode()));
+                replaced.push(current.as_ref().map(Record::state));
+            }
+            let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+            claimed.push((at, req.key.clone(), token));
+            let Record::InProgress(record) = new else { unreachable!("constructed above") };
+            out.push(Ok(PendingClaim { key: req.key, record, token }));
+        }
+        if !ops.is_empty() {
+            self.backend.apply(ops)?;
+        }
+        for state in replaced {
+            if let Some(state) = state {
+                self.counts[state_index(state)].fetch_sub(1, Ordering::Relaxed);
+            }
+            self.counts[state_index(State::InProgress)].fetch_add(1, Ordering::Relaxed);
+        }
+        for (at, key, token) in claimed {
+            if let Some(stripe) = locks.get_mut(&at) {
+                stripe.changed(&key);
+                stripe.claims.insert(key, token);
+            }
+        }
+        Ok(out)
     }
 
     /// Makes a batch of claims durable with one flush (none with `sync = "none"`).

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::{StoreBackend, SyncMode};
-pub use claims::{DurableClaim, PendingClaim, ReadStamp};
+pub use claims::{ClaimRequest, DurableClaim, PendingClaim, ReadStamp};
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
 pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};

@@ -41,6 +41,7 @@ both!(
     complete_batch_shares_index_entries,
     old_index_is_rebuilt_at_open,
     stamped_claims_never_trust_a_stale_read,
+    claim_batch_mixes_fresh_stale_and_expired,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -812,5 +813,42 @@ fn stamped_claims_never_trust_a_stale_read(kind: StoreBackend) {
     assert!(matches!(f.store.complete(old, completed(1, 50_000)), Err(StoreError::ClaimLost(_))));
     assert_eq!(f.store.get("d").unwrap(), Some(Record::InProgress(in_progress(1, 1))));
     f.store.complete(newer, completed(1, 50_000)).unwrap();
+    check_invariants(&f.store);
+}
+
+fn claim_batch_mixes_fresh_stale_and_expired(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    put_completed(&f.store, "expired", 1, 5_000);
+    put_completed(&f.store, "sibling", 1, 5_000); // same index entry span as `expired`
+    let read = |k: &str| f.store.get_stamped(k).unwrap();
+    let (fresh, s_fresh) = read("fresh");
+    let (stale, s_stale) = read("stale");
+    let (expired, s_expired) = read("expired");
+    // `stale` is claimed by someone else after it was read.
+    let _ = durable(&f.store, "stale", 9);
+    let req = |key: &str, expected: Option<Record>, stamp| ClaimRequest { key: key.into(), expected, stamp, claim: in_progress(1, 1) };
+    let out = f
+        .store
+        .claim_batch(vec![
+            req("fresh", fresh.clone(), s_fresh),
+            req("stale", stale, s_stale),
+            req("expired", expired.clone(), s_expired),
+            req("fresh", fresh, s_fresh),
+        ])
+        .unwrap();
+    assert!(out[0].is_ok());
+    assert_eq!(out[1].as_ref().unwrap_err(), &Some(Record::InProgress(in_progress(9, 1))));
+    assert!(out[2].is_ok(), "an expired completion is claimable");
+    assert!(out[3].is_err(), "a key twice in one batch");
+    let claims: Vec<PendingClaim> = out.into_iter().filter_map(Result::ok).collect();
+    let durable = f.store.flush_claims(claims).unwrap();
+    assert_eq!(f.store.counts(), counts(3, 1, 0));
+    check_invariants(&f.store);
+    // The claims are current: they complete.
+    let items = durable.into_iter().map(|d| (d, completed(1, 60_000))).collect();
+    assert_eq!(f.store.complete_batch(items).unwrap().len(), 2);
+    assert_eq!(f.store.counts(), counts(1, 3, 0));
+    check_invariants(&f.store);
+    let f = f.reopen();
     check_invariants(&f.store);
 }
