@@ -21,12 +21,10 @@
 //! to expire, and a kill before that tests nothing); every fifth instead 50–600 ms after
 //! spawn (store open, group join). The 21st runs until every input has a result and is
 //! stopped with SIGTERM. Then, from the outside only (the downstreams, the results topic, the
-//! store opened directly), tests/common/kill_check.rs checks the same rules for every kind:
-//! every input and key has a result; a non-forwarding sink received at most one effect per key
-//! and a key it never received is `indeterminate`; a forwarding sink's keys all succeed and
-//! its repeated effects carry the same key and payload; every key reported succeeded was
-//! received by its own sink and its result answers one of its own effects; no `in_progress`
-//! record is left.
+//! store opened directly), every kind is held to the same rules (tests/common/kill_check.rs:
+//! every input has a result; at most one effect per key at a non-forwarding sink, and
+//! `indeterminate` for a key it never received; ...), and every sink must have seen a kill
+//! between an effect and its completion.
 //!
 //! Both store backends (`kill_nine_twenty_times` on sled, `..._fjall`); the two tests take
 //! turns (one at a time) to keep the load of a 2-core machine bounded.
