@@ -3,6 +3,8 @@
 //! Every await on the network is bounded by [`BOUND`]; the only short timeout is the
 //! sink's own `request_timeout` in the hanging-server test.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,9 +14,13 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use dedupd::outcome::Outcome;
 use dedupd::sinks::http::{HttpSink, HttpSinkConfig, MAX_BODY_BYTES};
 use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use dedupd::store::Record;
 use serde_json::{Value, json};
+
+use common::orphan::EngineWithSink;
 
 /// Upper bound on anything a test waits for.
 const BOUND: Duration = Duration::from_secs(20);
@@ -109,7 +115,8 @@ fn seen(log: &Arc<Mutex<Vec<Seen>>>) -> Vec<Seen> {
 
 #[tokio::test]
 async fn success_posts_the_payload_with_headers_and_stores_the_json_answer() {
-    let (url, log) = start(fixed(201, vec![("content-type", "application/json")], br#"{"id":"msg-1","queued":true}"#)).await;
+    let (url, log) =
+        start(fixed(201, vec![("content-type", "application/json")], br#"{"id":"msg-1","queued":true}"#)).await;
     let sink = HttpSink::new("mailer", &config(&url)).unwrap();
     assert_eq!(sink.name(), "mailer");
     assert!(sink.forwards_key());
@@ -210,7 +217,8 @@ async fn request_timeout_status_is_transient() {
 
 #[tokio::test]
 async fn bad_request_is_permanent_with_status_and_body_in_result() {
-    let (url, _log) = start(fixed(400, vec![("content-type", "application/json")], br#"{"error":"no such recipient"}"#)).await;
+    let (url, _log) =
+        start(fixed(400, vec![("content-type", "application/json")], br#"{"error":"no such recipient"}"#)).await;
     let sink = HttpSink::new("s", &config(&url)).unwrap();
     match run(&sink, 1, None).await {
         Err(SinkError::Permanent { message, result }) => {
@@ -251,11 +259,8 @@ async fn redirect_loop_is_permanent() {
 #[tokio::test]
 async fn server_slower_than_request_timeout_is_transient() {
     let (url, _log) = start(Reply::Hang).await;
-    let sink = HttpSink::new(
-        "s",
-        &HttpSinkConfig { request_timeout: Duration::from_millis(300), ..config(&url) },
-    )
-    .unwrap();
+    let sink =
+        HttpSink::new("s", &HttpSinkConfig { request_timeout: Duration::from_millis(300), ..config(&url) }).unwrap();
     let started = std::time::Instant::now();
     match run(&sink, 1, None).await {
         Err(SinkError::Transient { message, retry_after }) => {
@@ -282,4 +287,56 @@ async fn connection_refused_is_transient() {
         }
         other => panic!("expected transient, got {other:?}"),
     }
+}
+
+/// The crash window (SPEC §4): the interrupted run's request reached the server, the claim
+/// reached the disk, the process died before completing it; the command is redelivered.
+#[tokio::test]
+async fn an_orphaned_claim_reruns_with_the_same_idempotency_key_only_when_forwarding() {
+    let (url, log) = start(fixed(200, vec![("content-type", "application/json")], br#"{"accepted":true}"#)).await;
+    let payload = json!({ "n": 1 });
+
+    // forward_key = true (default): the receiver drops repeats of the key, so the re-run is
+    // safe; it carries the same key, and the attempt number counts the interrupted run.
+    let sink = Arc::new(HttpSink::new("hook", &config(&url)).unwrap());
+    assert!(sink.forwards_key());
+    let mut h = EngineWithSink::new(sink.clone());
+    let item = h.item("orphan-1", payload.clone());
+    let interrupted = SinkRequest { key: "orphan-1", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+    tokio::time::timeout(BOUND, sink.execute(interrupted)).await.unwrap().unwrap();
+    h.orphan_claim(&item);
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Succeeded);
+    assert!(done[0].sink_called);
+    let requests = seen(&log);
+    assert_eq!(requests.len(), 2, "the interrupted request and the re-run");
+    for (request, attempt) in requests.iter().zip(["1", "2"]) {
+        assert_eq!(request.header("idempotency-key"), Some("orphan-1"));
+        assert_eq!(request.header("dedupd-attempt"), Some(attempt));
+        assert_eq!(serde_json::from_slice::<Value>(&request.body).unwrap(), payload);
+    }
+    match h.record("orphan-1") {
+        Some(Record::Completed(c)) => {
+            assert_eq!(c.attempts, 2, "the re-run counts the interrupted run");
+            let stored: Value = serde_json::from_slice(&c.result).unwrap();
+            assert_eq!(stored, json!({ "status": 200, "body": { "accepted": true } }));
+        }
+        other => panic!("expected completed, got {other:?}"),
+    }
+
+    // forward_key = false: the effect of the interrupted run is unknown; nothing is sent.
+    let sink = Arc::new(HttpSink::new("legacy", &HttpSinkConfig { forward_key: false, ..config(&url) }).unwrap());
+    assert!(!sink.forwards_key());
+    let mut h = EngineWithSink::new(sink.clone());
+    let item = h.item("orphan-2", payload.clone());
+    let interrupted = SinkRequest { key: "orphan-2", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+    tokio::time::timeout(BOUND, sink.execute(interrupted)).await.unwrap().unwrap();
+    h.orphan_claim(&item);
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Indeterminate);
+    assert!(!done[0].sink_called);
+    assert!(matches!(h.record("orphan-2"), Some(Record::Indeterminate(_))));
+    let requests = seen(&log);
+    assert_eq!(requests.len(), 3, "no second request for the indeterminate key");
+    assert_eq!(requests[2].header("idempotency-key"), Some("orphan-2"));
 }

@@ -1,36 +1,36 @@
 //! SIGKILL the real `dedupd` binary twenty times while it works, on a real Kafka broker
-//! (SPEC §3 "durable before the sink is called", §4 crash rows, §5 "nothing is lost").
+//! (SPEC §3 "durable before the sink is called", §4 crash rows, §5 "nothing is lost"), with
+//! every sink kind in the same run.
 //!
 //! ~2,900 commands over 6 partitions, ~30% of them repeats (right behind the original in the
-//! same batch, ~200 records later, or through another partition), half of the keys routed
-//! to an `http` sink with `forward_key = false` (path `/once`), half to one with
-//! `forward_key = true` (path `/fwd`), both on one loopback receiver that records each
-//! request on arrival (the effect) and answers 5–30 ms later (so kills land between the
-//! effect and the answer).
+//! same batch, ~200 records later, or through another partition). Key `i` is routed (by its
+//! command type) to one of seven sinks, `SINKS[i % 7]`, each one's downstream recording every
+//! effect *when it happens* and answering a little later (so kills land between the effect
+//! and the answer):
+//! - `http-once` / `http-fwd` (`forward_key` false / true): one loopback HTTP receiver (the
+//!   path names the sink) that records each request on arrival and answers 5–30 ms later;
+//! - `kafka` (always forwards): its sink topic, read back;
+//! - `smtp-once` / `smtp-fwd`: one aiosmtpd server (tests/common/smtp_server.rs) that stores
+//!   each message and answers 5–30 ms later; the Message-ID `<KEY@SINK.test>` names key and sink;
+//! - `exec-once` / `exec-fwd`: a script that appends `SINK KEY ATTEMPT RUN PAYLOAD` to a file,
+//!   then sleeps 10–30 ms.
 //!
 //! The input is produced in 21 chunks, one as each incarnation starts. 20 incarnations are
 //! SIGKILLed 50–600 ms after they start working: their first request or result once they
 //! have their partitions (a restart after SIGKILL waits ~2 s for the dead member's session
 //! to expire, and a kill before that tests nothing); every fifth instead 50–600 ms after
-//! spawn (store open, group join). The 21st runs until every input has a result and is stopped with SIGTERM.
-//! Then, from the outside only (the receiver, the results topic, the store opened directly):
-//! - every input record (partition/offset) has a result; repeated results only after kills;
-//! - every key has a result; outcomes are only `succeeded`, `duplicate`, `indeterminate`;
-//!   a key never has both a `succeeded`/`duplicate` and an `indeterminate`, nor two
-//!   `succeeded`;
-//! - non-forwarding sink: at most one request per key; a key it never received ends
-//!   `indeterminate` (store and results);
-//! - forwarding sink: every key ends `succeeded` (orphans are re-run, never indeterminate);
-//!   its repeated requests for a key carry the same `Idempotency-Key` and body, and
-//!   strictly increasing `Dedupd-Attempt`;
-//! - every key stored or published as succeeded was received by its own sink, and its stored
-//!   and replayed result is the answer to one of its own requests;
-//! - the store holds no `in_progress` record after the final run.
+//! spawn (store open, group join). The 21st runs until every input has a result and is
+//! stopped with SIGTERM. Then, from the outside only (the downstreams, the results topic, the
+//! store opened directly), every kind is held to the same rules (tests/common/kill_check.rs:
+//! every input has a result; at most one effect per key at a non-forwarding sink, and
+//! `indeterminate` for a key it never received; ...), and every sink must have seen a kill
+//! between an effect and its completion.
 //!
 //! Both store backends (`kill_nine_twenty_times` on sled, `..._fjall`); the two tests take
 //! turns (one at a time) to keep the load of a 2-core machine bounded.
-//! Seed: `KAFKA_KILL_SEED` (printed; replays kill timing and receiver delays, not the
-//! scheduling). Run with `scripts/kafka/kafka.sh with cargo test --test kafka_kill -- --nocapture`.
+//! Seed: `KAFKA_KILL_SEED` (printed; replays kill timing and the HTTP receiver's delays, not
+//! the scheduling nor the SMTP and exec delays). Needs python3 with aiosmtpd. Run with
+//! `scripts/kafka/kafka.sh with cargo test --test kafka_kill -- --nocapture`.
 
 mod common;
 
@@ -40,18 +40,23 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::kafka::{self, header};
+use common::effects::{self, Downstreams, SinkKind};
+use common::kafka;
+use common::kill_check::{self, Outside, Plan};
 use common::process::{
-    DedupdProcess, KeptOnFailure, Seen, SlowReceiver, SplitMix, TopicTail, file_len, seed_from_env, tail_of_file, wait_for_line,
+    DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, file_len, seed_from_env, tail_of_file,
+    wait_for_line,
 };
+use common::smtp_server::SmtpServer;
 use dedupd::config::{StoreBackend, SyncMode};
-use dedupd::outcome::{Outcome, ResultRecord};
-use dedupd::store::{Completion, KeyStore, Record};
+use dedupd::outcome::ResultRecord;
+use dedupd::store::KeyStore;
 use rdkafka::message::Message;
 use serde_json::{Value, json};
 
 const PARTITIONS: i32 = 6;
 const RESULT_PARTITIONS: i32 = 3;
+const SINK_TOPIC_PARTITIONS: i32 = 3;
 /// Distinct keys; with the repeats this makes ~2,940 input records.
 const DISTINCT: usize = 2_040;
 /// A late repeat of key `i` follows the original of key `i + LATE_GAP`.
@@ -59,7 +64,7 @@ const LATE_GAP: usize = 150;
 const KILLS: usize = 20;
 /// Kill this long (ms, uniform) after an incarnation started working (or was spawned).
 const KILL_DELAY_MS: (u64, u64) = (50, 600);
-/// The receiver answers this long (ms, uniform) after a request arrived.
+/// The HTTP and SMTP receivers answer this long (ms, uniform) after a request arrived.
 const RECEIVER_DELAY_MS: (u64, u64) = (5, 30);
 /// Longest wait for an incarnation to get its partitions.
 const ASSIGN_BOUND: Duration = Duration::from_secs(30);
@@ -67,6 +72,18 @@ const ASSIGN_BOUND: Duration = Duration::from_secs(30);
 const FIRST_WORK_BOUND: Duration = Duration::from_secs(5);
 /// Longest wait for the final run to publish a result for every input.
 const RESULTS_BOUND: Duration = Duration::from_secs(150);
+
+/// The sinks (name, kind, forwards the key), one route each; key `i` goes to
+/// `SINKS[i % SINKS.len()]` through command type `NAME.apply`.
+const SINKS: [(&str, SinkKind, bool); 7] = [
+    ("http-once", SinkKind::Http, false),
+    ("http-fwd", SinkKind::Http, true),
+    ("kafka", SinkKind::Kafka, true),
+    ("smtp-once", SinkKind::Smtp, false),
+    ("smtp-fwd", SinkKind::Smtp, true),
+    ("exec-once", SinkKind::Exec, false),
+    ("exec-fwd", SinkKind::Exec, true),
+];
 
 /// One test at a time in this binary.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -92,22 +109,32 @@ fn id(i: usize) -> String {
     format!("cmd-{i}")
 }
 
-/// Odd keys go to the forwarding sink, even ones to the non-forwarding one.
-fn forwarding(i: usize) -> bool {
-    i % 2 == 1
-}
-
-fn path_of(i: usize) -> &'static str {
-    if forwarding(i) { "/fwd" } else { "/once" }
+fn sink_of(i: usize) -> (&'static str, SinkKind, bool) {
+    SINKS[i % SINKS.len()]
 }
 
 fn payload(i: usize) -> Value {
-    json!({"n": i, "customer": format!("c{}", i % 97), "amount": 100 + i})
+    match sink_of(i).1 {
+        SinkKind::Smtp => {
+            json!({"to": format!("u{i}@example.org"), "subject": format!("order {i}"), "text": format!("n={i}")})
+        }
+        _ => json!({"n": i, "customer": format!("c{}", i % 97), "amount": 100 + i}),
+    }
 }
 
 fn command(i: usize) -> Vec<u8> {
-    let kind = if forwarding(i) { "fwd.apply" } else { "once.apply" };
+    let kind = format!("{}.apply", sink_of(i).0);
     serde_json::to_vec(&json!({"id": id(i), "type": kind, "payload": payload(i)})).expect("json")
+}
+
+/// What the checks expect of key `i`.
+fn plans() -> Vec<Plan> {
+    (0..DISTINCT)
+        .map(|i| {
+            let (sink, kind, forwarding) = sink_of(i);
+            Plan { key: id(i), sink, kind, forwarding, seen: effects::seen_as(kind, &payload(i)) }
+        })
+        .collect()
 }
 
 fn workload() -> Vec<Input> {
@@ -131,19 +158,21 @@ fn workload() -> Vec<Input> {
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-fn config_toml(
-    bootstrap: &str,
-    group: &str,
-    input: &str,
-    results: &str,
-    dlq: &str,
-    backend: &str,
-    store: &Path,
-    receiver: &SlowReceiver,
-) -> String {
+/// The `[sinks.NAME]` table of every sink (reaching `d`) and its route.
+fn sinks_toml(d: &Downstreams<'_>) -> String {
+    let mut out = String::new();
+    for (name, kind, forwarding) in SINKS {
+        let table = d.sink_table(name, kind, forwarding);
+        out.push_str(&format!(
+            "[sinks.{name}]\n{table}\n\n[[routes]]\nname = \"{name}\"\ntypes = [\"{name}.*\"]\nsink = \"{name}\"\n\n"
+        ));
+    }
+    out
+}
+
+fn config_toml(bootstrap: &str, group: &str, topics: [&str; 3], backend: &str, store: &Path, sinks: &str) -> String {
     let store = store.to_str().expect("utf-8 path");
-    let (once, fwd) = (receiver.url("/once"), receiver.url("/fwd"));
+    let [input, results, dlq] = topics;
     format!(
         r#"[kafka]
 bootstrap_servers = "{bootstrap}"
@@ -167,35 +196,14 @@ max_in_flight = 8
 batch_size = 50
 batch_linger = "5ms"
 
-[sinks.once]
-kind = "http"
-url = "{once}"
-forward_key = false
-request_timeout = "10s"
-
-[sinks.fwd]
-kind = "http"
-url = "{fwd}"
-forward_key = true
-request_timeout = "10s"
-
-[[routes]]
-name = "once"
-types = ["once.*"]
-sink = "once"
-
-[[routes]]
-name = "fwd"
-types = ["fwd.*"]
-sink = "fwd"
-
 [http]
 listen = "127.0.0.1:0"
 
 [log]
 format = "json"
 level = "info"
-"#
+
+{sinks}"#
     )
 }
 
@@ -236,23 +244,40 @@ async fn run(backend: &str) {
     let input_topic = kafka::unique("kill-commands");
     let results_topic = kafka::unique("kill-results");
     let dlq_topic = kafka::unique("kill-dlq");
-    kafka::create_topics(&bootstrap, &[(&input_topic, PARTITIONS), (&results_topic, RESULT_PARTITIONS), (&dlq_topic, 1)])
-        .await;
+    let sink_topic = kafka::unique("kill-sink");
+    kafka::create_topics(
+        &bootstrap,
+        &[
+            (&input_topic, PARTITIONS),
+            (&results_topic, RESULT_PARTITIONS),
+            (&dlq_topic, 1),
+            (&sink_topic, SINK_TOPIC_PARTITIONS),
+        ],
+    )
+    .await;
 
+    let Some(smtp) = SmtpServer::start_slow(RECEIVER_DELAY_MS) else { return };
     let receiver = SlowReceiver::start(RECEIVER_DELAY_MS, rng.next_u64()).await;
     let mut dir = KeptOnFailure::new();
     let store_path = dir.path().join("store");
     let config_path = dir.path().join("dedupd.toml");
     let log_path = dir.path().join("dedupd.log");
+    let exec_effects = dir.path().join("exec-effects");
+    let exec_program = effects::exec_recorder(dir.path(), &exec_effects);
+    let downstreams = Downstreams {
+        http: &receiver,
+        kafka_bootstrap: &bootstrap,
+        kafka_topic: &sink_topic,
+        smtp_port: smtp.port,
+        exec_program: &exec_program,
+    };
     let toml = config_toml(
         &bootstrap,
         &kafka::unique("kill-dedupd"),
-        &input_topic,
-        &results_topic,
-        &dlq_topic,
+        [&input_topic, &results_topic, &dlq_topic],
         backend,
         &store_path,
-        &receiver,
+        &sinks_toml(&downstreams),
     );
     std::fs::write(&config_path, toml).expect("write config");
     let checked = std::process::Command::new(env!("CARGO_BIN_EXE_dedupd"))
@@ -261,13 +286,24 @@ async fn run(backend: &str) {
         .expect("run check-config");
     assert!(checked.status.success(), "check-config: {}", String::from_utf8_lossy(&checked.stderr));
 
+    let sink_tail = TopicTail::start(&bootstrap, &sink_topic, SINK_TOPIC_PARTITIONS);
     let tail = TopicTail::start(&bootstrap, &results_topic, RESULT_PARTITIONS);
 
     // The input, in KILLS + 1 chunks produced in order, one as each incarnation starts.
     let inputs = Arc::new(workload());
     let n = inputs.len();
     let chunks: Vec<Range<usize>> = (0..=KILLS).map(|j| j * n / (KILLS + 1)..(j + 1) * n / (KILLS + 1)).collect();
-    println!("[{backend}] workload: {n} records, {DISTINCT} keys, {} chunks of ~{}", chunks.len(), n / (KILLS + 1));
+    let repeats = |k: Kind| inputs.iter().filter(|r| r.kind == k).count();
+    println!(
+        "[{backend}] workload: {n} records, {DISTINCT} keys over {} sinks, repeats: {} same batch, {} late, {} other partition; \
+         {} chunks of ~{}",
+        SINKS.len(),
+        repeats(Kind::SameBatch),
+        repeats(Kind::Late),
+        repeats(Kind::OtherPartition),
+        chunks.len(),
+        n / (KILLS + 1)
+    );
     let (go, mut go_rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
     let producer = {
         let (inputs, bootstrap, topic) = (Arc::clone(&inputs), bootstrap.clone(), input_topic.clone());
@@ -300,10 +336,11 @@ async fn run(backend: &str) {
         let base = if from_spawn {
             p.spawned
         } else {
-            // "Starts working" = its first request or result once it has its partitions
+            // "Starts working" = its first HTTP request, sink record or result once it has its partitions
             // (the assignment is logged by the consumer's assign callback, seconds after
             // the previous incarnation died, so nothing of that one is mistaken for it).
-            let assigned = wait_for_line(&log_path, log_from, "partitions assigned", ASSIGN_BOUND, || p.exited().is_some()).await;
+            let assigned =
+                wait_for_line(&log_path, log_from, "partitions assigned", ASSIGN_BOUND, || p.exited().is_some()).await;
             if assigned.is_none() {
                 panic!(
                     "incarnation {incarnation} got no partitions within {ASSIGN_BOUND:?} (exited: {:?}); log:\n{}",
@@ -311,16 +348,20 @@ async fn run(backend: &str) {
                     tail_of_file(&log_path, 40)
                 );
             }
-            let (requests, results) = (receiver.count(), tail.len());
+            let work = || (receiver.count(), tail.len(), sink_tail.len());
+            let before = work();
             let deadline = Instant::now() + FIRST_WORK_BOUND;
-            while receiver.count() == requests && tail.len() == results && Instant::now() < deadline {
+            while work() == before && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             Instant::now()
         };
         tokio::time::sleep_until((base + delay).into()).await;
         if let Some(status) = p.exited() {
-            panic!("dedupd exited by itself ({status}) in incarnation {incarnation}; log:\n{}", tail_of_file(&log_path, 40));
+            panic!(
+                "dedupd exited by itself ({status}) in incarnation {incarnation}; log:\n{}",
+                tail_of_file(&log_path, 40)
+            );
         }
         let in_flight = receiver.in_flight();
         let lived = p.spawned.elapsed();
@@ -339,14 +380,14 @@ async fn run(backend: &str) {
         assert_eq!(positions[seq].0, r.partition, "input {seq} went to the partition asked for");
     }
     println!(
-        "[{backend}] {} kills in {:.1} s, {} of them while the receiver was answering requests:",
+        "[{backend}] {} kills in {:.1} s, {} of them while the HTTP receiver was answering requests:",
         kills.len(),
         started.elapsed().as_secs_f64(),
         kills.iter().filter(|k| k.in_flight > 0).count(),
     );
     for k in &kills {
         println!(
-            "[{backend}]   #{:<2} {} + {:>3} ms (lived {:>5} ms): {:>3} requests made, {} in flight, the latest {}",
+            "[{backend}]   #{:<2} {} + {:>3} ms (lived {:>5} ms): {:>3} HTTP requests made, {} in flight, the latest {}",
             k.incarnation,
             if k.from_spawn { "spawn" } else { "work " },
             k.delay.as_millis(),
@@ -376,7 +417,11 @@ async fn run(backend: &str) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("[{backend}] final run: {}/{n} inputs with a result after {:.1} s", covered.len(), t.elapsed().as_secs_f64());
+    println!(
+        "[{backend}] final run: {}/{n} inputs with a result after {:.1} s",
+        covered.len(),
+        t.elapsed().as_secs_f64()
+    );
     let status = process.terminate(Duration::from_secs(60));
     let mut failures: Vec<String> = Vec::new();
     match status {
@@ -397,8 +442,21 @@ async fn run(backend: &str) {
     if dead_letters != 0 {
         failures.push(format!("{dead_letters} dead letter(s), but every input is a valid command"));
     }
-    let seen = receiver.seen();
+    let sink_published = kafka::count_records(&bootstrap, &sink_topic).await as usize;
+    let catch_up = Instant::now() + Duration::from_secs(30);
+    while sink_tail.len() < sink_published && Instant::now() < catch_up {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sunk = sink_tail.stop();
+    if sunk.len() != sink_published {
+        failures.push(format!("read {} records of the kafka sink's topic, it holds {sink_published}", sunk.len()));
+    }
+    // Every downstream's effects, in the order each received them.
+    let mut received = effects::from_http(&receiver.seen());
     receiver.stop().await;
+    received.extend(effects::from_kafka("kafka", &sunk, &mut failures));
+    received.extend(effects::from_smtp(&smtp.received_numbered()));
+    received.extend(effects::from_exec(&exec_effects, &mut failures));
     let store = KeyStore::open(
         if backend == "fjall" { StoreBackend::Fjall } else { StoreBackend::Sled },
         &store_path,
@@ -406,17 +464,32 @@ async fn run(backend: &str) {
     )
     .expect("open the store after the final run");
 
-    let coverage = check(backend, &inputs, &by_pos, &input_topic, &results, &seen, &store, &mut failures);
-    // The test must have exercised what it is about, or it proves nothing: kills between an
-    // effect and its answer, for both kinds of sink. (How many kills land mid-request varies
-    // with the machine's load: under I/O pressure the store's flushes leave gaps of a few
-    // hundred ms between request bursts; those kills are printed, not required.)
-    if coverage.answer_lost_once == 0 || coverage.reran_fwd == 0 {
-        failures.push(format!(
-            "coverage: {} non-forwarding key(s) were received but never completed, {} forwarding key(s) were re-run; the kills did \
-             not exercise the crash rows (timing too fast or slow?)",
-            coverage.answer_lost_once, coverage.reran_fwd
-        ));
+    let plans = plans();
+    let input_keys: Vec<usize> = inputs.iter().map(|r| r.i).collect();
+    let outside = Outside {
+        input_topic: &input_topic,
+        inputs: &input_keys,
+        by_pos: &by_pos,
+        results: &results,
+        effects: &received,
+        store: &store,
+    };
+    let coverage = kill_check::check(backend, &plans, &outside, &mut failures);
+    // The test must have exercised what it is about, or it proves nothing: at every sink, a
+    // kill between an effect and its completion (each run sees 15-35 per sink; how many kills
+    // land mid-request varies with the machine's load, so only one is required).
+    for (name, _, forwards) in SINKS {
+        let c = &coverage[name];
+        let (exercised, what) = if forwards {
+            (c.reran, "key re-run")
+        } else {
+            (c.received_indeterminate, "key received but never completed")
+        };
+        if exercised == 0 {
+            failures.push(format!(
+                "coverage: sink {name}: no {what}; the kills missed its crash row (timing too fast or slow?)"
+            ));
+        }
     }
     drop(store);
     if !failures.is_empty() {
@@ -430,219 +503,4 @@ async fn run(backend: &str) {
         );
     }
     println!("[{backend}] passed in {:.1} s", started.elapsed().as_secs_f64());
-}
-
-/// What the crash rows the run exercised.
-struct Coverage {
-    /// Non-forwarding keys received but ending indeterminate (killed between the request and
-    /// the durable completion).
-    answer_lost_once: usize,
-    /// Forwarding keys requested more than once (orphan re-run).
-    reran_fwd: usize,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn check(
-    backend: &str,
-    inputs: &[Input],
-    by_pos: &HashMap<(i32, i64), usize>,
-    input_topic: &str,
-    results: &[rdkafka::message::OwnedMessage],
-    seen: &[Seen],
-    store: &KeyStore,
-    failures: &mut Vec<String>,
-) -> Coverage {
-    let n = inputs.len();
-    let mut fail = |s: String| failures.push(s);
-
-    // Results: every input has at least one; each names a known input and its key.
-    let mut per_seq: Vec<Vec<ResultRecord>> = vec![Vec::new(); n];
-    let mut per_key: Vec<Vec<ResultRecord>> = vec![Vec::new(); DISTINCT];
-    let mut outcomes: BTreeMap<&'static str, usize> = BTreeMap::new();
-    for m in results {
-        let r: ResultRecord = match serde_json::from_slice(m.payload().unwrap_or_default()) {
-            Ok(r) => r,
-            Err(e) => {
-                fail(format!("unreadable result record: {e}"));
-                continue;
-            }
-        };
-        if r.source.topic != input_topic {
-            fail(format!("result from another topic: {:?}", r.source));
-            continue;
-        }
-        let Some(&seq) = by_pos.get(&(r.source.partition, r.source.offset)) else {
-            fail(format!("result for an unknown input {:?}", r.source));
-            continue;
-        };
-        let i = inputs[seq].i;
-        if r.key.as_deref() != Some(id(i).as_str()) {
-            fail(format!("result of input {seq} names key {:?}, expected {}", r.key, id(i)));
-        }
-        if header(m, "dedupd-outcome").as_deref() != Some(r.outcome.as_str()) {
-            fail(format!("dedupd-outcome header of input {seq} differs from {}", r.outcome.as_str()));
-        }
-        *outcomes.entry(r.outcome.as_str()).or_insert(0) += 1;
-        per_seq[seq].push(r.clone());
-        per_key[i].push(r);
-    }
-    let missing: Vec<usize> = (0..n).filter(|s| per_seq[*s].is_empty()).collect();
-    if !missing.is_empty() {
-        fail(format!(
-            "{} inputs without a result, e.g. {:?}",
-            missing.len(),
-            missing.iter().take(10).map(|s| (*s, inputs[*s].kind, id(inputs[*s].i))).collect::<Vec<_>>()
-        ));
-    }
-    let repeated_results = per_seq.iter().filter(|v| v.len() > 1).count();
-
-    // The receiver: who got what.
-    let mut requests: Vec<Vec<&Seen>> = vec![Vec::new(); DISTINCT];
-    for s in seen {
-        let body: Value = match serde_json::from_slice(&s.body) {
-            Ok(v) => v,
-            Err(e) => {
-                fail(format!("request {} has a body that is not JSON: {e}", s.seq));
-                continue;
-            }
-        };
-        let Some(i) = body.get("n").and_then(Value::as_u64).map(|n| n as usize).filter(|i| *i < DISTINCT) else {
-            fail(format!("request {} with an unexpected body {body}", s.seq));
-            continue;
-        };
-        if s.path != path_of(i) {
-            fail(format!("request {} for {} went to {}, its route's sink is {}", s.seq, id(i), s.path, path_of(i)));
-        }
-        if s.key.as_deref() != Some(id(i).as_str()) {
-            fail(format!("request {} for {} carries Idempotency-Key {:?}", s.seq, id(i), s.key));
-        }
-        if body != payload(i) {
-            fail(format!("request {} for {}: body {body} is not the payload", s.seq, id(i)));
-        }
-        requests[i].push(s);
-    }
-    for (i, reqs) in requests.iter().enumerate() {
-        if !forwarding(i) && reqs.len() > 1 {
-            fail(format!(
-                "non-forwarding key {} executed {} times (requests {:?})",
-                id(i),
-                reqs.len(),
-                reqs.iter().map(|s| s.seq).collect::<Vec<_>>()
-            ));
-        }
-        if forwarding(i) && reqs.len() > 1 {
-            let first = reqs[0];
-            for s in &reqs[1..] {
-                if s.key != first.key || s.body != first.body {
-                    fail(format!("forwarding key {}: request {} differs from request {} in key or body", id(i), s.seq, first.seq));
-                }
-            }
-            let attempts: Vec<u64> = reqs.iter().map(|s| s.attempt.as_deref().and_then(|a| a.parse().ok()).unwrap_or(0)).collect();
-            if attempts.windows(2).any(|w| w[0] >= w[1]) {
-                fail(format!("forwarding key {}: Dedupd-Attempt not increasing over its re-runs: {attempts:?}", id(i)));
-            }
-        }
-    }
-
-    // Per key: results, requests and the stored record agree.
-    let mut records: HashMap<String, Record> = HashMap::new();
-    let mut after: Option<String> = None;
-    loop {
-        let page = store.scan_records(after.as_deref(), 1000).expect("scan the store");
-        let Some((last, _)) = page.last() else { break };
-        after = Some(last.clone());
-        records.extend(page);
-    }
-    let counts = store.counts();
-    if counts.in_progress != 0 {
-        fail(format!("the store holds {} in_progress record(s) after the final run", counts.in_progress));
-    }
-    let (mut ind_received, mut ind_not_received, mut reran) = (0usize, 0usize, 0usize);
-    for i in 0..DISTINCT {
-        let key = id(i);
-        let rs = &per_key[i];
-        let reqs = &requests[i];
-        let own_seqs: HashSet<u64> = reqs.iter().map(|s| s.seq).collect();
-        if forwarding(i) && reqs.len() > 1 {
-            reran += 1;
-        }
-        if rs.is_empty() {
-            fail(format!("key {key} has no result at all"));
-        }
-        let succeeded = rs.iter().filter(|r| r.outcome == Outcome::Succeeded).count();
-        let ok = rs.iter().filter(|r| matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate)).count();
-        let ind = rs.iter().filter(|r| r.outcome == Outcome::Indeterminate).count();
-        if let Some(r) = rs.iter().find(|r| !matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate | Outcome::Indeterminate)) {
-            fail(format!("key {key}: unexpected outcome {:?}: {r:?}", r.outcome));
-        }
-        if succeeded > 1 {
-            fail(format!("key {key}: {succeeded} `succeeded` results (one execution may publish only one)"));
-        }
-        if ok > 0 && ind > 0 {
-            fail(format!("key {key}: both succeeded/duplicate ({ok}) and indeterminate ({ind}) results"));
-        }
-        if forwarding(i) && ind > 0 {
-            fail(format!("forwarding key {key} published `indeterminate` ({ind} times); its orphans must be re-run"));
-        }
-        if ok > 0 && reqs.is_empty() {
-            fail(format!("key {key} was published as succeeded/duplicate but its sink ({}) never received it", path_of(i)));
-        }
-        match records.get(&key) {
-            None => fail(format!("key {key}: no record in the store")),
-            Some(Record::InProgress(p)) => fail(format!("key {key} is still in_progress: {p:?}")),
-            Some(Record::Completed(c)) => {
-                if c.outcome != Completion::Succeeded {
-                    fail(format!("key {key} completed as {:?}: {:?}", c.outcome, c.error));
-                }
-                if reqs.is_empty() {
-                    fail(format!("key {key} is stored completed but its sink ({}) never received it", path_of(i)));
-                }
-                let stored: Value = serde_json::from_slice(&c.result).unwrap_or(Value::Null);
-                match stored.pointer("/body/seq").and_then(Value::as_u64) {
-                    Some(seq) if own_seqs.contains(&seq) => {}
-                    other => fail(format!("key {key}: the stored result {stored} answers request {other:?}, not one of its own {own_seqs:?}")),
-                }
-                for r in rs.iter().filter(|r| matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate)) {
-                    if r.result != stored {
-                        fail(format!("key {key}: published result {} (input {:?}) differs from the stored {stored}", r.result, r.source));
-                    }
-                }
-                if ind > 0 {
-                    fail(format!("key {key} is stored completed but was published indeterminate"));
-                }
-            }
-            Some(Record::Indeterminate(r)) => {
-                if forwarding(i) {
-                    fail(format!("forwarding key {key} is stored indeterminate: {}", r.why));
-                }
-                if ok > 0 {
-                    fail(format!("key {key} is stored indeterminate but was published succeeded/duplicate"));
-                }
-                if ind == 0 {
-                    fail(format!("key {key} is stored indeterminate but no result says so"));
-                }
-                if reqs.is_empty() { ind_not_received += 1 } else { ind_received += 1 }
-            }
-        }
-        if !forwarding(i) && reqs.is_empty() && ind == 0 {
-            fail(format!("non-forwarding key {key} was never received and has no `indeterminate` result"));
-        }
-    }
-    if records.len() != DISTINCT {
-        fail(format!("the store holds {} records, expected {DISTINCT}", records.len()));
-    }
-    let once = seen.iter().filter(|s| s.path == "/once").count();
-    println!(
-        "[{backend}] results: {} records for {n} inputs ({repeated_results} inputs with more than one), outcomes {outcomes:?}",
-        results.len()
-    );
-    println!(
-        "[{backend}] receiver: {} requests ({once} non-forwarding, {} forwarding; {reran} forwarding keys re-run after a kill); \
-         indeterminate keys: {ind_received} received (killed between the request and the completion flush), \
-         {ind_not_received} never received (claimed, then killed before the request); \
-         store {counts:?}",
-        seen.len(),
-        seen.len() - once
-    );
-    Coverage { answer_lost_once: ind_received, reran_fwd: reran }
 }

@@ -11,9 +11,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::kafka::{self, header};
+use common::orphan::EngineWithSink;
 use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
 use dedupd::config::Config;
+use dedupd::outcome::Outcome;
 use dedupd::sinks::{Sink, SinkRequest, build_all};
+use dedupd::store::Record;
 use rdkafka::message::Message;
 use serde_json::{Value, json};
 
@@ -76,6 +79,50 @@ async fn a_template_shapes_the_value() {
         serde_json::from_slice::<Value>(records[0].payload().expect("value")).unwrap(),
         json!({"event": "shipped", "order": 7, "text": "order 7 for Ana"})
     );
+}
+
+/// The crash window (SPEC §4): the interrupted run's record reached the sink topic, the
+/// claim reached the disk, the process died before completing it; the command is
+/// redelivered. The kafka sink always forwards the key, so it is re-run: a second record with
+/// the same Kafka key and `idempotency-key` header, by which a consumer drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphaned_claim_reruns_with_the_same_key() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let topic = kafka::unique("sink-orphan");
+    kafka::create_topics(&bootstrap, &[(&topic, 3)]).await;
+    let sink = build(&format!("brokers = \"{bootstrap}\"\ntopic = \"{topic}\"\ndelivery_timeout = \"20s\""));
+    assert!(sink.forwards_key(), "kafka always forwards the key");
+
+    let mut h = EngineWithSink::new(sink.clone());
+    let payload = json!({"order": 9});
+    let item = h.item("orphan-1", payload.clone());
+    let interrupted = SinkRequest { key: "orphan-1", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+    tokio::time::timeout(Duration::from_secs(60), sink.execute(interrupted)).await.expect("bounded").unwrap();
+    h.orphan_claim(&item);
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Succeeded);
+    assert!(done[0].sink_called);
+
+    assert_eq!(kafka::count_records(&bootstrap, &topic).await, 2, "the interrupted run's record and the re-run's");
+    let mut records = kafka::read_all(&bootstrap, &topic, 2, Duration::from_secs(30)).await;
+    assert_eq!(records.len(), 2);
+    records.sort_by_key(|m| m.offset());
+    assert_eq!(records[0].partition(), records[1].partition(), "one key, one partition");
+    for (m, attempt) in records.iter().zip(["1", "2"]) {
+        assert_eq!(m.key(), Some("orphan-1".as_bytes()));
+        assert_eq!(header(m, "idempotency-key").as_deref(), Some("orphan-1"));
+        assert_eq!(header(m, "dedupd-attempt").as_deref(), Some(attempt), "the re-run counts the interrupted run");
+        assert_eq!(serde_json::from_slice::<Value>(m.payload().expect("value")).unwrap(), payload);
+    }
+    match h.record("orphan-1") {
+        Some(Record::Completed(c)) => {
+            assert_eq!(c.attempts, 2);
+            let stored: Value = serde_json::from_slice(&c.result).unwrap();
+            let second = &records[1];
+            assert_eq!(stored, json!({"topic": topic, "partition": second.partition(), "offset": second.offset()}));
+        }
+        other => panic!("expected completed, got {other:?}"),
+    }
 }
 
 /// Distinct commands in the end-to-end run; each is sent 1 to 3 times.

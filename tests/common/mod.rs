@@ -1,9 +1,11 @@
 //! Helpers shared by the integration tests. Each test binary uses a part of them.
 #![allow(dead_code)]
 
+pub mod effects;
 pub mod engine;
 pub mod exposition;
 pub mod kafka;
+pub mod kill_check;
 pub mod orphan;
 pub mod process;
 pub mod scripted;

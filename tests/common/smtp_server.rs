@@ -99,6 +99,21 @@ impl SmtpServer {
 
     /// Like [`SmtpServer::start_with`]; `env_password` also accepts user `envuser` with it.
     pub fn start_full(tls: ServerTls, env_password: Option<&str>) -> Option<SmtpServer> {
+        SmtpServer::start_inner(tls, env_password, None)
+    }
+
+    /// A plain-text server that answers each message `delay_ms` (ms, uniform) after it
+    /// stored it, so that a client killed in between has sent a message it never saw
+    /// accepted.
+    pub fn start_slow(delay_ms: (u64, u64)) -> Option<SmtpServer> {
+        SmtpServer::start_inner(ServerTls::Plain, None, Some(delay_ms))
+    }
+
+    fn start_inner(
+        tls: ServerTls,
+        env_password: Option<&str>,
+        reply_delay_ms: Option<(u64, u64)>,
+    ) -> Option<SmtpServer> {
         if !aiosmtpd_installed() {
             if std::env::var("DEDUPD_REQUIRE_KAFKA").is_ok_and(|v| v == "1") {
                 panic!("python3 with aiosmtpd is required (DEDUPD_REQUIRE_KAFKA=1): python3 -m pip install aiosmtpd");
@@ -118,7 +133,8 @@ impl SmtpServer {
             .arg(script())
             .arg(dir.path())
             .args(&mode)
-            .envs(env_password.map(|p| ("DEDUPD_TEST_SMTP_ENV_PASSWORD", p)))
+            .envs(env_password.map(|p| ("DEDUPD_TEST_SMTP_ENV_PASSWORD", p.to_string())))
+            .envs(reply_delay_ms.map(|(lo, hi)| ("DEDUPD_TEST_SMTP_REPLY_DELAY_MS", format!("{lo}-{hi}"))))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -147,6 +163,12 @@ impl SmtpServer {
 
     /// Every message stored so far, in arrival order.
     pub fn received(&self) -> Vec<Received> {
+        self.received_numbered().into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Every message stored so far with its number (the `queued as N` of the server's
+    /// reply), in arrival order.
+    pub fn received_numbered(&self) -> Vec<(u64, Received)> {
         let mut numbered: Vec<(u64, Received)> = std::fs::read_dir(self.dir.path())
             .unwrap()
             .filter_map(|e| {
@@ -167,7 +189,7 @@ impl SmtpServer {
             })
             .collect();
         numbered.sort_by_key(|(n, _)| *n);
-        numbered.into_iter().map(|(_, r)| r).collect()
+        numbered
     }
 
     /// Waits (bounded) until at least `n` messages are stored, and returns them all.

@@ -18,6 +18,8 @@ Magic recipients (the local part decides; the message is then not stored):
 Logins: user "dedupd" with password "s3cret" is accepted, and user "envuser" with the
 password in this process's DEDUPD_TEST_SMTP_ENV_PASSWORD when that is set; any other login
 is refused with 535.
+DEDUPD_TEST_SMTP_REPLY_DELAY_MS=LO-HI: answer each message LO..HI ms (uniform) after it was
+stored (so that a client killed in between sent a message it never saw accepted).
 The server exits when its stdin closes (the test dropped it) or on SIGTERM.
 """
 
@@ -25,6 +27,7 @@ import asyncio
 import itertools
 import json
 import os
+import random
 import signal
 import ssl
 import sys
@@ -33,9 +36,10 @@ from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
 
 
 class Recorder:
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, reply_delay_ms=None):
         self.out_dir = out_dir
         self.counter = itertools.count(1)
+        self.reply_delay_ms = reply_delay_ms
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         local = address.split("@", 1)[0].lower()
@@ -61,6 +65,8 @@ class Recorder:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(record, f)
         os.rename(tmp, os.path.join(self.out_dir, f"{n}.json"))
+        if self.reply_delay_ms:
+            await asyncio.sleep(random.uniform(*self.reply_delay_ms) / 1000)
         return f"250 2.0.0 OK queued as {n}"
 
 
@@ -75,7 +81,8 @@ def authenticate(server, session, envelope, mechanism, auth_data):
 
 
 async def main(out_dir, mode, cert, key):
-    handler = Recorder(out_dir)
+    delay = os.environ.get("DEDUPD_TEST_SMTP_REPLY_DELAY_MS")
+    handler = Recorder(out_dir, tuple(float(x) for x in delay.split("-", 1)) if delay else None)
     loop = asyncio.get_running_loop()
     context = None
     if mode != "plain":
