@@ -253,6 +253,14 @@ async fn a_sink_outage_pauses_and_resumes_without_loss_failure_or_double_effect(
         gauge(&client).await == Some(0.0)
     })
     .await;
+    // No retry storm: at most one failing call per second-wave command (the calls already
+    // under way when the circuit opened) plus the probes; plain retries would make
+    // `max_attempts` = 3 calls per command and then complete them as `failed`.
+    let transient = scrape(&client, &http)
+        .await
+        .value("dedupd_sink_requests_total", &[("sink", "receiver"), ("status", "transient")]);
+    eprintln!("transient sink calls during the outage: {transient:?}");
+    assert!(transient.is_some_and(|n| n >= 3.0 && n <= (SECOND_WAVE + 50) as f64), "transient calls: {transient:?}");
     let text = since_down();
     assert!(text.contains("sink circuit closed") && text.contains("partition resumed"), "no close/resume log lines");
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
