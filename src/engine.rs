@@ -148,6 +148,11 @@ impl Engine {
         &self.router
     }
 
+    /// The sink of route `route` (an index into the router's routes), if there is one.
+    pub fn route_sink(&self, route: usize) -> Option<&Arc<dyn Sink>> {
+        self.route_sinks.get(route)
+    }
+
     /// Number of keys executing right now.
     pub fn in_flight(&self) -> usize {
         self.inflight.lock().len()

@@ -38,8 +38,9 @@ const BRIEF_TTL: &str = "15s";
 const FAILING_KEY: &str = "main-0";
 /// The key the receiver answers 503 once, then 200 (`transient`, then `ok`).
 const FLAKY_KEY: &str = "main-1";
-/// Every SPEC §7 metric with its type (plus `refused_partitions`, SPEC §3's "metric").
-const CATALOGUE: [(&str, &str); 13] = [
+/// Every SPEC §7 metric with its type (plus `refused_partitions`, SPEC §3's "metric", and
+/// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md).
+const CATALOGUE: [(&str, &str); 14] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -53,6 +54,7 @@ const CATALOGUE: [(&str, &str); 13] = [
     ("dedupd_rebalances_total", "counter"),
     ("dedupd_duplicate_age_seconds", "histogram"),
     ("dedupd_refused_partitions", "gauge"),
+    ("dedupd_sink_circuit_open", "gauge"),
 ];
 
 /// One input record and what its result must be.
@@ -444,6 +446,8 @@ fn check_scrape(e: &Exposition, truth: &Truth, input: &str) {
     assert_eq!(e.value("dedupd_in_flight", &[]), Some(0.0), "in_flight at rest");
     assert!(e.value("dedupd_rebalances_total", &[]).is_some_and(|n| n >= 1.0), "rebalances_total");
     assert_eq!(e.value("dedupd_refused_partitions", &[]), Some(0.0), "refused_partitions");
+    // One 503 among answers is no outage: the receiver's circuit never stayed open.
+    assert_eq!(e.value("dedupd_sink_circuit_open", &[("sink", "receiver")]), Some(0.0), "sink_circuit_open");
 
     // Buckets: cumulative, +Inf = count, and spanning what they measure.
     for (name, labels, lowest, highest) in [

@@ -140,9 +140,8 @@ impl Engine {
                     offset = source.offset,
                 );
                 async move {
-                    let _permit = self.limiter.acquire().await;
                     let sink = &self.route_sinks[cmd.route];
-                    let end = run_with_retry(sink.as_ref(), &claim, cmd, &self.retry, cancel).await;
+                    let end = run_with_retry(sink.as_ref(), &claim, cmd, &self.retry, &self.limiter, cancel).await;
                     (claim, end)
                 }
                 .instrument(span)

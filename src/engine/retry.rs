@@ -4,10 +4,12 @@
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RetryConfig;
 use crate::envelope::Command;
+use crate::sinks::circuit::{Admission, Verdict};
 use crate::sinks::{Sink, SinkError, SinkRequest};
 use crate::store::DurableClaim;
 
@@ -36,46 +38,97 @@ pub(super) fn backoff(retry: &RetryConfig, next: u32, retry_after: Option<Durati
 
 /// Calls `sink` for `claim` until it succeeds, fails permanently, runs out of attempts, or
 /// `cancel` fires (no call starts after that).
+///
+/// With a circuit breaker on the sink ([`Sink::circuit`]), every call first waits for the
+/// circuit; a transient failure while the circuit is open (or that opens it) does not count
+/// toward `retry.max_attempts`: the sink is down, not this command, so the command waits for
+/// the sink instead of being completed as `failed`. While waiting it gives its
+/// `max_in_flight` permit back, so commands for healthy sinks keep going.
 pub(super) async fn run_with_retry(
     sink: &dyn Sink,
     claim: &DurableClaim,
     command: &Command,
     retry: &RetryConfig,
+    limiter: &Semaphore,
     cancel: &CancellationToken,
 ) -> RunEnd {
     let max = retry.max_attempts.get();
-    let mut attempt = 1u32;
+    let circuit = sink.circuit();
+    // Sink calls made, and those of them that count toward `max`.
+    let mut calls = 0u32;
+    let mut counted = 0u32;
+    let stopped = |calls: u32| if calls == 0 { RunEnd::NeverRan } else { RunEnd::Interrupted { attempts: calls } };
+    // The semaphore is never closed; if it were, going on unlimited beats stalling.
+    let mut permit = limiter.acquire().await.ok();
     loop {
         if cancel.is_cancelled() {
-            return if attempt == 1 { RunEnd::NeverRan } else { RunEnd::Interrupted { attempts: attempt - 1 } };
+            return stopped(calls);
         }
+        let admission = match circuit {
+            None => None,
+            Some(c) => {
+                if !c.is_closed() {
+                    permit = None;
+                    tracing::debug!(key = claim.key(), sink = sink.name(), "waiting for the sink's circuit");
+                }
+                tokio::select! {
+                    a = c.admit() => Some(a),
+                    () = cancel.cancelled() => return stopped(calls),
+                }
+            }
+        };
+        if permit.is_none() {
+            permit = tokio::select! {
+                p = limiter.acquire() => p.ok(),
+                () = cancel.cancelled() => return stopped(calls),
+            };
+        }
+        calls += 1;
         let request = SinkRequest::new(
             claim,
             &command.kind,
             &command.payload,
-            claim.record().attempts.saturating_sub(1) + attempt,
+            claim.record().attempts.saturating_sub(1) + calls,
             command.traceparent.as_deref(),
         );
-        tracing::debug!(sink = sink.name(), attempt, "sink call");
+        tracing::debug!(
+            sink = sink.name(),
+            attempt = calls,
+            probe = admission.as_ref().is_some_and(|a| a.is_probe()),
+            "sink call"
+        );
         match sink.execute(request).await {
-            Ok(result) => return RunEnd::Succeeded { result, attempts: attempt },
+            Ok(result) => {
+                if let Some(a) = admission {
+                    a.answered();
+                }
+                return RunEnd::Succeeded { result, attempts: calls };
+            }
             Err(SinkError::Permanent { message, result }) => {
-                return RunEnd::Failed { result, error: message, attempts: attempt };
+                if let Some(a) = admission {
+                    a.answered();
+                }
+                return RunEnd::Failed { result, error: message, attempts: calls };
             }
             Err(SinkError::Transient { message, retry_after }) => {
-                if attempt >= max {
+                if admission.map(Admission::failed_transiently) == Some(Verdict::SinkDown) {
+                    tracing::warn!(key = claim.key(), attempt = calls, error = %message,
+                        "transient sink failure with the sink's circuit open; waiting for the sink, not spending a retry");
+                    continue;
+                }
+                counted += 1;
+                if counted >= max {
                     return RunEnd::Failed {
                         result: Value::Object(Default::default()),
-                        error: format!("gave up after {attempt} attempts: {message}"),
-                        attempts: attempt,
+                        error: format!("gave up after {counted} attempts: {message}"),
+                        attempts: calls,
                     };
                 }
-                tracing::warn!(key = claim.key(), attempt, error = %message, "transient sink failure, retrying");
-                attempt += 1;
-                let wait = backoff(retry, attempt, retry_after);
+                tracing::warn!(key = claim.key(), attempt = calls, error = %message, "transient sink failure, retrying");
+                let wait = backoff(retry, counted + 1, retry_after);
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
-                    () = cancel.cancelled() => return RunEnd::Interrupted { attempts: attempt - 1 },
+                    () = cancel.cancelled() => return RunEnd::Interrupted { attempts: calls },
                 }
             }
         }

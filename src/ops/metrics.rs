@@ -29,6 +29,7 @@ pub struct Metrics {
     rebalances: IntCounter,
     duplicate_age: HistogramVec,
     refused_partitions: IntGauge,
+    sink_circuit_open: IntGaugeVec,
 }
 
 /// A metric could not be registered (a programming error, reported, not panicked).
@@ -94,6 +95,13 @@ impl Metrics {
                 "refused_partitions",
                 "Partitions refused because their committed offset is beyond the store's watermark.",
             )?,
+            sink_circuit_open: IntGaugeVec::new(
+                Opts::new(
+                    "sink_circuit_open",
+                    "1 while the sink's circuit breaker is open or half-open (commands wait for it), else 0.",
+                ),
+                &["sink"],
+            )?,
             registry,
         };
         for c in [
@@ -110,6 +118,7 @@ impl Metrics {
             Box::new(m.rebalances.clone()),
             Box::new(m.duplicate_age.clone()),
             Box::new(m.refused_partitions.clone()),
+            Box::new(m.sink_circuit_open.clone()),
         ] {
             m.registry.register(c)?;
         }
@@ -208,6 +217,11 @@ impl Metrics {
         self.refused_partitions.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// Whether `sink`'s circuit breaker is open (or half-open) now.
+    pub fn set_sink_circuit_open(&self, sink: &str, open: bool) {
+        self.sink_circuit_open.with_label_values(&[sink]).set(i64::from(open));
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
@@ -231,6 +245,7 @@ mod tests {
         m.dead_lettered("invalid_json");
         m.duplicate_age(Some("mail"), 5.0);
         m.lag("commands", 0, 3);
+        m.set_sink_circuit_open("smtp", true);
         let text = m.render();
         for name in [
             "dedupd_commands_total{outcome=\"succeeded\",route=\"mail\"} 1",
@@ -245,6 +260,7 @@ mod tests {
             "dedupd_dead_letter_total{reason=\"invalid_json\"} 1",
             "dedupd_rebalances_total",
             "dedupd_duplicate_age_seconds_bucket",
+            "dedupd_sink_circuit_open{sink=\"smtp\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -44,6 +44,10 @@ pub struct PipelineContext {
     held: Mutex<HashMap<Tp, VecDeque<OwnedMessage>>>,
     assigned: Mutex<HashSet<Tp>>,
     refused: Mutex<HashSet<Tp>>,
+    /// Partitions paused because their in-flight batch waits for a sink whose circuit is
+    /// open (see `circuits`). A partition is resumed only when it is in none of `held`,
+    /// `refused` and this; decisions are taken under the `held` lock.
+    circuit_paused: Mutex<HashSet<Tp>>,
     runtime: tokio::runtime::Handle,
     store: Arc<KeyStore>,
     metrics: Arc<Metrics>,
@@ -81,8 +85,10 @@ impl ConsumerContext for PipelineContext {
             tracing::info!(partitions = ?revoked, "partitions revoked: draining");
             {
                 let mut held = self.held.lock();
+                let mut circuit_paused = self.circuit_paused.lock();
                 for tp in &revoked {
                     held.remove(tp);
+                    circuit_paused.remove(tp);
                 }
             }
             self.stop_workers(&revoked);
@@ -224,7 +230,7 @@ impl PipelineContext {
                     Err(TrySendError::Closed(_)) => return false,
                 }
             }
-            if !self.refused.lock().contains(tp) {
+            if !self.refused.lock().contains(tp) && !self.circuit_paused.lock().contains(tp) {
                 resume.add_partition(&tp.0, tp.1);
             }
             false
@@ -235,6 +241,48 @@ impl PipelineContext {
             }
         }
         !held.is_empty()
+    }
+
+    /// Pauses `tp` because its batch waits for the open circuits of `sinks`.
+    pub(super) fn pause_for_circuit(&self, consumer: &BaseConsumer<Self>, tp: &Tp, sinks: &[&str]) {
+        let _held = self.held.lock();
+        if !self.assigned.lock().contains(tp) || !self.circuit_paused.lock().insert(tp.clone()) {
+            return;
+        }
+        let mut one = TopicPartitionList::new();
+        one.add_partition(&tp.0, tp.1);
+        match consumer.pause(&one) {
+            Ok(()) => {
+                tracing::info!(topic = %tp.0, partition = tp.1, sinks = ?sinks, "partition paused: its batch waits for a sink whose circuit is open")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, topic = %tp.0, partition = tp.1, "could not pause a partition for an open circuit")
+            }
+        }
+    }
+
+    /// Undoes [`PipelineContext::pause_for_circuit`]; the partition stays paused while it has
+    /// held records (`release_held` resumes it) or is refused.
+    pub(super) fn resume_after_circuit(&self, consumer: &BaseConsumer<Self>, tp: &Tp) {
+        let held = self.held.lock();
+        if !self.circuit_paused.lock().remove(tp) {
+            return;
+        }
+        let refused = self.refused.lock().contains(tp);
+        let assigned = self.assigned.lock().contains(tp);
+        if held.contains_key(tp) || refused || !assigned {
+            return;
+        }
+        let mut one = TopicPartitionList::new();
+        one.add_partition(&tp.0, tp.1);
+        match consumer.resume(&one) {
+            Ok(()) => {
+                tracing::info!(topic = %tp.0, partition = tp.1, "partition resumed: its sinks' circuits are closed or its batch ended")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, topic = %tp.0, partition = tp.1, "could not resume a partition after an open circuit")
+            }
+        }
     }
 
     fn all_workers(&self) -> Vec<Tp> {
@@ -279,6 +327,7 @@ pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>,
         held: Mutex::new(HashMap::new()),
         assigned: Mutex::new(HashSet::new()),
         refused: Mutex::new(HashSet::new()),
+        circuit_paused: Mutex::new(HashSet::new()),
         runtime: tokio::runtime::Handle::current(),
         store: Arc::clone(parts.shared.engine.store()),
         metrics: Arc::clone(&parts.shared.metrics),

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::ops::Metrics;
 use crate::ops::metrics::SINK_STATUSES;
+use crate::sinks::circuit::Circuit;
 use crate::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
 
 /// A sink that reports each call to the metrics.
@@ -29,6 +30,10 @@ impl Sink for MeteredSink {
 
     fn forwards_key(&self) -> bool {
         self.inner.forwards_key()
+    }
+
+    fn circuit(&self) -> Option<&Circuit> {
+        self.inner.circuit()
     }
 
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {

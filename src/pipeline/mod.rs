@@ -2,6 +2,7 @@
 //! keys, and shuts down in order when `shutdown` resolves or a fatal error fires:
 //! stop taking records → drain workers (publish, store offsets) → commit → leave the group.
 
+mod circuits;
 mod consumer;
 mod metered;
 mod publish;
@@ -90,6 +91,7 @@ pub async fn run(
         .into_iter()
         .map(|(name, sink)| (name, metered::MeteredSink::wrap(sink, Arc::clone(&metrics))))
         .collect();
+    let sinks_by_name = built.clone();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let engine = Arc::new(Engine::new(EngineParts {
         store: Arc::clone(&store),
@@ -103,6 +105,8 @@ pub async fn run(
     let publisher = Arc::new(Publisher::new(&config.kafka)?);
 
     let stop = CancellationToken::new();
+    let circuit_gauges = circuits::spawn_gauges(&sinks_by_name, &metrics, &stop);
+    drop(sinks_by_name);
     let fatal = CancellationToken::new();
     let admin = config.http.admin_token.clone().map(|token| crate::ops::AdminApi {
         store: Arc::clone(&store),
@@ -163,6 +167,9 @@ pub async fn run(
     stop.cancel();
     let _ = purge_task.await;
     let _ = http_task.await;
+    for gauge in circuit_gauges {
+        let _ = gauge.await;
+    }
     store.flush_always()?;
     if fatal.is_cancelled() {
         return Err(PipelineError::Fatal);

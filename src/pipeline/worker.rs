@@ -88,7 +88,10 @@ impl PartitionWorker {
             self.shared.fatal.cancel();
             return false;
         }
-        let (results, flushed) = match self.shared.engine.process_batch_reporting_flush(&items, &self.cancel).await {
+        let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
+        let run = self.shared.engine.process_batch_reporting_flush(&items, &self.cancel);
+        let tp = (self.topic.clone(), self.partition);
+        let (results, flushed) = match super::circuits::pausing_while_open(&self.consumer, tp, &sinks, run).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");

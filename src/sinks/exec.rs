@@ -46,6 +46,9 @@ pub struct ExecSinkConfig {
     /// Rate and concurrency limits (`[sinks.NAME.limits]`, see docs/sinks.md).
     #[serde(default)]
     pub limits: crate::sinks::limit::SinkLimits,
+    /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
+    #[serde(default)]
+    pub circuit: crate::sinks::circuit::CircuitConfig,
     /// The program: a path, or a name looked up in `PATH`.
     pub program: String,
     /// Its arguments.
@@ -84,6 +87,10 @@ fn default_max_output_bytes() -> NonZeroUsize {
 impl SinkKind for ExecSinkConfig {
     fn limits(&self) -> &crate::sinks::limit::SinkLimits {
         &self.limits
+    }
+
+    fn circuit(&self) -> &crate::sinks::circuit::CircuitConfig {
+        &self.circuit
     }
 
     fn validate(&self, at: &str) -> Result<(), (String, String, String)> {

@@ -78,6 +78,9 @@ pub struct HttpSinkConfig {
     /// Rate and concurrency limits.
     #[serde(default)]
     pub limits: SinkLimits,
+    /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
+    #[serde(default)]
+    pub circuit: crate::sinks::circuit::CircuitConfig,
 }
 
 fn default_true() -> bool {
@@ -107,6 +110,7 @@ impl Default for HttpSinkConfig {
             body_template: None,
             max_response_bytes: default_max_response_bytes(),
             limits: SinkLimits::default(),
+            circuit: crate::sinks::circuit::CircuitConfig::default(),
         }
     }
 }
@@ -127,6 +131,10 @@ impl SinkKind for HttpSinkConfig {
 
     fn limits(&self) -> &SinkLimits {
         &self.limits
+    }
+
+    fn circuit(&self) -> &crate::sinks::circuit::CircuitConfig {
+        &self.circuit
     }
 
     fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {

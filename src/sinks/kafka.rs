@@ -51,6 +51,9 @@ pub struct KafkaSinkConfig {
     /// Rate and concurrency limits.
     #[serde(default)]
     pub limits: SinkLimits,
+    /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
+    #[serde(default)]
+    pub circuit: crate::sinks::circuit::CircuitConfig,
 }
 
 fn default_delivery_timeout() -> Duration {
@@ -101,6 +104,10 @@ impl SinkKind for KafkaSinkConfig {
 
     fn limits(&self) -> &SinkLimits {
         &self.limits
+    }
+
+    fn circuit(&self) -> &crate::sinks::circuit::CircuitConfig {
+        &self.circuit
     }
 
     fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {

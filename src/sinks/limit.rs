@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::{Duration, Instant};
 
+use super::circuit::Circuit;
 use super::{Sink, SinkError, SinkOutput, SinkRequest};
 
 /// `[sinks.NAME.limits]`: all optional; an absent key means no limit of that kind.
@@ -139,6 +140,10 @@ impl Sink for LimitedSink {
 
     fn forwards_key(&self) -> bool {
         self.inner.forwards_key()
+    }
+
+    fn circuit(&self) -> Option<&Circuit> {
+        self.inner.circuit()
     }
 
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {

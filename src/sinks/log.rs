@@ -14,6 +14,9 @@ pub struct LogSinkConfig {
     /// Rate and concurrency limits (useful to try a limit out before pointing it at a provider).
     #[serde(default)]
     pub limits: SinkLimits,
+    /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
+    #[serde(default)]
+    pub circuit: crate::sinks::circuit::CircuitConfig,
 }
 
 impl SinkKind for LogSinkConfig {
@@ -28,6 +31,10 @@ impl SinkKind for LogSinkConfig {
 
     fn limits(&self) -> &SinkLimits {
         &self.limits
+    }
+
+    fn circuit(&self) -> &crate::sinks::circuit::CircuitConfig {
+        &self.circuit
     }
 
     fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {

@@ -10,6 +10,7 @@
 //! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); no dispatch code
 //! elsewhere names a kind.
 
+pub mod circuit;
 pub mod exec;
 pub mod http;
 pub mod kafka;
@@ -25,6 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use self::circuit::{Circuit, CircuitConfig, CircuitSink};
 use self::limit::{LimitedSink, SinkLimits};
 use crate::store::DurableClaim;
 
@@ -39,6 +41,9 @@ pub trait SinkKind {
     /// The instance's `[sinks.NAME.limits]` (a `limits: SinkLimits` field with
     /// `#[serde(default)]` on the kind's config); [`build_all`] applies them to every kind.
     fn limits(&self) -> &SinkLimits;
+    /// The instance's `[sinks.NAME.circuit]` (a `circuit: CircuitConfig` field with
+    /// `#[serde(default)]`); [`build_all`] wraps every kind in its breaker.
+    fn circuit(&self) -> &CircuitConfig;
     /// Builds the instance called `name`.
     fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError>;
 }
@@ -91,7 +96,8 @@ sink_kinds! {
 impl SinkConfig {
     /// Checks the kind's values; on error returns (key, value, reason).
     pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        self.as_kind().validate(at)
+        self.as_kind().validate(at)?;
+        self.as_kind().circuit().validate(at)
     }
 
     /// Whether this instance passes the key downstream so that a re-run is safe.
@@ -99,10 +105,12 @@ impl SinkConfig {
         self.as_kind().forwards_key()
     }
 
-    /// Builds the instance called `name`, wrapped in its limits when it has any.
+    /// Builds the instance called `name`, wrapped in its limits when it has any, and in
+    /// its circuit breaker (outside the limits: a call waiting for the circuit holds no
+    /// concurrency permit and spends no token).
     pub fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
         let kind = self.as_kind();
-        Ok(LimitedSink::wrap(kind.build(name)?, kind.limits()))
+        Ok(CircuitSink::wrap(LimitedSink::wrap(kind.build(name)?, kind.limits()), kind.circuit()))
     }
 }
 
@@ -166,6 +174,11 @@ pub trait Sink: Send + Sync {
     fn name(&self) -> &str;
     /// Whether a re-run after a crash is safe because the key goes downstream.
     fn forwards_key(&self) -> bool;
+    /// The instance's circuit breaker, if it has one: the engine asks it before every call
+    /// and reports every call's end to it. Wrappers must pass it through.
+    fn circuit(&self) -> Option<&Circuit> {
+        None
+    }
     /// Performs the effect once.
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError>;
 }

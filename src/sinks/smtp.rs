@@ -60,6 +60,9 @@ pub struct SmtpSinkConfig {
     /// Rate and concurrency limits (`[sinks.NAME.limits]`, see docs/sinks.md).
     #[serde(default)]
     pub limits: crate::sinks::limit::SinkLimits,
+    /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
+    #[serde(default)]
+    pub circuit: crate::sinks::circuit::CircuitConfig,
     /// The relay's host name or IP address.
     pub host: String,
     /// The relay's port; default 25 with `tls = "none"`, 587 with `starttls`, 465 with `tls`.
@@ -141,6 +144,10 @@ fn is_domain(domain: &str) -> bool {
 impl SinkKind for SmtpSinkConfig {
     fn limits(&self) -> &crate::sinks::limit::SinkLimits {
         &self.limits
+    }
+
+    fn circuit(&self) -> &crate::sinks::circuit::CircuitConfig {
+        &self.circuit
     }
 
     fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
