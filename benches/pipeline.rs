@@ -209,6 +209,14 @@ fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, di
     c.http.listen = "127.0.0.1:0".parse().expect("addr");
     c.sinks.insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));
     c.routes.push(RouteConfig { name: None, types: vec!["*".into()], sink: "noop".into(), ttl: None, fingerprint_exclude: vec![] });
+    // Tuning experiments: DEDUPD_BENCH_PRODUCER / DEDUPD_BENCH_CONSUMER="key=value,key=value"
+    // go to `kafka.producer` / `kafka.consumer` as a config file's tables would.
+    for (var, table) in [("DEDUPD_BENCH_PRODUCER", &mut c.kafka.producer), ("DEDUPD_BENCH_CONSUMER", &mut c.kafka.consumer)] {
+        for kv in std::env::var(var).unwrap_or_default().split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').expect("key=value");
+            table.insert(k.to_string(), v.to_string());
+        }
+    }
     c
 }
 
