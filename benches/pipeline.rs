@@ -24,11 +24,11 @@ use dedupd::fingerprint::Fingerprint;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SourcePos};
+use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
 struct Args {
@@ -39,7 +39,8 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a = Args { records: 200_000, rate: 5_000, seconds: 10, backends: vec![StoreBackend::Sled, StoreBackend::Fjall] };
+    let mut a =
+        Args { records: 200_000, rate: 5_000, seconds: 10, backends: vec![StoreBackend::Sled, StoreBackend::Fjall] };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < argv.len() {
@@ -84,7 +85,11 @@ async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let md = c.fetch_metadata(Some(name), Duration::from_secs(5)).expect("metadata");
-        let ok = md.topics().iter().any(|t| t.name() == name && t.partitions().len() == partitions as usize && t.partitions().iter().all(|p| p.leader() >= 0));
+        let ok = md.topics().iter().any(|t| {
+            t.name() == name
+                && t.partitions().len() == partitions as usize
+                && t.partitions().iter().all(|p| p.leader() >= 0)
+        });
         if ok || Instant::now() > deadline {
             return;
         }
@@ -208,10 +213,18 @@ fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, di
     c.store.path = dir.to_path_buf();
     c.http.listen = "127.0.0.1:0".parse().expect("addr");
     c.sinks.insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));
-    c.routes.push(RouteConfig { name: None, types: vec!["*".into()], sink: "noop".into(), ttl: None, fingerprint_exclude: vec![] });
+    c.routes.push(RouteConfig {
+        name: None,
+        types: vec!["*".into()],
+        sink: "noop".into(),
+        ttl: None,
+        fingerprint_exclude: vec![],
+    });
     // Tuning experiments: DEDUPD_BENCH_PRODUCER / DEDUPD_BENCH_CONSUMER="key=value,key=value"
     // go to `kafka.producer` / `kafka.consumer` as a config file's tables would.
-    for (var, table) in [("DEDUPD_BENCH_PRODUCER", &mut c.kafka.producer), ("DEDUPD_BENCH_CONSUMER", &mut c.kafka.consumer)] {
+    for (var, table) in
+        [("DEDUPD_BENCH_PRODUCER", &mut c.kafka.producer), ("DEDUPD_BENCH_CONSUMER", &mut c.kafka.consumer)]
+    {
         for kv in std::env::var(var).unwrap_or_default().split(',').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').expect("key=value");
             table.insert(k.to_string(), v.to_string());
@@ -272,7 +285,10 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     if std::env::var("RUST_LOG").is_ok() {
-        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
     }
     let a = args();
     let Ok(bootstrap) = std::env::var("DEDUPD_TEST_KAFKA_BOOTSTRAP") else {
@@ -288,7 +304,9 @@ async fn main() {
     let plain = tokio::task::spawn_blocking(move || plain_consume(&b, &i, n)).await.expect("plain");
     println!("plain rdkafka consumer: {plain:.0} msgs/s");
 
-    println!("\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain consumer | p50 ms | p99 ms | at rate |");
+    println!(
+        "\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain consumer | p50 ms | p99 ms | at rate |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for backend in &a.backends {
         let floor_n = a.records.min(100_000);
@@ -305,7 +323,8 @@ async fn main() {
         create_topic(&bootstrap, &results, 6).await;
         let (stop, task, _) = start_pipeline(config(&bootstrap, &input, &results, *backend, dir.path())).await;
         let (b, r, n) = (bootstrap.clone(), results.clone(), a.records);
-        let seen = tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(600))).await.expect("read");
+        let seen =
+            tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(600))).await.expect("read");
         stop.cancel();
         let _ = task.await;
         let (lo, hi) = seen.values().fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
@@ -357,7 +376,8 @@ async fn main() {
             }
         }
         let (b, r, n) = (bootstrap.clone(), lat_out.clone(), all);
-        let seen = tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(120))).await.expect("read");
+        let seen =
+            tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(120))).await.expect("read");
         stop.cancel();
         let _ = task.await;
         let mut lat: Vec<i64> = seen.iter().filter_map(|(pos, t)| produced.get(pos).map(|p| t - p)).collect();

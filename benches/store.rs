@@ -94,9 +94,7 @@ fn scattered(n: u64) -> impl Iterator<Item = u64> {
 
 fn proc_status_kib(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
-        .unwrap_or(0)
+    s.lines().find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok()).unwrap_or(0)
 }
 
 fn dir_bytes(p: &Path) -> u64 {
@@ -129,7 +127,12 @@ fn settled(mut bytes: impl FnMut() -> u64) -> u64 {
 }
 
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Lookup rounds; the best is reported (the machine is shared, and the first round may
@@ -367,7 +370,10 @@ fn main() {
         "both" => vec!["sled", "fjall"],
         b => vec![b],
     };
-    println!("store benchmark: {n} keys, write batches of {BATCH}, compaction/delete chunks of {CHUNK}, dir {}", base.display());
+    println!(
+        "store benchmark: {n} keys, write batches of {BATCH}, compaction/delete chunks of {CHUNK}, dir {}",
+        base.display()
+    );
     println!("load average before: {}", loadavg());
     for b in backends {
         let t = Instant::now();
@@ -393,21 +399,75 @@ fn main() {
         let bytes = |v: f64| format!("{v:.0} B");
         let mib = |v: f64| format!("{:.0} MiB", v / 1024.0);
         let w = m(&st, "write_per_s") / m(&raw, "write_per_s");
-        row("write: raw insert vs claim+complete (keys/s)", m(&raw, "write_per_s"), m(&st, "write_per_s"), &per_s, Some(("≥ 0.45×", w >= 0.45)));
+        row(
+            "write: raw insert vs claim+complete (keys/s)",
+            m(&raw, "write_per_s"),
+            m(&st, "write_per_s"),
+            &per_s,
+            Some(("≥ 0.45×", w >= 0.45)),
+        );
         row("  claim + flush_claims only (keys/s)", m(&raw, "write_per_s"), m(&st, "claim_per_s"), &per_s, None);
         row("  complete + flush only (keys/s)", m(&raw, "write_per_s"), m(&st, "complete_per_s"), &per_s, None);
         let g = m(&st, "get_per_s") / m(&raw, "get_per_s");
-        row("lookup of existing keys (gets/s)", m(&raw, "get_per_s"), m(&st, "get_per_s"), &per_s, Some(("≥ 0.8×", g >= 0.8)));
+        row(
+            "lookup of existing keys (gets/s)",
+            m(&raw, "get_per_s"),
+            m(&st, "get_per_s"),
+            &per_s,
+            Some(("≥ 0.8×", g >= 0.8)),
+        );
         let d = m(&st, "delete_s") / m(&raw, "delete_s");
-        row("remove all: raw deletes vs compact_expired", m(&raw, "delete_s"), m(&st, "delete_s"), &secs, Some(("≤ 1.5×", d <= 1.5)));
+        row(
+            "remove all: raw deletes vs compact_expired",
+            m(&raw, "delete_s"),
+            m(&st, "delete_s"),
+            &secs,
+            Some(("≤ 1.5×", d <= 1.5)),
+        );
         let disk = m(&st, "disk_bytes") / m(&raw, "disk_bytes");
-        row("disk bytes per key, right after the writes", m(&raw, "disk_bytes") / n as f64, m(&st, "disk_bytes") / n as f64, &bytes, Some(("≤ 1.5×", disk <= 1.5)));
+        row(
+            "disk bytes per key, right after the writes",
+            m(&raw, "disk_bytes") / n as f64,
+            m(&st, "disk_bytes") / n as f64,
+            &bytes,
+            Some(("≤ 1.5×", disk <= 1.5)),
+        );
         let settled = m(&st, "disk_settled_bytes") / m(&raw, "disk_settled_bytes");
-        row("disk bytes per key, settled (background work done)", m(&raw, "disk_settled_bytes") / n as f64, m(&st, "disk_settled_bytes") / n as f64, &bytes, Some(("≤ 1.5×", settled <= 1.5)));
-        row("  directory walk, right after the writes", m(&raw, "dir_bytes") / n as f64, m(&st, "dir_bytes") / n as f64, &bytes, None);
+        row(
+            "disk bytes per key, settled (background work done)",
+            m(&raw, "disk_settled_bytes") / n as f64,
+            m(&st, "disk_settled_bytes") / n as f64,
+            &bytes,
+            Some(("≤ 1.5×", settled <= 1.5)),
+        );
+        row(
+            "  directory walk, right after the writes",
+            m(&raw, "dir_bytes") / n as f64,
+            m(&st, "dir_bytes") / n as f64,
+            &bytes,
+            None,
+        );
         let logical = m(&raw, "logical_bytes_per_key");
-        row("disk per key (settled) vs logical key+record bytes", logical, m(&st, "disk_settled_bytes") / n as f64, &bytes, None);
-        row("RSS growth loading, per million keys", m(&raw, "rss_loaded_kib") * per_m, m(&st, "rss_loaded_kib") * per_m, &mib, None);
-        row("peak RSS (VmHWM), per million keys", m(&raw, "rss_hwm_kib") * per_m, m(&st, "rss_hwm_kib") * per_m, &mib, None);
+        row(
+            "disk per key (settled) vs logical key+record bytes",
+            logical,
+            m(&st, "disk_settled_bytes") / n as f64,
+            &bytes,
+            None,
+        );
+        row(
+            "RSS growth loading, per million keys",
+            m(&raw, "rss_loaded_kib") * per_m,
+            m(&st, "rss_loaded_kib") * per_m,
+            &mib,
+            None,
+        );
+        row(
+            "peak RSS (VmHWM), per million keys",
+            m(&raw, "rss_hwm_kib") * per_m,
+            m(&st, "rss_hwm_kib") * per_m,
+            &mib,
+            None,
+        );
     }
 }

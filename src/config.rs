@@ -137,7 +137,12 @@ pub struct EnvelopeConfig {
 
 impl Default for EnvelopeConfig {
     fn default() -> Self {
-        Self { format: EnvelopeFormat::Auto, key: KeySource::Auto, stale_guard: true, stale_by: StaleBy::KafkaTimestamp }
+        Self {
+            format: EnvelopeFormat::Auto,
+            key: KeySource::Auto,
+            stale_guard: true,
+            stale_by: StaleBy::KafkaTimestamp,
+        }
     }
 }
 
@@ -331,16 +336,13 @@ impl Config {
         path: &std::path::Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         Self::from_toml_str(&text, env)
     }
 
     /// Parses TOML text, applies `DEDUPD_*` overrides from `env`, and validates.
-    pub fn from_toml_str(
-        text: &str,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config, ConfigError> {
+    pub fn from_toml_str(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
         let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         for (var, value) in env {
             apply_env_override(&mut table, &var, &value)?;
@@ -361,19 +363,33 @@ impl Config {
             return Err(invalid("kafka.group_id", "\"\"", "must not be empty"));
         }
         if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
-            return Err(invalid("kafka.input_topics", format!("{:?}", k.input_topics), "must list non-empty topic names"));
+            return Err(invalid(
+                "kafka.input_topics",
+                format!("{:?}", k.input_topics),
+                "must list non-empty topic names",
+            ));
         }
-        for (key, topic) in [("kafka.results_topic", &k.results_topic), ("kafka.dead_letter_topic", &k.dead_letter_topic)] {
+        for (key, topic) in
+            [("kafka.results_topic", &k.results_topic), ("kafka.dead_letter_topic", &k.dead_letter_topic)]
+        {
             if topic.trim().is_empty() {
                 return Err(invalid(key, "\"\"", "must not be empty"));
             }
             if k.input_topics.contains(topic) {
-                return Err(invalid(key, topic, "must not be one of kafka.input_topics (results would be consumed as commands)"));
+                return Err(invalid(
+                    key,
+                    topic,
+                    "must not be one of kafka.input_topics (results would be consumed as commands)",
+                ));
             }
         }
         for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
             if k.consumer.contains_key(forbidden) {
-                return Err(invalid(&format!("kafka.consumer.\"{forbidden}\""), &k.consumer[forbidden], "is set by dedupd itself; use the dedicated key"));
+                return Err(invalid(
+                    &format!("kafka.consumer.\"{forbidden}\""),
+                    &k.consumer[forbidden],
+                    "is set by dedupd itself; use the dedicated key",
+                ));
             }
         }
         let s = &self.store;
@@ -381,13 +397,21 @@ impl Config {
             return Err(invalid("store.default_ttl", "0s", "must be positive"));
         }
         if s.max_ttl < s.default_ttl {
-            return Err(invalid("store.max_ttl", humantime::format_duration(s.max_ttl), "must be at least store.default_ttl"));
+            return Err(invalid(
+                "store.max_ttl",
+                humantime::format_duration(s.max_ttl),
+                "must be at least store.default_ttl",
+            ));
         }
         if s.compaction_interval.is_zero() {
             return Err(invalid("store.compaction_interval", "0s", "must be positive"));
         }
         if self.retry.max_backoff < self.retry.initial_backoff {
-            return Err(invalid("retry.max_backoff", humantime::format_duration(self.retry.max_backoff), "must be at least retry.initial_backoff"));
+            return Err(invalid(
+                "retry.max_backoff",
+                humantime::format_duration(self.retry.max_backoff),
+                "must be at least retry.initial_backoff",
+            ));
         }
         for (name, sink) in &self.sinks {
             sink.validate(&format!("sinks.{name}")).map_err(|(key, value, reason)| invalid(&key, value, reason))?;
@@ -412,7 +436,11 @@ impl Config {
             }
             for p in &route.fingerprint_exclude {
                 if !(p.is_empty() || p.starts_with('/')) {
-                    return Err(invalid(&format!("{at}.fingerprint_exclude"), p, "must be a JSON pointer starting with '/'"));
+                    return Err(invalid(
+                        &format!("{at}.fingerprint_exclude"),
+                        p,
+                        "must be a JSON pointer starting with '/'",
+                    ));
                 }
             }
         }

@@ -119,11 +119,21 @@ mod tests {
     }
 
     fn in_progress(fp: Fingerprint) -> Record {
-        Record::InProgress(InProgress { fingerprint: fp, claimed_at_ms: NOW - 10, attempts: 1, source: SourcePos::default() })
+        Record::InProgress(InProgress {
+            fingerprint: fp,
+            claimed_at_ms: NOW - 10,
+            attempts: 1,
+            source: SourcePos::default(),
+        })
     }
 
     fn indeterminate(fp: Fingerprint) -> Record {
-        Record::Indeterminate(Indeterminate { fingerprint: fp, claimed_at_ms: NOW - 10, attempts: 1, why: "crash".into() })
+        Record::Indeterminate(Indeterminate {
+            fingerprint: fp,
+            claimed_at_ms: NOW - 10,
+            attempts: 1,
+            why: "crash".into(),
+        })
     }
 
     #[test]

@@ -119,10 +119,10 @@ impl Engine {
     pub fn new(parts: EngineParts) -> Result<Engine, EngineError> {
         let mut route_sinks = Vec::with_capacity(parts.router.routes().len());
         for route in parts.router.routes() {
-            let sink = parts.sinks.get(&route.sink).ok_or_else(|| EngineError::MissingSink {
-                route: route.name.clone(),
-                sink: route.sink.clone(),
-            })?;
+            let sink = parts
+                .sinks
+                .get(&route.sink)
+                .ok_or_else(|| EngineError::MissingSink { route: route.name.clone(), sink: route.sink.clone() })?;
             route_sinks.push(Arc::clone(sink));
         }
         Ok(Engine {

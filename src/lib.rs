@@ -21,8 +21,8 @@
 //! - [`ops`]: the HTTP listener (metrics, health, admin) and the metrics catalogue.
 //! - [`engine`]: a batch of commands through decide, claim, flush, sinks, complete, flush.
 
-pub mod config;
 pub mod cli;
+pub mod config;
 pub mod decide;
 pub mod demo;
 pub mod engine;

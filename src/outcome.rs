@@ -160,8 +160,19 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "attempts", "completed_at", "error", "fingerprint", "first_seen_at", "key", "outcome", "replay", "result",
-                "route", "sink", "source", "type"
+                "attempts",
+                "completed_at",
+                "error",
+                "fingerprint",
+                "first_seen_at",
+                "key",
+                "outcome",
+                "replay",
+                "result",
+                "route",
+                "sink",
+                "source",
+                "type"
             ]
         );
         assert_eq!(v["outcome"], "succeeded");

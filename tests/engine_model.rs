@@ -270,7 +270,9 @@ fn run_case(ops: Vec<Op>, forwards: bool, backend: dedupd::config::StoreBackend)
                     let forgotten_between = forgets.contains(&(i + 1));
                     prop_assert!(
                         forgotten_between || pair[1] - pair[0] >= TTL_MS,
-                        "k{} executed twice within the TTL: {:?}", key, got
+                        "k{} executed twice within the TTL: {:?}",
+                        key,
+                        got
                     );
                 }
             }

@@ -57,7 +57,8 @@ async fn a_key_forgotten_while_its_sink_runs_does_not_stop_the_batch() {
         })
         .unwrap();
         let ttl = Duration::from_secs(3600);
-        let items = vec![item("a", 1, 1_000_000, ttl, 1), item("b", 1, 1_000_000, ttl, 2), item("c", 1, 1_000_000, ttl, 3)];
+        let items =
+            vec![item("a", 1, 1_000_000, ttl, 1), item("b", 1, 1_000_000, ttl, 2), item("c", 1, 1_000_000, ttl, 3)];
         let results = engine.process_batch(&items, &CancellationToken::new()).await.expect("the batch goes on");
         let outcomes: Vec<Outcome> = results
             .iter()

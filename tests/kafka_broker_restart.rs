@@ -57,7 +57,9 @@ type Input = (String, Vec<u8>, i32, usize);
 
 /// The inputs, in production order.
 fn workload() -> Vec<Input> {
-    let value = |i: usize| serde_json::to_vec(&json!({"id": id(i), "type": "effect.apply", "payload": payload(i)})).expect("json");
+    let value = |i: usize| {
+        serde_json::to_vec(&json!({"id": id(i), "type": "effect.apply", "payload": payload(i)})).expect("json")
+    };
     let mut out = Vec::new();
     let mut late: BTreeMap<usize, Vec<Input>> = BTreeMap::new();
     for i in 0..DISTINCT {
@@ -80,7 +82,9 @@ fn workload() -> Vec<Input> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_restart_mid_run() {
     let Some(bootstrap) = kafka::bootstrap() else { return };
-    let (Ok(script), Ok(kafka_dir)) = (std::env::var("DEDUPD_TEST_KAFKA_SCRIPT"), std::env::var("DEDUPD_TEST_KAFKA_DIR")) else {
+    let (Ok(script), Ok(kafka_dir)) =
+        (std::env::var("DEDUPD_TEST_KAFKA_SCRIPT"), std::env::var("DEDUPD_TEST_KAFKA_DIR"))
+    else {
         assert!(
             std::env::var("DEDUPD_REQUIRE_KAFKA").as_deref() != Ok("1"),
             "DEDUPD_TEST_KAFKA_SCRIPT and DEDUPD_TEST_KAFKA_DIR are needed to restart the broker"
@@ -96,8 +100,11 @@ async fn broker_restart_mid_run() {
     let input_topic = kafka::unique("restart-commands");
     let results_topic = kafka::unique("restart-results");
     let dlq_topic = kafka::unique("restart-dlq");
-    kafka::create_topics(&bootstrap, &[(&input_topic, PARTITIONS), (&results_topic, RESULT_PARTITIONS), (&dlq_topic, 1)])
-        .await;
+    kafka::create_topics(
+        &bootstrap,
+        &[(&input_topic, PARTITIONS), (&results_topic, RESULT_PARTITIONS), (&dlq_topic, 1)],
+    )
+    .await;
 
     let seed = seed_from_env("BROKER_RESTART_SEED");
     let receiver = SlowReceiver::start(RECEIVER_DELAY_MS, seed).await;
@@ -240,13 +247,19 @@ async fn broker_restart_mid_run() {
     let mut per_key: HashMap<String, usize> = HashMap::new();
     for s in &seen {
         let key = s.key.clone().expect("every request carries Idempotency-Key");
-        let i: usize = key.strip_prefix("cmd-").and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("unexpected key {key}"));
+        let i: usize =
+            key.strip_prefix("cmd-").and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("unexpected key {key}"));
         let body: Value = serde_json::from_slice(&s.body).expect("JSON body");
         assert_eq!(body, payload(i), "body of {key}");
         *per_key.entry(key).or_insert(0) += 1;
     }
     let twice: Vec<(&String, &usize)> = per_key.iter().filter(|(_, c)| **c > 1).collect();
-    assert!(twice.is_empty(), "double effect: {} keys executed more than once, e.g. {:?}", twice.len(), &twice[..twice.len().min(10)]);
+    assert!(
+        twice.is_empty(),
+        "double effect: {} keys executed more than once, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(10)]
+    );
     let never: Vec<usize> = (0..DISTINCT).filter(|i| !per_key.contains_key(&id(*i))).collect();
     assert!(never.is_empty(), "loss: {} keys never executed, e.g. {:?}", never.len(), &never[..never.len().min(10)]);
 
@@ -257,7 +270,9 @@ async fn broker_restart_mid_run() {
     for m in &results {
         let r: ResultRecord = serde_json::from_slice(m.payload().expect("value")).expect("result record");
         assert_eq!(r.source.topic, input_topic);
-        let seq = *by_pos.get(&(r.source.partition, r.source.offset)).unwrap_or_else(|| panic!("unknown source {:?}", r.source));
+        let seq = *by_pos
+            .get(&(r.source.partition, r.source.offset))
+            .unwrap_or_else(|| panic!("unknown source {:?}", r.source));
         assert_eq!(r.key.as_deref(), Some(id(inputs[seq].3).as_str()), "result key of input {seq}");
         assert_eq!(header(m, "dedupd-outcome").as_deref(), Some(r.outcome.as_str()));
         assert!(matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate), "outcome of input {seq}: {r:?}");
@@ -268,7 +283,12 @@ async fn broker_restart_mid_run() {
         per_seq[seq].push(r);
     }
     let missing: Vec<usize> = (0..n).filter(|s| per_seq[*s].is_empty()).collect();
-    assert!(missing.is_empty(), "loss: {} inputs without a result, e.g. {:?}", missing.len(), &missing[..missing.len().min(10)]);
+    assert!(
+        missing.is_empty(),
+        "loss: {} inputs without a result, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
     let twice: Vec<_> = succeeded.iter().filter(|(_, c)| **c > 1).collect();
     assert!(twice.is_empty(), "keys published as succeeded more than once: {:?}", &twice[..twice.len().min(10)]);
     assert_eq!(kafka::count_records(&bootstrap, &dlq_topic).await, 0, "dead letters");
@@ -281,5 +301,10 @@ async fn broker_restart_mid_run() {
         extra.len(),
         if extra.is_empty() { String::new() } else { format!(", e.g. inputs {:?}", &extra[..extra.len().min(5)]) }
     );
-    println!("receiver: {} requests for {} keys; total {:.1} s", seen.len(), per_key.len(), started.elapsed().as_secs_f64());
+    println!(
+        "receiver: {} requests for {} keys; total {:.1} s",
+        seen.len(),
+        per_key.len(),
+        started.elapsed().as_secs_f64()
+    );
 }

@@ -133,7 +133,12 @@ async fn ten_thousand_commands_with_duplicates_conflicts_and_bad_records() {
             .iter()
             .enumerate()
             .map(|(seq, r)| {
-                (r.kafka_key.clone(), r.value.clone(), vec![("test-seq".to_string(), seq.to_string())], Some(r.partition))
+                (
+                    r.kafka_key.clone(),
+                    r.value.clone(),
+                    vec![("test-seq".to_string(), seq.to_string())],
+                    Some(r.partition),
+                )
             })
             .collect(),
     )
@@ -230,12 +235,18 @@ fn receiver_and_results_checks(
             let count = per_key.entry(key.clone()).or_insert(0);
             *count += 1;
             assert_eq!(*count, 1, "key {key} executed more than once");
-            let i: usize = key.strip_prefix("cmd-").and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("unexpected key {key}"));
+            let i: usize =
+                key.strip_prefix("cmd-").and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("unexpected key {key}"));
             let body: Value = serde_json::from_slice(body).expect("request body is JSON");
             assert_eq!(body, payload(i), "body of {key}");
         }
         let missing: Vec<usize> = (0..DISTINCT).filter(|i| !per_key.contains_key(&id(*i))).collect();
-        assert!(missing.is_empty(), "{} keys never executed, e.g. {:?}", missing.len(), &missing[..missing.len().min(10)]);
+        assert!(
+            missing.is_empty(),
+            "{} keys never executed, e.g. {:?}",
+            missing.len(),
+            &missing[..missing.len().min(10)]
+        );
         assert_eq!(seen.len(), DISTINCT, "requests received");
     }
 
@@ -325,7 +336,8 @@ fn receiver_and_results_checks(
         let offset: i64 = parts.next().and_then(|s| s.parse().ok()).expect("source offset");
         let partition: i32 = parts.next().and_then(|s| s.parse().ok()).expect("source partition");
         assert_eq!(parts.next(), Some(input_topic), "source topic in {source}");
-        let seq = *by_pos.get(&(partition, offset)).unwrap_or_else(|| panic!("dead letter from unknown source {source}"));
+        let seq =
+            *by_pos.get(&(partition, offset)).unwrap_or_else(|| panic!("dead letter from unknown source {source}"));
         let expected = *bad.get(&seq).unwrap_or_else(|| panic!("a valid record was dead-lettered: {source}"));
         assert!(seen_dead.insert(seq), "two dead letters for {source}");
         let reason = header(m, "dedupd-reason");

@@ -184,16 +184,14 @@ fn results_of(msgs: &[OwnedMessage]) -> Vec<ResultRecord> {
 async fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> HashMap<i32, i64> {
     let (b, g, t) = (bootstrap.to_string(), group.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
-        let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &b).set("group.id", &g).create().expect("client");
+        let c: BaseConsumer =
+            ClientConfig::new().set("bootstrap.servers", &b).set("group.id", &g).create().expect("client");
         let mut tpl = TopicPartitionList::new();
         for p in 0..partitions {
             tpl.add_partition(&t, p);
         }
         let got = c.committed_offsets(tpl, Duration::from_secs(10)).expect("committed");
-        got.elements()
-            .iter()
-            .map(|e| (e.partition(), if let Offset::Offset(o) = e.offset() { o } else { 0 }))
-            .collect()
+        got.elements().iter().map(|e| (e.partition(), if let Offset::Offset(o) = e.offset() { o } else { 0 })).collect()
     })
     .await
     .expect("task")
@@ -237,7 +235,10 @@ async fn shutdown_drains_commits_and_a_restart_finishes_exactly_once() {
     let all = results_of(&kafka::read_all(&bootstrap, &t.results, n, Duration::from_secs(120)).await);
     p.shutdown().await;
     assert_eq!(all.len(), n, "one result per input");
-    assert!(all.iter().all(|r| r.outcome == Outcome::Succeeded), "no duplicate or indeterminate after a clean shutdown");
+    assert!(
+        all.iter().all(|r| r.outcome == Outcome::Succeeded),
+        "no duplicate or indeterminate after a clean shutdown"
+    );
     let positions: HashSet<(i32, i64)> = all.iter().map(|r| (r.source.partition, r.source.offset)).collect();
     assert_eq!(positions.len(), n, "every input position exactly once");
     let per_key = receiver.per_key();
@@ -356,7 +357,8 @@ async fn a_lost_store_refuses_partitions_until_accepted() {
         assert!(Instant::now() < deadline, "readyz never reported both partitions refused: {status} {body}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let metrics = reqwest::get(format!("http://{}/metrics", p.http)).await.expect("metrics").text().await.expect("text");
+    let metrics =
+        reqwest::get(format!("http://{}/metrics", p.http)).await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("dedupd_refused_partitions 2"), "{metrics}");
     // Refused means nothing happens: watch for two seconds.
     tokio::time::sleep(Duration::from_secs(2)).await;

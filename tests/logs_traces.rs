@@ -71,7 +71,9 @@ level = "info,dedupd=debug"
 
     // Three commands, each with its own trace context, then a repeat of the first with
     // another one, and a bad record.
-    let command = |i: usize| serde_json::to_vec(&json!({"id": format!("lt-{i}"), "type": "hook.fire", "payload": {"i": i}})).unwrap();
+    let command = |i: usize| {
+        serde_json::to_vec(&json!({"id": format!("lt-{i}"), "type": "hook.fire", "payload": {"i": i}})).unwrap()
+    };
     let mut records: Vec<kafka::Outgoing> =
         (0..3).map(|i| (format!("lt-{i}"), command(i), vec![("traceparent".to_string(), traceparent(i))])).collect();
     records.push(("lt-0".into(), command(0), vec![("traceparent".to_string(), traceparent(9))]));
@@ -84,7 +86,8 @@ level = "info,dedupd=debug"
     let by_source: HashMap<(i32, i64), Value> = published
         .iter()
         .map(|m| {
-            let v: Value = serde_json::from_slice(rdkafka::Message::payload(m).unwrap_or_default()).expect("result JSON");
+            let v: Value =
+                serde_json::from_slice(rdkafka::Message::payload(m).unwrap_or_default()).expect("result JSON");
             ((v["source"]["partition"].as_i64().unwrap() as i32, v["source"]["offset"].as_i64().unwrap()), v)
         })
         .collect();
@@ -92,7 +95,10 @@ level = "info,dedupd=debug"
         .iter()
         .map(|m| {
             let v: Value = serde_json::from_slice(rdkafka::Message::payload(m).unwrap_or_default()).unwrap();
-            ((v["source"]["partition"].as_i64().unwrap() as i32, v["source"]["offset"].as_i64().unwrap()), kafka::header(m, "traceparent"))
+            (
+                (v["source"]["partition"].as_i64().unwrap() as i32, v["source"]["offset"].as_i64().unwrap()),
+                kafka::header(m, "traceparent"),
+            )
         })
         .collect();
     for (n, (_, _, headers)) in records.iter().enumerate() {
@@ -101,13 +107,18 @@ level = "info,dedupd=debug"
         assert_eq!(tp_of[&pos].as_deref(), Some(headers[0].1.as_str()), "traceparent of the result of input {n}");
     }
     let outcome_of = |n: usize| by_source[&positions[n]]["outcome"].as_str().unwrap_or("").to_string();
-    assert_eq!((0..5).map(outcome_of).collect::<Vec<_>>(), ["succeeded", "succeeded", "succeeded", "duplicate", "rejected"]);
+    assert_eq!(
+        (0..5).map(outcome_of).collect::<Vec<_>>(),
+        ["succeeded", "succeeded", "succeeded", "duplicate", "rejected"]
+    );
 
     // The sink saw each key once, with the trace context of the input that ran it.
     let mut seen = receiver.seen();
     seen.sort_by(|a, b| a.key.cmp(&b.key));
-    let got: Vec<(Option<String>, Option<String>)> = seen.iter().map(|s| (s.key.clone(), s.traceparent.clone())).collect();
-    let want: Vec<(Option<String>, Option<String>)> = (0..3).map(|i| (Some(format!("lt-{i}")), Some(traceparent(i)))).collect();
+    let got: Vec<(Option<String>, Option<String>)> =
+        seen.iter().map(|s| (s.key.clone(), s.traceparent.clone())).collect();
+    let want: Vec<(Option<String>, Option<String>)> =
+        (0..3).map(|i| (Some(format!("lt-{i}")), Some(traceparent(i)))).collect();
     assert_eq!(got, want, "what the http sink received");
 
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
@@ -125,7 +136,12 @@ level = "info,dedupd=debug"
             .iter()
             .filter(|v| v["fields"]["message"] == "command done")
             .map(|v| &v["span"])
-            .filter(|s| s["name"] == "command" && s["partition"] == pos.0 && s["offset"] == pos.1 && s["topic"] == input.as_str())
+            .filter(|s| {
+                s["name"] == "command"
+                    && s["partition"] == pos.0
+                    && s["offset"] == pos.1
+                    && s["topic"] == input.as_str()
+            })
             .collect();
         assert_eq!(spans.len(), 1, "command span of input {n} at {pos:?}:\n{}", tail_of_file(&log_path, 30));
         assert_eq!(spans[0]["outcome"], outcome_of(n).as_str(), "outcome in the span of input {n}");
@@ -137,7 +153,11 @@ level = "info,dedupd=debug"
         let key = format!("lt-{i}");
         let calls = lines
             .iter()
-            .filter(|v| v["fields"]["message"] == "sink call" && v["span"]["name"] == "sink_run" && v["span"]["key"] == key.as_str())
+            .filter(|v| {
+                v["fields"]["message"] == "sink call"
+                    && v["span"]["name"] == "sink_run"
+                    && v["span"]["key"] == key.as_str()
+            })
             .count();
         assert_eq!(calls, 1, "sink call events of {key} in a sink_run span");
     }

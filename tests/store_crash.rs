@@ -114,7 +114,9 @@ fn crash_loop(kind: StoreBackend, name: &str) {
         };
         let how = match wait_for {
             None => format!("store {} run {run}: batch {batch}, killed {delay:?} after spawn", kill / per_store),
-            Some(w) => format!("store {} run {run}: batch {batch}, killed {delay:?} after the first {w}", kill / per_store),
+            Some(w) => {
+                format!("store {} run {run}: batch {batch}, killed {delay:?} after the first {w}", kill / per_store)
+            }
         };
 
         let mut child = Command::new(env!("CARGO_BIN_EXE_store-crash-child"))
@@ -171,7 +173,11 @@ fn crash_loop(kind: StoreBackend, name: &str) {
         let mut saw_open = false;
         for l in &lines {
             let mut parts = l.split_whitespace();
-            match (parts.next(), parts.next().and_then(|x| x.parse::<i64>().ok()), parts.next().and_then(|x| x.parse::<i64>().ok())) {
+            match (
+                parts.next(),
+                parts.next().and_then(|x| x.parse::<i64>().ok()),
+                parts.next().and_then(|x| x.parse::<i64>().ok()),
+            ) {
                 (Some("OPEN"), _, _) => saw_open = true,
                 (Some("DURABLE"), Some(a), Some(b)) => {
                     assert_eq!(a, r.durable, "{}: DURABLE lines out of sequence: {lines:?}", r.how);
@@ -184,7 +190,13 @@ fn crash_loop(kind: StoreBackend, name: &str) {
                 _ => panic!("{}: unexpected child output {l:?}", r.how),
             }
         }
-        stats[if !saw_open { 0 } else if r.durable == 0 { 1 } else { 2 }] += 1;
+        stats[if !saw_open {
+            0
+        } else if r.durable == 0 {
+            1
+        } else {
+            2
+        }] += 1;
         runs.push(r);
 
         let t = Instant::now();
@@ -310,7 +322,8 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
             }
         }
         // Prefix order of the non-expiring keys: present ones, then completed ones.
-        let steady: Vec<(i64, &Record)> = by_i.iter().filter(|(i, _)| !r.expiring(**i)).map(|(i, r)| (*i, *r)).collect();
+        let steady: Vec<(i64, &Record)> =
+            by_i.iter().filter(|(i, _)| !r.expiring(**i)).map(|(i, r)| (*i, *r)).collect();
         let expected_seq = (0..).filter(|i| !r.expiring(*i));
         for ((i, _), want_i) in steady.iter().zip(expected_seq) {
             if *i != want_i {

@@ -13,7 +13,7 @@ use super::{Engine, EngineError, Item, ItemResult};
 use crate::decide::{Action, Arrival, Context, decide};
 use crate::envelope::{Command, Rejection};
 use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
-use crate::store::{ClaimRequest, StoreError, Completed, Completion, InProgress, Indeterminate, PendingClaim, Record};
+use crate::store::{ClaimRequest, Completed, Completion, InProgress, Indeterminate, PendingClaim, Record, StoreError};
 
 /// The first step for one record.
 enum Start {
@@ -156,14 +156,48 @@ impl Engine {
                 let prior = claim.record().attempts.saturating_sub(1);
                 let result = match end {
                     RunEnd::Succeeded { result, attempts } => {
-                        let c = self.completion(cmd, first_seen, completed_at, Completion::Succeeded, &result, None, prior + attempts);
+                        let c = self.completion(
+                            cmd,
+                            first_seen,
+                            completed_at,
+                            Completion::Succeeded,
+                            &result,
+                            None,
+                            prior + attempts,
+                        );
                         completions.push((claim, c));
-                        ItemResult::Done(Box::new(self.executed(&items[i], cmd, Outcome::Succeeded, result, None, prior + attempts, first_seen, completed_at)))
+                        ItemResult::Done(Box::new(self.executed(
+                            &items[i],
+                            cmd,
+                            Outcome::Succeeded,
+                            result,
+                            None,
+                            prior + attempts,
+                            first_seen,
+                            completed_at,
+                        )))
                     }
                     RunEnd::Failed { result, error, attempts } => {
-                        let c = self.completion(cmd, first_seen, completed_at, Completion::Failed, &result, Some(&error), prior + attempts);
+                        let c = self.completion(
+                            cmd,
+                            first_seen,
+                            completed_at,
+                            Completion::Failed,
+                            &result,
+                            Some(&error),
+                            prior + attempts,
+                        );
                         completions.push((claim, c));
-                        ItemResult::Done(Box::new(self.executed(&items[i], cmd, Outcome::Failed, result, Some(error), prior + attempts, first_seen, completed_at)))
+                        ItemResult::Done(Box::new(self.executed(
+                            &items[i],
+                            cmd,
+                            Outcome::Failed,
+                            result,
+                            Some(error),
+                            prior + attempts,
+                            first_seen,
+                            completed_at,
+                        )))
                     }
                     RunEnd::NeverRan => {
                         // The sink never saw it: put back what the claim replaced, so the
@@ -261,7 +295,12 @@ impl Engine {
                             attempts: p.attempts.saturating_add(1),
                             source: item.source.clone(),
                         },
-                        _ => InProgress { fingerprint: cmd.fingerprint, claimed_at_ms: now, attempts: 1, source: item.source.clone() },
+                        _ => InProgress {
+                            fingerprint: cmd.fingerprint,
+                            claimed_at_ms: now,
+                            attempts: 1,
+                            source: item.source.clone(),
+                        },
                     };
                     return Ok(Start::Claim(ClaimRequest { key: cmd.key.clone(), expected: stored, stamp, claim }));
                 }
@@ -269,7 +308,11 @@ impl Engine {
                     let Some(Record::InProgress(p)) = &stored else { continue };
                     let why = format!(
                         "claimed at {} by {}/{}/{} and never completed (crash?); sink `{}` does not forward the key, so the effect is unknown",
-                        rfc3339_ms(p.claimed_at_ms), p.source.topic, p.source.partition, p.source.offset, sink.name()
+                        rfc3339_ms(p.claimed_at_ms),
+                        p.source.topic,
+                        p.source.partition,
+                        p.source.offset,
+                        sink.name()
                     );
                     let new = Record::Indeterminate(Indeterminate {
                         fingerprint: p.fingerprint,

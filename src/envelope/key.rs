@@ -50,7 +50,9 @@ pub(super) fn key_from_json(v: Option<&Value>, what: &str) -> Result<String, Rej
 /// One part of a CloudEvents key (`source` or `id`): a non-empty string.
 pub(super) fn ce_part_json(obj: Option<&Value>, name: &str) -> Result<String, Rejection> {
     match obj {
-        None | Some(Value::Null) => Err(missing_key(format!("the CloudEvent has no `{name}`, which makes half of its key"))),
+        None | Some(Value::Null) => {
+            Err(missing_key(format!("the CloudEvent has no `{name}`, which makes half of its key")))
+        }
         Some(Value::String(s)) if s.is_empty() => {
             Err(reject(RejectReason::BadKey, format!("the CloudEvent's `{name}` is empty"), None))
         }
@@ -108,7 +110,12 @@ pub(super) fn shape_key(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> 
 }
 
 /// The key per `envelope.key`.
-pub(super) fn read_key(record: &InputRecord<'_>, source: &KeySource, shape: Shape, doc: &Value) -> Result<String, Rejection> {
+pub(super) fn read_key(
+    record: &InputRecord<'_>,
+    source: &KeySource,
+    shape: Shape,
+    doc: &Value,
+) -> Result<String, Rejection> {
     match source {
         KeySource::Auto => match header(record.headers, "idempotency-key") {
             Some(bytes) => key_from_bytes(bytes, "header idempotency-key"),

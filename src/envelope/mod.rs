@@ -33,7 +33,6 @@
 //!   (`ce_traceparent` header, `traceparent` attribute). Not UTF-8: dropped, not rejected.
 //! - `stale` is never produced here: it needs the clock, see [`crate::decide`].
 
-
 mod key;
 mod shapes;
 #[cfg(test)]
@@ -278,7 +277,8 @@ pub fn parse(
 
     let kind = read_type(shape, record, &doc).map_err(|m| reject(RejectReason::MissingType, m, known))?;
 
-    let (ttl, created_at_ms) = read_fields(shape, record, &doc).map_err(|m| reject(RejectReason::BadField, m, known))?;
+    let (ttl, created_at_ms) =
+        read_fields(shape, record, &doc).map_err(|m| reject(RejectReason::BadField, m, known))?;
 
     let traceparent = read_traceparent(shape, record, &doc);
 
@@ -294,7 +294,11 @@ pub fn parse(
     let ttl = router.effective_ttl(ttl, route);
 
     let fingerprint = crate::fingerprint::fingerprint(&kind, &payload, &route.fingerprint_exclude).map_err(|e| {
-        reject(RejectReason::InvalidJson, format!("the payload cannot be canonicalised for the fingerprint: {e}"), known)
+        reject(
+            RejectReason::InvalidJson,
+            format!("the payload cannot be canonicalised for the fingerprint: {e}"),
+            known,
+        )
     })?;
 
     // Kafka uses -1 for "no timestamp"; a negative timestamp is treated as unknown so that

@@ -4,7 +4,11 @@
 use super::*;
 
 /// Finds the shape and parses the value: the envelope object, or a binary CloudEvent's data.
-pub(super) fn detect(record: &InputRecord<'_>, format: EnvelopeFormat, bytes: &[u8]) -> Result<(Shape, Value), Rejection> {
+pub(super) fn detect(
+    record: &InputRecord<'_>,
+    format: EnvelopeFormat,
+    bytes: &[u8],
+) -> Result<(Shape, Value), Rejection> {
     let binary = header(record.headers, "ce_specversion");
     if let Some(version) = binary {
         if matches!(format, EnvelopeFormat::Native | EnvelopeFormat::ToolCall) {
@@ -49,7 +53,9 @@ pub(super) fn detect(record: &InputRecord<'_>, format: EnvelopeFormat, bytes: &[
     // A pinned format reads the record as that shape whenever it has that shape's marker
     // fields, even if auto-detection would have picked another one.
     let (shape, wanted) = match format {
-        EnvelopeFormat::Auto => (auto, "`specversion` (CloudEvents), `tool` (tool call) or `id`/`type`/`payload` (native)"),
+        EnvelopeFormat::Auto => {
+            (auto, "`specversion` (CloudEvents), `tool` (tool call) or `id`/`type`/`payload` (native)")
+        }
         EnvelopeFormat::Native => (is_native.then_some(Shape::Native), "`id`, `type` or `payload`"),
         EnvelopeFormat::ToolCall => (has("tool").then_some(Shape::ToolCall), "`tool`"),
         EnvelopeFormat::Cloudevents => {
@@ -122,7 +128,11 @@ pub(super) fn time_from_json(v: Option<&Value>, name: &str) -> Result<Option<i64
 }
 
 /// `ttl` and `created_at` (CloudEvents: `time`/`ce_time`). Errors are `bad_field` messages.
-pub(super) fn read_fields(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Result<(Option<Duration>, Option<i64>), String> {
+pub(super) fn read_fields(
+    shape: Shape,
+    record: &InputRecord<'_>,
+    doc: &Value,
+) -> Result<(Option<Duration>, Option<i64>), String> {
     match shape {
         Shape::Native => {
             let ttl = match doc.get("ttl") {
@@ -153,7 +163,8 @@ pub(super) fn read_fields(shape: Shape, record: &InputRecord<'_>, doc: &Value) -
 /// W3C trace context: the `traceparent` header; for CloudEvents also the distributed
 /// tracing extension (`ce_traceparent` header, `traceparent` attribute). Not UTF-8: dropped.
 pub(super) fn read_traceparent(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Option<String> {
-    let from_header = |name: &str| header(record.headers, name).and_then(|b| std::str::from_utf8(b).ok()).map(str::to_string);
+    let from_header =
+        |name: &str| header(record.headers, name).and_then(|b| std::str::from_utf8(b).ok()).map(str::to_string);
     from_header("traceparent").or_else(|| match shape {
         Shape::CloudEventsBinary => from_header("ce_traceparent"),
         Shape::CloudEventsStructured => doc.get("traceparent").and_then(Value::as_str).map(str::to_string),
@@ -176,9 +187,9 @@ pub(super) fn take_payload(shape: Shape, doc: &mut Value) -> Result<Value, Strin
             let Some(obj) = doc.as_object_mut() else { return Ok(Value::Null) };
             match obj.remove("data") {
                 Some(data) => Ok(data),
-                None if obj.contains_key("data_base64") => Err(
-                    "the CloudEvent carries `data_base64`; only JSON `data` is supported".to_string(),
-                ),
+                None if obj.contains_key("data_base64") => {
+                    Err("the CloudEvent carries `data_base64`; only JSON `data` is supported".to_string())
+                }
                 None => Ok(Value::Null),
             }
         }

@@ -123,7 +123,8 @@ fn binary(data: &str) -> Rec {
 
 const NATIVE: &str = r#"{"id":"k1","type":"email.send","payload":{"to":"a@b","n":1}}"#;
 const TOOL: &str = r#"{"tool":"charge_card","arguments":{"amount":5,"idempotency_key":"tk-1"}}"#;
-const STRUCTURED: &str = r#"{"specversion":"1.0","id":"e1","source":"/orders","type":"com.example.placed","data":{"order":7}}"#;
+const STRUCTURED: &str =
+    r#"{"specversion":"1.0","id":"e1","source":"/orders","type":"com.example.placed","data":{"order":7}}"#;
 
 fn reason(r: Result<Command, Rejection>) -> RejectReason {
     r.unwrap_err().reason
@@ -588,7 +589,8 @@ fn created_at_parses_rfc3339() {
     assert_eq!(rec(&with("\"2023-11-14T22:13:20Z\"")).ok().created_at_ms, Some(1_700_000_000_000));
     assert_eq!(rec(&with("\"2023-11-14T23:13:20.5+01:00\"")).ok().created_at_ms, Some(1_700_000_000_500));
     assert_eq!(rec(&with("null")).ok().created_at_ms, None);
-    for bad in ["\"2023-11-14\"", "\"yesterday\"", "\"2023-11-14 22:13:20\"", "1700000000", "\"2023-13-01T00:00:00Z\""] {
+    for bad in ["\"2023-11-14\"", "\"yesterday\"", "\"2023-11-14 22:13:20\"", "1700000000", "\"2023-13-01T00:00:00Z\""]
+    {
         assert_eq!(rec(&with(bad)).err().reason, RejectReason::BadField, "{bad}");
     }
 }
@@ -782,11 +784,7 @@ fn value() -> impl Strategy<Value = Option<Vec<u8>>> {
         0..16,
     )
     .prop_map(|parts| Some(parts.concat().into_bytes()));
-    prop_oneof![
-        Just(None),
-        proptest::option::of(proptest::collection::vec(any::<u8>(), 0..400)),
-        json_ish,
-    ]
+    prop_oneof![Just(None), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..400)), json_ish,]
 }
 
 proptest! {

@@ -62,7 +62,8 @@ impl Publisher {
             if let Some(tp) = &processed.traceparent {
                 headers = headers.insert(Header { key: "traceparent", value: Some(tp.as_str()) });
             }
-            let mut record = FutureRecord::<[u8], [u8]>::to(&self.results_topic).payload(value.as_slice()).headers(headers);
+            let mut record =
+                FutureRecord::<[u8], [u8]>::to(&self.results_topic).payload(value.as_slice()).headers(headers);
             if let Some(k) = &processed.result.key {
                 record = record.key(k.as_bytes());
             }

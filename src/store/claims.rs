@@ -101,8 +101,7 @@ impl KeyStore {
     pub fn get_stamped(&self, key: &str) -> Result<(Option<Record>, ReadStamp), StoreError> {
         let _gate = self.gate.read();
         let stripe = self.stripe(key).lock();
-        let stamp =
-            ReadStamp { stripe_version: stripe.version, compactions: self.compactions.load(Ordering::Acquire) };
+        let stamp = ReadStamp { stripe_version: stripe.version, compactions: self.compactions.load(Ordering::Acquire) };
         Ok((self.get(key)?, stamp))
     }
 
@@ -236,7 +235,8 @@ impl KeyStore {
     /// Replaces the durable claim with its completion. Durable after the next [`KeyStore::flush`].
     pub fn complete(&self, claim: DurableClaim, completed: Completed) -> Result<Record, StoreError> {
         let mut done = self.complete_batch(vec![(claim, completed)])?;
-        done.pop().ok_or_else(|| StoreError::Backend { backend: self.backend.name(), message: "empty completion".into() })
+        done.pop()
+            .ok_or_else(|| StoreError::Backend { backend: self.backend.name(), message: "empty completion".into() })
     }
 
     /// Replaces each durable claim with its completion, all in one atomic write with one

@@ -93,14 +93,9 @@ fn clear_unfinished_creation(path: &Path) -> Result<(), StoreError> {
 impl FjallBackend {
     pub fn open(path: &Path) -> Result<FjallBackend, StoreError> {
         clear_unfinished_creation(path)?;
-        let db = Database::builder(path)
-            .cache_size(64 * MIB)
-            .max_journaling_size(128 * MIB)
-            .open()
-            .map_err(err)?;
-        let records = db
-            .keyspace("records", || KeyspaceCreateOptions::default().max_memtable_size(32 * MIB))
-            .map_err(err)?;
+        let db = Database::builder(path).cache_size(64 * MIB).max_journaling_size(128 * MIB).open().map_err(err)?;
+        let records =
+            db.keyspace("records", || KeyspaceCreateOptions::default().max_memtable_size(32 * MIB)).map_err(err)?;
         let expiry =
             db.keyspace("expiry", || KeyspaceCreateOptions::default().max_memtable_size(8 * MIB)).map_err(err)?;
         let meta = db.keyspace("meta", || KeyspaceCreateOptions::default().max_memtable_size(MIB)).map_err(err)?;

@@ -42,7 +42,8 @@ fn group_of(at_ms: i64) -> i64 {
 fn encode_pairs(pairs: &[(&str, i64)]) -> Result<Vec<u8>, StoreError> {
     let mut v = Vec::with_capacity(pairs.iter().map(|(k, _)| k.len() + 10).sum());
     for (key, at) in pairs {
-        let len = u16::try_from(key.len()).map_err(|_| corrupt(format!("key of {} bytes is too long to index", key.len())))?;
+        let len = u16::try_from(key.len())
+            .map_err(|_| corrupt(format!("key of {} bytes is too long to index", key.len())))?;
         v.extend_from_slice(&len.to_be_bytes());
         v.extend_from_slice(key.as_bytes());
         v.extend_from_slice(&at.to_be_bytes());
@@ -108,7 +109,9 @@ impl KeyStore {
         }
         Err(StoreError::Corrupt {
             key: key.to_string(),
-            source: super::record::DecodeError(format!("completed record expiring at {at_ms} is missing from the expiry index")),
+            source: super::record::DecodeError(format!(
+                "completed record expiring at {at_ms} is missing from the expiry index"
+            )),
         })
     }
 

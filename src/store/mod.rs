@@ -31,8 +31,8 @@ use crate::config::{StoreBackend, SyncMode};
 pub use claims::{ClaimRequest, DurableClaim, PendingClaim, ReadStamp};
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
-pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
+pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -85,8 +85,13 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
     /// Up to `limit` entries with `start <= key < end`, ascending.
-    fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize)
-    -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn scan(
+        &self,
+        tree: Tree,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> Result<u64, StoreError>;
 }
@@ -396,7 +401,8 @@ impl KeyStore {
 }
 
 fn decode(key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
-    Record::decode(value).map_err(|source| StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source })
+    Record::decode(value)
+        .map_err(|source| StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source })
 }
 
 #[cfg(test)]

@@ -356,7 +356,12 @@ mod tests {
                 expires_at_ms: 3,
                 attempts: 300,
             }),
-            Record::Indeterminate(Indeterminate { fingerprint: fp(3), claimed_at_ms: -5, attempts: 2, why: "crash".into() }),
+            Record::Indeterminate(Indeterminate {
+                fingerprint: fp(3),
+                claimed_at_ms: -5,
+                attempts: 2,
+                why: "crash".into(),
+            }),
         ];
         for r in records {
             assert_eq!(Record::decode(&r.encode()).unwrap(), r);

@@ -826,7 +826,12 @@ fn claim_batch_mixes_fresh_stale_and_expired(kind: StoreBackend) {
     let (expired, s_expired) = read("expired");
     // `stale` is claimed by someone else after it was read.
     let _ = durable(&f.store, "stale", 9);
-    let req = |key: &str, expected: Option<Record>, stamp| ClaimRequest { key: key.into(), expected, stamp, claim: in_progress(1, 1) };
+    let req = |key: &str, expected: Option<Record>, stamp| ClaimRequest {
+        key: key.into(),
+        expected,
+        stamp,
+        claim: in_progress(1, 1),
+    };
     let out = f
         .store
         .claim_batch(vec![

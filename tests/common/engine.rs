@@ -127,7 +127,9 @@ impl Sink for ScriptedSink {
             Behaviour::FailPermanently => {
                 Err(SinkError::Permanent { message: "refused".into(), result: serde_json::json!({"status": 400}) })
             }
-            Behaviour::FailTransiently => Err(SinkError::Transient { message: "unavailable".into(), retry_after: None }),
+            Behaviour::FailTransiently => {
+                Err(SinkError::Transient { message: "unavailable".into(), retry_after: None })
+            }
             Behaviour::CrashBeforeEffect => {
                 self.crash();
                 Err(SinkError::Transient { message: "process died".into(), retry_after: None })
@@ -149,7 +151,13 @@ impl Sink for ScriptedSink {
 
 /// One default route `*` to sink `s`.
 pub fn router(ttl: Duration) -> Router {
-    let route = RouteConfig { name: Some("all".into()), types: vec!["*".into()], sink: "s".into(), ttl: None, fingerprint_exclude: vec![] };
+    let route = RouteConfig {
+        name: Some("all".into()),
+        types: vec!["*".into()],
+        sink: "s".into(),
+        ttl: None,
+        fingerprint_exclude: vec![],
+    };
     Router::new(&[route], ttl, ttl * 10).unwrap()
 }
 

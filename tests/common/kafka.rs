@@ -104,11 +104,7 @@ pub type OutgoingTo = (String, Vec<u8>, Vec<(String, String)>, Option<i32>);
 
 /// Like [`produce_all`], with an optional explicit partition per record. Order within a
 /// partition is the input order (idempotent producer).
-pub async fn produce_all_to(
-    bootstrap: &str,
-    topic: &str,
-    records: Vec<OutgoingTo>,
-) -> Vec<(i32, i64)> {
+pub async fn produce_all_to(bootstrap: &str, topic: &str, records: Vec<OutgoingTo>) -> Vec<(i32, i64)> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
@@ -207,7 +203,11 @@ pub struct Receiver {
     task: JoinHandle<std::io::Result<()>>,
 }
 
-async fn receive(State(seen): State<Arc<Mutex<Vec<Request>>>>, headers: HeaderMap, body: Bytes) -> axum::Json<serde_json::Value> {
+async fn receive(
+    State(seen): State<Arc<Mutex<Vec<Request>>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> axum::Json<serde_json::Value> {
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     seen.lock().push((key, body));
     axum::Json(serde_json::json!({"accepted": true}))

@@ -50,7 +50,8 @@ impl SplitMix {
 /// A seed from `var` when set (to replay a run), else from the clock.
 pub fn seed_from_env(var: &str) -> u64 {
     std::env::var(var).ok().and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         (nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)
     })
 }
@@ -144,7 +145,13 @@ impl Drop for DedupdProcess {
 /// Waits until a line containing `needle` is appended to `path` after byte `from` (e.g.
 /// the child's log, from its length at spawn); returns when it was seen, or `None` after
 /// `timeout` or once `give_up()` says so (the child died).
-pub async fn wait_for_line(path: &Path, from: u64, needle: &str, timeout: Duration, mut give_up: impl FnMut() -> bool) -> Option<Instant> {
+pub async fn wait_for_line(
+    path: &Path,
+    from: u64,
+    needle: &str,
+    timeout: Duration,
+    mut give_up: impl FnMut() -> bool,
+) -> Option<Instant> {
     use std::io::{Read, Seek, SeekFrom};
     let deadline = Instant::now() + timeout;
     let mut buf = Vec::new();
@@ -218,7 +225,12 @@ impl Drop for InFlight {
     }
 }
 
-async fn slow_receive(State(s): State<ReceiverState>, uri: Uri, headers: HeaderMap, body: Bytes) -> axum::Json<serde_json::Value> {
+async fn slow_receive(
+    State(s): State<ReceiverState>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> axum::Json<serde_json::Value> {
     s.in_flight.fetch_add(1, Ordering::SeqCst);
     // Decremented however the request ends, also when the client went away and the
     // handler is dropped.
@@ -228,7 +240,14 @@ async fn slow_receive(State(s): State<ReceiverState>, uri: Uri, headers: HeaderM
         // Sequence number and record under one lock, so `seen` is in `seq` order.
         let mut seen = s.seen.lock();
         let seq = s.next.fetch_add(1, Ordering::SeqCst);
-        seen.push(Seen { seq, path: uri.path().to_string(), key: header("idempotency-key"), attempt: header("dedupd-attempt"), traceparent: header("traceparent"), body });
+        seen.push(Seen {
+            seq,
+            path: uri.path().to_string(),
+            key: header("idempotency-key"),
+            attempt: header("dedupd-attempt"),
+            traceparent: header("traceparent"),
+            body,
+        });
         *s.last_arrival.lock() = Some(Instant::now());
         seq
     };
@@ -422,13 +441,18 @@ pub async fn wait_for_http_addr(log: &Path, child: &mut DedupdProcess, timeout: 
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         let addr = text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find_map(|v| {
-            (v["fields"]["message"] == "dedupd running").then(|| v["fields"]["http_addr"].as_str().map(str::to_string))?
+            (v["fields"]["message"] == "dedupd running")
+                .then(|| v["fields"]["http_addr"].as_str().map(str::to_string))?
         });
         if let Some(addr) = addr {
             return addr;
         }
         assert!(child.exited().is_none(), "dedupd exited early:\n{}", tail_of_file(log, 40));
-        assert!(Instant::now() < deadline, "dedupd did not log `dedupd running` within {timeout:?}:\n{}", tail_of_file(log, 40));
+        assert!(
+            Instant::now() < deadline,
+            "dedupd did not log `dedupd running` within {timeout:?}:\n{}",
+            tail_of_file(log, 40)
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
