@@ -429,10 +429,10 @@ impl Config {
                     return Err(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
                 }
             }
-            if let Some(ttl) = route.ttl {
-                if ttl.is_zero() {
-                    return Err(invalid(&format!("{at}.ttl"), "0s", "must be positive"));
-                }
+            if let Some(ttl) = route.ttl
+                && ttl.is_zero()
+            {
+                return Err(invalid(&format!("{at}.ttl"), "0s", "must be positive"));
             }
             for p in &route.fingerprint_exclude {
                 if !(p.is_empty() || p.starts_with('/')) {
@@ -444,10 +444,10 @@ impl Config {
                 }
             }
         }
-        if let Some(token) = &self.http.admin_token {
-            if token.len() < 16 {
-                return Err(invalid("http.admin_token", "(hidden)", "must be at least 16 characters"));
-            }
+        if let Some(token) = &self.http.admin_token
+            && token.len() < 16
+        {
+            return Err(invalid("http.admin_token", "(hidden)", "must be at least 16 characters"));
         }
         if let Err(e) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
             return Err(invalid("log.level", &self.log.level, format!("is not a tracing filter: {e}")));

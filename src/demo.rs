@@ -252,10 +252,10 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
     let rejected = outcomes.get("rejected").copied().unwrap_or(0) + outcomes.get("stale").copied().unwrap_or(0);
     let deadline = Instant::now() + Duration::from_secs(10);
     while dead_letters < rejected && Instant::now() < deadline {
-        if let Some(Ok(m)) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200))) {
-            if m.topic() == "demo.dead-letter" {
-                dead_letters += 1;
-            }
+        if let Some(Ok(m)) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200)))
+            && m.topic() == "demo.dead-letter"
+        {
+            dead_letters += 1;
         }
     }
     stop.cancel();

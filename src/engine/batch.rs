@@ -21,7 +21,7 @@ enum Start {
     Done(Box<Processed>),
     /// To claim (the key is marked in flight); `request.expected` is what the claim
     /// replaces. Claims of a round are written together.
-    Claim(ClaimRequest),
+    Claim(Box<ClaimRequest>),
     /// Another batch of this process is executing the key.
     Wait(watch::Receiver<()>),
 }
@@ -88,7 +88,7 @@ impl Engine {
                         queues[q].pop_front();
                     }
                     Start::Claim(request) => {
-                        requests.push(request);
+                        requests.push(*request);
                         requested.push((q, i, cmd));
                     }
                     Start::Wait(rx) => waits.push(rx),
@@ -302,7 +302,12 @@ impl Engine {
                             source: item.source.clone(),
                         },
                     };
-                    return Ok(Start::Claim(ClaimRequest { key: cmd.key.clone(), expected: stored, stamp, claim }));
+                    return Ok(Start::Claim(Box::new(ClaimRequest {
+                        key: cmd.key.clone(),
+                        expected: stored,
+                        stamp,
+                        claim,
+                    })));
                 }
                 Action::MarkIndeterminate => {
                     let Some(Record::InProgress(p)) = &stored else { continue };
@@ -321,12 +326,12 @@ impl Engine {
                         why,
                     });
                     if self.store.compare_and_swap(&cmd.key, stored.as_ref(), Some(&new))?.is_ok() {
-                        return Ok(Start::Done(Box::new(self.from_record(item, cmd, &new, now))));
+                        return Ok(Start::Done(Box::new(self.processed_from_record(item, cmd, &new, now))));
                     }
                 }
                 Action::Replay | Action::ReportIndeterminate | Action::Conflict => {
                     if let Some(record) = &stored {
-                        let mut p = self.from_record(item, cmd, record, now);
+                        let mut p = self.processed_from_record(item, cmd, record, now);
                         if action == Action::Conflict {
                             p.result.outcome = Outcome::Conflict;
                             p.result.replay = false;
@@ -437,7 +442,7 @@ impl Engine {
     }
 
     /// A result read from a stored record: a replay (`duplicate`) or `indeterminate`.
-    fn from_record(&self, item: &Item, cmd: &Command, record: &Record, now: i64) -> Processed {
+    fn processed_from_record(&self, item: &Item, cmd: &Command, record: &Record, now: i64) -> Processed {
         match record {
             Record::Completed(c) => {
                 let mut p = self.base(item, Some(cmd), Outcome::Duplicate);

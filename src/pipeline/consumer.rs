@@ -235,10 +235,10 @@ impl PipelineContext {
             }
             false
         });
-        if resume.count() > 0 {
-            if let Err(e) = consumer.resume(&resume) {
-                tracing::warn!(error = %e, "could not resume partitions after backpressure");
-            }
+        if resume.count() > 0
+            && let Err(e) = consumer.resume(&resume)
+        {
+            tracing::warn!(error = %e, "could not resume partitions after backpressure");
         }
         !held.is_empty()
     }

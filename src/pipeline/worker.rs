@@ -167,10 +167,10 @@ impl PartitionWorker {
         if let Some(dl) = &p.dead_letter {
             m.dead_lettered(dl.reason);
         }
-        if p.result.outcome == Outcome::Duplicate {
-            if let Some(age) = p.duplicate_age_ms {
-                m.duplicate_age(p.result.route.as_deref(), age as f64 / 1000.0);
-            }
+        if p.result.outcome == Outcome::Duplicate
+            && let Some(age) = p.duplicate_age_ms
+        {
+            m.duplicate_age(p.result.route.as_deref(), age as f64 / 1000.0);
         }
     }
 

@@ -22,6 +22,9 @@ use std::collections::BTreeMap;
 
 use super::{KeyStore, Op, StoreError, Tree, expiry_key, split_expiry_key};
 
+/// An index entry's key and the `(key, expires_at)` pairs it lists.
+pub(super) type DueEntry = (Vec<u8>, Vec<(String, i64)>);
+
 /// Completions whose expiries fall in the same span of this many ms share an entry.
 pub const GROUP_MS: i64 = 1_000;
 
@@ -117,12 +120,7 @@ impl KeyStore {
 
     /// Up to `max_keys` records due at `now_ms` (whole entries; at least one entry), from
     /// index keys `>= from`: the entry keys and the records they list.
-    pub(super) fn due_entries(
-        &self,
-        now_ms: i64,
-        max_keys: usize,
-        from: &[u8],
-    ) -> Result<Vec<(Vec<u8>, Vec<(String, i64)>)>, StoreError> {
+    pub(super) fn due_entries(&self, now_ms: i64, max_keys: usize, from: &[u8]) -> Result<Vec<DueEntry>, StoreError> {
         let end = expiry_key(now_ms.saturating_add(1), b"");
         let mut out = Vec::new();
         let mut keys = 0;

@@ -48,6 +48,9 @@ pub enum StoreError {
     ClaimLost(String),
 }
 
+/// A key and its value, as a scan returns them.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
 /// The keyspaces a backend keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tree {
@@ -85,13 +88,7 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
     /// Up to `limit` entries with `start <= key < end`, ascending.
-    fn scan(
-        &self,
-        tree: Tree,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<KeyValue>, StoreError>;
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> Result<u64, StoreError>;
 }
