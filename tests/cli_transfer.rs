@@ -84,13 +84,7 @@ fn config_toml(
     sink: &str,
 ) -> String {
     format!(
-        r#"[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{group}"
-input_topics = ["{input}"]
-results_topic = "{results}"
-dead_letter_topic = "{dlq}"
-
+        r#"{kafka_table}
 [kafka.consumer]
 "session.timeout.ms" = "6000"
 "heartbeat.interval.ms" = "1000"
@@ -115,7 +109,8 @@ admin_token = "{TOKEN}"
 [log]
 format = "json"
 level = "info"
-"#
+"#,
+        kafka_table = kafka::kafka_table(&bootstrap, &group, &input, &results, &dlq)
     )
 }
 

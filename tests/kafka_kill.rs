@@ -174,13 +174,7 @@ fn config_toml(bootstrap: &str, group: &str, topics: [&str; 3], backend: &str, s
     let store = store.to_str().expect("utf-8 path");
     let [input, results, dlq] = topics;
     format!(
-        r#"[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{group}"
-input_topics = ["{input}"]
-results_topic = "{results}"
-dead_letter_topic = "{dlq}"
-
+        r#"{kafka_table}
 [kafka.consumer]
 # A restart after SIGKILL waits for the dead member's session to expire.
 "session.timeout.ms" = "2000"
@@ -203,7 +197,8 @@ listen = "127.0.0.1:0"
 format = "json"
 level = "info"
 
-{sinks}"#
+{sinks}"#,
+        kafka_table = kafka::kafka_table(&bootstrap, &group, &input, &results, &dlq)
     )
 }
 

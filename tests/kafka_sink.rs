@@ -161,13 +161,7 @@ async fn dedupd_run_produces_each_command_once_to_the_sink_topic() {
     std::fs::write(
         &config_path,
         format!(
-            r#"[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{group}"
-input_topics = ["{input}"]
-results_topic = "{results}"
-dead_letter_topic = "{dlq}"
-
+            r#"{kafka_table}
 [store]
 path = {store:?}
 
@@ -186,7 +180,8 @@ sink = "out"
 
 [http]
 listen = "127.0.0.1:0"
-"#
+"#,
+            kafka_table = kafka::kafka_table(&bootstrap, &group, &input, &results, &dlq)
         ),
     )
     .expect("write config");

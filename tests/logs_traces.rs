@@ -34,13 +34,7 @@ async fn traceparent_flows_through_and_every_command_has_a_span() {
     std::fs::write(
         &config_path,
         format!(
-            r#"[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{group}"
-input_topics = ["{input}"]
-results_topic = "{results}"
-dead_letter_topic = "{dlq}"
-
+            r#"{kafka_table}
 [store]
 path = "{store}"
 
@@ -60,7 +54,7 @@ listen = "127.0.0.1:0"
 format = "json"
 level = "info,dedupd=debug"
 "#,
-            group = kafka::unique("lt-group"),
+            kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("lt-group"), &input, &results, &dlq),
             store = dir.path().join("store").display(),
             url = receiver.url("/hook"),
         ),

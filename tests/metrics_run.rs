@@ -161,13 +161,7 @@ async fn produce(bootstrap: &str, topic: &str, inputs: &[Input]) -> Vec<(i32, i6
 fn config(bootstrap: &str, topics: [&str; 3], store: &Path, receiver_url: &str) -> String {
     let [input, results, dlq] = topics;
     format!(
-        r#"[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{group}"
-input_topics = ["{input}"]
-results_topic = "{results}"
-dead_letter_topic = "{dlq}"
-
+        r#"{kafka_table}
 [kafka.consumer]
 "statistics.interval.ms" = "500"
 
@@ -202,7 +196,7 @@ listen = "127.0.0.1:0"
 format = "json"
 level = "info"
 "#,
-        group = kafka::unique("metrics-group"),
+        kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("metrics-group"), &input, &results, &dlq),
         store = store.display(),
     )
 }

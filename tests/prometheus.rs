@@ -132,13 +132,7 @@ async fn prometheus_scrapes_dedupd_commands_total() {
     std::fs::write(
         &config_path,
         format!(
-            r#"[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{group}"
-input_topics = ["{input}"]
-results_topic = "{results}"
-dead_letter_topic = "{dlq}"
-
+            r#"{kafka_table}
 [store]
 path = "{store}"
 
@@ -157,7 +151,7 @@ listen = "127.0.0.1:0"
 format = "json"
 level = "info"
 "#,
-            group = kafka::unique("prom-group"),
+            kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("prom-group"), &input, &results, &dlq),
             store = dir.path().join("store").display(),
         ),
     )

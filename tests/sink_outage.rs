@@ -109,13 +109,7 @@ impl Receiver {
 fn config(bootstrap: &str, topics: [&str; 3], store: &Path, url: &str) -> String {
     let [input, results, dlq] = topics;
     format!(
-        r#"[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{group}"
-input_topics = ["{input}"]
-results_topic = "{results}"
-dead_letter_topic = "{dlq}"
-
+        r#"{kafka_table}
 [store]
 path = "{store}"
 
@@ -146,7 +140,7 @@ listen = "127.0.0.1:0"
 format = "json"
 level = "info"
 "#,
-        group = kafka::unique("outage-group"),
+        kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("outage-group"), &input, &results, &dlq),
         store = store.display(),
     )
 }

@@ -248,3 +248,12 @@ impl Receiver {
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
     }
 }
+
+/// The `[kafka]` table of a test's dedupd config: broker, group and the three topics.
+/// Tests add their own `[kafka.consumer]`/`[kafka.producer]` tables after it.
+pub fn kafka_table(bootstrap: &str, group: &str, input: &str, results: &str, dlq: &str) -> String {
+    format!(
+        "[kafka]\nbootstrap_servers = \"{bootstrap}\"\ngroup_id = \"{group}\"\ninput_topics = [\"{input}\"]\n\
+         results_topic = \"{results}\"\ndead_letter_topic = \"{dlq}\"\n"
+    )
+}
