@@ -157,24 +157,12 @@ impl KeyStore {
             }
             self.backend.apply(old.into_iter().map(|(k, _)| Op::Delete(Tree::Expiry, k)).collect())?;
         }
-        let mut start: Vec<u8> = Vec::new();
-        loop {
-            let page = self.backend.scan(Tree::Records, &start, None, 10_000)?;
-            let Some((last, _)) = page.last() else { break };
-            start = last.clone();
-            start.push(0);
-            let mut pairs: Vec<(String, i64)> = Vec::new();
-            for (k, v) in &page {
-                if let Some(at) = super::decode(k, v)?.expires_at_ms() {
-                    pairs.push((String::from_utf8_lossy(k).into_owned(), at));
-                }
-            }
-            let borrowed: Vec<(&str, i64)> = pairs.iter().map(|(k, at)| (k.as_str(), *at)).collect();
-            let ops = entry_ops(&borrowed)?;
-            if !ops.is_empty() {
-                self.backend.apply(ops)?;
-            }
-        }
+        self.for_each_record_page(|page| {
+            let pairs: Vec<(&str, i64)> =
+                page.iter().filter_map(|(k, r)| r.expires_at_ms().map(|at| (k.as_str(), at))).collect();
+            let ops = entry_ops(&pairs)?;
+            if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
+        })?;
         self.backend.apply(vec![Op::Put(Tree::Meta, FORMAT_MARK.to_vec(), FORMAT.to_vec())])?;
         self.flush_always()
     }

@@ -209,20 +209,30 @@ impl KeyStore {
     /// Recounts records per state by a full scan (at open, and after import).
     pub fn recount(&self) -> Result<StateCounts, StoreError> {
         let mut counts = [0i64; 3];
-        let mut start: Vec<u8> = Vec::new();
-        loop {
-            let page = self.backend.scan(Tree::Records, &start, None, 10_000)?;
-            let Some((last, _)) = page.last() else { break };
-            start = last.clone();
-            start.push(0);
-            for (k, v) in &page {
-                counts[state_index(decode(k, v)?.state())] += 1;
+        self.for_each_record_page(|page| {
+            for (_, record) in page {
+                counts[state_index(record.state())] += 1;
             }
-        }
+            Ok(())
+        })?;
         for (i, c) in counts.iter().enumerate() {
             self.counts[i].store(*c, Ordering::Relaxed);
         }
         Ok(self.counts())
+    }
+
+    /// Calls `f` with every record, a page of up to 10,000 at a time, in key order.
+    fn for_each_record_page(
+        &self,
+        mut f: impl FnMut(Vec<(String, Record)>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.scan_records(after.as_deref(), 10_000)?;
+            let Some((last, _)) = page.last() else { return Ok(()) };
+            after = Some(last.clone());
+            f(page)?;
+        }
     }
 
     /// Records per state, kept up to date by every mutation.
