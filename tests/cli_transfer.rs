@@ -110,7 +110,7 @@ admin_token = "{TOKEN}"
 format = "json"
 level = "info"
 "#,
-        kafka_table = kafka::kafka_table(&bootstrap, &group, &input, &results, &dlq)
+        kafka_table = kafka::kafka_table(bootstrap, group, input, results, dlq)
     )
 }
 

@@ -198,7 +198,7 @@ format = "json"
 level = "info"
 
 {sinks}"#,
-        kafka_table = kafka::kafka_table(&bootstrap, &group, &input, &results, &dlq)
+        kafka_table = kafka::kafka_table(bootstrap, group, input, results, dlq)
     )
 }
 

@@ -196,7 +196,7 @@ listen = "127.0.0.1:0"
 format = "json"
 level = "info"
 "#,
-        kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("metrics-group"), &input, &results, &dlq),
+        kafka_table = kafka::kafka_table(bootstrap, &kafka::unique("metrics-group"), input, results, dlq),
         store = store.display(),
     )
 }

@@ -1,0 +1,160 @@
+//! Loading a [`Config`]: the TOML file, the `DEDUPD_*` environment overrides, and
+//! [`Config::validate`], which names the key, the value and the reason of what is wrong.
+
+use super::*;
+
+impl Config {
+    /// Reads `path`, applies `DEDUPD_*` overrides from `env`, and validates.
+    pub fn load(
+        path: &std::path::Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::from_toml_str(&text, env)
+    }
+
+    /// Parses TOML text, applies `DEDUPD_*` overrides from `env`, and validates.
+    pub fn from_toml_str(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        for (var, value) in env {
+            apply_env_override(&mut table, &var, &value)?;
+        }
+        let config: Config =
+            toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: references, ranges and patterns. Names the key on error.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let k = &self.kafka;
+        if k.bootstrap_servers.trim().is_empty() {
+            return Err(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
+        }
+        if k.group_id.trim().is_empty() {
+            return Err(invalid("kafka.group_id", "\"\"", "must not be empty"));
+        }
+        if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
+            return Err(invalid(
+                "kafka.input_topics",
+                format!("{:?}", k.input_topics),
+                "must list non-empty topic names",
+            ));
+        }
+        for (key, topic) in
+            [("kafka.results_topic", &k.results_topic), ("kafka.dead_letter_topic", &k.dead_letter_topic)]
+        {
+            if topic.trim().is_empty() {
+                return Err(invalid(key, "\"\"", "must not be empty"));
+            }
+            if k.input_topics.contains(topic) {
+                return Err(invalid(
+                    key,
+                    topic,
+                    "must not be one of kafka.input_topics (results would be consumed as commands)",
+                ));
+            }
+        }
+        for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
+            if k.consumer.contains_key(forbidden) {
+                return Err(invalid(
+                    &format!("kafka.consumer.\"{forbidden}\""),
+                    &k.consumer[forbidden],
+                    "is set by dedupd itself; use the dedicated key",
+                ));
+            }
+        }
+        let s = &self.store;
+        if s.default_ttl.is_zero() {
+            return Err(invalid("store.default_ttl", "0s", "must be positive"));
+        }
+        if s.max_ttl < s.default_ttl {
+            return Err(invalid(
+                "store.max_ttl",
+                humantime::format_duration(s.max_ttl),
+                "must be at least store.default_ttl",
+            ));
+        }
+        if s.compaction_interval.is_zero() {
+            return Err(invalid("store.compaction_interval", "0s", "must be positive"));
+        }
+        if self.retry.max_backoff < self.retry.initial_backoff {
+            return Err(invalid(
+                "retry.max_backoff",
+                humantime::format_duration(self.retry.max_backoff),
+                "must be at least retry.initial_backoff",
+            ));
+        }
+        for (name, sink) in &self.sinks {
+            sink.validate(&format!("sinks.{name}")).map_err(|(key, value, reason)| invalid(&key, value, reason))?;
+        }
+        for (i, route) in self.routes.iter().enumerate() {
+            let at = format!("routes[{i}]");
+            if !self.sinks.contains_key(&route.sink) {
+                return Err(invalid(&format!("{at}.sink"), &route.sink, "names no sink in [sinks]"));
+            }
+            if route.types.is_empty() {
+                return Err(invalid(&format!("{at}.types"), "[]", "must list at least one type or glob"));
+            }
+            for t in &route.types {
+                if let Err(e) = globset::Glob::new(t) {
+                    return Err(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
+                }
+            }
+            if let Some(ttl) = route.ttl
+                && ttl.is_zero()
+            {
+                return Err(invalid(&format!("{at}.ttl"), "0s", "must be positive"));
+            }
+            for p in &route.fingerprint_exclude {
+                if !(p.is_empty() || p.starts_with('/')) {
+                    return Err(invalid(
+                        &format!("{at}.fingerprint_exclude"),
+                        p,
+                        "must be a JSON pointer starting with '/'",
+                    ));
+                }
+            }
+        }
+        if let Some(token) = &self.http.admin_token
+            && token.len() < 16
+        {
+            return Err(invalid("http.admin_token", "(hidden)", "must be at least 16 characters"));
+        }
+        if let Err(e) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
+            return Err(invalid("log.level", &self.log.level, format!("is not a tracing filter: {e}")));
+        }
+        Ok(())
+    }
+}
+
+/// Applies one `DEDUPD_A__B__C=value` override to the TOML table. Other variables are ignored.
+/// The value is read as a TOML value when it parses as one (numbers, booleans, arrays),
+/// else as a string.
+fn apply_env_override(table: &mut toml::Table, var: &str, value: &str) -> Result<(), ConfigError> {
+    let Some(rest) = var.strip_prefix("DEDUPD_") else { return Ok(()) };
+    // Variables the CLI reads itself, not config keys.
+    if matches!(rest, "CONFIG" | "ADMIN_TOKEN" | "ADMIN_URL" | "LOG") || !rest.contains("__") {
+        return Ok(());
+    }
+    let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+    if path.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::Env { var: var.into(), reason: "has an empty path segment".into() });
+    }
+    let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let mut node = table;
+    for seg in &path[..path.len() - 1] {
+        let entry = node.entry(seg.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        node = match entry {
+            toml::Value::Table(t) => t,
+            _ => return Err(ConfigError::Env { var: var.into(), reason: format!("`{seg}` is not a table") }),
+        };
+    }
+    let last = path[path.len() - 1].clone();
+    node.insert(last, parsed);
+    Ok(())
+}
