@@ -2,10 +2,10 @@
 //! what has expired.
 //!
 //! One entry per *group of completions*, not per key. [`KeyStore::complete_batch`] groups
-//! the records it completes by the second their expiry falls in, and writes each group as
-//! one entry: key = the group's latest expiry (order-preserving big-endian) ++ a random
+//! the records it completes by the second their expiry falls in, and writes each group (up
+//! to 64 keys) as one entry: key = the group's latest expiry (order-preserving big-endian) ++ a random
 //! 8-byte id; value = the group's `(key, expires_at)` pairs. A batch of 1,000 completions
-//! thus costs one index write instead of 1,000, and compaction deletes one entry per group
+//! thus costs ~16 index writes instead of 1,000, and compaction deletes one entry per group
 //! plus the records it lists, without reading a single record.
 //!
 //! Invariant (checked by the store tests and the crash test): the pairs of all entries are
@@ -27,6 +27,12 @@ pub(super) type DueEntry = (Vec<u8>, Vec<(String, i64)>);
 
 /// Completions whose expiries fall in the same span of this many ms share an entry.
 pub const GROUP_MS: i64 = 1_000;
+
+/// At most this many keys per entry (~3 KiB). sled writes a tree node holding values of
+/// tens of KiB as a separate blob file, and a SIGKILL during such a write left a sled store
+/// that would not open again ("Read corrupted data", tests/kafka_kill.rs); small entries
+/// keep sled on its ordinary log path. The cost is one more index write per 64 completions.
+const MAX_KEYS_PER_ENTRY: usize = 64;
 
 /// Meta key of the index format; absent in stores written before grouped entries.
 const FORMAT_MARK: &[u8] = b"index-format";
@@ -81,7 +87,7 @@ pub(super) fn entry_ops(completions: &[(&str, i64)]) -> Result<Vec<Op>, StoreErr
         groups.entry(group_of(at)).or_default().push((key, at));
     }
     let mut ops = Vec::with_capacity(groups.len());
-    for pairs in groups.values() {
+    for pairs in groups.values().flat_map(|g| g.chunks(MAX_KEYS_PER_ENTRY)) {
         let latest = pairs.iter().map(|&(_, at)| at).max().unwrap_or(i64::MIN);
         // A random id keeps entries of the same time apart without any shared counter,
         // across restarts too (a collision needs ~2^32 entries of the same ms).
@@ -185,6 +191,21 @@ mod tests {
         let back = decode_pairs(&v).unwrap();
         assert_eq!(back, pairs.iter().map(|(k, a)| (k.to_string(), *a)).collect::<Vec<_>>());
         assert!(decode_pairs(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn large_groups_are_split_into_small_entries() {
+        let keys: Vec<String> = (0..130).map(|i| format!("k{i:03}")).collect();
+        let pairs: Vec<(&str, i64)> = keys.iter().map(|k| (k.as_str(), 5_000)).collect();
+        let sizes: Vec<usize> = entry_ops(&pairs)
+            .unwrap()
+            .into_iter()
+            .map(|op| match op {
+                Op::Put(Tree::Expiry, _, v) => decode_pairs(&v).unwrap().len(),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, [64, 64, 2]);
     }
 
     #[test]
