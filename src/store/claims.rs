@@ -5,7 +5,7 @@
 //! in the stripe, and the claims of the stripe that are out (made by this process and not
 //! yet completed or replaced). Both let a caller skip a store read that could only confirm
 //! what it already knows:
-//! - [`KeyStore::get_stamped`] returns a [`ReadStamp`]; [`KeyStore::claim_stamped`] trusts
+//! - [`KeyStore::get_stamped`] returns a [`ReadStamp`]; [`KeyStore::claim_batch`] trusts
 //!   the record read with it when nothing in the stripe changed since (and no compaction
 //!   ran), instead of reading it again under the lock;
 //! - [`KeyStore::complete_batch`] checks a claim is still the key's current record by its
@@ -39,7 +39,7 @@ impl Stripe {
 /// Claim tokens: unique within the process.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
-/// When a record was read: lets [`KeyStore::claim_stamped`] skip reading it again.
+/// When a record was read: lets [`KeyStore::claim_batch`] skip reading it again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadStamp {
     stripe_version: u64,
@@ -114,34 +114,9 @@ impl KeyStore {
         expected: Option<&Record>,
         claim: InProgress,
     ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
-        self.claim_inner(key, expected, None, claim)
-    }
-
-    /// [`KeyStore::claim`] of a record read with [`KeyStore::get_stamped`]: when nothing in
-    /// its stripe changed since, the read is trusted and not repeated.
-    pub fn claim_stamped(
-        &self,
-        key: &str,
-        expected: Option<&Record>,
-        stamp: ReadStamp,
-        claim: InProgress,
-    ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
-        self.claim_inner(key, expected, Some(stamp), claim)
-    }
-
-    fn claim_inner(
-        &self,
-        key: &str,
-        expected: Option<&Record>,
-        stamp: Option<ReadStamp>,
-        claim: InProgress,
-    ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
         let _gate = self.gate.read();
         let mut stripe = self.stripe(key).lock();
-        let unchanged = stamp.is_some_and(|s| {
-            s.stripe_version == stripe.version && s.compactions == self.compactions.load(Ordering::Acquire)
-        });
-        let current = if unchanged { expected.cloned() } else { self.get(key)? };
+        let current = self.get(key)?;
         if current.as_ref() != expected {
             return Ok(Err(current));
         }
@@ -153,9 +128,10 @@ impl KeyStore {
         Ok(Ok(PendingClaim { key: key.to_string(), record, token }))
     }
 
-    /// Several [`KeyStore::claim_stamped`] in one atomic write: per request, the pending
-    /// claim, or `Err(current)` when the key no longer holds what was read (then nothing
-    /// is written for it).
+    /// Claims of records read with [`KeyStore::get_stamped`], in one atomic write: per
+    /// request, the pending claim, or `Err(current)` when the key no longer holds what was
+    /// read (then nothing is written for it). A read is trusted, not repeated, when nothing
+    /// in its key's stripe changed since and no compaction ran.
     pub fn claim_batch(
         &self,
         requests: Vec<ClaimRequest>,

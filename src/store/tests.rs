@@ -778,16 +778,20 @@ fn old_index_is_rebuilt_at_open(kind: StoreBackend) {
 
 fn stamped_claims_never_trust_a_stale_read(kind: StoreBackend) {
     let f = Fixture::new(kind);
+    let claim_one = |key: &str, expected: Option<Record>, stamp| {
+        let req = ClaimRequest { key: key.into(), expected, stamp, claim: in_progress(1, 1) };
+        f.store.claim_batch(vec![req]).unwrap().pop().unwrap()
+    };
     // Unchanged since the read: the claim goes through.
     let (seen, stamp) = f.store.get_stamped("a").unwrap();
     assert_eq!(seen, None);
-    assert!(f.store.claim_stamped("a", None, stamp, in_progress(1, 1)).unwrap().is_ok());
+    assert!(claim_one("a", None, stamp).is_ok());
 
     // The key changed after the read: the stale read is not trusted.
     let (seen, stamp) = f.store.get_stamped("b").unwrap();
     assert_eq!(seen, None);
     let _ = durable(&f.store, "b", 2);
-    match f.store.claim_stamped("b", None, stamp, in_progress(1, 1)).unwrap() {
+    match claim_one("b", None, stamp) {
         Err(Some(current)) => assert_eq!(current, Record::InProgress(in_progress(2, 1))),
         other => panic!("expected the current record, got {other:?}"),
     }
@@ -797,13 +801,13 @@ fn stamped_claims_never_trust_a_stale_read(kind: StoreBackend) {
     let (seen, stamp) = f.store.get_stamped("c").unwrap();
     let seen = seen.expect("completed");
     assert_eq!(f.store.compact_expired(6_000, 100).unwrap(), 1);
-    match f.store.claim_stamped("c", Some(&seen), stamp, in_progress(1, 1)).unwrap() {
+    match claim_one("c", Some(seen), stamp) {
         Err(None) => {}
         other => panic!("expected absent, got {other:?}"),
     }
     // Read again, the claim goes through.
     let (seen, stamp) = f.store.get_stamped("c").unwrap();
-    assert!(f.store.claim_stamped("c", seen.as_ref(), stamp, in_progress(1, 1)).unwrap().is_ok());
+    assert!(claim_one("c", seen, stamp).is_ok());
 
     // A claim forgotten and re-claimed by someone else is lost to its first holder, even
     // though the record looks the same (same fingerprint, same attempt).
