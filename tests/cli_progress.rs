@@ -34,7 +34,7 @@ sink = "log"
 }
 
 fn fill(store: &Path, n: usize) {
-    let s = KeyStore::open(StoreBackend::Sled, store, SyncMode::Batch).unwrap();
+    let s = KeyStore::open(StoreBackend::default(), store, SyncMode::Batch).unwrap();
     let later = chrono::Utc::now().timestamp_millis() + 3_600_000;
     for i in 0..n {
         let r = Record::Completed(Completed {
