@@ -97,6 +97,17 @@ impl DurableClaim {
 }
 
 impl KeyStore {
+    /// Locks the stripe of every key, in ascending order so that batches cannot deadlock.
+    fn lock_stripes<'k>(
+        &self,
+        keys: impl Iterator<Item = &'k str>,
+    ) -> HashMap<usize, parking_lot::MutexGuard<'_, Stripe>> {
+        let mut order: Vec<usize> = keys.map(Self::stripe_index).collect();
+        order.sort_unstable();
+        order.dedup();
+        order.into_iter().map(|i| (i, self.stripes[i].lock())).collect()
+    }
+
     /// The record of `key` and a stamp of when it was read.
     pub fn get_stamped(&self, key: &str) -> Result<(Option<Record>, ReadStamp), StoreError> {
         let _gate = self.gate.read();
@@ -138,10 +149,7 @@ impl KeyStore {
     ) -> Result<Vec<Result<PendingClaim, Option<Record>>>, StoreError> {
         let _gate = self.gate.read();
         let compactions = self.compactions.load(Ordering::Acquire);
-        let mut order: Vec<usize> = requests.iter().map(|r| Self::stripe_index(&r.key)).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut locks: HashMap<usize, _> = order.iter().map(|&i| (i, self.stripes[i].lock())).collect();
+        let mut locks = self.lock_stripes(requests.iter().map(|r| r.key.as_str()));
         // The stripes as they were before this batch wrote anything: a stamp is checked
         // against these, so claims of two keys of one stripe in one batch both trust their
         // reads (each key appears once: a repeat is refused below).
@@ -221,11 +229,7 @@ impl KeyStore {
     /// reported as [`StoreError::ClaimLost`] once the others are written.
     pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Vec<Record>, StoreError> {
         let _gate = self.gate.read();
-        // Every stripe involved, locked in ascending order (so batches cannot deadlock).
-        let mut order: Vec<usize> = items.iter().map(|(c, _)| Self::stripe_index(&c.key)).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut locks: HashMap<usize, _> = order.iter().map(|&i| (i, self.stripes[i].lock())).collect();
+        let mut locks = self.lock_stripes(items.iter().map(|(c, _)| c.key.as_str()));
         let mut lost: Option<String> = None;
         let mut ops = Vec::with_capacity(items.len() + 1);
         let mut indexed: Vec<(String, i64)> = Vec::with_capacity(items.len());
