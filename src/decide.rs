@@ -69,6 +69,11 @@ pub fn decide(input: Result<&Arrival<'_>, RejectReason>, stored: Option<&Record>
     };
     let live = stored.filter(|r| !r.is_expired(ctx.now_ms));
     let Some(record) = live else {
+        // Another task of this process has decided to claim the key and has not written
+        // the claim yet: its result (or conflict) is what this arrival must see.
+        if ctx.executing_here {
+            return Action::Wait;
+        }
         return if ctx.stale_guard && is_stale(arrival, ctx.now_ms) { Action::Stale } else { Action::Execute };
     };
     if record.fingerprint() != arrival.fingerprint {
@@ -170,6 +175,14 @@ mod tests {
         assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &here), Action::Wait);
         let forwarding = Context { sink_forwards_key: true, ..here };
         assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &forwarding), Action::Wait);
+    }
+
+    #[test]
+    fn key_being_claimed_here_waits_even_before_its_record_exists() {
+        let here = Context { executing_here: true, ..ctx() };
+        assert_eq!(decide(Ok(&arrival(&FP)), None, &here), Action::Wait);
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&completed(FP, NOW - 1)), &here), Action::Wait);
+        assert_eq!(decide(Ok(&arrival(&OTHER)), None, &here), Action::Wait);
     }
 
     #[test]

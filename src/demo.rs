@@ -232,6 +232,8 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
     while results < inputs {
         if started.elapsed() > limit {
             stop.cancel();
+            // Bounded: the error must reach the user even if the pipeline cannot drain.
+            let _ = tokio::time::timeout(Duration::from_secs(30), pipeline).await;
             return Err(DemoError::Timeout(limit, results, inputs));
         }
         let Some(msg) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200))) else { continue };
