@@ -1,7 +1,9 @@
 //! One partition's worker: takes a batch of records in offset order, parses them, raises
-//! the store watermark, runs the batch through the engine, publishes every result, and
-//! only then stores the offset of the last record whose result Kafka acknowledged.
+//! the store watermark, runs the batch through the engine and hands every result to the
+//! producer. It takes the next batch while Kafka acknowledges, and stores a batch's last
+//! offset only once its results and those of every earlier batch are acknowledged.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,13 +13,31 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::consumer::PipelineContext;
-use super::publish::Publisher;
+use super::publish::{Acks, Publisher};
 use crate::config::{EnvelopeConfig, LimitsConfig};
 use crate::engine::{Engine, Item, ItemResult};
 use crate::envelope::{InputRecord, parse};
 use crate::ops::Metrics;
 use crate::outcome::{Outcome, Processed};
 use crate::store::SourcePos;
+
+/// Batches whose results may await acknowledgement at once, per partition. Enough to
+/// keep the engine busy while Kafka acknowledges; bounded so an unresponsive broker stops
+/// the partition instead of growing memory.
+const MAX_UNACKED_BATCHES: usize = 4;
+
+/// How long a stopping worker waits for the acknowledgements of what it sent (within
+/// the consumer's own drain timeout).
+const ACK_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Waits for the oldest unacknowledged batch's acknowledgements; never resolves when
+/// there is none.
+async fn front_acks(unacked: &mut VecDeque<Unacked>) -> Result<(), rdkafka::error::KafkaError> {
+    match unacked.front_mut() {
+        Some(u) => u.acks.acknowledged().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// What every worker shares.
 pub(crate) struct WorkerShared {
@@ -42,14 +62,44 @@ pub(crate) struct PartitionWorker {
     pub consumer: Arc<BaseConsumer<PipelineContext>>,
 }
 
+/// A batch whose results are with the producer: its offset is stored once they are
+/// acknowledged, and only after every earlier batch's.
+struct Unacked {
+    /// The records whose results were sent (a prefix of the batch, in offset order).
+    records: Vec<(OwnedMessage, Processed)>,
+    acks: Acks,
+    started: Instant,
+}
+
+/// Why a worker stops taking batches.
+enum Stop {
+    /// Cancelled (revoke, shutdown) or a record was abandoned: settle what was sent.
+    Drain,
+    /// The store or engine failed: the process is stopping.
+    Fatal,
+}
+
 impl PartitionWorker {
     pub(crate) async fn run(mut self) {
-        loop {
+        // Batches run through the engine while earlier batches' results wait for their
+        // acknowledgements: the wait for Kafka is off the per-batch path, and offsets are
+        // still stored strictly in order.
+        let mut unacked: VecDeque<Unacked> = VecDeque::new();
+        let stop = loop {
+            let room = unacked.len() < MAX_UNACKED_BATCHES;
             let first = tokio::select! {
-                m = self.rx.recv() => m,
-                () = self.cancel.cancelled() => None,
+                biased;
+                () = self.cancel.cancelled() => break Stop::Drain,
+                r = front_acks(&mut unacked) => {
+                    let settled = unacked.pop_front();
+                    if let Some(u) = settled && !self.settle(u, r).await {
+                        break Stop::Drain;
+                    }
+                    continue;
+                }
+                m = self.rx.recv(), if room => m,
             };
-            let Some(first) = first else { return };
+            let Some(first) = first else { break Stop::Drain };
             let mut batch = vec![first];
             // Take what is already queued; wait up to `batch_linger` for more only when it
             // is set. With the default of 0, batches grow by themselves under load (records
@@ -69,24 +119,49 @@ impl PartitionWorker {
                     }
                 }
             }
-            if !self.process(batch).await {
-                return;
+            match self.process(batch).await {
+                Ok((sent, complete)) => {
+                    unacked.extend(sent);
+                    if !complete {
+                        break Stop::Drain;
+                    }
+                }
+                Err(stop) => break stop,
             }
+        };
+        // Settle in order what was sent; the first failure ends it (later offsets must not
+        // be stored past an unacknowledged result).
+        let deadline = tokio::time::Instant::now() + ACK_DRAIN_TIMEOUT;
+        while let Some(mut u) = unacked.pop_front() {
+            let r = tokio::time::timeout_at(deadline, u.acks.acknowledged())
+                .await
+                .unwrap_or(Err(rdkafka::error::KafkaError::Canceled));
+            if !self.settle(u, r).await {
+                break;
+            }
+        }
+        if let Stop::Fatal = stop {
+            self.shared.fatal.cancel();
         }
     }
 
-    /// Returns false when the worker must stop (cancelled or fatal error).
-    async fn process(&self, batch: Vec<OwnedMessage>) -> bool {
+    /// Runs one batch through the engine and sends its finished prefix's results. Returns
+    /// what was sent and whether the whole batch finished.
+    async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Unacked>, bool), Stop> {
         let started = Instant::now();
-        tracing::debug!(topic = %self.topic, partition = self.partition, first = batch.first().map(Message::offset), records = batch.len(), "batch");
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            // How long the batch's first record took from its timestamp to here (produce,
+            // broker, fetch and queueing), for latency analysis.
+            let age_ms = batch.first().and_then(|m| m.timestamp().to_millis()).map(|t| now_ms() - t);
+            tracing::debug!(topic = %self.topic, partition = self.partition, first = batch.first().map(Message::offset), records = batch.len(), age_ms, "batch");
+        }
         let items: Vec<Item> = batch.iter().map(|m| self.item(m)).collect();
         let store = Arc::clone(self.shared.engine.store());
         let last = batch.last().map_or(0, Message::offset);
         let wm = vec![(self.topic.clone(), self.partition, last)];
         if let Err(e) = store.raise_watermarks(&wm) {
             tracing::error!(error = %e, "store failed raising the watermark; stopping");
-            self.shared.fatal.cancel();
-            return false;
+            return Err(Stop::Fatal);
         }
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
         let run = self.shared.engine.process_batch_reporting_flush(&items, &self.cancel);
@@ -95,8 +170,7 @@ impl PartitionWorker {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");
-                self.shared.fatal.cancel();
-                return false;
+                return Err(Stop::Fatal);
             }
         };
         // The watermark must be durable before the offset is committed (SPEC §3). A flush
@@ -109,37 +183,72 @@ impl PartitionWorker {
                 .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
             {
                 tracing::error!(error = %e, "store flush failed; stopping");
-                self.shared.fatal.cancel();
-                return false;
+                return Err(Stop::Fatal);
             }
         }
-        // Publish the longest prefix of finished records; an abandoned record ends it.
-        let done: Vec<(&OwnedMessage, &Processed)> = batch
-            .iter()
-            .zip(results.iter())
+        // Send the longest prefix of finished records; an abandoned record ends it.
+        let total = batch.len();
+        let records: Vec<(OwnedMessage, Processed)> = batch
+            .into_iter()
+            .zip(results)
             .map_while(|(m, r)| match r {
-                ItemResult::Done(p) => Some((m, p.as_ref())),
+                ItemResult::Done(p) => Some((m, *p)),
                 ItemResult::Abandoned => None,
             })
             .collect();
-        let complete = done.len() == batch.len();
-        let engine_ms = started.elapsed().as_millis() as u64;
-        if !done.is_empty() {
-            if !self.publish_until_acked(&done).await {
+        let complete = records.len() == total;
+        tracing::debug!(topic = %self.topic, partition = self.partition, records = total, engine_ms = started.elapsed().as_millis() as u64, "batch through the engine");
+        if records.is_empty() {
+            return Ok((None, complete));
+        }
+        let Some(acks) = self.send_until_queued(&records).await else { return Err(Stop::Drain) };
+        Ok((Some(Unacked { records, acks, started }), complete))
+    }
+
+    /// Called in offset order with the outcome of `u`'s acknowledgements: retries the batch
+    /// until Kafka acknowledges it (false when the partition is let go meanwhile), then
+    /// stores its offset.
+    async fn settle(&self, u: Unacked, acked: Result<(), rdkafka::error::KafkaError>) -> bool {
+        if let Err(e) = acked {
+            if self.cancel.is_cancelled() {
+                tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "results not acknowledged while letting the partition go; they come again");
                 return false;
             }
-            let (m, _) = done[done.len() - 1];
-            if let Err(e) = self.consumer.store_offset(m.topic(), m.partition(), m.offset()) {
-                tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "could not store offset (partition revoked?)");
-            }
-            for (m, p) in &done {
-                self.record_metrics(p);
-                log_command(m, p);
+            tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "publishing results failed; retrying");
+            let refs: Vec<(&OwnedMessage, &Processed)> = u.records.iter().map(|(m, p)| (m, p)).collect();
+            if !self.publish_until_acked(&refs).await {
+                return false;
             }
         }
-        self.shared.metrics.batch_processed(started.elapsed().as_secs_f64());
-        tracing::debug!(topic = %self.topic, partition = self.partition, records = batch.len(), engine_ms, ms = started.elapsed().as_millis() as u64, "batch done");
-        complete
+        let Some((m, _)) = u.records.last() else { return true };
+        if let Err(e) = self.consumer.store_offset(m.topic(), m.partition(), m.offset()) {
+            tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "could not store offset (partition revoked?)");
+        }
+        for (m, p) in &u.records {
+            self.record_metrics(p);
+            log_command(m, p);
+        }
+        self.shared.metrics.batch_processed(u.started.elapsed().as_secs_f64());
+        tracing::debug!(topic = %self.topic, partition = self.partition, records = u.records.len(), ms = u.started.elapsed().as_millis() as u64, "batch done");
+        true
+    }
+
+    /// Hands a batch's results to the producer, retrying with backoff; `None` when the
+    /// partition is let go first.
+    async fn send_until_queued(&self, records: &[(OwnedMessage, Processed)]) -> Option<Acks> {
+        let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.shared.publisher.send(&refs).await {
+                Ok(acks) => return Some(acks),
+                Err(e) => {
+                    tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "queueing results failed; retrying");
+                    if !self.back_off(&mut wait).await {
+                        return None;
+                    }
+                }
+            }
+        }
     }
 
     /// Publishes until Kafka acknowledges, retrying with backoff; gives up only when the
@@ -151,14 +260,22 @@ impl PartitionWorker {
                 Ok(()) => return true,
                 Err(e) => {
                     tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "publishing results failed; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        () = self.cancel.cancelled() => return false,
+                    if !self.back_off(&mut wait).await {
+                        return false;
                     }
-                    wait = (wait * 2).min(Duration::from_secs(5));
                 }
             }
         }
+    }
+
+    /// Sleeps `wait` (doubling it, up to 5 s); false when cancelled first.
+    async fn back_off(&self, wait: &mut Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(*wait) => {}
+            () = self.cancel.cancelled() => return false,
+        }
+        *wait = (*wait * 2).min(Duration::from_secs(5));
+        true
     }
 
     fn record_metrics(&self, p: &Processed) {
@@ -217,4 +334,8 @@ fn log_command(m: &OwnedMessage, p: &Processed) {
     );
     let _entered = span.enter();
     tracing::debug!(route = r.route.as_deref(), sink_called = p.sink_called, replay = r.replay, "command done");
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
