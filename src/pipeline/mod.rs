@@ -149,7 +149,9 @@ pub async fn run(
         health: Arc::clone(&health),
         accept_empty_store: options.accept_empty_store,
         stop: consumer_stop.clone(),
-        queue_per_partition: config.pipeline.batch_size.get() * 2,
+        // Room for the batch at the engine and those behind it: a full queue pauses the
+        // partition, and a paused partition's prefetched records are fetched again.
+        queue_per_partition: config.pipeline.batch_size.get() * 4,
     })?;
     on_start(&Running { http_addr, metrics: Arc::clone(&metrics), store: Arc::clone(&store), health });
     tracing::info!(%http_addr, backend = store.backend_name(), "dedupd running");

@@ -1,0 +1,115 @@
+//! Where a command's CPU goes inside dedupd, without Kafka: envelope parsing, the engine
+//! (decision, claim, sink, completion, with durable group commits, a `log` sink), and
+//! result serialisation, each timed on its own over the same commands, next to the store
+//! floor (the store calls alone, as in `benches/pipeline.rs`).
+//!
+//! Run: `cargo bench --bench engine -- [--records N] [--batch B] [--backend sled|fjall]`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use dedupd::config::{Config, RouteConfig, StoreBackend, SyncMode};
+use dedupd::engine::{Engine, EngineParts, Item, ItemResult, SystemClock};
+use dedupd::envelope::{InputRecord, parse};
+use dedupd::routes::Router;
+use dedupd::sinks::SinkConfig;
+use dedupd::sinks::log::LogSinkConfig;
+use dedupd::store::{KeyStore, SourcePos};
+use tokio_util::sync::CancellationToken;
+
+fn arg(name: &str, default: &str) -> String {
+    let argv: Vec<String> = std::env::args().collect();
+    argv.iter().position(|a| a == name).and_then(|i| argv.get(i + 1).cloned()).unwrap_or_else(|| default.into())
+}
+
+fn command(i: usize) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"id": format!("bench-{i}"), "type": "bench.noop", "payload": {"i": i, "pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}))
+        .expect("json")
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let records: usize = arg("--records", "100000").parse().expect("--records N");
+    let batch: usize = arg("--batch", "500").parse().expect("--batch B");
+    let backend = match arg("--backend", "fjall").as_str() {
+        "sled" => StoreBackend::Sled,
+        _ => StoreBackend::Fjall,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = Config::default();
+    config.sinks.insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));
+    config.routes.push(RouteConfig {
+        name: None,
+        types: vec!["*".into()],
+        sink: "noop".into(),
+        ttl: None,
+        fingerprint_exclude: vec![],
+    });
+    let router = Arc::new(Router::from_config(&config).expect("router"));
+    let sinks: HashMap<String, Arc<dyn dedupd::sinks::Sink>> =
+        dedupd::sinks::build_all(&config.sinks.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>())
+            .expect("sinks");
+    let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store"));
+    let engine = Engine::new(EngineParts {
+        store: Arc::clone(&store),
+        router: Arc::clone(&router),
+        sinks,
+        max_in_flight: config.pipeline.max_in_flight.get(),
+        retry: config.retry.clone(),
+        stale_guard: config.envelope.stale_guard,
+        clock: Arc::new(SystemClock),
+    })
+    .expect("engine");
+
+    let values: Vec<Vec<u8>> = (0..records).map(command).collect();
+    let keys: Vec<String> = (0..records).map(|i| format!("k{i}")).collect();
+    let now = chrono::Utc::now().timestamp_millis();
+
+    let t = Instant::now();
+    let items: Vec<Item> = values
+        .iter()
+        .zip(&keys)
+        .enumerate()
+        .map(|(i, (v, k))| {
+            let record = InputRecord {
+                topic: "in",
+                partition: 0,
+                offset: i as i64,
+                timestamp_ms: Some(now),
+                key: Some(k.as_bytes()),
+                value: Some(v.as_slice()),
+                headers: &[],
+            };
+            Item {
+                source: SourcePos { topic: "in".into(), partition: 0, offset: i as i64 },
+                parsed: parse(&record, &config.envelope, &config.limits, &router),
+                traceparent: None,
+            }
+        })
+        .collect();
+    let parse_us = t.elapsed().as_secs_f64() * 1e6 / records as f64;
+
+    let cancel = CancellationToken::new();
+    let t = Instant::now();
+    let mut results: Vec<ItemResult> = Vec::with_capacity(records);
+    for chunk in items.chunks(batch) {
+        results.extend(engine.process_batch(chunk, &cancel).await.expect("batch"));
+    }
+    let engine_us = t.elapsed().as_secs_f64() * 1e6 / records as f64;
+
+    let t = Instant::now();
+    let mut bytes = 0usize;
+    for r in &results {
+        if let ItemResult::Done(p) = r {
+            bytes += serde_json::to_vec(&p.result).expect("json").len();
+        }
+    }
+    let serialise_us = t.elapsed().as_secs_f64() * 1e6 / records as f64;
+    assert_eq!(store.counts().completed as usize, records, "every command completed");
+
+    println!("{backend:?}, {records} fresh commands, batches of {batch}, per command:");
+    println!("  envelope parse + fingerprint : {parse_us:8.2} µs");
+    println!("  engine (log sink, durable)   : {engine_us:8.2} µs  ({:.0} commands/s)", 1e6 / engine_us);
+    println!("  result serialisation         : {serialise_us:8.2} µs  ({} B/result)", bytes / records.max(1));
+}
