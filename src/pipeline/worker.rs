@@ -129,6 +129,10 @@ impl PartitionWorker {
                 Err(stop) => break stop,
             }
         };
+        if let Stop::Fatal = stop {
+            // The process starts stopping now; what was sent is still settled below.
+            self.shared.fatal.cancel();
+        }
         // Settle in order what was sent; the first failure ends it (later offsets must not
         // be stored past an unacknowledged result).
         let deadline = tokio::time::Instant::now() + ACK_DRAIN_TIMEOUT;
@@ -139,9 +143,6 @@ impl PartitionWorker {
             if !self.settle(u, r).await {
                 break;
             }
-        }
-        if let Stop::Fatal = stop {
-            self.shared.fatal.cancel();
         }
     }
 
