@@ -3,7 +3,8 @@
 //! result serialisation, each timed on its own over the same commands, next to the store
 //! floor (the store calls alone, as in `benches/pipeline.rs`).
 //!
-//! Run: `cargo bench --bench engine -- [--records N] [--batch B] [--backend sled|fjall]`.
+//! Run: `cargo bench --bench engine -- [--records N] [--batch B] [--partitions P]
+//! [--backend sled|fjall]` (P batches through the engine at once, as P partitions would).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -32,6 +33,7 @@ fn command(i: usize) -> Vec<u8> {
 async fn main() {
     let records: usize = arg("--records", "100000").parse().expect("--records N");
     let batch: usize = arg("--batch", "500").parse().expect("--batch B");
+    let partitions: usize = arg("--partitions", "1").parse().expect("--partitions P");
     let backend = match arg("--backend", "fjall").as_str() {
         "sled" => StoreBackend::Sled,
         _ => StoreBackend::Fjall,
@@ -90,11 +92,27 @@ async fn main() {
         .collect();
     let parse_us = t.elapsed().as_secs_f64() * 1e6 / records as f64;
 
-    let cancel = CancellationToken::new();
+    // `partitions` streams at once, as the pipeline's partition workers run: stream p takes
+    // every p-th batch, in order.
+    let engine = Arc::new(engine);
+    let items = Arc::new(items);
     let t = Instant::now();
+    let streams: Vec<_> = (0..partitions)
+        .map(|p| {
+            let (engine, items) = (Arc::clone(&engine), Arc::clone(&items));
+            tokio::spawn(async move {
+                let cancel = CancellationToken::new();
+                let mut out = Vec::new();
+                for chunk in items.chunks(batch).skip(p).step_by(partitions) {
+                    out.extend(engine.process_batch(chunk, &cancel).await.expect("batch"));
+                }
+                out
+            })
+        })
+        .collect();
     let mut results: Vec<ItemResult> = Vec::with_capacity(records);
-    for chunk in items.chunks(batch) {
-        results.extend(engine.process_batch(chunk, &cancel).await.expect("batch"));
+    for s in streams {
+        results.extend(s.await.expect("stream"));
     }
     let engine_us = t.elapsed().as_secs_f64() * 1e6 / records as f64;
 
@@ -108,7 +126,9 @@ async fn main() {
     let serialise_us = t.elapsed().as_secs_f64() * 1e6 / records as f64;
     assert_eq!(store.counts().completed as usize, records, "every command completed");
 
-    println!("{backend:?}, {records} fresh commands, batches of {batch}, per command:");
+    println!(
+        "{backend:?}, {records} fresh commands, batches of {batch}, {partitions} partition(s) at once, per command:"
+    );
     println!("  envelope parse + fingerprint : {parse_us:8.2} µs");
     println!("  engine (log sink, durable)   : {engine_us:8.2} µs  ({:.0} commands/s)", 1e6 / engine_us);
     println!("  result serialisation         : {serialise_us:8.2} µs  ({} B/result)", bytes / records.max(1));

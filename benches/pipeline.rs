@@ -3,7 +3,9 @@
 //! In one run, for each store backend:
 //! 1. the store floor: `KeyStore` claim + flush + complete + flush in batches of 500, the
 //!    store work dedupd does per command;
-//! 2. a plain rdkafka consumer reading the same input topic (the Kafka ceiling);
+//! 2. a plain rdkafka consumer reading the same input topic, and a plain relay that reads
+//!    it and produces one result-sized record per input (the Kafka ceiling of any
+//!    consume → produce service here: the broker shares the machine's cores);
 //! 3. `dedupd run` (the real pipeline, a `log` sink that does nothing, durable claims)
 //!    draining a backlog: commands/s from the first result to the last (result records'
 //!    timestamps, so group-join time is not counted);
@@ -156,6 +158,53 @@ fn plain_consume(bootstrap: &str, topic: &str, n: usize) -> f64 {
     got as f64 / secs
 }
 
+/// A plain relay, the Kafka ceiling of any consume → produce service on this machine:
+/// reads the input topic and produces one result-sized record per input (dedupd's
+/// producer settings), no dedupd code. Records/s from the first input read to the last
+/// acknowledgement.
+async fn plain_relay(bootstrap: &str, input: &str, output: &str, n: usize) -> f64 {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("bench-relay"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("fetch.queue.backoff.ms", "10")
+        .create()
+        .expect("consumer");
+    c.subscribe(&[input]).expect("subscribe");
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "2")
+        .create()
+        .expect("producer");
+    let result = vec![b'r'; 370];
+    let mut acks = Vec::with_capacity(n);
+    let mut first: Option<Instant> = None;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while acks.len() < n && Instant::now() < deadline {
+        let msg = tokio::task::block_in_place(|| c.poll(Duration::from_millis(100)));
+        let Some(Ok(m)) = msg else { continue };
+        first.get_or_insert_with(Instant::now);
+        let key = m.key().unwrap_or_default().to_vec();
+        loop {
+            match p.send_result(FutureRecord::to(output).key(&key).payload(&result)) {
+                Ok(f) => {
+                    acks.push(f);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    }
+    let got = acks.len();
+    for a in futures::future::join_all(acks).await {
+        a.expect("ack").expect("delivered");
+    }
+    got as f64 / first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64())
+}
+
 /// The store floor: claim + flush + complete_batch + flush in batches of 500, as the engine does.
 fn store_floor(backend: StoreBackend, n: usize) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -303,9 +352,13 @@ async fn main() {
     let (b, i, n) = (bootstrap.clone(), input.clone(), a.records);
     let plain = tokio::task::spawn_blocking(move || plain_consume(&b, &i, n)).await.expect("plain");
     println!("plain rdkafka consumer: {plain:.0} msgs/s");
+    let relay_out = unique("bench-relay-out");
+    create_topic(&bootstrap, &relay_out, 6).await;
+    let relay = plain_relay(&bootstrap, &input, &relay_out, a.records).await;
+    println!("plain relay (consume + produce a result each, no dedupd): {relay:.0} records/s");
 
     println!(
-        "\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain consumer | p50 ms | p99 ms | at rate |"
+        "\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain relay | p50 ms | p99 ms | at rate |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for backend in &a.backends {
@@ -388,7 +441,7 @@ async fn main() {
             floor,
             rate,
             rate / floor,
-            rate / plain,
+            rate / relay,
             percentile(&lat, 0.5),
             percentile(&lat, 0.99),
             a.rate,

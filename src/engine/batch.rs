@@ -13,7 +13,9 @@ use super::{Engine, EngineError, Item, ItemResult};
 use crate::decide::{Action, Arrival, Context, decide};
 use crate::envelope::{Command, Rejection};
 use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
-use crate::store::{ClaimRequest, Completed, Completion, InProgress, Indeterminate, PendingClaim, Record, StoreError};
+use crate::store::{
+    ClaimRequest, Completed, Completion, DurableClaim, InProgress, Indeterminate, KeyStore, Record, StoreError,
+};
 
 /// The first step for one record.
 enum Start {
@@ -76,8 +78,9 @@ impl Engine {
                 break;
             }
             let now = self.clock.now_ms();
+            // Where a round's time goes, for `RUST_LOG=dedupd::engine=trace`.
+            let mut marks = RoundMarks::new();
             let mut claimed: Vec<(usize, usize, &Command, Option<Record>)> = Vec::new();
-            let mut pendings: Vec<PendingClaim> = Vec::new();
             let mut waits: Vec<watch::Receiver<()>> = Vec::new();
             let mut requests: Vec<ClaimRequest> = Vec::new();
             let mut requested: Vec<(usize, usize, &Command)> = Vec::new();
@@ -94,39 +97,45 @@ impl Engine {
                     Start::Wait(rx) => waits.push(rx),
                 }
             }
-            // The round's claims in one write. One that lost a race (the key changed since
-            // it was read) stays at the head of its queue and is decided again next round.
+            marks.mark();
+            // The round's claims in one write, then one flush (group commit) that makes them
+            // durable; only then do we hold DurableClaims, and only those can build a sink
+            // request. Both on the blocking pool: a write waits while another thread's flush
+            // holds the backend's journal (fjall), and must not hold up a runtime thread.
+            // A claim that lost a race (the key changed since it was read) stays at the
+            // head of its queue and is decided again next round.
             let previous: Vec<Option<Record>> = requests.iter().map(|r| r.expected.clone()).collect();
-            let outcomes = match self.store.claim_batch(requests) {
+            let store = Arc::clone(&self.store);
+            let written = tokio::task::spawn_blocking(move || claim_durably(&store, requests))
+                .await
+                .map_err(|e| EngineError::Join(e.to_string()))
+                .and_then(|r| r.map_err(EngineError::from));
+            let outcomes = match written {
                 Ok(o) => o,
                 Err(e) => {
                     let mut map = self.inflight.lock();
                     for (_, _, cmd) in &requested {
                         map.remove(&cmd.key);
                     }
-                    return Err(e.into());
+                    return Err(e);
                 }
             };
+            marks.mark();
+            let mut durable = Vec::with_capacity(outcomes.len());
             for ((outcome, (q, i, cmd)), previous) in outcomes.into_iter().zip(requested).zip(previous) {
                 match outcome {
-                    Ok(pending) => {
-                        pendings.push(pending);
+                    Some(claim) => {
+                        durable.push(claim);
                         claimed.push((q, i, cmd, previous));
                     }
-                    Err(_) => {
+                    None => {
                         self.inflight.lock().remove(&cmd.key);
                     }
                 }
             }
+            flushed |= !durable.is_empty();
 
-            // Group commit: one flush makes every claim of the round durable; only then
-            // do we hold DurableClaims, and only those can build a sink request.
-            flushed |= !pendings.is_empty();
-            let store = Arc::clone(&self.store);
-            let durable = tokio::task::spawn_blocking(move || store.flush_claims(pendings))
-                .await
-                .map_err(|e| EngineError::Join(e.to_string()))??;
-
+            marks.mark();
             let runs = durable.into_iter().zip(claimed.iter()).map(|(claim, &(_, i, cmd, _))| {
                 // Everything the sink run logs (retries, the sink's own events) carries
                 // the command's identity.
@@ -147,6 +156,7 @@ impl Engine {
                 .instrument(span)
             });
             let ends = futures::future::join_all(runs).await;
+            marks.mark();
 
             let mut done_keys = Vec::with_capacity(ends.len());
             let mut completions = Vec::with_capacity(ends.len());
@@ -217,26 +227,23 @@ impl Engine {
                 queues[q].pop_front();
                 done_keys.push(cmd.key.clone());
             }
-            // One write (and one expiry-index entry) for the round's completions.
-            if !completions.is_empty() {
-                match self.store.complete_batch(completions) {
-                    Ok(_) => {}
-                    // An operator forgot (or overwrote) a key while its sink ran: the effect
-                    // happened and its result is published, but the store keeps what the
-                    // operator asked for. Not a reason to stop the partition.
-                    Err(StoreError::ClaimLost(key)) => {
-                        tracing::warn!(%key, "the claim was removed by an operator while its sink ran; result published, not stored");
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+            marks.mark();
+            // One write (and one expiry-index entry) for the round's completions, then one
+            // flush; on the blocking pool for the same reason as the claims.
+            let store = Arc::clone(&self.store);
+            let must_flush = !done_keys.is_empty();
+            flushed |= must_flush;
+            let lost = tokio::task::spawn_blocking(move || complete_durably(&store, completions, must_flush))
+                .await
+                .map_err(|e| EngineError::Join(e.to_string()))??;
+            if let Some(key) = lost {
+                // An operator forgot (or overwrote) a key while its sink ran: the effect
+                // happened and its result is published, but the store keeps what the
+                // operator asked for. Not a reason to stop the partition.
+                tracing::warn!(%key, "the claim was removed by an operator while its sink ran; result published, not stored");
             }
-            if !done_keys.is_empty() {
-                flushed = true;
-                let store = Arc::clone(&self.store);
-                tokio::task::spawn_blocking(move || store.flush())
-                    .await
-                    .map_err(|e| EngineError::Join(e.to_string()))??;
-            }
+            marks.mark();
+            tracing::trace!(records = done_keys.len(), waits = waits.len(), ms = ?marks.ms, "round: starts, claim write, claim flush, build, sinks, results, completion write, completion flush");
             // Release the keys only once their completions are durable: a waiter must not
             // replay a result that a crash could still take back.
             {
@@ -497,4 +504,53 @@ fn rejected(item: &Item, rejection: &Rejection) -> Processed {
         traceparent: item.traceparent.clone(),
         sink_called: false,
     }
+}
+
+/// Milliseconds between successive points of a round.
+struct RoundMarks {
+    last: std::time::Instant,
+    ms: Vec<u64>,
+}
+
+impl RoundMarks {
+    fn new() -> RoundMarks {
+        RoundMarks { last: std::time::Instant::now(), ms: Vec::with_capacity(8) }
+    }
+
+    fn mark(&mut self) {
+        let now = std::time::Instant::now();
+        self.ms.push(now.duration_since(self.last).as_millis() as u64);
+        self.last = now;
+    }
+}
+
+/// Writes a round's claims and flushes them: per request, the durable claim, or `None`
+/// when the key changed since it was read.
+fn claim_durably(store: &KeyStore, requests: Vec<ClaimRequest>) -> Result<Vec<Option<DurableClaim>>, StoreError> {
+    let outcomes = store.claim_batch(requests)?;
+    let won: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
+    let mut durable = store.flush_claims(outcomes.into_iter().filter_map(Result::ok).collect())?.into_iter();
+    Ok(won.into_iter().map(|w| if w { durable.next() } else { None }).collect())
+}
+
+/// Writes a round's completions and, when asked, flushes. Returns the key of a claim an
+/// operator removed meanwhile (its completion is not stored).
+fn complete_durably(
+    store: &KeyStore,
+    completions: Vec<(DurableClaim, Completed)>,
+    flush: bool,
+) -> Result<Option<String>, StoreError> {
+    let lost = if completions.is_empty() {
+        None
+    } else {
+        match store.complete_batch(completions) {
+            Ok(_) => None,
+            Err(StoreError::ClaimLost(key)) => Some(key),
+            Err(e) => return Err(e),
+        }
+    };
+    if flush {
+        store.flush()?;
+    }
+    Ok(lost)
 }

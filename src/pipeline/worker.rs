@@ -160,7 +160,12 @@ impl PartitionWorker {
         let store = Arc::clone(self.shared.engine.store());
         let last = batch.last().map_or(0, Message::offset);
         let wm = vec![(self.topic.clone(), self.partition, last)];
-        if let Err(e) = store.raise_watermarks(&wm) {
+        // A store write can wait for another thread's flush: on the blocking pool.
+        let raise_store = Arc::clone(&store);
+        if let Ok(Err(e)) | Err(e) = tokio::task::spawn_blocking(move || raise_store.raise_watermarks(&wm))
+            .await
+            .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
+        {
             tracing::error!(error = %e, "store failed raising the watermark; stopping");
             return Err(Stop::Fatal);
         }
