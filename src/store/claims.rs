@@ -26,6 +26,8 @@ pub(super) struct Stripe {
     version: u64,
     /// Claims out: key → the token of its [`DurableClaim`].
     claims: HashMap<String, u64>,
+    /// The keys of this stripe that hold a record (see `presence`).
+    pub(super) present: super::presence::Presence,
 }
 
 impl Stripe {
@@ -113,7 +115,7 @@ impl KeyStore {
         let _gate = self.gate.read();
         let stripe = self.stripe(key).lock();
         let stamp = ReadStamp { stripe_version: stripe.version, compactions: self.compactions.load(Ordering::Acquire) };
-        Ok((self.get(key)?, stamp))
+        Ok((self.get_locked(&stripe, key)?, stamp))
     }
 
     /// Claims `key` (absent → in_progress, or expired/orphaned `expected` → in_progress).
@@ -127,7 +129,7 @@ impl KeyStore {
     ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
         let _gate = self.gate.read();
         let mut stripe = self.stripe(key).lock();
-        let current = self.get(key)?;
+        let current = self.get_locked(&stripe, key)?;
         if current.as_ref() != expected {
             return Ok(Err(current));
         }
@@ -172,7 +174,7 @@ impl KeyStore {
                 continue;
             }
             let trusted = versions.get(&at) == Some(&req.stamp.stripe_version) && req.stamp.compactions == compactions;
-            let current = if trusted { req.expected.clone() } else { self.get(&req.key)? };
+            let current = if trusted { req.expected.clone() } else { self.get_locked(stripe, &req.key)? };
             if current != req.expected {
                 out.push(Err(current));
                 continue;
@@ -182,6 +184,10 @@ impl KeyStore {
                 // Replacing a completed record rewrites its shared index entry: alone, now.
                 self.swap_locked(stripe, &req.key, current, Some(&new))?;
             } else {
+                if current.is_none() {
+                    // Into the presence filter before the write (see `presence`).
+                    stripe.present.add(super::presence::key_hash(&req.key).1);
+                }
                 ops.push(Op::Put(Tree::Records, req.key.as_bytes().to_vec(), new.encode()));
                 replaced.push(current.as_ref().map(Record::state));
             }
