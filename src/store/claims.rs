@@ -187,6 +187,7 @@ impl KeyStore {
         let mut out = Vec::with_capacity(requests.len());
         // States the batched claims replace (None = absent), for the counts.
         let mut replaced: Vec<Option<State>> = Vec::with_capacity(requests.len());
+        let mut claimed_at: Vec<usize> = Vec::with_capacity(requests.len());
         for ((req, (at, fp)), repeated) in requests.into_iter().zip(hashes).zip(repeated) {
             if repeated {
                 out.push(Err(req.expected));
@@ -216,6 +217,7 @@ impl KeyStore {
             let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
             let Record::InProgress(record) = new else { unreachable!("constructed above") };
             out.push(Ok(PendingClaim { key: req.key, record, token }));
+            claimed_at.push(at);
         }
         if !ops.is_empty() {
             self.backend.apply(ops)?;
@@ -226,8 +228,8 @@ impl KeyStore {
             }
             self.counts[state_index(State::InProgress)].fetch_add(1, Ordering::Relaxed);
         }
-        for claim in out.iter().filter_map(|r| r.as_ref().ok()) {
-            let (_, stripe) = locks.get(KeyStore::stripe_index(&claim.key))?;
+        for (claim, at) in out.iter().filter_map(|r| r.as_ref().ok()).zip(claimed_at) {
+            let (_, stripe) = locks.get(at)?;
             stripe.changed(&claim.key);
             stripe.claims.insert(claim.key.clone(), claim.token);
         }
@@ -255,13 +257,14 @@ impl KeyStore {
     /// reported as [`StoreError::ClaimLost`] once the others are written.
     pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Vec<Record>, StoreError> {
         let _gate = self.gate.read();
-        let mut locks = self.lock_stripes(items.iter().map(|(c, _)| KeyStore::stripe_index(&c.key)));
+        let stripes: Vec<usize> = items.iter().map(|(c, _)| KeyStore::stripe_index(&c.key)).collect();
+        let mut locks = self.lock_stripes(stripes.iter().copied());
         let mut lost: Option<String> = None;
         let mut ops = Vec::with_capacity(items.len() + 1);
         let mut indexed: Vec<(String, i64)> = Vec::with_capacity(items.len());
         let mut done = Vec::with_capacity(items.len());
-        for (claim, completed) in items {
-            let (_, stripe) = locks.get(KeyStore::stripe_index(&claim.key))?;
+        for ((claim, completed), at) in items.into_iter().zip(stripes) {
+            let (_, stripe) = locks.get(at)?;
             // The claim is still the key's record exactly when its token is still out.
             // Taking it out (one hash lookup) is what `Stripe::changed` does to it.
             match stripe.claims.remove(&claim.key) {

@@ -37,10 +37,14 @@ impl KeyStore {
             ops.push(Op::Delete(Tree::Expiry, entry_key));
         }
         self.backend.apply(ops)?;
-        // Out of the presence filter once deleted. No stripe lock is held by anyone else
-        // under the exclusive gate, so these are uncontended.
-        for (stripe, fp) in hashes {
-            self.stripes[stripe].lock().present.remove(fp);
+        // Out of the presence filter once deleted, one stripe lock at a time. No stripe lock
+        // is held by anyone else under the exclusive gate, so these are uncontended.
+        hashes.sort_unstable();
+        for same_stripe in hashes.chunk_by(|a, b| a.0 == b.0) {
+            let mut stripe = self.stripes[same_stripe[0].0].lock();
+            for &(_, fp) in same_stripe {
+                stripe.present.remove(fp);
+            }
         }
         // Still under the exclusive gate: a ReadStamp from before this chunk is now stale.
         self.compactions.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
