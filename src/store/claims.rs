@@ -9,7 +9,9 @@
 //!   the record read with it when nothing in the stripe changed since (and no compaction
 //!   ran), instead of reading it again under the lock;
 //! - [`KeyStore::complete_batch`] checks a claim is still the key's current record by its
-//!   token in the stripe, not by reading the record back.
+//!   token in the stripe, not by reading the record back;
+//! - reads under a stripe lock ask the stripe's presence filter first (see `presence`): a key
+//!   it does not know is absent, without a store read.
 //!
 //! Every write to a record goes through these or `compare_and_swap`, under the stripe lock,
 //! and the store directory is locked to one process, so the stripe's view is exact.

@@ -9,6 +9,8 @@
 //!   [`DurableClaim`] that a sink request needs;
 //! - completions are written in batches ([`KeyStore::complete_batch`]) with one expiry-index
 //!   entry per batch and second of expiry (see `index`);
+//! - an in-memory presence filter (`presence`), a superset of the keys that hold a record,
+//!   lets a claim of a fresh key skip the store read;
 //! - invariant: the index lists `(key, at)` exactly when `key` holds a completed record
 //!   expiring at `at`, so compaction deletes by the index alone, in bounded chunks, and
 //!   never touches `in_progress` or `indeterminate` records.

@@ -20,30 +20,79 @@
 //! practice: ~0.1 such pairs per million keys).
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
 
-/// The stripe and fingerprint of a key: both from one FNV-1a hash of its bytes.
+/// The stripe and fingerprint of a key, from one 64-bit hash of its bytes (in memory only,
+/// so it may change between versions). Eight bytes at a time: it runs for every key of every
+/// claim, completion and compacted record.
 pub(super) fn key_hash(key: &str) -> (usize, u32) {
-    // FNV-1a: cheap, stable, good enough to spread keys over stripes.
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in key.as_bytes() {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x100000001b3);
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let bytes = key.as_bytes();
+    let mut h: u64 = 0x243f_6a88_85a3_08d3 ^ bytes.len() as u64;
+    let mut mix = |chunk: &[u8]| {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(word)).wrapping_mul(K);
+        h ^= h >> 29;
+    };
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        mix(w);
     }
-    // The stripe takes the low bits; the fingerprint takes the high bits of a remix, so that
-    // keys of one stripe still differ in it.
+    if !words.remainder().is_empty() {
+        mix(words.remainder());
+    }
+    // splitmix64's finalizer: the stripe takes the low bits, the fingerprint the high ones.
     let mut z = h;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
-    ((h as usize) % super::STRIPES, (z >> 32) as u32)
+    ((z as usize) % super::STRIPES, (z >> 32) as u32)
+}
+
+/// Hashes fingerprints for the sets below: they are already uniform, so one multiply
+/// suffices, and a random seed per set keeps keys chosen by an outsider (who can compute
+/// fingerprints) from piling into one bucket.
+#[derive(Debug, Clone)]
+pub(super) struct SeededFp(u64);
+
+impl Default for SeededFp {
+    fn default() -> Self {
+        SeededFp(rand::random())
+    }
+}
+
+impl BuildHasher for SeededFp {
+    type Hasher = FpHasher;
+    fn build_hasher(&self) -> FpHasher {
+        FpHasher(self.0)
+    }
+}
+
+/// See [`SeededFp`].
+pub(super) struct FpHasher(u64);
+
+impl Hasher for FpHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
 }
 
 /// The fingerprints of one stripe's present keys, counted.
 #[derive(Debug, Default)]
 pub(super) struct Presence {
     /// Every fingerprint held by at least one present key.
-    once: HashSet<u32>,
+    once: HashSet<u32, SeededFp>,
     /// Fingerprints held by more than one present key: how many more.
-    more: HashMap<u32, u32>,
+    more: HashMap<u32, u32, SeededFp>,
 }
 
 impl Presence {

@@ -118,7 +118,7 @@ fn forget_and_compaction_take_keys_out(kind: StoreBackend) {
 fn a_shared_fingerprint_means_a_real_read(kind: StoreBackend) {
     // Two keys of the same stripe with the same fingerprint (found by a birthday search
     // over "key-N"): the filter cannot tell them apart.
-    let (one, two) = ("key-1849875", "key-3622681");
+    let (one, two) = ("key-603870", "key-2445306");
     assert_eq!(key_hash(one), key_hash(two), "key_hash changed: find a new pair");
     let f = Fixture::new(kind);
     put_completed(&f.store, one, 1, LATER);
