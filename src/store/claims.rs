@@ -9,15 +9,17 @@
 //!   the record read with it when nothing in the stripe changed since (and no compaction
 //!   ran), instead of reading it again under the lock;
 //! - [`KeyStore::complete_batch`] checks a claim is still the key's current record by its
-//!   token in the stripe, not by reading the record back.
+//!   token in the stripe, not by reading the record back;
+//! - reads under a stripe lock ask the stripe's presence filter first (see `presence`): a key
+//!   it does not know is absent, without a store read.
 //!
 //! Every write to a record goes through these or `compare_and_swap`, under the stripe lock,
 //! and the store directory is locked to one process, so the stripe's view is exact.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Completed, InProgress, KeyStore, Op, Record, State, StoreError, Tree, index, state_index};
+use super::{Completed, InProgress, KeyStore, Op, Record, State, StoreError, Tree, index, presence, state_index};
 
 /// What a stripe lock guards.
 #[derive(Debug, Default)]
@@ -26,6 +28,8 @@ pub(super) struct Stripe {
     version: u64,
     /// Claims out: key → the token of its [`DurableClaim`].
     claims: HashMap<String, u64>,
+    /// The keys of this stripe that hold a record (see `presence`).
+    pub(super) present: super::presence::Presence,
 }
 
 impl Stripe {
@@ -33,6 +37,25 @@ impl Stripe {
     pub(super) fn changed(&mut self, key: &str) {
         self.version = self.version.wrapping_add(1);
         self.claims.remove(key);
+    }
+}
+
+/// The stripes a batch holds: (index, version before the batch wrote anything, guard),
+/// ascending by index.
+struct LockedStripes<'a>(Vec<(usize, u64, parking_lot::MutexGuard<'a, Stripe>)>);
+
+impl LockedStripes<'_> {
+    /// The stripe `at` and its version when locked.
+    fn get(&mut self, at: usize) -> Result<(u64, &mut Stripe), StoreError> {
+        match self.0.binary_search_by_key(&at, |(i, _, _)| *i) {
+            Ok(pos) => {
+                let (_, version, guard) = &mut self.0[pos];
+                Ok((*version, &mut **guard))
+            }
+            Err(_) => {
+                Err(StoreError::Backend { backend: "store", message: "stripe of a batch not locked (a bug)".into() })
+            }
+        }
     }
 }
 
@@ -97,15 +120,20 @@ impl DurableClaim {
 }
 
 impl KeyStore {
-    /// Locks the stripe of every key, in ascending order so that batches cannot deadlock.
-    fn lock_stripes<'k>(
-        &self,
-        keys: impl Iterator<Item = &'k str>,
-    ) -> HashMap<usize, parking_lot::MutexGuard<'_, Stripe>> {
-        let mut order: Vec<usize> = keys.map(Self::stripe_index).collect();
+    /// Locks the given stripes, in ascending order so that batches cannot deadlock.
+    fn lock_stripes(&self, stripes: impl Iterator<Item = usize>) -> LockedStripes<'_> {
+        let mut order: Vec<usize> = stripes.collect();
         order.sort_unstable();
         order.dedup();
-        order.into_iter().map(|i| (i, self.stripes[i].lock())).collect()
+        LockedStripes(
+            order
+                .into_iter()
+                .map(|i| {
+                    let guard = self.stripes[i].lock();
+                    (i, guard.version, guard)
+                })
+                .collect(),
+        )
     }
 
     /// The record of `key` and a stamp of when it was read.
@@ -113,7 +141,7 @@ impl KeyStore {
         let _gate = self.gate.read();
         let stripe = self.stripe(key).lock();
         let stamp = ReadStamp { stripe_version: stripe.version, compactions: self.compactions.load(Ordering::Acquire) };
-        Ok((self.get(key)?, stamp))
+        Ok((self.get_locked(&stripe, key)?, stamp))
     }
 
     /// Claims `key` (absent → in_progress, or expired/orphaned `expected` → in_progress).
@@ -127,7 +155,7 @@ impl KeyStore {
     ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
         let _gate = self.gate.read();
         let mut stripe = self.stripe(key).lock();
-        let current = self.get(key)?;
+        let current = self.get_locked(&stripe, key)?;
         if current.as_ref() != expected {
             return Ok(Err(current));
         }
@@ -149,30 +177,29 @@ impl KeyStore {
     ) -> Result<Vec<Result<PendingClaim, Option<Record>>>, StoreError> {
         let _gate = self.gate.read();
         let compactions = self.compactions.load(Ordering::Acquire);
-        let mut locks = self.lock_stripes(requests.iter().map(|r| r.key.as_str()));
-        // The stripes as they were before this batch wrote anything: a stamp is checked
-        // against these, so claims of two keys of one stripe in one batch both trust their
-        // reads (each key appears once: a repeat is refused below).
-        let versions: HashMap<usize, u64> = locks.iter().map(|(&i, s)| (i, s.version)).collect();
-        let mut seen = std::collections::HashSet::with_capacity(requests.len());
+        let hashes: Vec<(usize, u32)> = requests.iter().map(|r| presence::key_hash(&r.key)).collect();
+        let mut locks = self.lock_stripes(hashes.iter().map(|&(at, _)| at));
+        // A key's second request in one batch is refused: its first claim is not written
+        // yet, so there is nothing to compare with.
+        let repeated: Vec<bool> = {
+            let mut seen = HashSet::with_capacity(requests.len());
+            requests.iter().map(|r| !seen.insert(r.key.as_str())).collect()
+        };
         let mut ops = Vec::with_capacity(requests.len());
         let mut out = Vec::with_capacity(requests.len());
-        let mut claimed: Vec<(usize, String, u64)> = Vec::new();
         // States the batched claims replace (None = absent), for the counts.
-        let mut replaced: Vec<Option<State>> = Vec::new();
-        for req in requests {
-            let at = Self::stripe_index(&req.key);
-            let stripe = locks.get_mut(&at).ok_or_else(|| StoreError::Backend {
-                backend: "store",
-                message: "stripe of a claim not locked (a bug)".into(),
-            })?;
-            if !seen.insert(req.key.clone()) {
-                // Its earlier claim in this batch is not written yet: nothing to compare with.
+        let mut replaced: Vec<Option<State>> = Vec::with_capacity(requests.len());
+        let mut claimed_at: Vec<usize> = Vec::with_capacity(requests.len());
+        for ((req, (at, fp)), repeated) in requests.into_iter().zip(hashes).zip(repeated) {
+            if repeated {
                 out.push(Err(req.expected));
                 continue;
             }
-            let trusted = versions.get(&at) == Some(&req.stamp.stripe_version) && req.stamp.compactions == compactions;
-            let current = if trusted { req.expected.clone() } else { self.get(&req.key)? };
+            // Stamps are checked against the stripes as they were before this batch wrote
+            // anything, so claims of two keys of one stripe in one batch both trust their reads.
+            let (version, stripe) = locks.get(at)?;
+            let trusted = version == req.stamp.stripe_version && req.stamp.compactions == compactions;
+            let current = if trusted { req.expected.clone() } else { self.get_locked(stripe, &req.key)? };
             if current != req.expected {
                 out.push(Err(current));
                 continue;
@@ -182,13 +209,17 @@ impl KeyStore {
                 // Replacing a completed record rewrites its shared index entry: alone, now.
                 self.swap_locked(stripe, &req.key, current, Some(&new))?;
             } else {
+                if current.is_none() {
+                    // Into the presence filter before the write (see `presence`).
+                    stripe.present.add(fp);
+                }
                 ops.push(Op::Put(Tree::Records, req.key.as_bytes().to_vec(), new.encode()));
                 replaced.push(current.as_ref().map(Record::state));
             }
             let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-            claimed.push((at, req.key.clone(), token));
             let Record::InProgress(record) = new else { unreachable!("constructed above") };
             out.push(Ok(PendingClaim { key: req.key, record, token }));
+            claimed_at.push(at);
         }
         if !ops.is_empty() {
             self.backend.apply(ops)?;
@@ -199,11 +230,12 @@ impl KeyStore {
             }
             self.counts[state_index(State::InProgress)].fetch_add(1, Ordering::Relaxed);
         }
-        for (at, key, token) in claimed {
-            if let Some(stripe) = locks.get_mut(&at) {
-                stripe.changed(&key);
-                stripe.claims.insert(key, token);
-            }
+        for (claim, at) in out.iter().filter_map(|r| r.as_ref().ok()).zip(claimed_at) {
+            let (_, stripe) = locks.get(at)?;
+            // What `Stripe::changed` does, with the new claim replacing any old one in a
+            // single map operation.
+            stripe.version = stripe.version.wrapping_add(1);
+            stripe.claims.insert(claim.key.clone(), claim.token);
         }
         Ok(out)
     }
@@ -229,22 +261,28 @@ impl KeyStore {
     /// reported as [`StoreError::ClaimLost`] once the others are written.
     pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Vec<Record>, StoreError> {
         let _gate = self.gate.read();
-        let mut locks = self.lock_stripes(items.iter().map(|(c, _)| c.key.as_str()));
+        let stripes: Vec<usize> = items.iter().map(|(c, _)| KeyStore::stripe_index(&c.key)).collect();
+        let mut locks = self.lock_stripes(stripes.iter().copied());
         let mut lost: Option<String> = None;
         let mut ops = Vec::with_capacity(items.len() + 1);
         let mut indexed: Vec<(String, i64)> = Vec::with_capacity(items.len());
         let mut done = Vec::with_capacity(items.len());
-        for (claim, completed) in items {
-            let stripe = locks.get_mut(&Self::stripe_index(&claim.key)).ok_or_else(|| StoreError::Backend {
-                backend: "store",
-                message: "stripe of a completion not locked (a bug)".into(),
-            })?;
+        for ((claim, completed), at) in items.into_iter().zip(stripes) {
+            let (_, stripe) = locks.get(at)?;
             // The claim is still the key's record exactly when its token is still out.
-            if stripe.claims.get(&claim.key) != Some(&claim.token) {
-                lost.get_or_insert(claim.key);
-                continue;
+            // Taking it out (one hash lookup) is what `Stripe::changed` does to it.
+            match stripe.claims.remove(&claim.key) {
+                Some(token) if token == claim.token => {}
+                other => {
+                    if let Some(newer) = other {
+                        // Someone else's claim of the key: it stays out.
+                        stripe.claims.insert(claim.key.clone(), newer);
+                    }
+                    lost.get_or_insert(claim.key);
+                    continue;
+                }
             }
-            stripe.changed(&claim.key);
+            stripe.version = stripe.version.wrapping_add(1);
             let new = Record::Completed(completed);
             ops.push(Op::Put(Tree::Records, claim.key.as_bytes().to_vec(), new.encode()));
             if let Some(at) = new.expires_at_ms() {

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{KeyStore, Op, StoreError, Tree, state_index};
+use super::{KeyStore, Op, StoreError, Tree, presence, state_index};
 use crate::store::State;
 
 impl KeyStore {
@@ -29,12 +29,23 @@ impl KeyStore {
         let last = last.clone();
         let mut ops = Vec::with_capacity(entries.iter().map(|(_, p)| p.len() + 1).sum());
         let mut removed = 0;
+        let mut hashes = Vec::with_capacity(ops.capacity());
         for (entry_key, pairs) in entries {
             removed += pairs.len();
+            hashes.extend(pairs.iter().map(|(key, _)| presence::key_hash(key)));
             ops.extend(pairs.into_iter().map(|(key, _)| Op::Delete(Tree::Records, key.into_bytes())));
             ops.push(Op::Delete(Tree::Expiry, entry_key));
         }
         self.backend.apply(ops)?;
+        // Out of the presence filter once deleted, one stripe lock at a time. No stripe lock
+        // is held by anyone else under the exclusive gate, so these are uncontended.
+        hashes.sort_unstable();
+        for same_stripe in hashes.chunk_by(|a, b| a.0 == b.0) {
+            let mut stripe = self.stripes[same_stripe[0].0].lock();
+            for &(_, fp) in same_stripe {
+                stripe.present.remove(fp);
+            }
+        }
         // Still under the exclusive gate: a ReadStamp from before this chunk is now stale.
         self.compactions.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.flush()?;

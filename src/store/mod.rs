@@ -9,6 +9,8 @@
 //!   [`DurableClaim`] that a sink request needs;
 //! - completions are written in batches ([`KeyStore::complete_batch`]) with one expiry-index
 //!   entry per batch and second of expiry (see `index`);
+//! - an in-memory presence filter (`presence`), a superset of the keys that hold a record,
+//!   lets a claim of a fresh key skip the store read;
 //! - invariant: the index lists `(key, at)` exactly when `key` holds a completed record
 //!   expiring at `at`, so compaction deletes by the index alone, in bounded chunks, and
 //!   never touches `in_progress` or `indeterminate` records.
@@ -18,6 +20,7 @@ mod compaction;
 mod fjall_backend;
 mod index;
 mod operator;
+mod presence;
 pub mod record;
 mod sled_backend;
 pub mod transfer;
@@ -184,7 +187,7 @@ impl KeyStore {
             flush_done: Mutex::new(0),
         };
         store.upgrade_index()?;
-        store.recount()?;
+        store.scan_all(true)?;
         Ok(store)
     }
 
@@ -194,24 +197,29 @@ impl KeyStore {
     }
 
     fn stripe_index(key: &str) -> usize {
-        // FNV-1a: cheap, stable, good enough to spread keys over stripes.
-        let mut h: u64 = 0xcbf29ce484222325;
-        for b in key.as_bytes() {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x100000001b3);
-        }
-        (h as usize) % STRIPES
+        presence::key_hash(key).0
     }
 
     fn stripe(&self, key: &str) -> &Mutex<claims::Stripe> {
         &self.stripes[Self::stripe_index(key)]
     }
 
-    /// Recounts records per state by a full scan (at open, and after import).
+    /// Recounts records per state by a full scan (after import).
     pub fn recount(&self) -> Result<StateCounts, StoreError> {
+        self.scan_all(false)
+    }
+
+    /// Counts records per state by a full scan and, at open (`fill_presence`), enters every
+    /// key in the presence filter (see `presence`).
+    fn scan_all(&self, fill_presence: bool) -> Result<StateCounts, StoreError> {
         let mut counts = [0i64; 3];
         self.for_each_record_page(|page| {
-            for (_, record) in page {
+            for (key, record) in page {
                 counts[state_index(record.state())] += 1;
+                if fill_presence {
+                    let (stripe, fp) = presence::key_hash(&key);
+                    self.stripes[stripe].lock().present.add(fp);
+                }
             }
             Ok(())
         })?;
@@ -257,6 +265,15 @@ impl KeyStore {
         }
     }
 
+    /// The record of `key`, read with its stripe held: a key the presence filter does not
+    /// know is absent, without a read.
+    fn get_locked(&self, stripe: &claims::Stripe, key: &str) -> Result<Option<Record>, StoreError> {
+        if !stripe.present.may_contain(presence::key_hash(key).1) {
+            return Ok(None);
+        }
+        self.get(key)
+    }
+
     /// The core compare-and-swap: replaces `expected` (None = absent) with `new`
     /// (None = delete), keeping the expiry index and counts in step.
     /// Returns `Err(current)` when the stored record is not `expected`.
@@ -268,7 +285,7 @@ impl KeyStore {
     ) -> Result<Result<(), Option<Record>>, StoreError> {
         let _gate = self.gate.read();
         let mut stripe = self.stripe(key).lock();
-        let current = self.get(key)?;
+        let current = self.get_locked(&stripe, key)?;
         if current.as_ref() != expected {
             return Ok(Err(current));
         }
@@ -304,7 +321,16 @@ impl KeyStore {
             }
             None => None,
         };
+        // The presence filter gains a key before its write and loses it only after its
+        // delete: never a moment where a present key is missing from it.
+        let fp = presence::key_hash(key).1;
+        if current.is_none() && new.is_some() {
+            stripe.present.add(fp);
+        }
         self.backend.apply(ops)?;
+        if current.is_some() && new.is_none() {
+            stripe.present.remove(fp);
+        }
         stripe.changed(key);
         if let Some(c) = &current {
             self.counts[state_index(c.state())].fetch_sub(1, Ordering::Relaxed);

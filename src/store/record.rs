@@ -160,7 +160,13 @@ impl Record {
 
     /// The compact binary form.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64);
+        // Fixed fields take at most 96 bytes (varints included): sized once, no regrowth.
+        let variable = match self {
+            Record::InProgress(r) => r.source.topic.len(),
+            Record::Completed(r) => r.result.len() + r.error.as_ref().map_or(0, String::len),
+            Record::Indeterminate(r) => r.why.len(),
+        };
+        let mut out = Vec::with_capacity(96 + variable);
         out.push(VERSION);
         match self {
             Record::InProgress(r) => {

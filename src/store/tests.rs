@@ -44,6 +44,8 @@ both!(
     claim_batch_mixes_fresh_stale_and_expired,
 );
 
+mod filter;
+
 // ---------------------------------------------------------------------------------------
 // helpers
 
@@ -176,6 +178,7 @@ fn check_invariants(store: &KeyStore) {
     }
     assert_eq!(live, by_scan, "live counts differ from the records");
     assert_eq!(store.recount().unwrap(), by_scan);
+    filter::check_presence(store, &records);
 }
 
 fn counts(in_progress: i64, completed: i64, indeterminate: i64) -> StateCounts {

@@ -1,0 +1,141 @@
+//! The presence filter (`store::presence`): a key that holds a record is never taken for
+//! absent, whoever wrote it (a claim, an import, a store opened from disk), a fingerprint
+//! shared with another key means a real read, and deletes (forget, compaction) take keys
+//! out exactly. [`check_presence`] is part of every test's `check_invariants`.
+
+use super::*;
+use crate::store::presence::key_hash;
+use crate::store::transfer::Imported;
+
+both!(
+    keys_present_at_open_are_never_claimed_over,
+    imported_keys_are_never_claimed_over,
+    forget_and_compaction_take_keys_out,
+    a_shared_fingerprint_means_a_real_read,
+);
+
+/// Every key that holds a record is in its stripe's filter, and the filter counts nothing
+/// else (so deletes are accounted for exactly, and the filter stays as small as the store).
+pub(super) fn check_presence(store: &KeyStore, records: &BTreeMap<String, Record>) {
+    for key in records.keys() {
+        let (stripe, fp) = key_hash(key);
+        assert!(
+            store.stripes[stripe].lock().present.may_contain(fp),
+            "{key:?} holds a record but is not in the filter"
+        );
+    }
+    let counted: usize = store.stripes.iter().map(|s| s.lock().present.len()).sum();
+    assert_eq!(counted, records.len(), "the filter counts keys that hold no record");
+}
+
+/// Far in the future: never due.
+const LATER: i64 = 9_000_000_000_000;
+
+/// Every way of claiming `key` as if it were absent is refused, and the record stays.
+fn assert_not_claimable_as_absent(store: &KeyStore, key: &str) {
+    let stored = store.get(key).unwrap();
+    assert!(stored.is_some(), "{key:?} should hold a record");
+    let (seen, _) = store.get_stamped(key).unwrap();
+    assert_eq!(seen, stored, "the engine's read of {key:?}");
+    assert_eq!(store.claim(key, None, in_progress(7, 1)).unwrap().unwrap_err(), stored);
+    let new = Record::InProgress(in_progress(7, 1));
+    assert_eq!(store.compare_and_swap(key, None, Some(&new)).unwrap().unwrap_err(), stored);
+    assert_eq!(store.get(key).unwrap(), stored, "{key:?} unchanged");
+}
+
+/// A stamp that `claim_batch` will not trust: a compaction ran after it.
+fn stale_stamp(store: &KeyStore, key: &str) -> ReadStamp {
+    let (_, stamp) = store.get_stamped(key).unwrap();
+    put_completed(store, "short-lived", 9, 5_000);
+    assert_eq!(store.compact_expired(6_000, 100).unwrap(), 1);
+    stamp
+}
+
+fn keys_present_at_open_are_never_claimed_over(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    put_completed(&f.store, "done", 1, LATER);
+    let _ = durable(&f.store, "claimed", 2);
+    put_indeterminate(&f.store, "unsure", 3);
+    let f = f.reopen();
+    check_invariants(&f.store);
+    for key in ["done", "claimed", "unsure"] {
+        assert_not_claimable_as_absent(&f.store, key);
+        // A batch claim whose read is not trusted reads the key again, under its lock.
+        let stored = f.store.get(key).unwrap();
+        let stamp = stale_stamp(&f.store, key);
+        let req = ClaimRequest { key: key.into(), expected: None, stamp, claim: in_progress(7, 1) };
+        assert_eq!(f.store.claim_batch(vec![req]).unwrap().pop().unwrap().unwrap_err(), stored);
+        assert_eq!(f.store.get(key).unwrap(), stored);
+    }
+    check_invariants(&f.store);
+}
+
+fn imported_keys_are_never_claimed_over(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let options = ImportOptions { overwrite: false, now_ms: 0 };
+    let done = Record::Completed(completed(4, LATER));
+    let unsure = Record::Indeterminate(indeterminate(5));
+    assert_eq!(f.store.import_record("imported-done", &done, options).unwrap(), Imported::Written);
+    assert_eq!(f.store.import_record("imported-unsure", &unsure, options).unwrap(), Imported::Written);
+    check_invariants(&f.store);
+    assert_not_claimable_as_absent(&f.store, "imported-done");
+    assert_not_claimable_as_absent(&f.store, "imported-unsure");
+    assert_eq!(f.store.get("imported-done").unwrap(), Some(done));
+    check_invariants(&f.store);
+}
+
+fn forget_and_compaction_take_keys_out(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    put_completed(&f.store, "a", 1, 5_000);
+    put_completed(&f.store, "b", 1, 5_000);
+    let _ = durable(&f.store, "c", 2);
+    put_completed(&f.store, "kept", 3, LATER);
+    check_invariants(&f.store);
+
+    f.store.forget("c").unwrap();
+    check_invariants(&f.store);
+    assert_eq!(f.store.compact_expired(6_000, 100).unwrap(), 2);
+    check_invariants(&f.store);
+    assert_eq!(all_records(&f.store).len(), 1);
+
+    // Absent again: claimed without a read, and back in the filter.
+    let mut requests = Vec::new();
+    for key in ["a", "b", "c"] {
+        let (seen, stamp) = f.store.get_stamped(key).unwrap();
+        assert_eq!(seen, None);
+        requests.push(ClaimRequest { key: key.into(), expected: None, stamp, claim: in_progress(4, 1) });
+    }
+    let pending: Vec<PendingClaim> = f.store.claim_batch(requests).unwrap().into_iter().map(Result::unwrap).collect();
+    let _ = f.store.flush_claims(pending).unwrap();
+    check_invariants(&f.store);
+    for key in ["a", "b", "c", "kept"] {
+        assert_not_claimable_as_absent(&f.store, key);
+    }
+    let f = f.reopen();
+    check_invariants(&f.store);
+}
+
+fn a_shared_fingerprint_means_a_real_read(kind: StoreBackend) {
+    // Two keys of the same stripe with the same fingerprint (found by a birthday search
+    // over "key-N"): the filter cannot tell them apart.
+    let (one, two) = ("key-603870", "key-2445306");
+    assert_eq!(key_hash(one), key_hash(two), "key_hash changed: find a new pair");
+    let f = Fixture::new(kind);
+    put_completed(&f.store, one, 1, LATER);
+    // `two` is found in the filter but is absent: the real read says so, the claim goes on.
+    let (seen, stamp) = f.store.get_stamped(two).unwrap();
+    assert_eq!(seen, None);
+    let req = ClaimRequest { key: two.into(), expected: None, stamp, claim: in_progress(2, 1) };
+    let pending = f.store.claim_batch(vec![req]).unwrap().pop().unwrap().expect("absent");
+    let _ = f.store.flush_claims(vec![pending]).unwrap();
+    check_invariants(&f.store);
+    // Deleting one leaves the other in the filter.
+    f.store.forget(one).unwrap();
+    check_invariants(&f.store);
+    assert_not_claimable_as_absent(&f.store, two);
+    let f = f.reopen();
+    check_invariants(&f.store);
+    assert_not_claimable_as_absent(&f.store, two);
+    f.store.forget(two).unwrap();
+    check_invariants(&f.store);
+}
