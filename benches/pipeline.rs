@@ -269,6 +269,10 @@ fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, di
         ttl: None,
         fingerprint_exclude: vec![],
     });
+    // DEDUPD_BENCH_MAX_IN_FLIGHT=N: `pipeline.max_in_flight` (also the most claims per round).
+    if let Some(n) = std::env::var("DEDUPD_BENCH_MAX_IN_FLIGHT").ok().and_then(|v| v.parse().ok()) {
+        c.pipeline.max_in_flight = n;
+    }
     // Tuning experiments: DEDUPD_BENCH_PRODUCER / DEDUPD_BENCH_CONSUMER="key=value,key=value"
     // go to `kafka.producer` / `kafka.consumer` as a config file's tables would.
     for (var, table) in
