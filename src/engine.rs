@@ -16,6 +16,7 @@
 
 mod batch;
 mod retry;
+mod round;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -9,13 +9,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::retry::{RunEnd, run_with_retry};
+use super::round::{RoundMarks, claim_durably, complete_durably};
 use super::{Engine, EngineError, Item, ItemResult};
 use crate::decide::{Action, Arrival, Context, decide};
 use crate::envelope::{Command, Rejection};
 use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
-use crate::store::{
-    ClaimRequest, Completed, Completion, DurableClaim, InProgress, Indeterminate, KeyStore, Record, StoreError,
-};
+use crate::store::{ClaimRequest, Completed, Completion, InProgress, Indeterminate, Record};
 
 /// The first step for one record.
 enum Start {
@@ -135,7 +134,6 @@ impl Engine {
             }
             flushed |= !durable.is_empty();
 
-            marks.mark();
             let runs = durable.into_iter().zip(claimed.iter()).map(|(claim, &(_, i, cmd, _))| {
                 // Everything the sink run logs (retries, the sink's own events) carries
                 // the command's identity.
@@ -243,7 +241,7 @@ impl Engine {
                 tracing::warn!(%key, "the claim was removed by an operator while its sink ran; result published, not stored");
             }
             marks.mark();
-            tracing::trace!(records = done_keys.len(), waits = waits.len(), ms = ?marks.ms, "round: starts, claim write, claim flush, build, sinks, results, completion write, completion flush");
+            tracing::trace!(records = done_keys.len(), waits = waits.len(), ms = ?marks.ms, "round: ms for starts, claims + flush, sinks, results, completions + flush");
             // Release the keys only once their completions are durable: a waiter must not
             // replay a result that a crash could still take back.
             {
@@ -504,53 +502,4 @@ fn rejected(item: &Item, rejection: &Rejection) -> Processed {
         traceparent: item.traceparent.clone(),
         sink_called: false,
     }
-}
-
-/// Milliseconds between successive points of a round.
-struct RoundMarks {
-    last: std::time::Instant,
-    ms: Vec<u64>,
-}
-
-impl RoundMarks {
-    fn new() -> RoundMarks {
-        RoundMarks { last: std::time::Instant::now(), ms: Vec::with_capacity(8) }
-    }
-
-    fn mark(&mut self) {
-        let now = std::time::Instant::now();
-        self.ms.push(now.duration_since(self.last).as_millis() as u64);
-        self.last = now;
-    }
-}
-
-/// Writes a round's claims and flushes them: per request, the durable claim, or `None`
-/// when the key changed since it was read.
-fn claim_durably(store: &KeyStore, requests: Vec<ClaimRequest>) -> Result<Vec<Option<DurableClaim>>, StoreError> {
-    let outcomes = store.claim_batch(requests)?;
-    let won: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
-    let mut durable = store.flush_claims(outcomes.into_iter().filter_map(Result::ok).collect())?.into_iter();
-    Ok(won.into_iter().map(|w| if w { durable.next() } else { None }).collect())
-}
-
-/// Writes a round's completions and, when asked, flushes. Returns the key of a claim an
-/// operator removed meanwhile (its completion is not stored).
-fn complete_durably(
-    store: &KeyStore,
-    completions: Vec<(DurableClaim, Completed)>,
-    flush: bool,
-) -> Result<Option<String>, StoreError> {
-    let lost = if completions.is_empty() {
-        None
-    } else {
-        match store.complete_batch(completions) {
-            Ok(_) => None,
-            Err(StoreError::ClaimLost(key)) => Some(key),
-            Err(e) => return Err(e),
-        }
-    };
-    if flush {
-        store.flush()?;
-    }
-    Ok(lost)
 }
