@@ -4,6 +4,7 @@ use serde_json::Value;
 
 use super::CliError;
 use crate::config::Config;
+use crate::engine::{Clock, SystemClock};
 use crate::store::{Completion, ForgetError, KeyStore, ResolveError, StoreError, record_json};
 
 /// An opened store and the config it came from.
@@ -16,10 +17,6 @@ pub struct Direct {
 fn is_lock_error(e: &StoreError) -> bool {
     let text = e.to_string().to_ascii_lowercase();
     text.contains("could not acquire lock") || text.contains("locked") || text.contains("lock file")
-}
-
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }
 
 impl Direct {
@@ -55,7 +52,7 @@ impl Direct {
     /// Resolves an indeterminate key; returns the new record as JSON.
     pub fn resolve(&self, key: &str, outcome: Completion) -> Result<Value, CliError> {
         let ttl = i64::try_from(self.config.store.default_ttl.as_millis()).unwrap_or(i64::MAX);
-        match self.store.resolve(key, outcome, now_ms(), ttl) {
+        match self.store.resolve(key, outcome, SystemClock.now_ms(), ttl) {
             Ok(r) => Ok(record_json(key, &r)),
             Err(e @ ResolveError::NotFound(_)) => Err(CliError::NotFound(e.to_string())),
             Err(e @ ResolveError::NotIndeterminate { .. }) => Err(CliError::Conflict(e.to_string())),
@@ -70,7 +67,7 @@ impl Direct {
 
     /// Removes expired records; returns how many.
     pub fn compact(&self) -> Result<u64, CliError> {
-        Ok(self.store.compact_expired(now_ms(), self.config.store.compaction_chunk.get())? as u64)
+        Ok(self.store.compact_expired(SystemClock.now_ms(), self.config.store.compaction_chunk.get())? as u64)
     }
 }
 

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::consumer::PipelineContext;
 use super::publish::{Acks, Publisher};
 use crate::config::{EnvelopeConfig, LimitsConfig};
-use crate::engine::{Engine, Item, ItemResult};
+use crate::engine::{Clock, Engine, Item, ItemResult, SystemClock};
 use crate::envelope::{InputRecord, parse};
 use crate::ops::Metrics;
 use crate::outcome::{Outcome, Processed};
@@ -153,7 +153,7 @@ impl PartitionWorker {
         if tracing::enabled!(tracing::Level::DEBUG) {
             // How long the batch's first record took from its timestamp to here (produce,
             // broker, fetch and queueing), for latency analysis.
-            let age_ms = batch.first().and_then(|m| m.timestamp().to_millis()).map(|t| now_ms() - t);
+            let age_ms = batch.first().and_then(|m| m.timestamp().to_millis()).map(|t| SystemClock.now_ms() - t);
             tracing::debug!(topic = %self.topic, partition = self.partition, first = batch.first().map(Message::offset), records = batch.len(), age_ms, "batch");
         }
         let items: Vec<Item> = batch.iter().map(|m| self.item(m)).collect();
@@ -340,8 +340,4 @@ fn log_command(m: &OwnedMessage, p: &Processed) {
     );
     let _entered = span.enter();
     tracing::debug!(route = r.route.as_deref(), sink_called = p.sink_called, replay = r.replay, "command done");
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
