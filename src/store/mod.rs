@@ -7,6 +7,8 @@
 //! - group commit is in the types: [`KeyStore::claim`] gives a [`PendingClaim`], and only
 //!   [`KeyStore::flush_claims`] (one fsync for the whole batch) turns it into the
 //!   [`DurableClaim`] that a sink request needs;
+//! - the claim of a key with no record is held by an append-only claim journal beside the
+//!   backend (`journal`), not the backend: only its completion is written there;
 //! - completions are written in batches ([`KeyStore::complete_batch`]) with one expiry-index
 //!   entry per batch and second of expiry (see `index`);
 //! - an in-memory presence filter (`presence`), a superset of the keys that hold a record,
@@ -19,6 +21,7 @@ mod claims;
 mod compaction;
 mod fjall_backend;
 mod index;
+mod journal;
 mod operator;
 mod presence;
 pub mod record;
@@ -120,6 +123,9 @@ pub struct StateCounts {
 /// The semantic store over a backend. Cheap to share behind an `Arc`.
 pub struct KeyStore {
     backend: Box<dyn Backend>,
+    /// Holds the claims of keys with no record (see `journal`); `None` for a store over a
+    /// bare backend (tests), where every claim goes to the backend.
+    journal: Option<journal::ClaimJournal>,
     sync: SyncMode,
     /// Mutations hold it shared; a compaction chunk holds it exclusively, so the index it
     /// reads cannot change under it.
@@ -168,15 +174,28 @@ fn watermark_key(topic: &str, partition: i32) -> Vec<u8> {
 }
 
 impl KeyStore {
-    /// Opens (or creates) a store at `path`.
+    /// Opens (or creates) a store at `path`: the backend, then the claim journal in the same
+    /// directory, whose claims left out by a crash become `in_progress` records.
     pub fn open(kind: StoreBackend, path: &Path, sync: SyncMode) -> Result<KeyStore, StoreError> {
-        Self::with_backend(open_backend(kind, path)?, sync)
+        let backend = open_backend(kind, path)?;
+        let journal = recover_journal(backend.as_ref(), &path.join(journal::FILE_NAME))?;
+        Self::build(backend, Some(journal), sync)
     }
 
-    /// Wraps an open backend; counts the records per state once.
+    /// Wraps an open backend without a claim journal (every claim goes to the backend).
     pub fn with_backend(backend: Box<dyn Backend>, sync: SyncMode) -> Result<KeyStore, StoreError> {
+        Self::build(backend, None, sync)
+    }
+
+    /// Counts the records per state once and fills the presence filter.
+    fn build(
+        backend: Box<dyn Backend>,
+        journal: Option<journal::ClaimJournal>,
+        sync: SyncMode,
+    ) -> Result<KeyStore, StoreError> {
         let store = KeyStore {
             backend,
+            journal,
             sync,
             gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(claims::Stripe::default())).collect(),
@@ -252,26 +271,49 @@ impl KeyStore {
         }
     }
 
-    /// Bytes on disk.
+    /// Bytes on disk: the backend's and the claim journal's.
     pub fn disk_bytes(&self) -> Result<u64, StoreError> {
-        self.backend.disk_bytes()
+        Ok(self.backend.disk_bytes()? + self.journal.as_ref().map_or(0, |j| j.len()))
     }
 
     /// The record of `key`, if any (expired ones included until compacted).
     pub fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        if self.journal.is_some() {
+            let stripe = self.stripe(key).lock();
+            if let Some(claim) = stripe.journaled(key) {
+                return Ok(Some(Record::InProgress(claim.clone())));
+            }
+        }
+        self.get_from_backend(key)
+    }
+
+    fn get_from_backend(&self, key: &str) -> Result<Option<Record>, StoreError> {
         match self.backend.get(Tree::Records, key.as_bytes())? {
             None => Ok(None),
             Some(v) => decode(key.as_bytes(), &v).map(Some),
         }
     }
 
-    /// The record of `key`, read with its stripe held: a key the presence filter does not
-    /// know is absent, without a read.
+    /// The record of `key`, read with its stripe held: a claim held by the journal, else
+    /// the backend's record; a key the presence filter does not know is absent there,
+    /// without a read.
     fn get_locked(&self, stripe: &claims::Stripe, key: &str) -> Result<Option<Record>, StoreError> {
+        if let Some(claim) = stripe.journaled(key) {
+            return Ok(Some(Record::InProgress(claim.clone())));
+        }
         if !stripe.present.may_contain(presence::key_hash(key).1) {
             return Ok(None);
         }
-        self.get(key)
+        self.get_from_backend(key)
+    }
+
+    /// Invariant 4 of `journal`: before the backend deletes a record, no released claim may
+    /// stay in the journal's file.
+    fn drop_stale_claims(&self) -> Result<(), StoreError> {
+        match &self.journal {
+            Some(journal) => journal.drop_stale(&|| self.backend.flush()),
+            None => Ok(()),
+        }
     }
 
     /// The core compare-and-swap: replaces `expected` (None = absent) with `new`
@@ -302,6 +344,9 @@ impl KeyStore {
         current: Option<Record>,
         new: Option<&Record>,
     ) -> Result<(), StoreError> {
+        // A claim held by the journal is not in the backend: nothing there to replace.
+        let journaled = stripe.journaled(key).is_some();
+        let in_backend = current.is_some() && !journaled;
         let mut ops = Vec::with_capacity(3);
         match new {
             Some(r) => {
@@ -324,14 +369,24 @@ impl KeyStore {
         // The presence filter gains a key before its write and loses it only after its
         // delete: never a moment where a present key is missing from it.
         let fp = presence::key_hash(key).1;
-        if current.is_none() && new.is_some() {
+        if !in_backend && new.is_some() {
             stripe.present.add(fp);
         }
+        if new.is_none() {
+            if let (true, Some(journal)) = (journaled, &self.journal) {
+                // Released first, so that the rewrite below leaves it out of the file.
+                journal.release(key);
+            }
+            self.drop_stale_claims()?;
+        }
         self.backend.apply(ops)?;
-        if current.is_some() && new.is_none() {
+        if in_backend && new.is_none() {
             stripe.present.remove(fp);
         }
-        stripe.changed(key);
+        if let (true, Some(_), Some(journal)) = (stripe.changed(key), new, &self.journal) {
+            // Invariant 2 of `journal`: the write replacing the claim is applied.
+            journal.release(key);
+        }
         if let Some(c) = &current {
             self.counts[state_index(c.state())].fetch_sub(1, Ordering::Relaxed);
         }
@@ -424,13 +479,61 @@ impl KeyStore {
             None => Vec::new(),
         };
         let page = self.backend.scan(Tree::Records, &start, None, limit)?;
-        page.into_iter()
+        // Claims held by the journal are records too (and their keys are not in the
+        // backend): merged in, up to the backend page's last key when the page is full.
+        let upper = (page.len() == limit).then(|| page.last().map(|(k, _)| k.clone())).flatten();
+        let journaled = self.journaled_claims(&start, upper.as_deref());
+        let mut records = page
+            .into_iter()
             .map(|(k, v)| {
                 let rec = decode(&k, &v)?;
                 Ok((String::from_utf8_lossy(&k).into_owned(), rec))
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if !journaled.is_empty() {
+            records.extend(journaled);
+            records.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            records.truncate(limit);
+        }
+        Ok(records)
     }
+
+    /// The claims held by the journal with `start <= key <= upper`, unordered. Locks every
+    /// stripe in turn: for scans (operators, export), not the hot path.
+    fn journaled_claims(&self, start: &[u8], upper: Option<&[u8]>) -> Vec<(String, Record)> {
+        if self.journal.is_none() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for stripe in self.stripes.iter() {
+            out.extend(
+                stripe
+                    .lock()
+                    .journaled_claims()
+                    .filter(|(k, _)| k.as_bytes() >= start && upper.is_none_or(|u| k.as_bytes() <= u))
+                    .map(|(k, c)| (k.to_string(), Record::InProgress(c.clone()))),
+            );
+        }
+        out
+    }
+}
+
+/// Recovery (see `journal`): every claim of the journal at `path` whose key has no record
+/// in the backend is written there as `in_progress` and flushed; then the journal starts
+/// empty. A crash in between repeats it: the claims written are then found in the backend.
+fn recover_journal(backend: &dyn Backend, path: &Path) -> Result<journal::ClaimJournal, StoreError> {
+    let mut ops = Vec::new();
+    for (key, claim) in journal::ClaimJournal::read(path)? {
+        if backend.get(Tree::Records, key.as_bytes())?.is_none() {
+            ops.push(Op::Put(Tree::Records, key.into_bytes(), Record::InProgress(claim).encode()));
+        }
+    }
+    if !ops.is_empty() {
+        tracing::info!(claims = ops.len(), "claims left out by a crash recovered from the claim journal");
+        backend.apply(ops)?;
+    }
+    backend.flush()?;
+    journal::ClaimJournal::create_empty(path)
 }
 
 fn decode(key: &[u8], value: &[u8]) -> Result<Record, StoreError> {

@@ -45,6 +45,7 @@ both!(
 );
 
 mod filter;
+mod journal;
 
 // ---------------------------------------------------------------------------------------
 // helpers
@@ -603,7 +604,9 @@ fn sync_none_still_works(kind: StoreBackend) {
 
 fn empty_and_reversed_scans(kind: StoreBackend) {
     let f = Fixture::new(kind);
-    let _ = durable(&f.store, "b", 1);
+    // Written through compare-and-swap, so into the backend (a claim would be journaled).
+    let rec = Record::InProgress(in_progress(1, 1));
+    f.store.compare_and_swap("b", None, Some(&rec)).unwrap().unwrap();
     let b = &f.store.backend;
     assert_eq!(b.scan(Tree::Records, b"c", Some(b"a"), 10).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Records, b"b", Some(b"b"), 10).unwrap(), vec![]);
