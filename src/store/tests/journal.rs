@@ -12,10 +12,6 @@ both!(
     the_file_is_rewritten_past_its_bound,
 );
 
-fn journal_path(f: &Fixture) -> std::path::PathBuf {
-    f.dir.path().join(journal::FILE_NAME)
-}
-
 /// Claims of absent keys, made durable together; returns them in key order.
 fn claim_all(store: &KeyStore, keys: &[String], b: u8) -> Vec<DurableClaim> {
     let pending = keys.iter().map(|k| store.claim(k, None, in_progress(b, 1)).unwrap().unwrap()).collect();
