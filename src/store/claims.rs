@@ -352,7 +352,7 @@ impl KeyStore {
             done.push(new);
         }
         let pairs: Vec<(&str, i64)> = indexed.iter().map(|(k, at)| (k.as_str(), *at)).collect();
-        ops.extend(index::entry_ops(&pairs)?);
+        ops.extend(index::entry_ops(&pairs, self.backend.index_entry_keys())?);
         if !ops.is_empty() {
             self.backend.apply(ops)?;
         }

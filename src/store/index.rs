@@ -3,9 +3,9 @@
 //!
 //! One entry per *group of completions*, not per key. [`KeyStore::complete_batch`] groups
 //! the records it completes by the second their expiry falls in, and writes each group (up
-//! to 64 keys) as one entry: key = the group's latest expiry (order-preserving big-endian) ++ a random
+//! to 64 keys on sled, 1,024 on fjall) as one entry: key = the group's latest expiry (order-preserving big-endian) ++ a random
 //! 8-byte id; value = the group's `(key, expires_at)` pairs. A batch of 1,000 completions
-//! thus costs ~16 index writes instead of 1,000, and compaction deletes one entry per group
+//! thus costs 1–16 index writes instead of 1,000, and compaction deletes one entry per group
 //! plus the records it lists, without reading a single record.
 //!
 //! Invariant (checked by the store tests and the crash test): the pairs of all entries are
@@ -28,11 +28,12 @@ pub(super) type DueEntry = (Vec<u8>, Vec<(String, i64)>);
 /// Completions whose expiries fall in the same span of this many ms share an entry.
 pub const GROUP_MS: i64 = 1_000;
 
-/// At most this many keys per entry (~3 KiB). sled writes a tree node holding values of
-/// tens of KiB as a separate blob file, and a SIGKILL during such a write left a sled store
-/// that would not open again ("Read corrupted data", tests/kafka_kill.rs); small entries
-/// keep sled on its ordinary log path. The cost is one more index write per 64 completions.
-const MAX_KEYS_PER_ENTRY: usize = 64;
+/// At most this many keys per entry (~3 KiB) on sled. sled writes a tree node holding
+/// values of tens of KiB as a separate blob file, and a SIGKILL during such a write left a
+/// sled store that would not open again ("Read corrupted data", tests/kafka_kill.rs); small
+/// entries keep sled on its ordinary log path. The cost is one more index write per 64
+/// completions. An LSM tree (fjall) has no such limit: see [`super::Backend::index_entry_keys`].
+pub(super) const SMALL_ENTRY_KEYS: usize = 64;
 
 /// Meta key of the index format; absent in stores written before grouped entries.
 const FORMAT_MARK: &[u8] = b"index-format";
@@ -80,14 +81,15 @@ pub fn decode_pairs(value: &[u8]) -> Result<Vec<(String, i64)>, StoreError> {
     Ok(out)
 }
 
-/// The ops that index `completions` (key, expires_at): one new entry per span.
-pub(super) fn entry_ops(completions: &[(&str, i64)]) -> Result<Vec<Op>, StoreError> {
+/// The ops that index `completions` (key, expires_at): one new entry per span and up to
+/// `max_keys` keys.
+pub(super) fn entry_ops(completions: &[(&str, i64)], max_keys: usize) -> Result<Vec<Op>, StoreError> {
     let mut groups: BTreeMap<i64, Vec<(&str, i64)>> = BTreeMap::new();
     for &(key, at) in completions {
         groups.entry(group_of(at)).or_default().push((key, at));
     }
     let mut ops = Vec::with_capacity(groups.len());
-    for pairs in groups.values().flat_map(|g| g.chunks(MAX_KEYS_PER_ENTRY)) {
+    for pairs in groups.values().flat_map(|g| g.chunks(max_keys.max(1))) {
         let latest = pairs.iter().map(|&(_, at)| at).max().unwrap_or(i64::MIN);
         // A random id keeps entries of the same time apart without any shared counter,
         // across restarts too (a collision needs ~2^32 entries of the same ms).
@@ -166,7 +168,7 @@ impl KeyStore {
         self.for_each_record_page(|page| {
             let pairs: Vec<(&str, i64)> =
                 page.iter().filter_map(|(k, r)| r.expires_at_ms().map(|at| (k.as_str(), at))).collect();
-            let ops = entry_ops(&pairs)?;
+            let ops = entry_ops(&pairs, self.backend.index_entry_keys())?;
             if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
         })?;
         self.backend.apply(vec![Op::Put(Tree::Meta, FORMAT_MARK.to_vec(), FORMAT.to_vec())])?;
@@ -197,7 +199,7 @@ mod tests {
     fn large_groups_are_split_into_small_entries() {
         let keys: Vec<String> = (0..130).map(|i| format!("k{i:03}")).collect();
         let pairs: Vec<(&str, i64)> = keys.iter().map(|k| (k.as_str(), 5_000)).collect();
-        let sizes: Vec<usize> = entry_ops(&pairs)
+        let sizes: Vec<usize> = entry_ops(&pairs, SMALL_ENTRY_KEYS)
             .unwrap()
             .into_iter()
             .map(|op| match op {
@@ -219,7 +221,7 @@ mod tests {
 
     #[test]
     fn one_entry_per_span_at_its_latest_expiry() {
-        let ops = entry_ops(&[("a", 1_500), ("b", 1_999), ("c", 2_000), ("d", 1_000)]).unwrap();
+        let ops = entry_ops(&[("a", 1_500), ("b", 1_999), ("c", 2_000), ("d", 1_000)], SMALL_ENTRY_KEYS).unwrap();
         let mut entries: Vec<(i64, Vec<(String, i64)>)> = ops
             .into_iter()
             .map(|op| match op {

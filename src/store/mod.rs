@@ -93,6 +93,11 @@ pub trait Backend: Send + Sync + 'static {
     fn write_out(&self) -> Result<(), StoreError> {
         Ok(())
     }
+    /// At most this many keys per expiry-index entry (see `index`): the default keeps
+    /// entries around 3 KiB.
+    fn index_entry_keys(&self) -> usize {
+        index::SMALL_ENTRY_KEYS
+    }
     /// Up to `limit` entries with `start <= key < end`, ascending.
     fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<KeyValue>, StoreError>;
     /// Bytes the store occupies on disk.
@@ -352,7 +357,7 @@ impl KeyStore {
             Some(r) => {
                 ops.push(Op::Put(Tree::Records, key.as_bytes().to_vec(), r.encode()));
                 if let Some(at) = r.expires_at_ms() {
-                    ops.extend(index::entry_ops(&[(key, at)])?);
+                    ops.extend(index::entry_ops(&[(key, at)], self.backend.index_entry_keys())?);
                 }
             }
             None => ops.push(Op::Delete(Tree::Records, key.as_bytes().to_vec())),
