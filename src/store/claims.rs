@@ -319,21 +319,18 @@ impl KeyStore {
         let mut locks = self.lock_stripes(stripes.iter().copied());
         let mut lost: Option<String> = None;
         let mut ops = Vec::with_capacity(items.len() + 1);
-        let mut indexed: Vec<(String, i64)> = Vec::with_capacity(items.len());
+        // The claims taken out, by stripe: put back if the write fails, so that a key whose
+        // sink ran never looks absent.
+        let mut taken: Vec<(usize, String, OutClaim)> = Vec::with_capacity(items.len());
+        // Expiries, by position in `taken`.
+        let mut indexed: Vec<(usize, i64)> = Vec::with_capacity(items.len());
         let mut done = Vec::with_capacity(items.len());
-        let mut to_release: Vec<String> = Vec::new();
         for ((claim, completed), at) in items.into_iter().zip(stripes) {
             let (_, stripe) = locks.get(at)?;
             // The claim is still the key's record exactly when its token is still out.
             // Taking it out (one hash lookup) is what `Stripe::changed` does to it.
-            match stripe.claims.remove(&claim.key) {
-                Some(out) if out.token == claim.token => {
-                    if out.journaled.is_some() {
-                        // Not in the backend yet: into the presence filter before the write.
-                        stripe.present.add(presence::key_hash(&claim.key).1);
-                        to_release.push(claim.key.clone());
-                    }
-                }
+            let out = match stripe.claims.remove(&claim.key) {
+                Some(out) if out.token == claim.token => out,
                 other => {
                     if let Some(newer) = other {
                         // Someone else's claim of the key: it stays out.
@@ -342,23 +339,33 @@ impl KeyStore {
                     lost.get_or_insert(claim.key);
                     continue;
                 }
+            };
+            if out.journaled.is_some() {
+                // Not in the backend yet: into the presence filter before the write.
+                stripe.present.add(presence::key_hash(&claim.key).1);
             }
             stripe.version = stripe.version.wrapping_add(1);
             let new = Record::Completed(completed);
             ops.push(Op::Put(Tree::Records, claim.key.as_bytes().to_vec(), new.encode()));
-            if let Some(at) = new.expires_at_ms() {
-                indexed.push((claim.key, at));
+            if let Some(expiry) = new.expires_at_ms() {
+                indexed.push((taken.len(), expiry));
             }
+            taken.push((at, claim.key, out));
             done.push(new);
         }
-        let pairs: Vec<(&str, i64)> = indexed.iter().map(|(k, at)| (k.as_str(), *at)).collect();
+        let pairs: Vec<(&str, i64)> = indexed.iter().map(|&(i, expiry)| (taken[i].1.as_str(), expiry)).collect();
         ops.extend(index::entry_ops(&pairs, self.backend.index_entry_keys())?);
-        if !ops.is_empty() {
-            self.backend.apply(ops)?;
+        if !ops.is_empty()
+            && let Err(e) = self.backend.apply(ops)
+        {
+            for (at, key, out) in taken {
+                locks.get(at)?.1.claims.insert(key, out);
+            }
+            return Err(e);
         }
         if let Some(journal) = &self.journal {
             // Invariant 2: released only now that the completions are applied.
-            journal.release_all(to_release.iter().map(String::as_str));
+            journal.release_all(taken.iter().filter(|(_, _, out)| out.journaled.is_some()).map(|(_, k, _)| k.as_str()));
         }
         self.counts[state_index(State::InProgress)].fetch_sub(done.len() as i64, Ordering::Relaxed);
         self.counts[state_index(State::Completed)].fetch_add(done.len() as i64, Ordering::Relaxed);

@@ -12,15 +12,18 @@
 //! record they replace is.
 //!
 //! The file holds frames `[u32 len][u32 crc32][entries]`, each entry `[u32 key len][key]
-//! [u32 record len][record]` (the store's binary encoding of an `in_progress` record). A
+//! [u32 record len][record]` (the store's binary encoding of an `in_progress` record, or
+//! nothing: a tombstone for a claim deleted while out). The last entry of a key wins. A
 //! torn last frame (a crash mid-append) fails its checksum and is ignored with what follows.
 //!
 //! **Invariant, which recovery relies on:** if the file holds a claim of a key and the
 //! backend holds no record of it, that claim is the key's current record (out, or orphaned
 //! by a crash). It is kept by:
 //! 1. only a key with no record anywhere is claimed here (see `KeyStore::claim_batch`);
-//! 2. a claim is *released* (dropped from [`ClaimJournal::live`]) only after the backend
-//!    write that replaced it was applied; its frame stays in the file, *stale*;
+//! 2. a claim is *released* (dropped from the claims that are out) only after the backend
+//!    write that replaced it was applied; its frame stays in the file, *stale*. A claim
+//!    deleted with nothing to replace it (`forget`, a claim put back because its sink never
+//!    ran) gets a tombstone frame instead, which recovery honours;
 //! 3. stale frames leave the file only by a rewrite, and a rewrite flushes the backend
 //!    first, under the journal lock, so every write that replaced a dropped claim is durable
 //!    by then;
@@ -65,6 +68,8 @@ pub(super) struct ClaimJournal {
     sync_lock: Mutex<()>,
     /// Journal position (bytes ever appended, over all files) known to be on disk.
     synced: AtomicU64,
+    /// How many claims are out (`Inner::live.len()`), readable without the lock.
+    out: AtomicU64,
 }
 
 struct Inner {
@@ -112,7 +117,7 @@ fn take_slice<'a>(bytes: &'a [u8], at: &mut usize, len: usize) -> Option<&'a [u8
 /// is corruption, not a torn write: an error.
 pub(super) fn decode_file(bytes: &[u8]) -> Result<(Vec<(String, InProgress)>, bool), StoreError> {
     let mut last: HashMap<String, usize> = HashMap::new();
-    let mut claims: Vec<(String, InProgress)> = Vec::new();
+    let mut claims: Vec<(String, Option<InProgress>)> = Vec::new();
     let mut at = 0;
     while at < bytes.len() {
         let mut p = at;
@@ -122,7 +127,7 @@ pub(super) fn decode_file(bytes: &[u8]) -> Result<(Vec<(String, InProgress)>, bo
             (crc32fast::hash(body) == crc).then_some(body)
         });
         let Some(body) = frame else {
-            return Ok((claims, true));
+            return Ok((claims.into_iter().filter_map(|(k, c)| Some((k, c?))).collect(), true));
         };
         at = p;
         let corrupt = |why: &str| StoreError::Corrupt {
@@ -135,8 +140,13 @@ pub(super) fn decode_file(bytes: &[u8]) -> Result<(Vec<(String, InProgress)>, bo
             let rec =
                 take_u32(body, &mut q).and_then(|n| take_slice(body, &mut q, n)).ok_or_else(|| corrupt("record"))?;
             let key = std::str::from_utf8(key).map_err(|_| corrupt("key is not UTF-8"))?.to_string();
-            let Record::InProgress(claim) = Record::decode(rec).map_err(|e| corrupt(&e.0))? else {
-                return Err(corrupt("not an in_progress record"));
+            // An empty record is a tombstone (see `ClaimJournal::forget`).
+            let claim = match rec {
+                [] => None,
+                rec => match Record::decode(rec).map_err(|e| corrupt(&e.0))? {
+                    Record::InProgress(claim) => Some(claim),
+                    _ => return Err(corrupt("not an in_progress record")),
+                },
             };
             match last.get(&key) {
                 Some(&i) => claims[i].1 = claim,
@@ -147,7 +157,7 @@ pub(super) fn decode_file(bytes: &[u8]) -> Result<(Vec<(String, InProgress)>, bo
             }
         }
     }
-    Ok((claims, false))
+    Ok((claims.into_iter().filter_map(|(k, c)| Some((k, c?))).collect(), false))
 }
 
 /// Writes `bytes` as the journal at `path`: to a temporary file, fsynced, renamed over the
@@ -188,6 +198,7 @@ impl ClaimJournal {
             inner: Mutex::new(Inner { file: Arc::new(file), len: 0, position: 0, live: HashMap::new(), stale: false }),
             sync_lock: Mutex::new(()),
             synced: AtomicU64::new(0),
+            out: AtomicU64::new(0),
         })
     }
 
@@ -207,6 +218,7 @@ impl ClaimJournal {
         inner.len += buf.len() as u64;
         inner.position += buf.len() as u64;
         inner.live.extend(claims);
+        self.out.store(inner.live.len() as u64, Ordering::Release);
         let position = inner.position;
         if inner.len > REWRITE_AT_BYTES {
             self.rewrite_locked(&mut inner, flush_backend)?;
@@ -217,10 +229,22 @@ impl ClaimJournal {
     /// The claim of `key` is no longer out: the backend write that replaced it has been
     /// applied (invariant 2).
     pub(super) fn release(&self, key: &str) {
+        self.release_all(std::iter::once(key));
+    }
+
+    /// Deletes a claim that is out and that nothing replaces (an operator's `forget`, a
+    /// claim put back because its sink never ran): a tombstone frame, so that recovery does
+    /// not bring it back. Written to the OS now, durable with the next sync.
+    pub(super) fn forget(&self, key: &str) -> Result<(), StoreError> {
+        let mut buf = Vec::with_capacity(FRAME_HEADER + 8 + key.len());
+        encode_frame(&mut buf, std::iter::once((key, &[][..])));
         let mut inner = self.inner.lock();
-        if inner.live.remove(key).is_some() {
-            inner.stale = true;
-        }
+        (&*inner.file).write_all(&buf).map_err(|e| io_err(&self.path, e))?;
+        inner.len += buf.len() as u64;
+        inner.position += buf.len() as u64;
+        inner.live.remove(key);
+        self.out.store(inner.live.len() as u64, Ordering::Release);
+        Ok(())
     }
 
     /// Releases several keys under one lock.
@@ -231,6 +255,12 @@ impl ClaimJournal {
                 inner.stale = true;
             }
         }
+        self.out.store(inner.live.len() as u64, Ordering::Release);
+    }
+
+    /// Whether any claim is out: when none is, a read need not look for one.
+    pub(super) fn any_out(&self) -> bool {
+        self.out.load(Ordering::Acquire) > 0
     }
 
     /// Returns once everything appended up to `position` is on disk (one fsync, shared by
@@ -247,6 +277,12 @@ impl ClaimJournal {
         file.sync_data().map_err(|e| io_err(&self.path, e))?;
         self.synced.fetch_max(upto, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Returns once everything appended so far is on disk.
+    pub(super) fn sync_all(&self) -> Result<(), StoreError> {
+        let position = self.inner.lock().position;
+        self.sync(position)
     }
 
     /// Rewrites the file without its released claims, if it holds any (invariant 4: call

@@ -283,7 +283,7 @@ impl KeyStore {
 
     /// The record of `key`, if any (expired ones included until compacted).
     pub fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        if self.journal.is_some() {
+        if self.journal.as_ref().is_some_and(journal::ClaimJournal::any_out) {
             let stripe = self.stripe(key).lock();
             if let Some(claim) = stripe.journaled(key) {
                 return Ok(Some(Record::InProgress(claim.clone())));
@@ -377,14 +377,19 @@ impl KeyStore {
         if !in_backend && new.is_some() {
             stripe.present.add(fp);
         }
-        if new.is_none() {
-            if let (true, Some(journal)) = (journaled, &self.journal) {
-                // Released first, so that the rewrite below leaves it out of the file.
-                journal.release(key);
+        match (new, journaled, &self.journal) {
+            (None, true, Some(journal)) => {
+                // Deleting a claim the backend never saw: a tombstone in the journal, durable
+                // with the journal's next sync (as a backend delete is with the next flush).
+                journal.forget(key)?;
             }
-            self.drop_stale_claims()?;
+            (None, _, _) => {
+                // Invariant 4 of `journal`: no released claim may outlive this delete.
+                self.drop_stale_claims()?;
+                self.backend.apply(ops)?;
+            }
+            (Some(_), _, _) => self.backend.apply(ops)?,
         }
-        self.backend.apply(ops)?;
         if in_backend && new.is_none() {
             stripe.present.remove(fp);
         }
@@ -409,9 +414,13 @@ impl KeyStore {
         }
     }
 
-    /// Flushes regardless of the sync mode (shutdown, CLI).
+    /// Flushes regardless of the sync mode (shutdown, CLI), the claim journal too.
     pub fn flush_always(&self) -> Result<(), StoreError> {
-        self.coalesced_flush()
+        self.coalesced_flush()?;
+        match &self.journal {
+            Some(journal) => journal.sync_all(),
+            None => Ok(()),
+        }
     }
 
     /// Group commit across callers: partitions flushing at the same time share fsyncs.

@@ -170,3 +170,23 @@ fn a_torn_tail_loses_only_the_last_frame() {
     bad.extend_from_slice(body);
     assert!(journal::decode_file(&bad).is_err());
 }
+
+/// A tombstone (a claim deleted while out) hides the key's earlier claims, and a later
+/// claim of the key hides the tombstone.
+#[test]
+fn a_tombstone_hides_earlier_claims_only() {
+    let rec = |b| Record::InProgress(in_progress(b, 1)).encode();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(journal::FILE_NAME);
+    let j = ClaimJournal::create_empty(&path).unwrap();
+    let no_backend = || Ok(());
+    j.append(vec![("a".into(), rec(1)), ("b".into(), rec(2)), ("c".into(), rec(3))], &no_backend).unwrap();
+    j.forget("a").unwrap();
+    j.forget("c").unwrap();
+    j.append(vec![("c".into(), rec(4))], &no_backend).unwrap();
+    j.sync_all().unwrap();
+    assert_eq!(j.live_count(), 2, "b and the second c are out");
+    let claims = ClaimJournal::read(&path).unwrap();
+    let names: Vec<_> = claims.iter().map(|(k, c)| (k.as_str(), c.fingerprint)).collect();
+    assert_eq!(names, vec![("b", fp(2)), ("c", fp(4))]);
+}
