@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{InProgress, Record, StoreError};
+use super::{Backend, InProgress, Op, Record, StoreError, Tree};
 
 /// The journal's file name inside the store directory.
 pub(super) const FILE_NAME: &str = "dedupd-claims.journal";
@@ -187,6 +187,24 @@ impl ClaimJournal {
             tracing::warn!(path = %path.display(), "claim journal ends in a torn frame (a crash mid-append); ignored");
         }
         Ok(claims)
+    }
+
+    /// Recovery: every claim of the journal at `path` whose key has no record
+    /// in the backend is written there as `in_progress` and flushed; then the journal starts
+    /// empty. A crash in between repeats it: the claims written are then found in the backend.
+    pub(super) fn recover(backend: &dyn Backend, path: &Path) -> Result<ClaimJournal, StoreError> {
+        let mut ops = Vec::new();
+        for (key, claim) in ClaimJournal::read(path)? {
+            if backend.get(Tree::Records, key.as_bytes())?.is_none() {
+                ops.push(Op::Put(Tree::Records, key.into_bytes(), Record::InProgress(claim).encode()));
+            }
+        }
+        if !ops.is_empty() {
+            tracing::info!(claims = ops.len(), "claims left out by a crash recovered from the claim journal");
+            backend.apply(ops)?;
+        }
+        backend.flush()?;
+        ClaimJournal::create_empty(path)
     }
 
     /// Starts an empty journal at `path`, replacing any file there. Call only once what

@@ -25,6 +25,7 @@ mod journal;
 mod operator;
 mod presence;
 pub mod record;
+mod scan;
 mod sled_backend;
 pub mod transfer;
 
@@ -183,7 +184,7 @@ impl KeyStore {
     /// directory, whose claims left out by a crash become `in_progress` records.
     pub fn open(kind: StoreBackend, path: &Path, sync: SyncMode) -> Result<KeyStore, StoreError> {
         let backend = open_backend(kind, path)?;
-        let journal = recover_journal(backend.as_ref(), &path.join(journal::FILE_NAME))?;
+        let journal = journal::ClaimJournal::recover(backend.as_ref(), &path.join(journal::FILE_NAME))?;
         Self::build(backend, Some(journal), sync)
     }
 
@@ -226,45 +227,6 @@ impl KeyStore {
 
     fn stripe(&self, key: &str) -> &Mutex<claims::Stripe> {
         &self.stripes[Self::stripe_index(key)]
-    }
-
-    /// Recounts records per state by a full scan (after import).
-    pub fn recount(&self) -> Result<StateCounts, StoreError> {
-        self.scan_all(false)
-    }
-
-    /// Counts records per state by a full scan and, at open (`fill_presence`), enters every
-    /// key in the presence filter (see `presence`).
-    fn scan_all(&self, fill_presence: bool) -> Result<StateCounts, StoreError> {
-        let mut counts = [0i64; 3];
-        self.for_each_record_page(|page| {
-            for (key, record) in page {
-                counts[state_index(record.state())] += 1;
-                if fill_presence {
-                    let (stripe, fp) = presence::key_hash(&key);
-                    self.stripes[stripe].lock().present.add(fp);
-                }
-            }
-            Ok(())
-        })?;
-        for (i, c) in counts.iter().enumerate() {
-            self.counts[i].store(*c, Ordering::Relaxed);
-        }
-        Ok(self.counts())
-    }
-
-    /// Calls `f` with every record, a page of up to 10,000 at a time, in key order.
-    fn for_each_record_page(
-        &self,
-        mut f: impl FnMut(Vec<(String, Record)>) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        let mut after: Option<String> = None;
-        loop {
-            let page = self.scan_records(after.as_deref(), 10_000)?;
-            let Some((last, _)) = page.last() else { return Ok(()) };
-            after = Some(last.clone());
-            f(page)?;
-        }
     }
 
     /// Records per state, kept up to date by every mutation.
@@ -481,73 +443,6 @@ impl KeyStore {
         }
         if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
     }
-
-    /// Up to `limit` records with keys after `after` (exclusive), for export and stats.
-    pub fn scan_records(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
-        let start = match after {
-            Some(a) => {
-                let mut s = a.as_bytes().to_vec();
-                s.push(0);
-                s
-            }
-            None => Vec::new(),
-        };
-        let page = self.backend.scan(Tree::Records, &start, None, limit)?;
-        // Claims held by the journal are records too (and their keys are not in the
-        // backend): merged in, up to the backend page's last key when the page is full.
-        let upper = (page.len() == limit).then(|| page.last().map(|(k, _)| k.clone())).flatten();
-        let journaled = self.journaled_claims(&start, upper.as_deref());
-        let mut records = page
-            .into_iter()
-            .map(|(k, v)| {
-                let rec = decode(&k, &v)?;
-                Ok((String::from_utf8_lossy(&k).into_owned(), rec))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        if !journaled.is_empty() {
-            records.extend(journaled);
-            records.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            records.truncate(limit);
-        }
-        Ok(records)
-    }
-
-    /// The claims held by the journal with `start <= key <= upper`, unordered. Locks every
-    /// stripe in turn: for scans (operators, export), not the hot path.
-    fn journaled_claims(&self, start: &[u8], upper: Option<&[u8]>) -> Vec<(String, Record)> {
-        if self.journal.is_none() {
-            return Vec::new();
-        }
-        let mut out = Vec::new();
-        for stripe in self.stripes.iter() {
-            out.extend(
-                stripe
-                    .lock()
-                    .journaled_claims()
-                    .filter(|(k, _)| k.as_bytes() >= start && upper.is_none_or(|u| k.as_bytes() <= u))
-                    .map(|(k, c)| (k.to_string(), Record::InProgress(c.clone()))),
-            );
-        }
-        out
-    }
-}
-
-/// Recovery (see `journal`): every claim of the journal at `path` whose key has no record
-/// in the backend is written there as `in_progress` and flushed; then the journal starts
-/// empty. A crash in between repeats it: the claims written are then found in the backend.
-fn recover_journal(backend: &dyn Backend, path: &Path) -> Result<journal::ClaimJournal, StoreError> {
-    let mut ops = Vec::new();
-    for (key, claim) in journal::ClaimJournal::read(path)? {
-        if backend.get(Tree::Records, key.as_bytes())?.is_none() {
-            ops.push(Op::Put(Tree::Records, key.into_bytes(), Record::InProgress(claim).encode()));
-        }
-    }
-    if !ops.is_empty() {
-        tracing::info!(claims = ops.len(), "claims left out by a crash recovered from the claim journal");
-        backend.apply(ops)?;
-    }
-    backend.flush()?;
-    journal::ClaimJournal::create_empty(path)
 }
 
 fn decode(key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
