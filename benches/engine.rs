@@ -19,6 +19,10 @@ use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{KeyStore, SourcePos};
 use tokio_util::sync::CancellationToken;
 
+/// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn arg(name: &str, default: &str) -> String {
     let argv: Vec<String> = std::env::args().collect();
     argv.iter().position(|a| a == name).and_then(|i| argv.get(i + 1).cloned()).unwrap_or_else(|| default.into())

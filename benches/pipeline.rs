@@ -33,6 +33,10 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
+/// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     records: usize,
     rate: usize,

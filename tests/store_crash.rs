@@ -3,7 +3,8 @@
 //! A child process (`src/bin/store-crash-child.rs`) claims, flushes, completes and compacts
 //! batches of fresh keys, reporting on stdout what it has flushed. The parent SIGKILLs it
 //! at a random moment, reopens the store and checks:
-//! - the store opens, every record decodes, the live counts equal a recount;
+//! - the store opens (recovering what its claim journal held), every record decodes, the
+//!   live counts equal a recount;
 //! - every key reported `DURABLE` is present (in_progress or completed), every key reported
 //!   `COMPLETED` is completed, with exactly the contents the child wrote;
 //! - the expiry index holds exactly the completed records' expiries (a record and its
@@ -233,7 +234,9 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
         // Killed before the very first open created anything.
         return Ok(());
     }
-    let backend = open_backend(kind, path).map_err(|e| format!("reopen failed: {e}"))?;
+    // The store opens; opening also turns the claims the claim journal held into records.
+    drop(KeyStore::open(kind, path, SyncMode::Batch).map_err(|e| format!("reopen failed: {e}"))?);
+    let backend = open_backend(kind, path).map_err(|e| format!("backend reopen failed: {e}"))?;
 
     // Every record, decoded.
     let mut records: BTreeMap<String, Record> = BTreeMap::new();
@@ -352,7 +355,8 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
     }
 
     // Counts, watermark through the KeyStore itself.
-    let store = KeyStore::with_backend(backend, SyncMode::Batch).map_err(|e| format!("KeyStore open: {e}"))?;
+    drop(backend);
+    let store = KeyStore::open(kind, path, SyncMode::Batch).map_err(|e| format!("KeyStore open: {e}"))?;
     let counts = store.counts();
     let by_scan = records.values().fold([0i64; 3], |mut c, r| {
         c[match r {

@@ -20,23 +20,46 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Completed, InProgress, KeyStore, Op, Record, State, StoreError, Tree, index, presence, state_index};
+use crate::config::SyncMode;
 
 /// What a stripe lock guards.
 #[derive(Debug, Default)]
 pub(super) struct Stripe {
     /// Bumped by every mutation of a key in this stripe.
     version: u64,
-    /// Claims out: key → the token of its [`DurableClaim`].
-    claims: HashMap<String, u64>,
-    /// The keys of this stripe that hold a record (see `presence`).
+    /// Claims out: key → its token and, for a claim held by the journal, its record.
+    claims: HashMap<String, OutClaim>,
+    /// The keys of this stripe that hold a record *in the backend* (see `presence`).
     pub(super) present: super::presence::Presence,
 }
 
+/// A claim made by this process and not yet completed or replaced.
+#[derive(Debug)]
+struct OutClaim {
+    /// The token of its [`DurableClaim`].
+    token: u64,
+    /// The record, when the claim is held by the journal (not the backend): then this is
+    /// the key's only record.
+    journaled: Option<InProgress>,
+}
+
 impl Stripe {
-    /// `key` was written: any claim of it that was out is no longer current.
-    pub(super) fn changed(&mut self, key: &str) {
+    /// `key` was written: any claim of it that was out is no longer current. Returns
+    /// whether that claim was held by the journal (then it must be released there once the
+    /// write that replaced it is applied).
+    pub(super) fn changed(&mut self, key: &str) -> bool {
         self.version = self.version.wrapping_add(1);
-        self.claims.remove(key);
+        self.claims.remove(key).is_some_and(|c| c.journaled.is_some())
+    }
+
+    /// The claims of this stripe held by the journal.
+    pub(super) fn journaled_claims(&self) -> impl Iterator<Item = (&str, &InProgress)> {
+        self.claims.iter().filter_map(|(k, c)| Some((k.as_str(), c.journaled.as_ref()?)))
+    }
+
+    /// The record of `key` if its current record is a claim held by the journal.
+    pub(super) fn journaled(&self, key: &str) -> Option<&InProgress> {
+        self.claims.get(key).and_then(|c| c.journaled.as_ref())
     }
 }
 
@@ -69,6 +92,11 @@ pub struct ReadStamp {
     compactions: u64,
 }
 
+impl ReadStamp {
+    /// A stamp that is never trusted: the record is read again under the lock.
+    const NEVER: ReadStamp = ReadStamp { stripe_version: u64::MAX, compactions: u64::MAX };
+}
+
 /// One claim of a [`KeyStore::claim_batch`]: the key, the record read with its stamp
 /// (what the claim replaces: `None` = absent), and the claim to write.
 #[derive(Debug)]
@@ -90,6 +118,9 @@ pub struct PendingClaim {
     key: String,
     record: InProgress,
     token: u64,
+    /// The journal position to sync, for a claim held by the journal; `None` for a claim
+    /// written to the backend.
+    journal_position: Option<u64>,
 }
 
 impl PendingClaim {
@@ -153,18 +184,10 @@ impl KeyStore {
         expected: Option<&Record>,
         claim: InProgress,
     ) -> Result<Result<PendingClaim, Option<Record>>, StoreError> {
-        let _gate = self.gate.read();
-        let mut stripe = self.stripe(key).lock();
-        let current = self.get_locked(&stripe, key)?;
-        if current.as_ref() != expected {
-            return Ok(Err(current));
-        }
-        let new = Record::InProgress(claim);
-        self.swap_locked(&mut stripe, key, current, Some(&new))?;
-        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-        stripe.claims.insert(key.to_string(), token);
-        let Record::InProgress(record) = new else { unreachable!("constructed above") };
-        Ok(Ok(PendingClaim { key: key.to_string(), record, token }))
+        let request =
+            ClaimRequest { key: key.to_string(), expected: expected.cloned(), stamp: ReadStamp::NEVER, claim };
+        let mut out = self.claim_batch(vec![request])?;
+        out.pop().ok_or_else(|| StoreError::Backend { backend: self.backend.name(), message: "empty claim".into() })
     }
 
     /// Claims of records read with [`KeyStore::get_stamped`], in one atomic write: per
@@ -189,7 +212,12 @@ impl KeyStore {
         let mut out = Vec::with_capacity(requests.len());
         // States the batched claims replace (None = absent), for the counts.
         let mut replaced: Vec<Option<State>> = Vec::with_capacity(requests.len());
-        let mut claimed_at: Vec<usize> = Vec::with_capacity(requests.len());
+        // Per claim made: its stripe, and whether the journal holds it.
+        let mut claimed_at: Vec<(usize, bool)> = Vec::with_capacity(requests.len());
+        // Claims of absent keys, for the journal: (key, encoded record).
+        let mut journaled: Vec<(String, Vec<u8>)> = Vec::new();
+        // Journal claims that claims written to the backend replace (see `journal`).
+        let mut to_release: Vec<String> = Vec::new();
         for ((req, (at, fp)), repeated) in requests.into_iter().zip(hashes).zip(repeated) {
             if repeated {
                 out.push(Err(req.expected));
@@ -205,24 +233,41 @@ impl KeyStore {
                 continue;
             }
             let new = Record::InProgress(req.claim);
-            if current.as_ref().is_some_and(|c| c.expires_at_ms().is_some()) {
+            let in_journal = current.is_none() && self.journal.is_some();
+            if in_journal {
+                // A key with no record anywhere: the journal holds the claim (invariant 1).
+                journaled.push((req.key.clone(), new.encode()));
+                replaced.push(None);
+            } else if current.as_ref().is_some_and(|c| c.expires_at_ms().is_some()) {
                 // Replacing a completed record rewrites its shared index entry: alone, now.
                 self.swap_locked(stripe, &req.key, current, Some(&new))?;
             } else {
-                if current.is_none() {
+                let replaces_journaled = stripe.journaled(&req.key).is_some();
+                if current.is_none() || replaces_journaled {
                     // Into the presence filter before the write (see `presence`).
                     stripe.present.add(fp);
+                }
+                if replaces_journaled {
+                    to_release.push(req.key.clone());
                 }
                 ops.push(Op::Put(Tree::Records, req.key.as_bytes().to_vec(), new.encode()));
                 replaced.push(current.as_ref().map(Record::state));
             }
             let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
             let Record::InProgress(record) = new else { unreachable!("constructed above") };
-            out.push(Ok(PendingClaim { key: req.key, record, token }));
-            claimed_at.push(at);
+            out.push(Ok(PendingClaim { key: req.key, record, token, journal_position: None }));
+            claimed_at.push((at, in_journal));
         }
         if !ops.is_empty() {
             self.backend.apply(ops)?;
+        }
+        let position = match (&self.journal, journaled.is_empty()) {
+            (Some(journal), false) => Some(journal.append(journaled, &|| self.backend.flush())?),
+            _ => None,
+        };
+        if let Some(journal) = &self.journal {
+            // Invariant 2: released only now that the writes replacing them are applied.
+            journal.release_all(to_release.iter().map(String::as_str));
         }
         for state in replaced {
             if let Some(state) = state {
@@ -230,19 +275,28 @@ impl KeyStore {
             }
             self.counts[state_index(State::InProgress)].fetch_add(1, Ordering::Relaxed);
         }
-        for (claim, at) in out.iter().filter_map(|r| r.as_ref().ok()).zip(claimed_at) {
+        for (claim, (at, in_journal)) in out.iter_mut().filter_map(|r| r.as_mut().ok()).zip(claimed_at) {
             let (_, stripe) = locks.get(at)?;
             // What `Stripe::changed` does, with the new claim replacing any old one in a
             // single map operation.
             stripe.version = stripe.version.wrapping_add(1);
-            stripe.claims.insert(claim.key.clone(), claim.token);
+            let journaled = in_journal.then(|| claim.record.clone());
+            stripe.claims.insert(claim.key.clone(), OutClaim { token: claim.token, journaled });
+            if in_journal {
+                claim.journal_position = position;
+            }
         }
         Ok(out)
     }
 
-    /// Makes a batch of claims durable with one flush (none with `sync = "none"`).
+    /// Makes a batch of claims durable: one fsync of the journal for the claims it holds,
+    /// one flush of the backend for the others (neither with `sync = "none"`).
     pub fn flush_claims(&self, claims: Vec<PendingClaim>) -> Result<Vec<DurableClaim>, StoreError> {
-        if !claims.is_empty() {
+        let position = claims.iter().filter_map(|c| c.journal_position).max();
+        if let (Some(journal), Some(position), SyncMode::Batch) = (&self.journal, position, self.sync) {
+            journal.sync(position)?;
+        }
+        if claims.iter().any(|c| c.journal_position.is_none()) {
             self.flush()?;
         }
         Ok(claims.into_iter().map(|c| DurableClaim { key: c.key, record: c.record, token: c.token }).collect())
@@ -265,14 +319,18 @@ impl KeyStore {
         let mut locks = self.lock_stripes(stripes.iter().copied());
         let mut lost: Option<String> = None;
         let mut ops = Vec::with_capacity(items.len() + 1);
-        let mut indexed: Vec<(String, i64)> = Vec::with_capacity(items.len());
+        // The claims taken out, by stripe: put back if the write fails, so that a key whose
+        // sink ran never looks absent.
+        let mut taken: Vec<(usize, String, OutClaim)> = Vec::with_capacity(items.len());
+        // Expiries, by position in `taken`.
+        let mut indexed: Vec<(usize, i64)> = Vec::with_capacity(items.len());
         let mut done = Vec::with_capacity(items.len());
         for ((claim, completed), at) in items.into_iter().zip(stripes) {
             let (_, stripe) = locks.get(at)?;
             // The claim is still the key's record exactly when its token is still out.
             // Taking it out (one hash lookup) is what `Stripe::changed` does to it.
-            match stripe.claims.remove(&claim.key) {
-                Some(token) if token == claim.token => {}
+            let out = match stripe.claims.remove(&claim.key) {
+                Some(out) if out.token == claim.token => out,
                 other => {
                     if let Some(newer) = other {
                         // Someone else's claim of the key: it stays out.
@@ -281,19 +339,33 @@ impl KeyStore {
                     lost.get_or_insert(claim.key);
                     continue;
                 }
+            };
+            if out.journaled.is_some() {
+                // Not in the backend yet: into the presence filter before the write.
+                stripe.present.add(presence::key_hash(&claim.key).1);
             }
             stripe.version = stripe.version.wrapping_add(1);
             let new = Record::Completed(completed);
             ops.push(Op::Put(Tree::Records, claim.key.as_bytes().to_vec(), new.encode()));
-            if let Some(at) = new.expires_at_ms() {
-                indexed.push((claim.key, at));
+            if let Some(expiry) = new.expires_at_ms() {
+                indexed.push((taken.len(), expiry));
             }
+            taken.push((at, claim.key, out));
             done.push(new);
         }
-        let pairs: Vec<(&str, i64)> = indexed.iter().map(|(k, at)| (k.as_str(), *at)).collect();
-        ops.extend(index::entry_ops(&pairs)?);
-        if !ops.is_empty() {
-            self.backend.apply(ops)?;
+        let pairs: Vec<(&str, i64)> = indexed.iter().map(|&(i, expiry)| (taken[i].1.as_str(), expiry)).collect();
+        ops.extend(index::entry_ops(&pairs, self.backend.index_entry_keys())?);
+        if !ops.is_empty()
+            && let Err(e) = self.backend.apply(ops)
+        {
+            for (at, key, out) in taken {
+                locks.get(at)?.1.claims.insert(key, out);
+            }
+            return Err(e);
+        }
+        if let Some(journal) = &self.journal {
+            // Invariant 2: released only now that the completions are applied.
+            journal.release_all(taken.iter().filter(|(_, _, out)| out.journaled.is_some()).map(|(_, k, _)| k.as_str()));
         }
         self.counts[state_index(State::InProgress)].fetch_sub(done.len() as i64, Ordering::Relaxed);
         self.counts[state_index(State::Completed)].fetch_add(done.len() as i64, Ordering::Relaxed);

@@ -27,6 +27,7 @@ impl KeyStore {
             return Ok((0, Vec::new()));
         };
         let last = last.clone();
+        self.drop_stale_claims()?;
         let mut ops = Vec::with_capacity(entries.iter().map(|(_, p)| p.len() + 1).sum());
         let mut removed = 0;
         let mut hashes = Vec::with_capacity(ops.capacity());

@@ -3,9 +3,9 @@
 //!
 //! One entry per *group of completions*, not per key. [`KeyStore::complete_batch`] groups
 //! the records it completes by the second their expiry falls in, and writes each group (up
-//! to 64 keys) as one entry: key = the group's latest expiry (order-preserving big-endian) ++ a random
+//! to 64 keys on sled, 1,024 on fjall) as one entry: key = the group's latest expiry (order-preserving big-endian) ++ a random
 //! 8-byte id; value = the group's `(key, expires_at)` pairs. A batch of 1,000 completions
-//! thus costs ~16 index writes instead of 1,000, and compaction deletes one entry per group
+//! thus costs 1–16 index writes instead of 1,000, and compaction deletes one entry per group
 //! plus the records it lists, without reading a single record.
 //!
 //! Invariant (checked by the store tests and the crash test): the pairs of all entries are
@@ -28,15 +28,16 @@ pub(super) type DueEntry = (Vec<u8>, Vec<(String, i64)>);
 /// Completions whose expiries fall in the same span of this many ms share an entry.
 pub const GROUP_MS: i64 = 1_000;
 
-/// At most this many keys per entry (~3 KiB). sled writes a tree node holding values of
-/// tens of KiB as a separate blob file, and a SIGKILL during such a write left a sled store
-/// that would not open again ("Read corrupted data", tests/kafka_kill.rs); small entries
-/// keep sled on its ordinary log path. The cost is one more index write per 64 completions.
-const MAX_KEYS_PER_ENTRY: usize = 64;
+/// At most this many keys per entry (~3 KiB) on sled. sled writes a tree node holding
+/// values of tens of KiB as a separate blob file, and a SIGKILL during such a write left a
+/// sled store that would not open again ("Read corrupted data", tests/kafka_kill.rs); small
+/// entries keep sled on its ordinary log path. The cost is one more index write per 64
+/// completions. An LSM tree (fjall) has no such limit: see [`super::Backend::index_entry_keys`].
+pub(super) const SMALL_ENTRY_KEYS: usize = 64;
 
 /// Meta key of the index format; absent in stores written before grouped entries.
 const FORMAT_MARK: &[u8] = b"index-format";
-const FORMAT: &[u8] = b"2";
+const FORMAT: &[u8] = b"3";
 
 fn corrupt(what: impl Into<String>) -> StoreError {
     StoreError::Corrupt { key: "(expiry index)".into(), source: super::record::DecodeError(what.into()) }
@@ -47,47 +48,69 @@ fn group_of(at_ms: i64) -> i64 {
     at_ms.div_euclid(GROUP_MS)
 }
 
-/// Encodes an entry's pairs: `[u16 key length][key][i64 expires_at]`, repeated.
+/// Encodes an entry's pairs: `[u16 key length][key][expiry delta]`, repeated, where the
+/// delta is the expiry minus the previous pair's (0 for the first), a zigzag LEB128 varint.
+/// The expiries of one entry lie within a second of each other, so each pair pays 1–2
+/// bytes for its expiry instead of 8 (format 3; format 2 stored the full i64).
 fn encode_pairs(pairs: &[(&str, i64)]) -> Result<Vec<u8>, StoreError> {
-    let mut v = Vec::with_capacity(pairs.iter().map(|(k, _)| k.len() + 10).sum());
-    for (key, at) in pairs {
+    let mut v = Vec::with_capacity(pairs.iter().map(|(k, _)| k.len() + 4).sum::<usize>() + 8);
+    let mut previous = 0i64;
+    for &(key, at) in pairs {
         let len = u16::try_from(key.len())
             .map_err(|_| corrupt(format!("key of {} bytes is too long to index", key.len())))?;
         v.extend_from_slice(&len.to_be_bytes());
         v.extend_from_slice(key.as_bytes());
-        v.extend_from_slice(&at.to_be_bytes());
+        let delta = at.wrapping_sub(previous);
+        super::record::put_varint(&mut v, ((delta << 1) ^ (delta >> 63)) as u64);
+        previous = at;
     }
     Ok(v)
+}
+
+/// Reads a zigzag LEB128 varint off the front of `rest`.
+fn take_zigzag(rest: &mut &[u8]) -> Result<i64, StoreError> {
+    let mut v: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let (&byte, tail) = rest.split_first().ok_or_else(|| corrupt("truncated expiry"))?;
+        *rest = tail;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(((v >> 1) as i64) ^ -((v & 1) as i64));
+        }
+    }
+    Err(corrupt("expiry varint longer than 10 bytes"))
 }
 
 /// Decodes an entry's value into its `(key, expires_at)` pairs.
 pub fn decode_pairs(value: &[u8]) -> Result<Vec<(String, i64)>, StoreError> {
     let mut out = Vec::new();
     let mut rest = value;
+    let mut previous = 0i64;
     while !rest.is_empty() {
         let (len, tail) = rest.split_first_chunk::<2>().ok_or_else(|| corrupt("truncated key length"))?;
         let len = usize::from(u16::from_be_bytes(*len));
-        if tail.len() < len + 8 {
+        if tail.len() < len + 1 {
             return Err(corrupt("truncated pair"));
         }
         let (key, tail) = tail.split_at(len);
-        let (at, tail) = tail.split_at(8);
-        let key = std::str::from_utf8(key).map_err(|e| corrupt(format!("key is not UTF-8: {e}")))?;
-        let at = i64::from_be_bytes(at.try_into().map_err(|_| corrupt("truncated expiry"))?);
-        out.push((key.to_string(), at));
         rest = tail;
+        let at = previous.wrapping_add(take_zigzag(&mut rest)?);
+        let key = std::str::from_utf8(key).map_err(|e| corrupt(format!("key is not UTF-8: {e}")))?;
+        out.push((key.to_string(), at));
+        previous = at;
     }
     Ok(out)
 }
 
-/// The ops that index `completions` (key, expires_at): one new entry per span.
-pub(super) fn entry_ops(completions: &[(&str, i64)]) -> Result<Vec<Op>, StoreError> {
+/// The ops that index `completions` (key, expires_at): one new entry per span and up to
+/// `max_keys` keys.
+pub(super) fn entry_ops(completions: &[(&str, i64)], max_keys: usize) -> Result<Vec<Op>, StoreError> {
     let mut groups: BTreeMap<i64, Vec<(&str, i64)>> = BTreeMap::new();
     for &(key, at) in completions {
         groups.entry(group_of(at)).or_default().push((key, at));
     }
     let mut ops = Vec::with_capacity(groups.len());
-    for pairs in groups.values().flat_map(|g| g.chunks(MAX_KEYS_PER_ENTRY)) {
+    for pairs in groups.values().flat_map(|g| g.chunks(max_keys.max(1))) {
         let latest = pairs.iter().map(|&(_, at)| at).max().unwrap_or(i64::MIN);
         // A random id keeps entries of the same time apart without any shared counter,
         // across restarts too (a collision needs ~2^32 entries of the same ms).
@@ -149,8 +172,9 @@ impl KeyStore {
         Ok(out)
     }
 
-    /// Brings the index of a store written before grouped entries (one empty entry per
-    /// key) to this format: drops the old entries and indexes the completed records anew.
+    /// Brings the index of a store written in an older format (format 1: one empty entry
+    /// per key, no mark; format 2: full i64 expiries) to this one: drops the old entries
+    /// and indexes the completed records anew, once.
     /// A store that carries the format mark is left alone; a new one just gets the mark.
     pub(super) fn upgrade_index(&self) -> Result<(), StoreError> {
         if self.backend.get(Tree::Meta, FORMAT_MARK)?.as_deref() == Some(FORMAT) {
@@ -166,7 +190,7 @@ impl KeyStore {
         self.for_each_record_page(|page| {
             let pairs: Vec<(&str, i64)> =
                 page.iter().filter_map(|(k, r)| r.expires_at_ms().map(|at| (k.as_str(), at))).collect();
-            let ops = entry_ops(&pairs)?;
+            let ops = entry_ops(&pairs, self.backend.index_entry_keys())?;
             if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
         })?;
         self.backend.apply(vec![Op::Put(Tree::Meta, FORMAT_MARK.to_vec(), FORMAT.to_vec())])?;
@@ -197,7 +221,7 @@ mod tests {
     fn large_groups_are_split_into_small_entries() {
         let keys: Vec<String> = (0..130).map(|i| format!("k{i:03}")).collect();
         let pairs: Vec<(&str, i64)> = keys.iter().map(|k| (k.as_str(), 5_000)).collect();
-        let sizes: Vec<usize> = entry_ops(&pairs)
+        let sizes: Vec<usize> = entry_ops(&pairs, SMALL_ENTRY_KEYS)
             .unwrap()
             .into_iter()
             .map(|op| match op {
@@ -219,7 +243,7 @@ mod tests {
 
     #[test]
     fn one_entry_per_span_at_its_latest_expiry() {
-        let ops = entry_ops(&[("a", 1_500), ("b", 1_999), ("c", 2_000), ("d", 1_000)]).unwrap();
+        let ops = entry_ops(&[("a", 1_500), ("b", 1_999), ("c", 2_000), ("d", 1_000)], SMALL_ENTRY_KEYS).unwrap();
         let mut entries: Vec<(i64, Vec<(String, i64)>)> = ops
             .into_iter()
             .map(|op| match op {

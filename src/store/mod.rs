@@ -7,6 +7,8 @@
 //! - group commit is in the types: [`KeyStore::claim`] gives a [`PendingClaim`], and only
 //!   [`KeyStore::flush_claims`] (one fsync for the whole batch) turns it into the
 //!   [`DurableClaim`] that a sink request needs;
+//! - the claim of a key with no record is held by an append-only claim journal beside the
+//!   backend (`journal`), not the backend: only its completion is written there;
 //! - completions are written in batches ([`KeyStore::complete_batch`]) with one expiry-index
 //!   entry per batch and second of expiry (see `index`);
 //! - an in-memory presence filter (`presence`), a superset of the keys that hold a record,
@@ -19,9 +21,11 @@ mod claims;
 mod compaction;
 mod fjall_backend;
 mod index;
+mod journal;
 mod operator;
 mod presence;
 pub mod record;
+mod scan;
 mod sled_backend;
 pub mod transfer;
 
@@ -90,6 +94,11 @@ pub trait Backend: Send + Sync + 'static {
     fn write_out(&self) -> Result<(), StoreError> {
         Ok(())
     }
+    /// At most this many keys per expiry-index entry (see `index`): the default keeps
+    /// entries around 3 KiB.
+    fn index_entry_keys(&self) -> usize {
+        index::SMALL_ENTRY_KEYS
+    }
     /// Up to `limit` entries with `start <= key < end`, ascending.
     fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<KeyValue>, StoreError>;
     /// Bytes the store occupies on disk.
@@ -120,6 +129,9 @@ pub struct StateCounts {
 /// The semantic store over a backend. Cheap to share behind an `Arc`.
 pub struct KeyStore {
     backend: Box<dyn Backend>,
+    /// Holds the claims of keys with no record (see `journal`); `None` for a store over a
+    /// bare backend (tests), where every claim goes to the backend.
+    journal: Option<journal::ClaimJournal>,
     sync: SyncMode,
     /// Mutations hold it shared; a compaction chunk holds it exclusively, so the index it
     /// reads cannot change under it.
@@ -168,15 +180,28 @@ fn watermark_key(topic: &str, partition: i32) -> Vec<u8> {
 }
 
 impl KeyStore {
-    /// Opens (or creates) a store at `path`.
+    /// Opens (or creates) a store at `path`: the backend, then the claim journal in the same
+    /// directory, whose claims left out by a crash become `in_progress` records.
     pub fn open(kind: StoreBackend, path: &Path, sync: SyncMode) -> Result<KeyStore, StoreError> {
-        Self::with_backend(open_backend(kind, path)?, sync)
+        let backend = open_backend(kind, path)?;
+        let journal = journal::ClaimJournal::recover(backend.as_ref(), &path.join(journal::FILE_NAME))?;
+        Self::build(backend, Some(journal), sync)
     }
 
-    /// Wraps an open backend; counts the records per state once.
+    /// Wraps an open backend without a claim journal (every claim goes to the backend).
     pub fn with_backend(backend: Box<dyn Backend>, sync: SyncMode) -> Result<KeyStore, StoreError> {
+        Self::build(backend, None, sync)
+    }
+
+    /// Counts the records per state once and fills the presence filter.
+    fn build(
+        backend: Box<dyn Backend>,
+        journal: Option<journal::ClaimJournal>,
+        sync: SyncMode,
+    ) -> Result<KeyStore, StoreError> {
         let store = KeyStore {
             backend,
+            journal,
             sync,
             gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(claims::Stripe::default())).collect(),
@@ -204,45 +229,6 @@ impl KeyStore {
         &self.stripes[Self::stripe_index(key)]
     }
 
-    /// Recounts records per state by a full scan (after import).
-    pub fn recount(&self) -> Result<StateCounts, StoreError> {
-        self.scan_all(false)
-    }
-
-    /// Counts records per state by a full scan and, at open (`fill_presence`), enters every
-    /// key in the presence filter (see `presence`).
-    fn scan_all(&self, fill_presence: bool) -> Result<StateCounts, StoreError> {
-        let mut counts = [0i64; 3];
-        self.for_each_record_page(|page| {
-            for (key, record) in page {
-                counts[state_index(record.state())] += 1;
-                if fill_presence {
-                    let (stripe, fp) = presence::key_hash(&key);
-                    self.stripes[stripe].lock().present.add(fp);
-                }
-            }
-            Ok(())
-        })?;
-        for (i, c) in counts.iter().enumerate() {
-            self.counts[i].store(*c, Ordering::Relaxed);
-        }
-        Ok(self.counts())
-    }
-
-    /// Calls `f` with every record, a page of up to 10,000 at a time, in key order.
-    fn for_each_record_page(
-        &self,
-        mut f: impl FnMut(Vec<(String, Record)>) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        let mut after: Option<String> = None;
-        loop {
-            let page = self.scan_records(after.as_deref(), 10_000)?;
-            let Some((last, _)) = page.last() else { return Ok(()) };
-            after = Some(last.clone());
-            f(page)?;
-        }
-    }
-
     /// Records per state, kept up to date by every mutation.
     pub fn counts(&self) -> StateCounts {
         StateCounts {
@@ -252,26 +238,49 @@ impl KeyStore {
         }
     }
 
-    /// Bytes on disk.
+    /// Bytes on disk: the backend's and the claim journal's.
     pub fn disk_bytes(&self) -> Result<u64, StoreError> {
-        self.backend.disk_bytes()
+        Ok(self.backend.disk_bytes()? + self.journal.as_ref().map_or(0, |j| j.len()))
     }
 
     /// The record of `key`, if any (expired ones included until compacted).
     pub fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        if self.journal.as_ref().is_some_and(journal::ClaimJournal::any_out) {
+            let stripe = self.stripe(key).lock();
+            if let Some(claim) = stripe.journaled(key) {
+                return Ok(Some(Record::InProgress(claim.clone())));
+            }
+        }
+        self.get_from_backend(key)
+    }
+
+    fn get_from_backend(&self, key: &str) -> Result<Option<Record>, StoreError> {
         match self.backend.get(Tree::Records, key.as_bytes())? {
             None => Ok(None),
             Some(v) => decode(key.as_bytes(), &v).map(Some),
         }
     }
 
-    /// The record of `key`, read with its stripe held: a key the presence filter does not
-    /// know is absent, without a read.
+    /// The record of `key`, read with its stripe held: a claim held by the journal, else
+    /// the backend's record; a key the presence filter does not know is absent there,
+    /// without a read.
     fn get_locked(&self, stripe: &claims::Stripe, key: &str) -> Result<Option<Record>, StoreError> {
+        if let Some(claim) = stripe.journaled(key) {
+            return Ok(Some(Record::InProgress(claim.clone())));
+        }
         if !stripe.present.may_contain(presence::key_hash(key).1) {
             return Ok(None);
         }
-        self.get(key)
+        self.get_from_backend(key)
+    }
+
+    /// Invariant 4 of `journal`: before the backend deletes a record, no released claim may
+    /// stay in the journal's file.
+    fn drop_stale_claims(&self) -> Result<(), StoreError> {
+        match &self.journal {
+            Some(journal) => journal.drop_stale(&|| self.backend.flush()),
+            None => Ok(()),
+        }
     }
 
     /// The core compare-and-swap: replaces `expected` (None = absent) with `new`
@@ -302,12 +311,15 @@ impl KeyStore {
         current: Option<Record>,
         new: Option<&Record>,
     ) -> Result<(), StoreError> {
+        // A claim held by the journal is not in the backend: nothing there to replace.
+        let journaled = stripe.journaled(key).is_some();
+        let in_backend = current.is_some() && !journaled;
         let mut ops = Vec::with_capacity(3);
         match new {
             Some(r) => {
                 ops.push(Op::Put(Tree::Records, key.as_bytes().to_vec(), r.encode()));
                 if let Some(at) = r.expires_at_ms() {
-                    ops.extend(index::entry_ops(&[(key, at)])?);
+                    ops.extend(index::entry_ops(&[(key, at)], self.backend.index_entry_keys())?);
                 }
             }
             None => ops.push(Op::Delete(Tree::Records, key.as_bytes().to_vec())),
@@ -324,14 +336,29 @@ impl KeyStore {
         // The presence filter gains a key before its write and loses it only after its
         // delete: never a moment where a present key is missing from it.
         let fp = presence::key_hash(key).1;
-        if current.is_none() && new.is_some() {
+        if !in_backend && new.is_some() {
             stripe.present.add(fp);
         }
-        self.backend.apply(ops)?;
-        if current.is_some() && new.is_none() {
+        match (new, journaled, &self.journal) {
+            (None, true, Some(journal)) => {
+                // Deleting a claim the backend never saw: a tombstone in the journal, durable
+                // with the journal's next sync (as a backend delete is with the next flush).
+                journal.forget(key)?;
+            }
+            (None, _, _) => {
+                // Invariant 4 of `journal`: no released claim may outlive this delete.
+                self.drop_stale_claims()?;
+                self.backend.apply(ops)?;
+            }
+            (Some(_), _, _) => self.backend.apply(ops)?,
+        }
+        if in_backend && new.is_none() {
             stripe.present.remove(fp);
         }
-        stripe.changed(key);
+        if let (true, Some(_), Some(journal)) = (stripe.changed(key), new, &self.journal) {
+            // Invariant 2 of `journal`: the write replacing the claim is applied.
+            journal.release(key);
+        }
         if let Some(c) = &current {
             self.counts[state_index(c.state())].fetch_sub(1, Ordering::Relaxed);
         }
@@ -349,9 +376,13 @@ impl KeyStore {
         }
     }
 
-    /// Flushes regardless of the sync mode (shutdown, CLI).
+    /// Flushes regardless of the sync mode (shutdown, CLI), the claim journal too.
     pub fn flush_always(&self) -> Result<(), StoreError> {
-        self.coalesced_flush()
+        self.coalesced_flush()?;
+        match &self.journal {
+            Some(journal) => journal.sync_all(),
+            None => Ok(()),
+        }
     }
 
     /// Group commit across callers: partitions flushing at the same time share fsyncs.
@@ -411,25 +442,6 @@ impl KeyStore {
             }
         }
         if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
-    }
-
-    /// Up to `limit` records with keys after `after` (exclusive), for export and stats.
-    pub fn scan_records(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
-        let start = match after {
-            Some(a) => {
-                let mut s = a.as_bytes().to_vec();
-                s.push(0);
-                s
-            }
-            None => Vec::new(),
-        };
-        let page = self.backend.scan(Tree::Records, &start, None, limit)?;
-        page.into_iter()
-            .map(|(k, v)| {
-                let rec = decode(&k, &v)?;
-                Ok((String::from_utf8_lossy(&k).into_owned(), rec))
-            })
-            .collect()
     }
 }
 

@@ -266,7 +266,7 @@ impl Record {
 #[error("undecodable record: {0}")]
 pub struct DecodeError(pub String);
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     loop {
         let byte = (v & 0x7f) as u8;
         v >>= 7;

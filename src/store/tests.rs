@@ -40,11 +40,13 @@ both!(
     clean_drop_keeps_unflushed_writes,
     complete_batch_shares_index_entries,
     old_index_is_rebuilt_at_open,
+    format_2_index_is_rebuilt_at_open,
     stamped_claims_never_trust_a_stale_read,
     claim_batch_mixes_fresh_stale_and_expired,
 );
 
 mod filter;
+mod journal;
 
 // ---------------------------------------------------------------------------------------
 // helpers
@@ -603,13 +605,15 @@ fn sync_none_still_works(kind: StoreBackend) {
 
 fn empty_and_reversed_scans(kind: StoreBackend) {
     let f = Fixture::new(kind);
-    let _ = durable(&f.store, "b", 1);
+    // Written through compare-and-swap, so into the backend (a claim would be journaled).
+    let rec = Record::InProgress(in_progress(1, 1));
+    f.store.compare_and_swap("b", None, Some(&rec)).unwrap().unwrap();
     let b = &f.store.backend;
     assert_eq!(b.scan(Tree::Records, b"c", Some(b"a"), 10).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Records, b"b", Some(b"b"), 10).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Records, b"a", None, 0).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Records, b"a", Some(b"c"), 10).unwrap().len(), 1);
-    assert_eq!(b.scan(Tree::Meta, b"", None, 10).unwrap(), vec![(b"index-format".to_vec(), b"2".to_vec())]);
+    assert_eq!(b.scan(Tree::Meta, b"", None, 10).unwrap(), vec![(b"index-format".to_vec(), b"3".to_vec())]);
     assert!(f.store.disk_bytes().unwrap() > 0);
     // Compaction with a time before any expiry is a no-op.
     assert_eq!(f.store.compact_expired(i64::MIN, 10).unwrap(), 0);
@@ -769,6 +773,31 @@ fn old_index_is_rebuilt_at_open(kind: StoreBackend) {
             Op::Put(Tree::Records, b"old".to_vec(), old),
             Op::Put(Tree::Expiry, expiry_key(5_000, b"old"), Vec::new()),
             Op::Delete(Tree::Meta, b"index-format".to_vec()),
+        ])
+        .unwrap();
+    f.store.flush().unwrap();
+    let f = f.reopen();
+    assert_eq!(expiry_entries(&f.store), vec![(5_000, "old".to_string()), (7_000, "new".to_string())]);
+    check_invariants(&f.store);
+    assert_eq!(f.store.compact_expired(i64::MAX, 10).unwrap(), 2);
+    check_invariants(&f.store);
+}
+
+fn format_2_index_is_rebuilt_at_open(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    put_completed(&f.store, "new", 1, 7_000);
+    // Format 2: `[u16 key length][key][i64 big-endian expiry]` pairs, mark "2".
+    let old = Record::Completed(completed(2, 5_000)).encode();
+    let mut pairs = Vec::new();
+    pairs.extend_from_slice(&3u16.to_be_bytes());
+    pairs.extend_from_slice(b"old");
+    pairs.extend_from_slice(&5_000i64.to_be_bytes());
+    f.store
+        .backend
+        .apply(vec![
+            Op::Put(Tree::Records, b"old".to_vec(), old),
+            Op::Put(Tree::Expiry, expiry_key(5_000, b"12345678"), pairs),
+            Op::Put(Tree::Meta, b"index-format".to_vec(), b"2".to_vec()),
         ])
         .unwrap();
     f.store.flush().unwrap();

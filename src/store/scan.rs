@@ -1,0 +1,96 @@
+//! Whole-store reads: counts and the presence filter at open, pages of records for export,
+//! stats and the index rebuild. Claims held by the claim journal are records too, merged in.
+
+use std::sync::atomic::Ordering;
+
+use super::{KeyStore, Record, StateCounts, StoreError, Tree, decode, presence, state_index};
+
+impl KeyStore {
+    /// Recounts records per state by a full scan (after import).
+    pub fn recount(&self) -> Result<StateCounts, StoreError> {
+        self.scan_all(false)
+    }
+
+    /// Counts records per state by a full scan and, at open (`fill_presence`), enters every
+    /// key in the presence filter (see `presence`).
+    pub(super) fn scan_all(&self, fill_presence: bool) -> Result<StateCounts, StoreError> {
+        let mut counts = [0i64; 3];
+        self.for_each_record_page(|page| {
+            for (key, record) in page {
+                counts[state_index(record.state())] += 1;
+                if fill_presence {
+                    let (stripe, fp) = presence::key_hash(&key);
+                    self.stripes[stripe].lock().present.add(fp);
+                }
+            }
+            Ok(())
+        })?;
+        for (i, c) in counts.iter().enumerate() {
+            self.counts[i].store(*c, Ordering::Relaxed);
+        }
+        Ok(self.counts())
+    }
+
+    /// Calls `f` with every record, a page of up to 10,000 at a time, in key order.
+    pub(super) fn for_each_record_page(
+        &self,
+        mut f: impl FnMut(Vec<(String, Record)>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.scan_records(after.as_deref(), 10_000)?;
+            let Some((last, _)) = page.last() else { return Ok(()) };
+            after = Some(last.clone());
+            f(page)?;
+        }
+    }
+
+    /// Up to `limit` records with keys after `after` (exclusive), for export and stats.
+    pub fn scan_records(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
+        let start = match after {
+            Some(a) => {
+                let mut s = a.as_bytes().to_vec();
+                s.push(0);
+                s
+            }
+            None => Vec::new(),
+        };
+        let page = self.backend.scan(Tree::Records, &start, None, limit)?;
+        // Claims held by the journal are records too (and their keys are not in the
+        // backend): merged in, up to the backend page's last key when the page is full.
+        let upper = (page.len() == limit).then(|| page.last().map(|(k, _)| k.clone())).flatten();
+        let journaled = self.journaled_claims(&start, upper.as_deref());
+        let mut records = page
+            .into_iter()
+            .map(|(k, v)| {
+                let rec = decode(&k, &v)?;
+                Ok((String::from_utf8_lossy(&k).into_owned(), rec))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if !journaled.is_empty() {
+            records.extend(journaled);
+            records.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            records.truncate(limit);
+        }
+        Ok(records)
+    }
+
+    /// The claims held by the journal with `start <= key <= upper`, unordered. Locks every
+    /// stripe in turn: for scans (operators, export), not the hot path.
+    fn journaled_claims(&self, start: &[u8], upper: Option<&[u8]>) -> Vec<(String, Record)> {
+        if self.journal.is_none() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for stripe in self.stripes.iter() {
+            out.extend(
+                stripe
+                    .lock()
+                    .journaled_claims()
+                    .filter(|(k, _)| k.as_bytes() >= start && upper.is_none_or(|u| k.as_bytes() <= u))
+                    .map(|(k, c)| (k.to_string(), Record::InProgress(c.clone()))),
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,192 @@
+//! The claim journal (`store::journal`): claims of fresh keys are held there, survive a
+//! crash as `in_progress` records, and never come back once something replaced them
+//! (completion, forget, compaction), whatever the file still held.
+
+use super::*;
+use crate::store::journal::{self, ClaimJournal};
+
+both!(
+    fresh_claims_are_journaled_not_written_to_the_backend,
+    a_crash_leaves_journaled_claims_in_progress,
+    completed_forgotten_and_compacted_claims_stay_gone,
+    the_file_is_rewritten_past_its_bound,
+);
+
+/// Claims of absent keys, made durable together; returns them in key order.
+fn claim_all(store: &KeyStore, keys: &[String], b: u8) -> Vec<DurableClaim> {
+    let pending = keys.iter().map(|k| store.claim(k, None, in_progress(b, 1)).unwrap().unwrap()).collect();
+    store.flush_claims(pending).unwrap()
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i:05}")).collect()
+}
+
+fn fresh_claims_are_journaled_not_written_to_the_backend(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let ks = keys("j", 10);
+    let claims = claim_all(&f.store, &ks, 1);
+    for k in &ks {
+        assert_eq!(f.store.backend.get(Tree::Records, k.as_bytes()).unwrap(), None, "{k} not in the backend");
+        assert_eq!(f.store.get(k).unwrap(), Some(Record::InProgress(in_progress(1, 1))), "{k} is in_progress");
+    }
+    assert!(f.store.journal.as_ref().unwrap().len() > 0, "the claims are in the file");
+    assert_eq!(f.store.journal.as_ref().unwrap().live_count(), 10);
+    // A completion goes to the backend and releases the claim.
+    let done: Vec<_> = claims.into_iter().map(|c| (c, completed(1, 5_000))).collect();
+    f.store.complete_batch(done).unwrap();
+    for k in &ks {
+        assert!(f.store.backend.get(Tree::Records, k.as_bytes()).unwrap().is_some(), "{k} completed in the backend");
+    }
+    assert_eq!(f.store.journal.as_ref().unwrap().live_count(), 0);
+    check_invariants(&f.store);
+}
+
+fn a_crash_leaves_journaled_claims_in_progress(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let open = keys("open", 20);
+    let done = keys("done", 20);
+    let _out = claim_all(&f.store, &open, 1);
+    let to_complete = claim_all(&f.store, &done, 2);
+    f.store.complete_batch(to_complete.into_iter().map(|c| (c, completed(2, 9_000_000_000_000))).collect()).unwrap();
+    f.store.flush().unwrap();
+    // The process dies with 20 claims out; the next one finds them in_progress, in the
+    // backend, and the journal empty.
+    let f = f.reopen();
+    for k in &open {
+        assert_eq!(
+            f.store.backend.get(Tree::Records, k.as_bytes()).unwrap().map(|v| Record::decode(&v).unwrap()),
+            Some(Record::InProgress(in_progress(1, 1))),
+            "{k} recovered as in_progress"
+        );
+    }
+    for k in &done {
+        assert!(matches!(f.store.get(k).unwrap(), Some(Record::Completed(_))), "{k} stays completed");
+    }
+    assert_eq!(f.store.counts().in_progress, 20);
+    assert_eq!(f.store.journal.as_ref().unwrap().len(), 0, "recovery starts an empty journal");
+    check_invariants(&f.store);
+    // Recovered claims are orphans the engine can replace like any backend record.
+    let orphan = Record::InProgress(in_progress(1, 1));
+    let again = f.store.claim(&open[0], Some(&orphan), in_progress(1, 2)).unwrap().unwrap();
+    f.store.flush_claims(vec![again]).unwrap();
+    assert_eq!(f.store.get(&open[0]).unwrap(), Some(Record::InProgress(in_progress(1, 2))));
+}
+
+fn completed_forgotten_and_compacted_claims_stay_gone(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    // Completed with an expiry already past, then compacted: the file still holds their
+    // claims until compaction rewrites it first.
+    let expired = keys("expired", 30);
+    let claims = claim_all(&f.store, &expired, 1);
+    f.store.complete_batch(claims.into_iter().map(|c| (c, completed(1, 10))).collect()).unwrap();
+    f.store.flush().unwrap();
+    assert_eq!(f.store.compact_expired(1_000, 7).unwrap(), 30);
+    let f = f.reopen();
+    for k in &expired {
+        assert_eq!(f.store.get(k).unwrap(), None, "{k} must not come back after compaction");
+    }
+    // Forgotten while out: no record anywhere, and none after a restart.
+    let forgotten = keys("forgotten", 3);
+    let _claims = claim_all(&f.store, &forgotten, 2);
+    for k in &forgotten {
+        assert!(f.store.forget(k).unwrap().is_some());
+    }
+    // Replaced while out by compare-and-swap (what the engine does to an orphan).
+    let swapped = claim_all(&f.store, &keys("swapped", 1), 3);
+    let mine = Record::InProgress(swapped[0].record().clone());
+    let ind = Record::Indeterminate(indeterminate(3));
+    f.store.compare_and_swap(swapped[0].key(), Some(&mine), Some(&ind)).unwrap().unwrap();
+    f.store.flush().unwrap();
+    check_invariants(&f.store);
+    let f = f.reopen();
+    for k in expired.iter().chain(&forgotten) {
+        assert_eq!(f.store.get(k).unwrap(), None, "{k} must not come back");
+    }
+    assert_eq!(f.store.get("swapped00000").unwrap(), Some(ind));
+    assert_eq!(f.store.counts(), StateCounts { in_progress: 0, completed: 0, indeterminate: 1 });
+    check_invariants(&f.store);
+}
+
+fn the_file_is_rewritten_past_its_bound(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let mut out = Vec::new();
+    // Claims until the file has been rewritten at least twice (the bound is 256 KiB in
+    // unit tests).
+    let mut rewrites = 0;
+    let mut last_len = 0;
+    let mut batch = 0;
+    while rewrites < 2 {
+        assert!(batch < 2_000, "the file never shrank: no rewrite");
+        let ks = keys(&format!("b{batch:04}-"), 500);
+        let mut claims = claim_all(&f.store, &ks, 1);
+        // One claim of each batch stays out; the others complete.
+        out.push(claims.pop().unwrap().key().to_string());
+        f.store.complete_batch(claims.into_iter().map(|c| (c, completed(1, 9_000_000_000_000))).collect()).unwrap();
+        f.store.flush().unwrap();
+        let len = f.store.journal.as_ref().unwrap().len();
+        if len < last_len {
+            rewrites += 1;
+        }
+        last_len = len;
+        batch += 1;
+    }
+    assert_eq!(f.store.journal.as_ref().unwrap().live_count(), out.len());
+    let f = f.reopen();
+    assert_eq!(f.store.counts().in_progress, out.len() as i64);
+    for k in &out {
+        assert_eq!(f.store.get(k).unwrap(), Some(Record::InProgress(in_progress(1, 1))), "{k} survives rewrites");
+    }
+    check_invariants(&f.store);
+}
+
+/// A file cut anywhere loses at most its last frame, never an earlier one; a frame whose
+/// checksum holds but whose content does not decode is an error, not a torn write.
+#[test]
+fn a_torn_tail_loses_only_the_last_frame() {
+    let rec = |b| Record::InProgress(in_progress(b, 1)).encode();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(journal::FILE_NAME);
+    let j = ClaimJournal::create_empty(&path).unwrap();
+    let no_backend = || Ok(());
+    j.append(vec![("a".into(), rec(1)), ("b".into(), rec(2))], &no_backend).unwrap();
+    j.append(vec![("a".into(), rec(3))], &no_backend).unwrap();
+    j.append(vec![("c".into(), rec(4))], &no_backend).unwrap();
+    let whole = std::fs::read(&path).unwrap();
+    let (claims, torn) = journal::decode_file(&whole).unwrap();
+    assert!(!torn);
+    let names: Vec<_> = claims.iter().map(|(k, c)| (k.as_str(), c.fingerprint)).collect();
+    assert_eq!(names, vec![("a", fp(3)), ("b", fp(2)), ("c", fp(4))], "the last claim of a key wins");
+    for cut in 1..whole.len() {
+        let (claims, _) = journal::decode_file(&whole[..cut]).unwrap();
+        assert!(claims.iter().all(|(k, _)| k == "a" || k == "b"), "the last frame (c) is lost when cut at {cut}");
+    }
+    assert!(journal::decode_file(&whole[..whole.len() - 1]).unwrap().1, "a cut frame is reported torn");
+    // A checksummed frame that holds garbage.
+    let mut bad = Vec::new();
+    let body = b"\x05\x00\x00\x00abc";
+    bad.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    bad.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    bad.extend_from_slice(body);
+    assert!(journal::decode_file(&bad).is_err());
+}
+
+/// A tombstone (a claim deleted while out) hides the key's earlier claims, and a later
+/// claim of the key hides the tombstone.
+#[test]
+fn a_tombstone_hides_earlier_claims_only() {
+    let rec = |b| Record::InProgress(in_progress(b, 1)).encode();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(journal::FILE_NAME);
+    let j = ClaimJournal::create_empty(&path).unwrap();
+    let no_backend = || Ok(());
+    j.append(vec![("a".into(), rec(1)), ("b".into(), rec(2)), ("c".into(), rec(3))], &no_backend).unwrap();
+    j.forget("a").unwrap();
+    j.forget("c").unwrap();
+    j.append(vec![("c".into(), rec(4))], &no_backend).unwrap();
+    j.sync_all().unwrap();
+    assert_eq!(j.live_count(), 2, "b and the second c are out");
+    let claims = ClaimJournal::read(&path).unwrap();
+    let names: Vec<_> = claims.iter().map(|(k, c)| (k.as_str(), c.fingerprint)).collect();
+    assert_eq!(names, vec![("b", fp(2)), ("c", fp(4))]);
+}
