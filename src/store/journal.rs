@@ -82,6 +82,8 @@ struct Inner {
     live: HashMap<String, Vec<u8>>,
     /// The file holds claims that were released since it was last rewritten.
     stale: bool,
+    /// A failed write could not be cut off (see `write_locked`).
+    broken: bool,
 }
 
 /// Appends one frame holding `entries` to `buf`.
@@ -213,7 +215,14 @@ impl ClaimJournal {
         let file = replace_file(path, &[])?;
         Ok(ClaimJournal {
             path: path.to_path_buf(),
-            inner: Mutex::new(Inner { file: Arc::new(file), len: 0, position: 0, live: HashMap::new(), stale: false }),
+            inner: Mutex::new(Inner {
+                file: Arc::new(file),
+                len: 0,
+                position: 0,
+                live: HashMap::new(),
+                stale: false,
+                broken: false,
+            }),
             sync_lock: Mutex::new(()),
             synced: AtomicU64::new(0),
             out: AtomicU64::new(0),
@@ -232,9 +241,7 @@ impl ClaimJournal {
             Vec::with_capacity(FRAME_HEADER + claims.iter().map(|(k, r)| 8 + k.len() + r.len()).sum::<usize>());
         encode_frame(&mut buf, claims.iter().map(|(k, r)| (k.as_str(), r.as_slice())));
         let mut inner = self.inner.lock();
-        (&*inner.file).write_all(&buf).map_err(|e| io_err(&self.path, e))?;
-        inner.len += buf.len() as u64;
-        inner.position += buf.len() as u64;
+        self.write_locked(&mut inner, &buf)?;
         inner.live.extend(claims);
         self.out.store(inner.live.len() as u64, Ordering::Release);
         let position = inner.position;
@@ -242,6 +249,23 @@ impl ClaimJournal {
             self.rewrite_locked(&mut inner, flush_backend)?;
         }
         Ok(position)
+    }
+
+    /// Appends encoded frames to the file (to the OS, not yet synced). A failed write is
+    /// cut off again: recovery stops at the first bad frame, so a torn frame left in the
+    /// middle would hide every claim appended after it. If it cannot be cut off, the
+    /// journal refuses all further appends.
+    fn write_locked(&self, inner: &mut Inner, frames: &[u8]) -> Result<(), StoreError> {
+        if inner.broken {
+            return Err(io_err(&self.path, std::io::Error::other("an earlier write failed and could not be undone")));
+        }
+        if let Err(e) = (&*inner.file).write_all(frames) {
+            inner.broken = inner.file.set_len(inner.len).is_err();
+            return Err(io_err(&self.path, e));
+        }
+        inner.len += frames.len() as u64;
+        inner.position += frames.len() as u64;
+        Ok(())
     }
 
     /// The claim of `key` is no longer out: the backend write that replaced it has been
@@ -257,9 +281,7 @@ impl ClaimJournal {
         let mut buf = Vec::with_capacity(FRAME_HEADER + 8 + key.len());
         encode_frame(&mut buf, std::iter::once((key, &[][..])));
         let mut inner = self.inner.lock();
-        (&*inner.file).write_all(&buf).map_err(|e| io_err(&self.path, e))?;
-        inner.len += buf.len() as u64;
-        inner.position += buf.len() as u64;
+        self.write_locked(&mut inner, &buf)?;
         inner.live.remove(key);
         self.out.store(inner.live.len() as u64, Ordering::Release);
         Ok(())
@@ -315,6 +337,13 @@ impl ClaimJournal {
         self.inner.lock().len
     }
 
+    /// Swaps the file for a read-only handle, so that writes fail (for tests).
+    #[cfg(test)]
+    pub(super) fn make_writes_fail(&self) {
+        let read_only = File::open(&self.path).expect("journal file");
+        self.inner.lock().file = Arc::new(read_only);
+    }
+
     /// Claims out, as the journal knows them (for tests).
     #[cfg(test)]
     pub(super) fn live_count(&self) -> usize {
@@ -337,6 +366,7 @@ impl ClaimJournal {
         inner.file = Arc::new(file);
         inner.len = buf.len() as u64;
         inner.stale = false;
+        inner.broken = false;
         // Everything appended so far is either in the new, synced file or was released.
         self.synced.fetch_max(inner.position, Ordering::AcqRel);
         Ok(())

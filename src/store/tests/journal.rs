@@ -190,3 +190,27 @@ fn a_tombstone_hides_earlier_claims_only() {
     let names: Vec<_> = claims.iter().map(|(k, c)| (k.as_str(), c.fingerprint)).collect();
     assert_eq!(names, vec![("b", fp(2)), ("c", fp(4))]);
 }
+
+/// A failed append is an error, leaves nothing out, and (when the file cannot be cut back)
+/// every later append fails too instead of landing behind a torn frame; a rewrite starts
+/// a good file again.
+#[test]
+fn a_failed_append_refuses_later_ones() {
+    let rec = |b| Record::InProgress(in_progress(b, 1)).encode();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(journal::FILE_NAME);
+    let j = ClaimJournal::create_empty(&path).unwrap();
+    let no_backend = || Ok(());
+    j.append(vec![("a".into(), rec(1))], &no_backend).unwrap();
+    j.make_writes_fail();
+    assert!(j.append(vec![("b".into(), rec(2))], &no_backend).is_err());
+    assert_eq!(j.live_count(), 1, "b is not out");
+    let later = j.append(vec![("c".into(), rec(3))], &no_backend).unwrap_err().to_string();
+    assert!(later.contains("earlier write failed"), "{later}");
+    j.release("a");
+    j.drop_stale(&no_backend).unwrap();
+    j.append(vec![("d".into(), rec(4))], &no_backend).unwrap();
+    j.sync_all().unwrap();
+    let names: Vec<_> = ClaimJournal::read(&path).unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(names, vec!["d"]);
+}
