@@ -762,44 +762,41 @@ fn complete_batch_shares_index_entries(kind: StoreBackend) {
 }
 
 fn old_index_is_rebuilt_at_open(kind: StoreBackend) {
-    let f = Fixture::new(kind);
-    put_completed(&f.store, "new", 1, 7_000);
-    // What a store of the previous format holds: a completed record with a one-key entry
+    // What a store of the first format holds: a completed record with a one-key entry
     // whose value is empty, and no format mark.
-    let old = Record::Completed(completed(2, 5_000)).encode();
-    f.store
-        .backend
-        .apply(vec![
-            Op::Put(Tree::Records, b"old".to_vec(), old),
+    assert_rebuilt_at_open(
+        kind,
+        vec![
             Op::Put(Tree::Expiry, expiry_key(5_000, b"old"), Vec::new()),
             Op::Delete(Tree::Meta, b"index-format".to_vec()),
-        ])
-        .unwrap();
-    f.store.flush().unwrap();
-    let f = f.reopen();
-    assert_eq!(expiry_entries(&f.store), vec![(5_000, "old".to_string()), (7_000, "new".to_string())]);
-    check_invariants(&f.store);
-    assert_eq!(f.store.compact_expired(i64::MAX, 10).unwrap(), 2);
-    check_invariants(&f.store);
+        ],
+    );
 }
 
 fn format_2_index_is_rebuilt_at_open(kind: StoreBackend) {
-    let f = Fixture::new(kind);
-    put_completed(&f.store, "new", 1, 7_000);
     // Format 2: `[u16 key length][key][i64 big-endian expiry]` pairs, mark "2".
-    let old = Record::Completed(completed(2, 5_000)).encode();
     let mut pairs = Vec::new();
     pairs.extend_from_slice(&3u16.to_be_bytes());
     pairs.extend_from_slice(b"old");
     pairs.extend_from_slice(&5_000i64.to_be_bytes());
-    f.store
-        .backend
-        .apply(vec![
-            Op::Put(Tree::Records, b"old".to_vec(), old),
+    assert_rebuilt_at_open(
+        kind,
+        vec![
             Op::Put(Tree::Expiry, expiry_key(5_000, b"12345678"), pairs),
             Op::Put(Tree::Meta, b"index-format".to_vec(), b"2".to_vec()),
-        ])
-        .unwrap();
+        ],
+    );
+}
+
+/// A store holding a completed record "old" (expiring at 5,000) indexed by `old_index`
+/// and one written now ("new", 7,000) is re-indexed in the current format at open.
+fn assert_rebuilt_at_open(kind: StoreBackend, old_index: Vec<Op>) {
+    let f = Fixture::new(kind);
+    put_completed(&f.store, "new", 1, 7_000);
+    let old = Record::Completed(completed(2, 5_000)).encode();
+    let mut ops = vec![Op::Put(Tree::Records, b"old".to_vec(), old)];
+    ops.extend(old_index);
+    f.store.backend.apply(ops).unwrap();
     f.store.flush().unwrap();
     let f = f.reopen();
     assert_eq!(expiry_entries(&f.store), vec![(5_000, "old".to_string()), (7_000, "new".to_string())]);

@@ -140,15 +140,29 @@ fn the_file_is_rewritten_past_its_bound(kind: StoreBackend) {
     check_invariants(&f.store);
 }
 
+/// An encoded `in_progress` record with fingerprint `b`.
+fn rec(b: u8) -> Vec<u8> {
+    Record::InProgress(in_progress(b, 1)).encode()
+}
+
+/// A journal with no store around it (its directory, file path and the journal).
+fn bare_journal() -> (tempfile::TempDir, std::path::PathBuf, ClaimJournal) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(journal::FILE_NAME);
+    let j = ClaimJournal::create_empty(&path).unwrap();
+    (dir, path, j)
+}
+
+/// What a rewrite flushes first, when there is no backend.
+fn no_backend() -> Result<(), StoreError> {
+    Ok(())
+}
+
 /// A file cut anywhere loses at most its last frame, never an earlier one; a frame whose
 /// checksum holds but whose content does not decode is an error, not a torn write.
 #[test]
 fn a_torn_tail_loses_only_the_last_frame() {
-    let rec = |b| Record::InProgress(in_progress(b, 1)).encode();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(journal::FILE_NAME);
-    let j = ClaimJournal::create_empty(&path).unwrap();
-    let no_backend = || Ok(());
+    let (_dir, path, j) = bare_journal();
     j.append(vec![("a".into(), rec(1)), ("b".into(), rec(2))], &no_backend).unwrap();
     j.append(vec![("a".into(), rec(3))], &no_backend).unwrap();
     j.append(vec![("c".into(), rec(4))], &no_backend).unwrap();
@@ -175,11 +189,7 @@ fn a_torn_tail_loses_only_the_last_frame() {
 /// claim of the key hides the tombstone.
 #[test]
 fn a_tombstone_hides_earlier_claims_only() {
-    let rec = |b| Record::InProgress(in_progress(b, 1)).encode();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(journal::FILE_NAME);
-    let j = ClaimJournal::create_empty(&path).unwrap();
-    let no_backend = || Ok(());
+    let (_dir, path, j) = bare_journal();
     j.append(vec![("a".into(), rec(1)), ("b".into(), rec(2)), ("c".into(), rec(3))], &no_backend).unwrap();
     j.forget("a").unwrap();
     j.forget("c").unwrap();
@@ -196,11 +206,7 @@ fn a_tombstone_hides_earlier_claims_only() {
 /// a good file again.
 #[test]
 fn a_failed_append_refuses_later_ones() {
-    let rec = |b| Record::InProgress(in_progress(b, 1)).encode();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(journal::FILE_NAME);
-    let j = ClaimJournal::create_empty(&path).unwrap();
-    let no_backend = || Ok(());
+    let (_dir, path, j) = bare_journal();
     j.append(vec![("a".into(), rec(1))], &no_backend).unwrap();
     j.make_writes_fail();
     assert!(j.append(vec![("b".into(), rec(2))], &no_backend).is_err());
