@@ -78,7 +78,9 @@ struct Inner {
     len: u64,
     /// Bytes ever appended, over all files: a position that rewrites do not reset.
     position: u64,
-    /// The claims that are out: key → encoded record, what a rewrite keeps.
+    /// The claims that are out: key → encoded record, what a rewrite keeps. The stripes
+    /// know them too, but a rewrite runs under this lock while `claim_batch` holds stripe
+    /// locks and waits for it, so it cannot read them from the stripes.
     live: HashMap<String, Vec<u8>>,
     /// The file holds claims that were released since it was last rewritten.
     stale: bool,
