@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use dedupd::config::{Config, RouteConfig, StoreBackend, SyncMode};
+use dedupd::config::Config;
+use dedupd::routes::RouteConfig;
+use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult, SystemClock};
 use dedupd::envelope::{InputRecord, parse};
 use dedupd::routes::Router;
@@ -52,7 +54,7 @@ async fn main() {
         ttl: None,
         fingerprint_exclude: vec![],
     });
-    let router = Arc::new(Router::from_config(&config).expect("router"));
+    let router = Arc::new(config.router().expect("router"));
     let sinks: HashMap<String, Arc<dyn dedupd::sinks::Sink>> =
         dedupd::sinks::build_all(&config.sinks.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>())
             .expect("sinks");

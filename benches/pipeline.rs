@@ -21,7 +21,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedupd::config::{Config, RouteConfig, StoreBackend, SyncMode};
+use dedupd::config::Config;
+use dedupd::routes::RouteConfig;
+use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;

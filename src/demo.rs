@@ -22,7 +22,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, RouteConfig};
+use crate::config::Config;
+use crate::routes::RouteConfig;
 use crate::sinks::SinkConfig;
 use crate::sinks::http::HttpSinkConfig;
 

@@ -16,6 +16,7 @@
 
 mod batch;
 mod retry;
+pub use retry::RetryConfig;
 mod round;
 
 use std::collections::HashMap;
@@ -24,7 +25,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::{Semaphore, watch};
 
-use crate::config::RetryConfig;
 use crate::envelope::{Command, Rejection};
 use crate::routes::Router;
 use crate::sinks::Sink;
@@ -32,21 +32,7 @@ use crate::store::{KeyStore, SourcePos, StoreError};
 
 pub use crate::outcome::Processed;
 
-/// Where "now" comes from; tests move it by hand.
-pub trait Clock: Send + Sync {
-    /// Now, Unix ms.
-    fn now_ms(&self) -> i64;
-}
-
-/// The system clock.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> i64 {
-        chrono::Utc::now().timestamp_millis()
-    }
-}
+pub use crate::time::{Clock, SystemClock};
 
 /// One input record, parsed.
 #[derive(Debug, Clone)]

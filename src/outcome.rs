@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::store::SourcePos;
+pub use crate::time::rfc3339_ms;
 
 /// The `outcome` of a result record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -123,14 +124,6 @@ pub struct Processed {
     pub traceparent: Option<String>,
     /// True when this record's processing called the sink (for metrics and tests).
     pub sink_called: bool,
-}
-
-/// Unix ms as RFC 3339 with milliseconds, UTC.
-pub fn rfc3339_ms(ms: i64) -> String {
-    match chrono::DateTime::from_timestamp_millis(ms) {
-        Some(t) => t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        None => ms.to_string(),
-    }
 }
 
 #[cfg(test)]

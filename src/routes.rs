@@ -5,7 +5,26 @@ use std::time::Duration;
 
 use globset::{Glob, GlobMatcher};
 
-use crate::config::{Config, RouteConfig};
+use serde::{Deserialize, Serialize};
+
+/// One route: command types to a sink.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Name used in metrics and result records; defaults to the sink's name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Exact types or globs (`email.*`, `*` for a default route).
+    pub types: Vec<String>,
+    /// Name of a sink in `[sinks]`.
+    pub sink: String,
+    /// TTL of this route's completed records (capped by `store.max_ttl`).
+    #[serde(default, with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+    /// JSON pointers (into `{"type", "payload"}`) left out of the fingerprint.
+    #[serde(default)]
+    pub fingerprint_exclude: Vec<String>,
+}
 
 /// One compiled route.
 #[derive(Debug, Clone)]
@@ -62,11 +81,6 @@ impl Router {
             });
         }
         Ok(Router { routes: compiled, default_ttl, max_ttl })
-    }
-
-    /// The router of a validated config.
-    pub fn from_config(config: &Config) -> Result<Router, RouteError> {
-        Router::new(&config.routes, config.store.default_ttl, config.store.max_ttl)
     }
 
     /// The first route whose patterns match `kind`.

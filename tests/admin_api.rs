@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupd::config::{StoreBackend, SyncMode};
+use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
 use dedupd::store::{Completed, Completion, InProgress, Indeterminate, KeyStore, Record, SourcePos};

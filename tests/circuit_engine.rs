@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::engine::{ManualClock, item, router};
-use dedupd::config::RetryConfig;
+use dedupd::engine::RetryConfig;
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::circuit::{CircuitConfig, CircuitSink};
@@ -105,7 +105,7 @@ fn batch() -> Vec<Item> {
 }
 
 fn store(dir: &std::path::Path) -> Arc<KeyStore> {
-    Arc::new(KeyStore::open(dedupd::config::StoreBackend::default(), dir, dedupd::config::SyncMode::Batch).unwrap())
+    Arc::new(KeyStore::open(dedupd::store::StoreBackend::default(), dir, dedupd::store::SyncMode::Batch).unwrap())
 }
 
 fn outcomes(results: &[ItemResult]) -> Vec<Option<Outcome>> {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use dedupd::config::{StoreBackend, SyncMode};
+use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{Completed, Completion, KeyStore, Record};
 

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use dedupd::config::{Config, RouteConfig};
+use dedupd::config::Config;
+use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::http::HttpSinkConfig;
 

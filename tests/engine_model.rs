@@ -142,8 +142,8 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(dir: &std::path::Path, backend: dedupd::config::StoreBackend, forwards: bool) -> Harness {
-        let store = Arc::new(KeyStore::open(backend, dir, dedupd::config::SyncMode::Batch).unwrap());
+    fn new(dir: &std::path::Path, backend: dedupd::store::StoreBackend, forwards: bool) -> Harness {
+        let store = Arc::new(KeyStore::open(backend, dir, dedupd::store::SyncMode::Batch).unwrap());
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let sink = Arc::new(ScriptedSink::new("s", forwards).with_clock(clock.clone()));
         let engine = Self::engine(&store, &sink, &clock);
@@ -207,7 +207,7 @@ impl Harness {
     }
 }
 
-fn run_case(ops: Vec<Op>, forwards: bool, backend: dedupd::config::StoreBackend) -> Result<(), TestCaseError> {
+fn run_case(ops: Vec<Op>, forwards: bool, backend: dedupd::store::StoreBackend) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
     rt.block_on(async {
@@ -286,16 +286,16 @@ proptest! {
 
     #[test]
     fn non_forwarding_sink_sled(ops in prop::collection::vec(op(), 1..40)) {
-        run_case(ops, false, dedupd::config::StoreBackend::Sled)?;
+        run_case(ops, false, dedupd::store::StoreBackend::Sled)?;
     }
 
     #[test]
     fn forwarding_sink_sled(ops in prop::collection::vec(op(), 1..40)) {
-        run_case(ops, true, dedupd::config::StoreBackend::Sled)?;
+        run_case(ops, true, dedupd::store::StoreBackend::Sled)?;
     }
 
     #[test]
     fn non_forwarding_sink_fjall(ops in prop::collection::vec(op(), 1..40)) {
-        run_case(ops, false, dedupd::config::StoreBackend::Fjall)?;
+        run_case(ops, false, dedupd::store::StoreBackend::Fjall)?;
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::engine::{ManualClock, item, router, test_retry};
-use dedupd::config::{StoreBackend, SyncMode};
+use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};

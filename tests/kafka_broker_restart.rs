@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use common::kafka::{self, header};
 use common::process::{SlowReceiver, TopicTail, seed_from_env};
-use dedupd::config::{Config, RouteConfig};
+use dedupd::config::Config;
+use dedupd::routes::RouteConfig;
 use dedupd::outcome::{Outcome, ResultRecord};
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::http::HttpSinkConfig;
@@ -94,7 +95,7 @@ async fn broker_restart_mid_run() {
     };
     if let Ok(level) = std::env::var("DEDUPD_TEST_LOG") {
         // dedupd's own log on stderr, e.g. DEDUPD_TEST_LOG=info.
-        dedupd::cli::init_tracing(dedupd::config::LogFormat::Text, &level);
+        dedupd::cli::init_tracing(dedupd::log::LogFormat::Text, &level);
     }
     let started = Instant::now();
     let input_topic = kafka::unique("restart-commands");

@@ -11,7 +11,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::kafka::{self, Receiver, header};
-use dedupd::config::{Config, RouteConfig};
+use dedupd::config::Config;
+use dedupd::routes::RouteConfig;
 use dedupd::outcome::{Outcome, ResultRecord};
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::http::HttpSinkConfig;

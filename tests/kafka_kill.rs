@@ -48,7 +48,7 @@ use common::process::{
     wait_for_line,
 };
 use common::smtp_server::SmtpServer;
-use dedupd::config::{StoreBackend, SyncMode};
+use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::outcome::ResultRecord;
 use dedupd::store::KeyStore;
 use rdkafka::message::Message;

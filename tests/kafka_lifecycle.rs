@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::kafka::{self, header};
-use dedupd::config::{Config, RouteConfig};
+use dedupd::config::Config;
+use dedupd::routes::RouteConfig;
 use dedupd::outcome::{Outcome, ResultRecord};
 use dedupd::pipeline::RunOptions;
 use dedupd::sinks::SinkConfig;

@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use dedupd::config::{StoreBackend, SyncMode};
+use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{KeyStore, Record, Tree, decode_index_entry, open_backend};
 

@@ -74,7 +74,7 @@ impl Direct {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::StoreBackend;
+    use crate::store::StoreBackend;
 
     #[test]
     fn a_store_held_elsewhere_is_refused_with_a_pointer_to_the_admin_api() {

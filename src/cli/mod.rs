@@ -15,7 +15,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, ConfigError, LogFormat};
+use crate::config::{Config, ConfigError};
+use crate::log::LogFormat;
 use crate::store::{Completion, StoreError, TransferError};
 
 /// dedupd: execute side-effect commands from Kafka at most once per idempotency key.
@@ -179,15 +180,9 @@ fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
     Config::load(path, std::env::vars())
 }
 
-/// Sets up tracing for `format` and `level` (RUST_LOG wins when set).
+/// Sets up tracing for `format` and `level` (`DEDUPD_LOG`, then `RUST_LOG`, win when set).
 pub fn init_tracing(format: LogFormat, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
+    crate::log::init(format, level);
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -1,6 +1,7 @@
 //! Loading a [`Config`]: the TOML file, the `DEDUPD_*` environment overrides, and
 //! [`Config::validate`], which names the key, the value and the reason of what is wrong.
 
+use super::env::EnvOverrides;
 use super::*;
 
 impl Config {
@@ -16,12 +17,9 @@ impl Config {
 
     /// Parses TOML text, applies `DEDUPD_*` overrides from `env`, and validates.
     pub fn from_toml_str(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
-        let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        for (var, value) in env {
-            apply_env_override(&mut table, &var, &value)?;
-        }
-        let config: Config =
-            toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let overrides = EnvOverrides::read(env)?;
+        let config: Config = overrides.apply(text, table)?;
         config.validate()?;
         Ok(config)
     }
@@ -127,34 +125,4 @@ impl Config {
         }
         Ok(())
     }
-}
-
-/// Applies one `DEDUPD_A__B__C=value` override to the TOML table. Other variables are ignored.
-/// The value is read as a TOML value when it parses as one (numbers, booleans, arrays),
-/// else as a string.
-fn apply_env_override(table: &mut toml::Table, var: &str, value: &str) -> Result<(), ConfigError> {
-    let Some(rest) = var.strip_prefix("DEDUPD_") else { return Ok(()) };
-    // Variables the CLI reads itself, not config keys.
-    if matches!(rest, "CONFIG" | "ADMIN_TOKEN" | "ADMIN_URL" | "LOG") || !rest.contains("__") {
-        return Ok(());
-    }
-    let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
-    if path.iter().any(|p| p.is_empty()) {
-        return Err(ConfigError::Env { var: var.into(), reason: "has an empty path segment".into() });
-    }
-    let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    let mut node = table;
-    for seg in &path[..path.len() - 1] {
-        let entry = node.entry(seg.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        node = match entry {
-            toml::Value::Table(t) => t,
-            _ => return Err(ConfigError::Env { var: var.into(), reason: format!("`{seg}` is not a table") }),
-        };
-    }
-    let last = path[path.len() - 1].clone();
-    node.insert(last, parsed);
-    Ok(())
 }

@@ -10,8 +10,8 @@ mod unit {
     #[test]
     fn empty_file_gives_defaults() {
         let c = Config::from_toml_str("", no_env()).unwrap();
-        assert_eq!(c.store.default_ttl, Duration::from_secs(86_400));
-        assert_eq!(c.store.max_ttl, Duration::from_secs(7 * 86_400));
+        assert_eq!(c.store.default_ttl, std::time::Duration::from_secs(86_400));
+        assert_eq!(c.store.max_ttl, std::time::Duration::from_secs(7 * 86_400));
         assert_eq!(c.http.listen.to_string(), "127.0.0.1:9464");
         assert!(c.envelope.stale_guard);
     }
@@ -26,6 +26,69 @@ mod unit {
         let c = Config::from_toml_str("[kafka]\nbootstrap_servers = \"a:1\"\n", env).unwrap();
         assert_eq!(c.kafka.bootstrap_servers, "10.0.0.1:9093");
         assert_eq!(c.pipeline.max_in_flight.get(), 7);
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn env_override_is_read_as_the_type_of_its_key() {
+        let c = Config::from_toml_str(
+            "",
+            env(&[
+                ("DEDUPD_HTTP__ADMIN_TOKEN", "1234567890123456"),
+                ("DEDUPD_KAFKA__RESULTS_TOPIC", "2024"),
+                ("DEDUPD_KAFKA__CONSUMER__SESSION.TIMEOUT.MS", "45000"),
+                ("DEDUPD_KAFKA__INPUT_TOPICS", "[\"orders\", \"2025\"]"),
+                ("DEDUPD_ENVELOPE__STALE_GUARD", "false"),
+                ("DEDUPD_STORE__DEFAULT_TTL", "36h"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.http.admin_token.as_deref(), Some("1234567890123456"));
+        assert_eq!(c.kafka.results_topic, "2024");
+        assert_eq!(c.kafka.consumer.get("session.timeout.ms").map(String::as_str), Some("45000"));
+        assert_eq!(c.kafka.input_topics, vec!["orders".to_string(), "2025".to_string()]);
+        assert!(!c.envelope.stale_guard);
+        assert_eq!(c.store.default_ttl, std::time::Duration::from_secs(36 * 3600));
+    }
+
+    #[test]
+    fn env_override_of_a_sink_key_takes_numbers_and_strings() {
+        let file = "[sinks.api]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/x\"\n";
+        let c = Config::from_toml_str(
+            file,
+            env(&[
+                ("DEDUPD_SINKS__API__MAX_RESPONSE_BYTES", "2048"),
+                ("DEDUPD_SINKS__API__URL", "http://127.0.0.1:2/y"),
+            ]),
+        )
+        .unwrap();
+        let shown = toml::to_string(&c.sinks["api"]).unwrap();
+        assert!(shown.contains("max_response_bytes = 2048"), "{shown}");
+        assert!(shown.contains("http://127.0.0.1:2/y"), "{shown}");
+    }
+
+    #[test]
+    fn bad_env_override_names_the_variable() {
+        for (var, value) in [
+            ("DEDUPD_PIPELINE__MAX_IN_FLIGHT", "lots"),
+            ("DEDUPD_STORE__BAKEND", "sled"),
+            ("DEDUPD_STORE__DEFAULT_TTL", "soon"),
+            ("DEDUPD_KAFKA__INPUT_TOPICS", "[\"a\""),
+        ] {
+            let err = Config::from_toml_str("", env(&[(var, value)])).unwrap_err();
+            assert!(err.to_string().contains(var), "{var}: {err}");
+        }
+    }
+
+    #[test]
+    fn file_error_keeps_its_line_when_env_is_set() {
+        let text = "[store]\n\ndefault_ttl = \"soon\"\n";
+        let err = Config::from_toml_str(text, env(&[("DEDUPD_PIPELINE__MAX_IN_FLIGHT", "8")])).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.contains("soon") && shown.contains('3'), "{shown}");
     }
 
     #[test]
@@ -67,7 +130,7 @@ mod example {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dedupd.toml");
         let c = Config::load(&path, Vec::<(String, String)>::new()).unwrap();
         assert_eq!(c.sinks.len(), 2);
-        assert_eq!(c.routes[0].ttl, Some(Duration::from_secs(72 * 3600)));
+        assert_eq!(c.routes[0].ttl, Some(std::time::Duration::from_secs(72 * 3600)));
         assert!(c.sinks["payments-api"].forwards_key());
     }
 }

@@ -1,13 +1,15 @@
 //! Running one durable claim through its sink: transient failures are retried with
 //! exponential backoff and jitter, reusing the same key; permanent ones end it.
 
+mod config;
+pub use config::RetryConfig;
+
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RetryConfig;
 use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
 use crate::sinks::{Sink, SinkError, SinkRequest};

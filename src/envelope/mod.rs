@@ -33,6 +33,7 @@
 //!   (`ce_traceparent` header, `traceparent` attribute). Not UTF-8: dropped, not rejected.
 //! - `stale` is never produced here: it needs the clock, see [`crate::decide`].
 
+mod config;
 mod key;
 mod shapes;
 #[cfg(test)]
@@ -40,13 +41,13 @@ mod tests;
 
 use std::time::Duration;
 
+pub use config::{EnvelopeConfig, EnvelopeFormat, LimitsConfig, StaleBy};
 use key::*;
 use shapes::*;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::config::{EnvelopeConfig, EnvelopeFormat, LimitsConfig, StaleBy};
 use crate::fingerprint::Fingerprint;
 use crate::routes::{Route, Router};
 

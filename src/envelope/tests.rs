@@ -1,7 +1,7 @@
 //! Envelope tests: every shape, key source and rejection reason; never a panic.
 
 use super::*;
-use crate::config::RouteConfig;
+use crate::routes::RouteConfig;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use std::num::NonZeroUsize;

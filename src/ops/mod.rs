@@ -2,6 +2,7 @@
 //! admin API under `/v1` when `http.admin_token` is set) and the metrics catalogue.
 
 pub mod admin;
+mod config;
 pub mod metrics;
 
 use std::collections::BTreeSet;
@@ -17,6 +18,7 @@ use axum::routing::get;
 use parking_lot::Mutex;
 
 pub use admin::AdminApi;
+pub use config::HttpConfig;
 pub use metrics::Metrics;
 
 /// What `/readyz` reports: ready once the consumer joined its group, not ready while any

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::worker::{PartitionWorker, WorkerShared};
-use crate::config::KafkaConfig;
+use super::KafkaConfig;
 use crate::ops::{Health, Metrics};
 use crate::store::KeyStore;
 

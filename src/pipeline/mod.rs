@@ -3,6 +3,7 @@
 //! stop taking records → drain workers (publish, store offsets) → commit → leave the group.
 
 mod circuits;
+mod config;
 mod consumer;
 mod metered;
 mod publish;
@@ -17,9 +18,9 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+pub use config::{KafkaConfig, PipelineConfig};
 use crate::engine::{Clock, Engine, EngineError, EngineParts, SystemClock};
 use crate::ops::{Health, Metrics};
-use crate::routes::Router;
 use crate::sinks::{self, Sink};
 use crate::store::{KeyStore, StoreError};
 
@@ -81,7 +82,7 @@ pub async fn run(
     let store = Arc::new(KeyStore::open(config.store.backend, &config.store.path, config.store.sync)?);
     let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
     let health = Arc::new(Health::default());
-    let router = Arc::new(Router::from_config(&config)?);
+    let router = Arc::new(config.router()?);
     {
         let routes: Vec<&str> = router.routes().iter().map(|r| r.name.as_str()).collect();
         let sinks: Vec<&str> = config.sinks.keys().map(String::as_str).collect();

@@ -14,7 +14,7 @@ use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::config::KafkaConfig;
+use super::KafkaConfig;
 use crate::outcome::Processed;
 
 /// How long `send` waits for room in a full producer queue before giving up (the

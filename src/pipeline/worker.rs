@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::consumer::PipelineContext;
 use super::publish::{Acks, Publisher};
-use crate::config::{EnvelopeConfig, LimitsConfig};
+use crate::envelope::{EnvelopeConfig, LimitsConfig};
 use crate::engine::{Clock, Engine, Item, ItemResult, SystemClock};
 use crate::envelope::{InputRecord, parse};
 use crate::ops::Metrics;

@@ -42,10 +42,10 @@ pub struct CircuitConfig {
     /// than completing as `failed`.
     pub failure_threshold: NonZeroU32,
     /// Wait from opening to the first probe; doubles after each failed probe.
-    #[serde(with = "crate::config::duration_str")]
+    #[serde(with = "humantime_serde")]
     pub probe_backoff: Duration,
     /// Upper bound on the wait between probes.
-    #[serde(with = "crate::config::duration_str")]
+    #[serde(with = "humantime_serde")]
     pub max_probe_backoff: Duration,
 }
 

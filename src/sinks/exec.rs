@@ -55,7 +55,7 @@ pub struct ExecSinkConfig {
     #[serde(default)]
     pub args: Vec<String>,
     /// Longest a run may take; then the process is killed and the attempt is transient.
-    #[serde(default = "default_timeout", with = "crate::config::duration_str")]
+    #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
     /// Exit codes that mean "try again later" (transient); other non-zero codes are permanent.
     #[serde(default = "default_transient_exit_codes")]

@@ -54,10 +54,10 @@ pub struct HttpSinkConfig {
     #[serde(default = "default_true")]
     pub forward_key: bool,
     /// TCP connect timeout.
-    #[serde(default = "default_connect_timeout", with = "crate::config::duration_str")]
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Whole-request timeout.
-    #[serde(default = "default_request_timeout", with = "crate::config::duration_str")]
+    #[serde(default = "default_request_timeout", with = "humantime_serde")]
     pub request_timeout: Duration,
     /// Extra headers sent with every request, as written.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

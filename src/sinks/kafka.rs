@@ -46,7 +46,7 @@ pub struct KafkaSinkConfig {
     pub producer: BTreeMap<String, String>,
     /// How long one attempt may wait for the broker's acknowledgement
     /// (librdkafka `message.timeout.ms`); past it the attempt is transient.
-    #[serde(default = "default_delivery_timeout", with = "crate::config::duration_str")]
+    #[serde(default = "default_delivery_timeout", with = "humantime_serde")]
     pub delivery_timeout: Duration,
     /// Rate and concurrency limits.
     #[serde(default)]

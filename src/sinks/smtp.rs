@@ -85,7 +85,7 @@ pub struct SmtpSinkConfig {
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
     /// Bound on each SMTP exchange (connect, each command and reply).
-    #[serde(default = "default_timeout", with = "crate::config::duration_str")]
+    #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
     /// Right-hand side of every Message-ID, e.g. `mail.example.com`.
     pub message_id_domain: String,

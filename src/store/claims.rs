@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Completed, InProgress, KeyStore, Op, Record, State, StoreError, Tree, index, presence, state_index};
-use crate::config::SyncMode;
+use super::SyncMode;
 
 /// What a stripe lock guards.
 #[derive(Debug, Default)]

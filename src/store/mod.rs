@@ -19,6 +19,7 @@
 
 mod claims;
 mod compaction;
+mod config;
 mod fjall_backend;
 mod index;
 mod journal;
@@ -34,7 +35,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::config::{StoreBackend, SyncMode};
+pub use config::{StoreBackend, StoreConfig, SyncMode};
 pub use claims::{ClaimRequest, DurableClaim, PendingClaim, ReadStamp};
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};

@@ -60,7 +60,7 @@ impl KeyStore {
             "backend": self.backend_name(),
             "records": self.counts(),
             "disk_bytes": self.disk_bytes()?,
-            "next_expiry": self.next_expiry()?.map(crate::outcome::rfc3339_ms),
+            "next_expiry": self.next_expiry()?.map(crate::time::rfc3339_ms),
             "watermarks": self.watermarks()?.len(),
         }))
     }
@@ -100,7 +100,7 @@ impl KeyStore {
 
 /// A record as JSON for people and JSON Lines export.
 pub fn record_json(key: &str, record: &Record) -> serde_json::Value {
-    use crate::outcome::rfc3339_ms;
+    use crate::time::rfc3339_ms;
     use serde_json::json;
     match record {
         Record::InProgress(r) => json!({

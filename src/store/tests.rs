@@ -10,10 +10,10 @@ use crate::fingerprint::Fingerprint;
 macro_rules! both {
     ($($name:ident),* $(,)?) => {
         mod sled {
-            $( #[test] fn $name() { super::$name(crate::config::StoreBackend::Sled) } )*
+            $( #[test] fn $name() { super::$name(crate::store::StoreBackend::Sled) } )*
         }
         mod fjall {
-            $( #[test] fn $name() { super::$name(crate::config::StoreBackend::Fjall) } )*
+            $( #[test] fn $name() { super::$name(crate::store::StoreBackend::Fjall) } )*
         }
     };
 }

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use dedupd::config::{RetryConfig, RouteConfig};
+use dedupd::engine::RetryConfig;
+use dedupd::routes::RouteConfig;
 use dedupd::engine::{Clock, Item};
 use dedupd::envelope::{Command, Shape};
 use dedupd::fingerprint::fingerprint;

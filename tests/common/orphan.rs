@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupd::config::{StoreBackend, SyncMode};
+use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Clock, Engine, EngineParts, Item, ItemResult, SystemClock};
 use dedupd::envelope::{Command, Shape};
 use dedupd::fingerprint::fingerprint;

@@ -1,7 +1,7 @@
 //! Export and import round trips and line errors.
 
 use super::*;
-use crate::config::{StoreBackend, SyncMode};
+use crate::store::{StoreBackend, SyncMode};
 use crate::fingerprint::Fingerprint;
 use crate::store::record::{Completed, Completion, InProgress, Indeterminate, SourcePos};
 use crate::store::{Op, watermark_key};

@@ -1,0 +1,187 @@
+//! `DEDUPD_SECTION__KEY=value` environment overrides, laid over the file with figment.
+//!
+//! A value is read as the type of the key it sets, never guessed from its text: it enters
+//! figment as a string, and figment reads a string as a number or a boolean only where the
+//! key is one (so `DEDUPD_HTTP__ADMIN_TOKEN=1234567890123456` stays a string and
+//! `DEDUPD_PIPELINE__MAX_IN_FLIGHT=64` is a number). Two cases need more than that:
+//! - a value written as a TOML array (`["a", "b"]`) is an array: a shell has no other way to
+//!   spell a list, and no key of ours takes a string that starts with `[`;
+//! - inside a sink table (an internally tagged enum, which serde buffers before figment can
+//!   see the target type) a string is not read as a number; when extraction fails on such a
+//!   key, the value is retried once as the TOML scalar it spells.
+//!
+//! Segments are lower-cased and may contain dots, so librdkafka properties can be set:
+//! `DEDUPD_KAFKA__CONSUMER__SESSION.TIMEOUT.MS=45000`. A bad override names its variable.
+
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::de::DeserializeOwned;
+
+use super::ConfigError;
+
+/// Variables the command line reads itself; they are not config keys.
+const CLI_VARIABLES: [&str; 4] = ["CONFIG", "ADMIN_TOKEN", "ADMIN_URL", "LOG"];
+
+/// The name figment gives this source in errors and metadata.
+const SOURCE_NAME: &str = "DEDUPD_ environment variables";
+
+/// One override: the variable, the key path it sets, and the value as written.
+#[derive(Debug, Clone)]
+struct EnvOverride {
+    var: String,
+    path: Vec<String>,
+    text: String,
+    /// Read as the TOML value its text spells (after a failed extraction as a string).
+    as_toml_scalar: bool,
+}
+
+impl EnvOverride {
+    fn value(&self) -> Result<Value, ConfigError> {
+        let trimmed = self.text.trim_start();
+        if trimmed.starts_with('[') || self.as_toml_scalar {
+            let parsed = toml::from_str::<toml::Table>(&format!("v = {}", self.text))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .ok_or_else(|| self.error("is not a TOML value (a list is written [\"a\", \"b\"])"))?;
+            return Value::serialize(parsed).map_err(|e| self.error(&e.to_string()));
+        }
+        Ok(Value::from(self.text.clone()))
+    }
+
+    fn error(&self, reason: &str) -> ConfigError {
+        ConfigError::Env { var: self.var.clone(), reason: reason.to_string() }
+    }
+
+    /// Whether its text spells a TOML scalar other than a string (a number or a boolean).
+    fn spells_toml_scalar(&self) -> bool {
+        toml::from_str::<toml::Table>(&format!("v = {}", self.text))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .is_some_and(|v| !v.is_str() && !v.is_array() && !v.is_table())
+    }
+}
+
+/// The `DEDUPD_*` overrides found in an environment.
+#[derive(Debug, Clone, Default)]
+pub struct EnvOverrides {
+    overrides: Vec<EnvOverride>,
+}
+
+impl EnvOverrides {
+    /// Picks the overrides out of `env`. Other variables are ignored.
+    pub fn read(env: impl IntoIterator<Item = (String, String)>) -> Result<EnvOverrides, ConfigError> {
+        let mut overrides = Vec::new();
+        for (var, text) in env {
+            let Some(rest) = var.strip_prefix("DEDUPD_") else { continue };
+            if CLI_VARIABLES.contains(&rest) || !rest.contains("__") {
+                continue;
+            }
+            let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            if path.iter().any(|p| p.is_empty()) {
+                return Err(ConfigError::Env { var, reason: "has an empty path segment".into() });
+            }
+            overrides.push(EnvOverride { var, path, text, as_toml_scalar: false });
+        }
+        // Deterministic order: the environment's order is the OS's.
+        overrides.sort_by(|a, b| a.var.cmp(&b.var));
+        Ok(EnvOverrides { overrides })
+    }
+
+    /// Lays the overrides over `file` (the parsed TOML of `text`) and reads the result as
+    /// `T`. An error caused by an override names the variable; one caused by the file is
+    /// toml's own, with the line.
+    pub fn apply<T: DeserializeOwned>(mut self, text: &str, file: toml::Table) -> Result<T, ConfigError> {
+        // Each retry turns one more override into its TOML scalar, so this ends.
+        loop {
+            let figment = Figment::from(figment::providers::Serialized::defaults(&file)).merge(&self);
+            let err = match figment.extract::<T>() {
+                Ok(value) => return Ok(value),
+                Err(err) => err,
+            };
+            let Some(culprit) = self.culprit(&err) else {
+                return Err(file_error::<T>(text, &err));
+            };
+            let over = &mut self.overrides[culprit];
+            if !over.as_toml_scalar && over.spells_toml_scalar() {
+                over.as_toml_scalar = true;
+                continue;
+            }
+            return Err(over.error(&describe(&err)));
+        }
+    }
+
+    /// The override an extraction error is about: the one whose key path is the error's
+    /// path (or that path plus the unknown field it names); else, below the error's path
+    /// (serde reports a tagged enum's field errors at the enum), the one whose text is the
+    /// string the error found, or the only one there.
+    fn culprit(&self, err: &figment::Error) -> Option<usize> {
+        use figment::error::{Actual, Kind};
+        let mut path: Vec<String> = err.path.iter().map(|p| p.to_ascii_lowercase()).collect();
+        if let Kind::UnknownField(field, _) = &err.kind
+            && path.last() != Some(field)
+        {
+            path.push(field.to_ascii_lowercase());
+        }
+        if let Some(exact) = self.overrides.iter().position(|o| o.path == path) {
+            return Some(exact);
+        }
+        let below: Vec<usize> =
+            (0..self.overrides.len()).filter(|&i| self.overrides[i].path.starts_with(&path)).collect();
+        if let Kind::InvalidType(Actual::Str(found), _) = &err.kind
+            && let Some(&i) = below.iter().find(|&&i| self.overrides[i].text == *found)
+        {
+            return Some(i);
+        }
+        match below.as_slice() {
+            [only] => Some(*only),
+            _ => None,
+        }
+    }
+}
+
+impl Provider for EnvOverrides {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(SOURCE_NAME)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut root = Dict::new();
+        for over in &self.overrides {
+            let value = over.value().map_err(|e| figment::Error::from(e.to_string()))?;
+            insert_at(&mut root, &over.path, value).map_err(|seg| {
+                figment::Error::from(format!("{}: `{seg}` is not a table", over.var))
+            })?;
+        }
+        Ok(Profile::Default.collect(root))
+    }
+}
+
+/// Puts `value` at `path` in `root`, making tables on the way. Err: a segment that is set
+/// to a value by an earlier override, so cannot be a table too.
+fn insert_at(root: &mut Dict, path: &[String], value: Value) -> Result<(), String> {
+    let Some((last, parents)) = path.split_last() else { return Ok(()) };
+    let mut node = root;
+    for seg in parents {
+        let entry = node.entry(seg.clone()).or_insert_with(|| Value::from(Dict::new()));
+        node = match entry {
+            Value::Dict(_, dict) => dict,
+            _ => return Err(seg.clone()),
+        };
+    }
+    node.insert(last.clone(), value);
+    Ok(())
+}
+
+/// figment's message without the key path and source it appends (the variable says both).
+fn describe(err: &figment::Error) -> String {
+    err.kind.to_string()
+}
+
+/// An extraction error not caused by an override: toml's error for the file (it has the
+/// line) when the file alone fails too, else figment's.
+fn file_error<T: DeserializeOwned>(text: &str, err: &figment::Error) -> ConfigError {
+    match toml::from_str::<T>(text) {
+        Err(toml_err) => ConfigError::Parse(toml_err.to_string()),
+        Ok(_) => ConfigError::Parse(err.to_string()),
+    }
+}

@@ -1,0 +1,31 @@
+//! The `[retry]` section: how transient sink failures are retried.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Retry settings for transient sink failures.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts in all, the first included.
+    pub max_attempts: NonZeroU32,
+    /// Backoff before the second attempt; doubles each time, with jitter.
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    /// Upper bound on one backoff.
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+

@@ -1,0 +1,70 @@
+//! The `[kafka]` and `[pipeline]` sections: where commands come from and go to, and how
+//! much work runs at once.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Kafka settings.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Comma-separated `host:port` list of brokers.
+    pub bootstrap_servers: String,
+    /// Consumer group id.
+    pub group_id: String,
+    /// Topics holding commands.
+    pub input_topics: Vec<String>,
+    /// Topic receiving one result record per input record.
+    pub results_topic: String,
+    /// Topic receiving invalid and stale input, unchanged, with reason headers.
+    pub dead_letter_topic: String,
+    /// Publish results and commit offsets in one Kafka transaction.
+    pub transactional_results: bool,
+    /// Extra librdkafka consumer properties, passed through verbatim.
+    pub consumer: BTreeMap<String, String>,
+    /// Extra librdkafka producer properties, passed through verbatim.
+    pub producer: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            group_id: "dedupd".into(),
+            input_topics: vec!["commands".into()],
+            results_topic: "dedupd.results".into(),
+            dead_letter_topic: "dedupd.dead-letter".into(),
+            transactional_results: false,
+            consumer: BTreeMap::new(),
+            producer: BTreeMap::new(),
+        }
+    }
+}
+
+/// Pipeline settings.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineConfig {
+    /// Most commands executing at once across all partitions.
+    pub max_in_flight: NonZeroUsize,
+    /// Most records taken into one batch (one claim flush, one completion flush).
+    pub batch_size: NonZeroUsize,
+    /// How long a batch waits for more records once it has one. 0 (default): take what is
+    /// queued and go; batches still grow under load, and idle latency stays low.
+    #[serde(with = "humantime_serde")]
+    pub batch_linger: Duration,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
+            batch_size: NonZeroUsize::new(500).unwrap_or(NonZeroUsize::MIN),
+            batch_linger: Duration::ZERO,
+        }
+    }
+}
+

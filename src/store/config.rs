@@ -1,0 +1,68 @@
+//! The `[store]` section: which backend, where, how durable, and how long keys live.
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Store backend.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreBackend {
+    /// sled 0.34: unmaintained; a SIGKILL test left a sled store that would not open
+    /// again (docs/decisions.md). Kept for existing stores.
+    Sled,
+    /// fjall 3 (LSM tree), the default: passes every crash test.
+    #[default]
+    Fjall,
+}
+
+/// When the store's writes reach the disk.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncMode {
+    /// One fsync covers the claims (and then the completions) of a batch. Safe.
+    #[default]
+    Batch,
+    /// Leave it to the OS. UNSAFE: a power loss can forget claims whose sink already ran.
+    None,
+}
+
+/// Store settings.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `sled` or `fjall`.
+    pub backend: StoreBackend,
+    /// Directory of the store.
+    pub path: PathBuf,
+    /// `batch` (default) or `none` (unsafe).
+    pub sync: SyncMode,
+    /// TTL of a completed record when neither command nor route sets one.
+    #[serde(with = "humantime_serde")]
+    pub default_ttl: Duration,
+    /// Upper bound on any TTL.
+    #[serde(with = "humantime_serde")]
+    pub max_ttl: Duration,
+    /// How often expired records are removed.
+    #[serde(with = "humantime_serde")]
+    pub compaction_interval: Duration,
+    /// Most records removed per compaction chunk (one write batch).
+    pub compaction_chunk: NonZeroUsize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: StoreBackend::default(),
+            path: PathBuf::from("./dedupd-data"),
+            sync: SyncMode::Batch,
+            default_ttl: Duration::from_secs(24 * 3600),
+            max_ttl: Duration::from_secs(7 * 24 * 3600),
+            compaction_interval: Duration::from_secs(60),
+            compaction_chunk: NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN),
+        }
+    }
+}
+

@@ -1,0 +1,39 @@
+//! Time: where "now" comes from, and how instants are written. A leaf: imports nothing of
+//! ours. Durations in config are humantime strings ("24h", "500ms") read by
+//! `humantime_serde` in each section's own type.
+
+/// Where "now" comes from; tests move it by hand.
+pub trait Clock: Send + Sync {
+    /// Now, Unix ms.
+    fn now_ms(&self) -> i64;
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        chrono::Utc::now().timestamp_millis()
+    }
+}
+
+/// Unix ms as RFC 3339 with milliseconds, UTC. An instant chrono cannot represent (beyond
+/// year 262143) is written as the raw number rather than refused: it only ever labels output.
+pub fn rfc3339_ms(ms: i64) -> String {
+    match chrono::DateTime::from_timestamp_millis(ms) {
+        Some(t) => t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        None => ms.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_has_milliseconds_and_utc() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+    }
+}
