@@ -15,7 +15,7 @@ use crate::engine::RetryConfig;
 use crate::envelope::{EnvelopeConfig, LimitsConfig};
 use crate::log::LogConfig;
 use crate::ops::HttpConfig;
-use crate::pipeline::{KafkaConfig, PipelineConfig};
+use crate::pipeline::config::{KafkaConfig, PipelineConfig};
 use crate::routes::RouteConfig;
 use crate::sinks::SinkConfig;
 use crate::store::StoreConfig;

@@ -3,7 +3,7 @@
 //! stop taking records → drain workers (publish, store offsets) → commit → leave the group.
 
 mod circuits;
-mod config;
+pub mod config;
 mod consumer;
 mod metered;
 mod publish;
