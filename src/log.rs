@@ -29,7 +29,6 @@ impl Default for LogConfig {
     }
 }
 
-
 /// Sets up the global tracing subscriber on stderr. The filter is, first found:
 /// `DEDUPD_LOG`, then `RUST_LOG`, then `level` (the `log.level` key). A filter from the
 /// environment that does not parse is reported on stderr and `level` is used instead, so a

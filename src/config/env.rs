@@ -148,9 +148,8 @@ impl Provider for EnvOverrides {
         let mut root = Dict::new();
         for over in &self.overrides {
             let value = over.value().map_err(|e| figment::Error::from(e.to_string()))?;
-            insert_at(&mut root, &over.path, value).map_err(|seg| {
-                figment::Error::from(format!("{}: `{seg}` is not a table", over.var))
-            })?;
+            insert_at(&mut root, &over.path, value)
+                .map_err(|seg| figment::Error::from(format!("{}: `{seg}` is not a table", over.var)))?;
         }
         Ok(Profile::Default.collect(root))
     }

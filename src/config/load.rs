@@ -3,6 +3,8 @@
 
 use super::env::EnvOverrides;
 use super::*;
+use crate::pipeline::config::KafkaConfig;
+use crate::store::StoreConfig;
 
 impl Config {
     /// Reads `path`, applies `DEDUPD_*` overrides from `env`, and validates.
@@ -26,57 +28,8 @@ impl Config {
 
     /// Checks what serde cannot: references, ranges and patterns. Names the key on error.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let k = &self.kafka;
-        if k.bootstrap_servers.trim().is_empty() {
-            return Err(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
-        }
-        if k.group_id.trim().is_empty() {
-            return Err(invalid("kafka.group_id", "\"\"", "must not be empty"));
-        }
-        if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
-            return Err(invalid(
-                "kafka.input_topics",
-                format!("{:?}", k.input_topics),
-                "must list non-empty topic names",
-            ));
-        }
-        for (key, topic) in
-            [("kafka.results_topic", &k.results_topic), ("kafka.dead_letter_topic", &k.dead_letter_topic)]
-        {
-            if topic.trim().is_empty() {
-                return Err(invalid(key, "\"\"", "must not be empty"));
-            }
-            if k.input_topics.contains(topic) {
-                return Err(invalid(
-                    key,
-                    topic,
-                    "must not be one of kafka.input_topics (results would be consumed as commands)",
-                ));
-            }
-        }
-        for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
-            if k.consumer.contains_key(forbidden) {
-                return Err(invalid(
-                    &format!("kafka.consumer.\"{forbidden}\""),
-                    &k.consumer[forbidden],
-                    "is set by dedupd itself; use the dedicated key",
-                ));
-            }
-        }
-        let s = &self.store;
-        if s.default_ttl.is_zero() {
-            return Err(invalid("store.default_ttl", "0s", "must be positive"));
-        }
-        if s.max_ttl < s.default_ttl {
-            return Err(invalid(
-                "store.max_ttl",
-                humantime::format_duration(s.max_ttl),
-                "must be at least store.default_ttl",
-            ));
-        }
-        if s.compaction_interval.is_zero() {
-            return Err(invalid("store.compaction_interval", "0s", "must be positive"));
-        }
+        validate_kafka(&self.kafka)?;
+        validate_store(&self.store)?;
         if self.retry.max_backoff < self.retry.initial_backoff {
             return Err(invalid(
                 "retry.max_backoff",
@@ -87,34 +40,7 @@ impl Config {
         for (name, sink) in &self.sinks {
             sink.validate(&format!("sinks.{name}")).map_err(|(key, value, reason)| invalid(&key, value, reason))?;
         }
-        for (i, route) in self.routes.iter().enumerate() {
-            let at = format!("routes[{i}]");
-            if !self.sinks.contains_key(&route.sink) {
-                return Err(invalid(&format!("{at}.sink"), &route.sink, "names no sink in [sinks]"));
-            }
-            if route.types.is_empty() {
-                return Err(invalid(&format!("{at}.types"), "[]", "must list at least one type or glob"));
-            }
-            for t in &route.types {
-                if let Err(e) = globset::Glob::new(t) {
-                    return Err(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
-                }
-            }
-            if let Some(ttl) = route.ttl
-                && ttl.is_zero()
-            {
-                return Err(invalid(&format!("{at}.ttl"), "0s", "must be positive"));
-            }
-            for p in &route.fingerprint_exclude {
-                if !(p.is_empty() || p.starts_with('/')) {
-                    return Err(invalid(
-                        &format!("{at}.fingerprint_exclude"),
-                        p,
-                        "must be a JSON pointer starting with '/'",
-                    ));
-                }
-            }
-        }
+        validate_routes(&self.routes, &self.sinks)?;
         if let Some(token) = &self.http.admin_token
             && token.len() < 16
         {
@@ -125,4 +51,104 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `[kafka]` on its own: non-empty names, no loops from results to input, no property
+/// that dedupd sets itself, and no feature that is not there yet.
+fn validate_kafka(k: &KafkaConfig) -> Result<(), ConfigError> {
+    if k.bootstrap_servers.trim().is_empty() {
+        return Err(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
+    }
+    if k.group_id.trim().is_empty() {
+        return Err(invalid("kafka.group_id", "\"\"", "must not be empty"));
+    }
+    if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
+        return Err(invalid(
+            "kafka.input_topics",
+            format!("[{}]", k.input_topics.join(", ")),
+            "must list non-empty topic names",
+        ));
+    }
+    for (key, topic) in [("kafka.results_topic", &k.results_topic), ("kafka.dead_letter_topic", &k.dead_letter_topic)] {
+        if topic.trim().is_empty() {
+            return Err(invalid(key, "\"\"", "must not be empty"));
+        }
+        if k.input_topics.contains(topic) {
+            return Err(invalid(
+                key,
+                topic,
+                "must not be one of kafka.input_topics (results would be consumed as commands)",
+            ));
+        }
+    }
+    for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
+        if k.consumer.contains_key(forbidden) {
+            return Err(invalid(
+                &format!("kafka.consumer.\"{forbidden}\""),
+                &k.consumer[forbidden],
+                "is set by dedupd itself; use the dedicated key",
+            ));
+        }
+    }
+    if k.transactional_results {
+        return Err(invalid(
+            "kafka.transactional_results",
+            "true",
+            "transactional publishing is not implemented yet; results are published idempotently \
+         and offsets committed after their acknowledgement (leave it false)",
+        ));
+    }
+    Ok(())
+}
+
+/// `[store]` on its own: positive TTLs and intervals, the cap above the default.
+fn validate_store(s: &StoreConfig) -> Result<(), ConfigError> {
+    if s.default_ttl.is_zero() {
+        return Err(invalid("store.default_ttl", "0s", "must be positive"));
+    }
+    if s.max_ttl < s.default_ttl {
+        return Err(invalid(
+            "store.max_ttl",
+            humantime::format_duration(s.max_ttl),
+            "must be at least store.default_ttl",
+        ));
+    }
+    if s.compaction_interval.is_zero() {
+        return Err(invalid("store.compaction_interval", "0s", "must be positive"));
+    }
+    Ok(())
+}
+
+/// `[[routes]]`: each names a sink of `[sinks]`, has valid globs, a positive TTL and JSON
+/// pointers for its exclusions.
+fn validate_routes(routes: &[RouteConfig], sinks: &BTreeMap<String, SinkConfig>) -> Result<(), ConfigError> {
+    for (i, route) in routes.iter().enumerate() {
+        let at = format!("routes[{i}]");
+        if !sinks.contains_key(&route.sink) {
+            return Err(invalid(&format!("{at}.sink"), &route.sink, "names no sink in [sinks]"));
+        }
+        if route.types.is_empty() {
+            return Err(invalid(&format!("{at}.types"), "[]", "must list at least one type or glob"));
+        }
+        for t in &route.types {
+            if let Err(e) = globset::Glob::new(t) {
+                return Err(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
+            }
+        }
+        if let Some(ttl) = route.ttl
+            && ttl.is_zero()
+        {
+            return Err(invalid(&format!("{at}.ttl"), "0s", "must be positive"));
+        }
+        for p in &route.fingerprint_exclude {
+            if !(p.is_empty() || p.starts_with('/')) {
+                return Err(invalid(
+                    &format!("{at}.fingerprint_exclude"),
+                    p,
+                    "must be a JSON pointer starting with '/'",
+                ));
+            }
+        }
+    }
+    Ok(())
 }

@@ -92,6 +92,13 @@ mod unit {
     }
 
     #[test]
+    fn transactional_results_is_refused_until_it_exists() {
+        let err = Config::from_toml_str("[kafka]\ntransactional_results = true\n", no_env()).unwrap_err();
+        assert!(err.to_string().contains("kafka.transactional_results"), "{err}");
+        assert!(Config::from_toml_str("[kafka]\ntransactional_results = false\n", no_env()).is_ok());
+    }
+
+    #[test]
     fn unknown_key_is_refused() {
         let err = Config::from_toml_str("[store]\nbakend = \"sled\"\n", no_env()).unwrap_err();
         assert!(err.to_string().contains("bakend"), "{err}");

@@ -21,7 +21,8 @@ pub struct KafkaConfig {
     pub results_topic: String,
     /// Topic receiving invalid and stale input, unchanged, with reason headers.
     pub dead_letter_topic: String,
-    /// Publish results and commit offsets in one Kafka transaction.
+    /// Reserved for publishing results and committing offsets in one Kafka transaction;
+    /// `true` is refused at validation until that exists.
     pub transactional_results: bool,
     /// Extra librdkafka consumer properties, passed through verbatim.
     pub consumer: BTreeMap<String, String>,
