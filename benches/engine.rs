@@ -15,7 +15,6 @@ use dedupd::routes::RouteConfig;
 use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult, SystemClock};
 use dedupd::envelope::{InputRecord, parse};
-use dedupd::routes::Router;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{KeyStore, SourcePos};

@@ -21,6 +21,14 @@
 //! - [`ops`]: the HTTP listener (metrics, health, admin) and the metrics catalogue.
 //! - [`engine`]: a batch of commands through decide, claim, flush, sinks, complete, flush.
 
+// Lint policy. No unsafe code of our own: the store, Kafka and TLS crates carry theirs.
+// Nothing that comes from outside may panic the process: `unwrap`/`expect` are refused
+// outside tests (a test's panic is its failure report). Everything clippy warns about is
+// an error in CI (`cargo clippy --all-targets -- -D warnings`, scripts/test).
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![warn(rust_2018_idioms)]
+
 pub mod cli;
 pub mod config;
 pub mod decide;

@@ -1,5 +1,8 @@
 //! The `dedupd` binary: parse the command line and hand over to `dedupd::cli`.
 
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::process::ExitCode;
 
 use clap::Parser;
