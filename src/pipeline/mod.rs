@@ -4,7 +4,9 @@
 
 mod circuits;
 mod consumer;
+mod control;
 mod metered;
+mod partitions;
 mod publish;
 mod purge;
 mod worker;
