@@ -13,11 +13,10 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 
-use rdkafka::consumer::BaseConsumer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::PipelineContext;
+use super::control::{PartitionControl, Tp};
 use crate::engine::Engine;
 use crate::engine::Item;
 use crate::ops::Metrics;
@@ -67,8 +66,8 @@ pub(super) fn sinks_of(engine: &Engine, items: &[Item]) -> Vec<Arc<dyn Sink>> {
 /// any of `sinks` has its circuit open, and resuming it when they are all closed again or
 /// the batch ends.
 pub(super) async fn pausing_while_open<T>(
-    consumer: &BaseConsumer<PipelineContext>,
-    tp: (String, i32),
+    control: &dyn PartitionControl,
+    tp: Tp,
     sinks: &[Arc<dyn Sink>],
     batch: impl Future<Output = T>,
 ) -> T {
@@ -76,7 +75,6 @@ pub(super) async fn pausing_while_open<T>(
     if circuits.is_empty() {
         return batch.await;
     }
-    let ctx = rdkafka::consumer::Consumer::context(consumer);
     let mut changes: Vec<_> = circuits.iter().map(|c| c.subscribe()).collect();
     let mut batch = pin!(batch);
     let mut paused = false;
@@ -85,9 +83,9 @@ pub(super) async fn pausing_while_open<T>(
         if open.is_empty() == paused {
             paused = !open.is_empty();
             if paused {
-                ctx.pause_for_circuit(consumer, &tp, &open);
+                control.pause_for_circuit(&tp, &open);
             } else {
-                ctx.resume_after_circuit(consumer, &tp);
+                control.resume_after_circuit(&tp);
             }
         }
         // The senders live in the circuits, which `sinks` keeps alive: `changed` cannot fail.
@@ -98,7 +96,7 @@ pub(super) async fn pausing_while_open<T>(
         }
     };
     if paused {
-        ctx.resume_after_circuit(consumer, &tp);
+        control.resume_after_circuit(&tp);
     }
     out
 }

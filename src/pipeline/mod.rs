@@ -1,11 +1,34 @@
 //! `dedupd run`: wires the store, sinks and engine to Kafka, serves HTTP, purges expired
 //! keys, and shuts down in order when `shutdown` resolves or a fatal error fires:
 //! stop taking records → drain workers (publish, store offsets) → commit → leave the group.
+//!
+//! Map (imports run down it, never up):
+//! - this file: [`run`], built in named steps (core, background tasks, consumer, shutdown).
+//! - `consumer`: the `BaseConsumer` on a thread of its own; rebalance callbacks drain,
+//!   commit and only then let partitions go; refuses a partition whose committed offset is
+//!   beyond the store's watermark. Offsets are stored only after results are acknowledged.
+//! - `partitions`: every partition's state behind one lock (assigned, refused, paused for a
+//!   circuit, held for a full queue, its worker) and the one rule for whether it is fetched.
+//!   Backpressure pauses one partition; the poll thread never blocks.
+//! - `worker`: one partition's batches through the engine, results to the producer, the
+//!   offset stored once they and every earlier batch's are acknowledged.
+//! - `circuits`: pauses a partition while its batch waits for an open sink circuit; the
+//!   circuit gauges.
+//! - `control`: `PartitionControl`, all that workers and circuits may ask of the consumer
+//!   (circuit pause and resume, store an offset), so they never import it.
+//! - `publish`: the idempotent producer of results and dead letters.
+//! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
+//!   gauges.
+//!
+//! Among them: `consumer` uses `partitions`, `worker` and `control`; `worker` uses
+//! `circuits`, `publish` and `control`; `partitions` and `circuits` use only `control`.
 
 mod circuits;
 pub mod config;
 mod consumer;
+mod control;
 mod metered;
+mod partitions;
 mod publish;
 mod purge;
 mod worker;
@@ -14,16 +37,18 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-pub use config::{KafkaConfig, PipelineConfig};
 use crate::engine::{Clock, Engine, EngineError, EngineParts, SystemClock};
 use crate::ops::{Health, Metrics};
 use crate::sinks::{self, Sink};
 use crate::store::{KeyStore, StoreError};
 
+pub use config::{KafkaConfig, PipelineConfig};
 pub use consumer::consumer_config;
 pub use publish::{Publisher, producer_config};
 
@@ -79,104 +104,170 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_start: impl FnOnce(&Running) + Send,
 ) -> Result<(), PipelineError> {
-    let store = Arc::new(KeyStore::open(config.store.backend, &config.store.path, config.store.sync)?);
-    let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
-    let health = Arc::new(Health::default());
-    let router = Arc::new(config.router()?);
-    {
-        let routes: Vec<&str> = router.routes().iter().map(|r| r.name.as_str()).collect();
-        let sinks: Vec<&str> = config.sinks.keys().map(String::as_str).collect();
-        metrics.init_known(&routes, &sinks);
-    }
-    let built: HashMap<String, Arc<dyn Sink>> = sinks::build_all(&config.sinks)?
-        .into_iter()
-        .map(|(name, sink)| (name, metered::MeteredSink::wrap(sink, Arc::clone(&metrics))))
-        .collect();
-    let sinks_by_name = built.clone();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let engine = Arc::new(Engine::new(EngineParts {
-        store: Arc::clone(&store),
-        router,
-        sinks: built,
-        max_in_flight: config.pipeline.max_in_flight.get(),
-        retry: config.retry.clone(),
-        stale_guard: config.envelope.stale_guard,
-        clock: Arc::clone(&clock),
-    })?);
-    let publisher = Arc::new(Publisher::new(&config.kafka)?);
-
+    let (core, sinks) = Core::build(&config)?;
+    // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
     let stop = CancellationToken::new();
-    let circuit_gauges = circuits::spawn_gauges(&sinks_by_name, &metrics, &stop);
-    drop(sinks_by_name);
     let fatal = CancellationToken::new();
-    let admin = config.http.admin_token.clone().map(|token| crate::ops::AdminApi {
-        store: Arc::clone(&store),
-        token,
-        resolve_ttl: config.store.default_ttl,
-        compaction_chunk: config.store.compaction_chunk.get(),
+    let background = Background::start(&config, &core, sinks, &stop).await?;
+    let consumer_stop = CancellationToken::new();
+    let consumer_thread = start_consumer(&config, &core, &options, &fatal, &consumer_stop)?;
+    on_start(&Running {
+        http_addr: background.http_addr,
+        metrics: Arc::clone(&core.metrics),
+        store: Arc::clone(&core.store),
+        health: Arc::clone(&core.health),
     });
-    let (http_addr, http) =
-        crate::ops::serve_with_admin(config.http.listen, Arc::clone(&metrics), Arc::clone(&health), admin, {
-            let stop = stop.clone();
-            async move { stop.cancelled().await }
-        })
-        .await
-        .map_err(|e| PipelineError::Ops(e.to_string()))?;
-    let http_task = tokio::spawn(http);
-    let purge_task = tokio::spawn(purge::run(
-        Arc::clone(&store),
-        Arc::clone(&metrics),
-        Arc::clone(&engine),
-        clock,
-        config.store.compaction_interval,
-        config.store.compaction_chunk.get(),
-        stop.clone(),
-    ));
+    tracing::info!(http_addr = %background.http_addr, backend = core.store.backend_name(), "dedupd running");
 
+    tokio::select! {
+        () = shutdown => tracing::info!("shutdown requested: draining"),
+        () = fatal.cancelled() => tracing::error!("fatal error: draining and stopping"),
+    }
+    // In order: stop taking records and drain the workers (the consumer thread commits),
+    // flush the producer, then stop the rest, and make the store durable last.
+    consumer_stop.cancel();
+    // The consumer thread blocks on the runtime while draining: wait for it off the runtime.
+    let _ = tokio::task::spawn_blocking(move || consumer_thread.join()).await;
+    if let Err(e) = core.publisher.flush(Duration::from_secs(10)) {
+        tracing::warn!(error = %e, "producer flush at shutdown");
+    }
+    stop.cancel();
+    background.join().await;
+    core.store.flush_always()?;
+    if fatal.is_cancelled() {
+        return Err(PipelineError::Fatal);
+    }
+    tracing::info!("dedupd stopped cleanly");
+    Ok(())
+}
+
+/// The configured sinks, metered, by name.
+type SinksByName = HashMap<String, Arc<dyn Sink>>;
+
+/// The store, the engine and what they report to, built from the config.
+struct Core {
+    store: Arc<KeyStore>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    engine: Arc<Engine>,
+    publisher: Arc<Publisher>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Core {
+    /// Opens the store and builds the metered sinks, the engine and the producer. Returns
+    /// the sinks by name too, for the circuit gauges.
+    fn build(config: &Config) -> Result<(Core, SinksByName), PipelineError> {
+        let store = Arc::new(KeyStore::open(config.store.backend, &config.store.path, config.store.sync)?);
+        let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
+        let router = Arc::new(config.router()?);
+        {
+            let routes: Vec<&str> = router.routes().iter().map(|r| r.name.as_str()).collect();
+            let sinks: Vec<&str> = config.sinks.keys().map(String::as_str).collect();
+            metrics.init_known(&routes, &sinks);
+        }
+        let metered_sinks: SinksByName = sinks::build_all(&config.sinks)?
+            .into_iter()
+            .map(|(name, sink)| (name, metered::MeteredSink::wrap(sink, Arc::clone(&metrics))))
+            .collect();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let engine = Arc::new(Engine::new(EngineParts {
+            store: Arc::clone(&store),
+            router,
+            sinks: metered_sinks.clone(),
+            max_in_flight: config.pipeline.max_in_flight.get(),
+            retry: config.retry.clone(),
+            stale_guard: config.envelope.stale_guard,
+            clock: Arc::clone(&clock),
+        })?);
+        let publisher = Arc::new(Publisher::new(&config.kafka)?);
+        let health = Arc::new(Health::default());
+        Ok((Core { store, metrics, health, engine, publisher, clock }, metered_sinks))
+    }
+}
+
+/// What serves beside the consumer until `stop`: HTTP, purge and the circuit gauges.
+struct Background {
+    http_addr: SocketAddr,
+    http: JoinHandle<()>,
+    purge: JoinHandle<()>,
+    circuit_gauges: Vec<JoinHandle<()>>,
+}
+
+impl Background {
+    async fn start(
+        config: &Config,
+        core: &Core,
+        sinks: SinksByName,
+        stop: &CancellationToken,
+    ) -> Result<Background, PipelineError> {
+        let circuit_gauges = circuits::spawn_gauges(&sinks, &core.metrics, stop);
+        // From here on the engine alone keeps the sinks.
+        drop(sinks);
+        let admin = config.http.admin_token.clone().map(|token| crate::ops::AdminApi {
+            store: Arc::clone(&core.store),
+            token,
+            resolve_ttl: config.store.default_ttl,
+            compaction_chunk: config.store.compaction_chunk.get(),
+        });
+        let metrics = Arc::clone(&core.metrics);
+        let stopped = stop.clone().cancelled_owned();
+        let (http_addr, http) =
+            crate::ops::serve_with_admin(config.http.listen, metrics, Arc::clone(&core.health), admin, stopped)
+                .await
+                .map_err(|e| PipelineError::Ops(e.to_string()))?;
+        // The listener's own errors end it; `run` goes on draining regardless.
+        let http = tokio::spawn(async move {
+            let _ = http.await;
+        });
+        let purge = tokio::spawn(purge::run(
+            Arc::clone(&core.store),
+            Arc::clone(&core.metrics),
+            Arc::clone(&core.engine),
+            Arc::clone(&core.clock),
+            config.store.compaction_interval,
+            config.store.compaction_chunk.get(),
+            stop.clone(),
+        ));
+        Ok(Background { http_addr, http, purge, circuit_gauges })
+    }
+
+    /// Waits for every task once `stop` is cancelled.
+    async fn join(self) {
+        let _ = self.purge.await;
+        let _ = self.http.await;
+        for gauge in self.circuit_gauges {
+            let _ = gauge.await;
+        }
+    }
+}
+
+/// Starts the consumer thread, whose workers fire `fatal` on a store or engine failure.
+fn start_consumer(
+    config: &Config,
+    core: &Core,
+    options: &RunOptions,
+    fatal: &CancellationToken,
+    stop: &CancellationToken,
+) -> Result<std::thread::JoinHandle<()>, PipelineError> {
     let shared = Arc::new(worker::WorkerShared {
-        engine: Arc::clone(&engine),
-        publisher: Arc::clone(&publisher),
-        metrics: Arc::clone(&metrics),
+        engine: Arc::clone(&core.engine),
+        publisher: Arc::clone(&core.publisher),
+        metrics: Arc::clone(&core.metrics),
         envelope: config.envelope.clone(),
         limits: config.limits.clone(),
         batch_size: config.pipeline.batch_size.get(),
         batch_linger: config.pipeline.batch_linger,
         fatal: fatal.clone(),
     });
-    let consumer_stop = CancellationToken::new();
-    let consumer_thread = consumer::spawn(consumer::ConsumerParts {
+    Ok(consumer::spawn(consumer::ConsumerParts {
         kafka: config.kafka.clone(),
         shared,
-        health: Arc::clone(&health),
+        health: Arc::clone(&core.health),
         accept_empty_store: options.accept_empty_store,
-        stop: consumer_stop.clone(),
+        stop: stop.clone(),
         // Room for the batch at the engine and those behind it: a full queue pauses the
         // partition, and a paused partition's prefetched records are fetched again.
         queue_per_partition: config.pipeline.batch_size.get() * 4,
-    })?;
-    on_start(&Running { http_addr, metrics: Arc::clone(&metrics), store: Arc::clone(&store), health });
-    tracing::info!(%http_addr, backend = store.backend_name(), "dedupd running");
-
-    tokio::select! {
-        () = shutdown => tracing::info!("shutdown requested: draining"),
-        () = fatal.cancelled() => tracing::error!("fatal error: draining and stopping"),
-    }
-    consumer_stop.cancel();
-    // The consumer thread blocks on the runtime while draining: wait for it off the runtime.
-    let _ = tokio::task::spawn_blocking(move || consumer_thread.join()).await;
-    if let Err(e) = publisher.flush(std::time::Duration::from_secs(10)) {
-        tracing::warn!(error = %e, "producer flush at shutdown");
-    }
-    stop.cancel();
-    let _ = purge_task.await;
-    let _ = http_task.await;
-    for gauge in circuit_gauges {
-        let _ = gauge.await;
-    }
-    store.flush_always()?;
-    if fatal.is_cancelled() {
-        return Err(PipelineError::Fatal);
-    }
-    tracing::info!("dedupd stopped cleanly");
-    Ok(())
+    })?)
 }

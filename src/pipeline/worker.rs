@@ -7,12 +7,11 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::PipelineContext;
+use super::control::PartitionControl;
 use super::publish::{Acks, Publisher};
 use crate::envelope::{EnvelopeConfig, LimitsConfig};
 use crate::engine::{Clock, Engine, Item, ItemResult, SystemClock};
@@ -59,7 +58,8 @@ pub(crate) struct PartitionWorker {
     pub rx: mpsc::Receiver<OwnedMessage>,
     pub cancel: CancellationToken,
     pub shared: Arc<WorkerShared>,
-    pub consumer: Arc<BaseConsumer<PipelineContext>>,
+    /// The consumer, for circuit pauses and storing offsets.
+    pub control: Arc<dyn PartitionControl>,
 }
 
 /// A batch whose results are with the producer: its offset is stored once they are
@@ -172,7 +172,7 @@ impl PartitionWorker {
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
         let run = self.shared.engine.process_batch_reporting_flush(&items, &self.cancel);
         let tp = (self.topic.clone(), self.partition);
-        let (results, flushed) = match super::circuits::pausing_while_open(&self.consumer, tp, &sinks, run).await {
+        let (results, flushed) = match super::circuits::pausing_while_open(&*self.control, tp, &sinks, run).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");
@@ -227,7 +227,7 @@ impl PartitionWorker {
             }
         }
         let Some((m, _)) = u.records.last() else { return true };
-        if let Err(e) = self.consumer.store_offset(m.topic(), m.partition(), m.offset()) {
+        if let Err(e) = self.control.store_offset(m.topic(), m.partition(), m.offset()) {
             tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "could not store offset (partition revoked?)");
         }
         for (m, p) in &u.records {

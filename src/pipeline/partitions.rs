@@ -1,0 +1,477 @@
+//! The consumer's partitions in one table behind one lock: which are assigned, which are
+//! refused (committed offset beyond the store's watermark), which are paused because their
+//! batch waits for an open circuit, which hold records their full worker queue could not
+//! take, and each one's worker. One rule, [`State::may_run`], says whether a partition
+//! may be fetched; every pause and resume is decided by it and applied to Kafka under the
+//! same lock, so a worker resuming after a circuit cannot race the poll thread pausing for
+//! a full queue.
+//!
+//! The poll thread never blocks on a partition: a record whose worker queue is full is held
+//! here, in offset order, and its partition paused until the queue has room again.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Display;
+use std::slice;
+
+use parking_lot::Mutex;
+use rdkafka::message::OwnedMessage;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::control::Tp;
+
+/// Switches the fetching of partitions off and on: the consumer, or a fake in tests.
+pub(super) trait Fetching {
+    /// Why a switch failed.
+    type Error: Display;
+    /// Stops fetching `tps`.
+    fn pause(&self, tps: &[Tp]) -> Result<(), Self::Error>;
+    /// Fetches `tps` again.
+    fn resume(&self, tps: &[Tp]) -> Result<(), Self::Error>;
+}
+
+/// A running partition worker, as the consumer keeps it.
+pub(super) struct WorkerHandle {
+    /// The worker's queue of records.
+    pub tx: mpsc::Sender<OwnedMessage>,
+    /// Stops the worker from starting sink calls.
+    pub cancel: CancellationToken,
+    /// Resolves once the worker settled what it sent.
+    pub join: JoinHandle<()>,
+}
+
+/// Why a partition may not be fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stopped {
+    /// Not (or no longer) assigned to this consumer.
+    NotAssigned,
+    /// Its committed offset is beyond the store's watermark.
+    Refused,
+    /// Its in-flight batch waits for a sink whose circuit is open.
+    PausedForCircuit,
+    /// It holds records its full worker queue could not take.
+    HeldForFullQueue,
+}
+
+/// What became of a record handed to [`PartitionTable::dispatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dispatched {
+    /// In its worker's queue.
+    Queued,
+    /// Held behind a full queue; the partition is paused.
+    Held,
+    /// Its partition is not assigned or is refused: dropped, nothing is stored, so it comes
+    /// again to whoever runs the partition.
+    NotOurs,
+    /// Its worker stopped (fatal error): dropped, nothing is stored.
+    WorkerGone,
+}
+
+/// One assigned partition.
+#[derive(Default)]
+struct Partition {
+    refused: bool,
+    paused_for_circuit: bool,
+    worker: Option<WorkerHandle>,
+}
+
+/// Everything behind the table's lock.
+#[derive(Default)]
+struct State {
+    assigned: HashMap<Tp, Partition>,
+    /// Records polled for a partition whose worker queue was full, in offset order; a key
+    /// is present only while it has records (so the poll loop's check is one `is_empty`).
+    held: HashMap<Tp, VecDeque<OwnedMessage>>,
+}
+
+impl State {
+    /// The one rule for whether `tp` may be fetched, or what stops it.
+    fn may_run(&self, tp: &Tp) -> Result<(), Stopped> {
+        let Some(p) = self.assigned.get(tp) else { return Err(Stopped::NotAssigned) };
+        if p.refused {
+            Err(Stopped::Refused)
+        } else if p.paused_for_circuit {
+            Err(Stopped::PausedForCircuit)
+        } else if self.held.contains_key(tp) {
+            Err(Stopped::HeldForFullQueue)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The consumer's partitions; see the module docs.
+#[derive(Default)]
+pub(super) struct PartitionTable {
+    state: Mutex<State>,
+}
+
+impl PartitionTable {
+    /// Whether `tp` may be fetched, or what stops it.
+    #[cfg(test)]
+    pub(super) fn may_run(&self, tp: &Tp) -> Result<(), Stopped> {
+        self.state.lock().may_run(tp)
+    }
+
+    /// The assigned partitions.
+    pub(super) fn assigned(&self) -> HashSet<Tp> {
+        self.state.lock().assigned.keys().cloned().collect()
+    }
+
+    /// How many assigned partitions are refused.
+    pub(super) fn refused_count(&self) -> usize {
+        self.state.lock().assigned.values().filter(|p| p.refused).count()
+    }
+
+    /// Takes `parts` on and fetches those that may run: this undoes a backpressure pause
+    /// left from before a revoke, which librdkafka keeps across assignments.
+    pub(super) fn assign<F: Fetching>(&self, fetch: &F, parts: &[Tp]) {
+        let mut state = self.state.lock();
+        for tp in parts {
+            state.assigned.entry(tp.clone()).or_default();
+        }
+        let resume: Vec<Tp> = parts.iter().filter(|tp| state.may_run(tp).is_ok()).cloned().collect();
+        if !resume.is_empty()
+            && let Err(e) = fetch.resume(&resume)
+        {
+            tracing::warn!(error = %e, "could not resume assigned partitions");
+        }
+    }
+
+    /// Refuses `tp` (the store was lost or replaced) and stops fetching it.
+    pub(super) fn refuse<F: Fetching>(&self, fetch: &F, tp: &Tp) {
+        let mut state = self.state.lock();
+        if let Err(e) = fetch.pause(slice::from_ref(tp)) {
+            tracing::error!(error = %e, topic = %tp.0, partition = tp.1, "could not pause refused partition");
+        }
+        if let Some(p) = state.assigned.get_mut(tp) {
+            p.refused = true;
+        }
+    }
+
+    /// First step of a revoke: drops what `parts` hold and their circuit pauses, without
+    /// resuming them (they are going), so nothing is released to a worker that is draining.
+    pub(super) fn drop_held_and_pauses(&self, parts: &[Tp]) {
+        let mut state = self.state.lock();
+        for tp in parts {
+            state.held.remove(tp);
+            if let Some(p) = state.assigned.get_mut(tp) {
+                p.paused_for_circuit = false;
+            }
+        }
+    }
+
+    /// Takes the workers of `parts` out of the table, to be stopped outside its lock (a
+    /// draining worker may still ask for a circuit pause).
+    pub(super) fn take_workers(&self, parts: &[Tp]) -> Vec<(Tp, WorkerHandle)> {
+        let mut state = self.state.lock();
+        parts
+            .iter()
+            .filter_map(|tp| state.assigned.get_mut(tp).and_then(|p| p.worker.take()).map(|w| (tp.clone(), w)))
+            .collect()
+    }
+
+    /// Takes every worker out of the table (shutdown).
+    pub(super) fn take_all_workers(&self) -> Vec<(Tp, WorkerHandle)> {
+        let mut state = self.state.lock();
+        state.assigned.iter_mut().filter_map(|(tp, p)| p.worker.take().map(|w| (tp.clone(), w))).collect()
+    }
+
+    /// Last step of a revoke: forgets `parts`. Returns how many partitions stay refused.
+    pub(super) fn forget(&self, parts: &[Tp]) -> usize {
+        let mut state = self.state.lock();
+        for tp in parts {
+            state.assigned.remove(tp);
+            state.held.remove(tp);
+        }
+        state.assigned.values().filter(|p| p.refused).count()
+    }
+
+    /// Hands `msg`, a record of `tp`, to the partition's worker (started by `start_worker` if
+    /// it has none yet) without blocking: behind records already held for the partition,
+    /// else into the queue, else (queue full) held, and the partition paused.
+    pub(super) fn dispatch<F: Fetching>(
+        &self,
+        fetch: &F,
+        tp: &Tp,
+        msg: OwnedMessage,
+        start_worker: impl FnOnce(&Tp) -> WorkerHandle,
+    ) -> Dispatched {
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        let Some(p) = state.assigned.get_mut(tp).filter(|p| !p.refused) else { return Dispatched::NotOurs };
+        if let Some(q) = state.held.get_mut(tp) {
+            q.push_back(msg);
+            return Dispatched::Held;
+        }
+        let worker = p.worker.get_or_insert_with(|| start_worker(tp));
+        match worker.tx.try_send(msg) {
+            Ok(()) => Dispatched::Queued,
+            Err(TrySendError::Full(m)) => {
+                if let Err(e) = fetch.pause(slice::from_ref(tp)) {
+                    tracing::warn!(error = %e, topic = %tp.0, partition = tp.1, "could not pause a partition for backpressure");
+                }
+                state.held.insert(tp.clone(), VecDeque::from([m]));
+                Dispatched::Held
+            }
+            Err(TrySendError::Closed(_)) => Dispatched::WorkerGone,
+        }
+    }
+
+    /// Moves held records into queues with room, and fetches again the partitions left
+    /// with none that may run. Returns whether any records are still held.
+    pub(super) fn release_held<F: Fetching>(&self, fetch: &F) -> bool {
+        let mut state = self.state.lock();
+        if state.held.is_empty() {
+            return false;
+        }
+        let state = &mut *state;
+        let mut emptied = Vec::new();
+        state.held.retain(|tp, q| {
+            // No worker: revoked or stopped; the records are dropped and come again.
+            let Some(tx) = state.assigned.get(tp).and_then(|p| p.worker.as_ref()).map(|w| &w.tx) else {
+                return false;
+            };
+            while let Some(m) = q.pop_front() {
+                match tx.try_send(m) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(m)) => {
+                        q.push_front(m);
+                        return true;
+                    }
+                    Err(TrySendError::Closed(_)) => return false,
+                }
+            }
+            emptied.push(tp.clone());
+            false
+        });
+        let resume: Vec<Tp> = emptied.into_iter().filter(|tp| state.may_run(tp).is_ok()).collect();
+        if !resume.is_empty()
+            && let Err(e) = fetch.resume(&resume)
+        {
+            tracing::warn!(error = %e, "could not resume partitions after backpressure");
+        }
+        !state.held.is_empty()
+    }
+
+    /// Stops fetching `tp` because its batch waits for the open circuits of `sinks`.
+    pub(super) fn pause_for_circuit<F: Fetching>(&self, fetch: &F, tp: &Tp, sinks: &[&str]) {
+        let mut state = self.state.lock();
+        let Some(p) = state.assigned.get_mut(tp) else { return };
+        if p.paused_for_circuit {
+            return;
+        }
+        p.paused_for_circuit = true;
+        match fetch.pause(slice::from_ref(tp)) {
+            Ok(()) => {
+                tracing::info!(topic = %tp.0, partition = tp.1, sinks = ?sinks, "partition paused: its batch waits for a sink whose circuit is open")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, topic = %tp.0, partition = tp.1, "could not pause a partition for an open circuit")
+            }
+        }
+    }
+
+    /// Undoes [`PartitionTable::pause_for_circuit`]; the partition is fetched again only if
+    /// nothing else stops it (held records are resumed by `release_held`).
+    pub(super) fn resume_after_circuit<F: Fetching>(&self, fetch: &F, tp: &Tp) {
+        let mut state = self.state.lock();
+        let Some(p) = state.assigned.get_mut(tp) else { return };
+        if !p.paused_for_circuit {
+            return;
+        }
+        p.paused_for_circuit = false;
+        if state.may_run(tp).is_err() {
+            return;
+        }
+        match fetch.resume(slice::from_ref(tp)) {
+            Ok(()) => {
+                tracing::info!(topic = %tp.0, partition = tp.1, "partition resumed: its sinks' circuits are closed or its batch ended")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, topic = %tp.0, partition = tp.1, "could not resume a partition after an open circuit")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use rdkafka::Timestamp;
+    use rdkafka::message::Message;
+
+    use super::*;
+
+    /// Which partitions Kafka would fetch, as pause and resume left them.
+    #[derive(Default)]
+    struct FakeConsumer {
+        paused: Mutex<HashSet<Tp>>,
+    }
+
+    impl FakeConsumer {
+        fn is_paused(&self, tp: &Tp) -> bool {
+            self.paused.lock().contains(tp)
+        }
+    }
+
+    impl Fetching for FakeConsumer {
+        type Error = Infallible;
+        fn pause(&self, tps: &[Tp]) -> Result<(), Infallible> {
+            self.paused.lock().extend(tps.iter().cloned());
+            Ok(())
+        }
+        fn resume(&self, tps: &[Tp]) -> Result<(), Infallible> {
+            let mut paused = self.paused.lock();
+            for tp in tps {
+                paused.remove(tp);
+            }
+            Ok(())
+        }
+    }
+
+    fn tp(partition: i32) -> Tp {
+        ("in".to_string(), partition)
+    }
+
+    fn record(tp: &Tp, offset: i64) -> OwnedMessage {
+        OwnedMessage::new(None, None, tp.0.clone(), Timestamp::NotAvailable, tp.1, offset, None)
+    }
+
+    /// A worker whose queue takes `room` records; the test plays the worker through `rx`.
+    fn worker(room: usize) -> (WorkerHandle, mpsc::Receiver<OwnedMessage>) {
+        let (tx, rx) = mpsc::channel(room);
+        (WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }, rx)
+    }
+
+    /// Dispatches `offset` of `tp`, starting a worker with one record of room if needed.
+    fn dispatch(
+        table: &PartitionTable,
+        kafka: &FakeConsumer,
+        tp: &Tp,
+        offset: i64,
+        rx: &mut Option<mpsc::Receiver<OwnedMessage>>,
+    ) -> Dispatched {
+        table.dispatch(kafka, tp, record(tp, offset), |_| {
+            let (handle, r) = worker(1);
+            *rx = Some(r);
+            handle
+        })
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_holds_records_in_order_and_pauses_until_they_are_released() {
+        let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+        table.assign(&kafka, std::slice::from_ref(&a));
+        let mut rx = None;
+        assert_eq!(dispatch(&table, &kafka, &a, 0, &mut rx), Dispatched::Queued);
+        assert_eq!(dispatch(&table, &kafka, &a, 1, &mut rx), Dispatched::Held);
+        assert_eq!(dispatch(&table, &kafka, &a, 2, &mut rx), Dispatched::Held);
+        assert!(kafka.is_paused(&a));
+        assert_eq!(table.may_run(&a), Err(Stopped::HeldForFullQueue));
+        let mut rx = rx.expect("the first record started a worker");
+
+        assert!(table.release_held(&kafka), "the queue is still full");
+        let mut seen = vec![rx.recv().await.expect("queued").offset()];
+        assert!(table.release_held(&kafka), "room for one of two held records");
+        assert!(kafka.is_paused(&a));
+        seen.push(rx.recv().await.expect("released").offset());
+        assert!(!table.release_held(&kafka), "the last held record fits");
+        seen.push(rx.recv().await.expect("released").offset());
+        assert_eq!(seen, [0, 1, 2]);
+        assert!(!kafka.is_paused(&a));
+        assert_eq!(table.may_run(&a), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_partition_resumes_only_when_neither_circuit_nor_held_records_stop_it() {
+        let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+        table.assign(&kafka, std::slice::from_ref(&a));
+        let mut rx = None;
+        dispatch(&table, &kafka, &a, 0, &mut rx);
+        dispatch(&table, &kafka, &a, 1, &mut rx);
+        let mut rx = rx.expect("worker");
+        table.pause_for_circuit(&kafka, &a, &["http"]);
+        rx.recv().await.expect("queued");
+
+        // Released while the circuit is open: still paused.
+        assert!(!table.release_held(&kafka));
+        assert!(kafka.is_paused(&a));
+        assert_eq!(table.may_run(&a), Err(Stopped::PausedForCircuit));
+        table.resume_after_circuit(&kafka, &a);
+        assert!(!kafka.is_paused(&a));
+
+        // The circuit closes while records are held: resumed only once they are released.
+        rx.recv().await.expect("released");
+        dispatch(&table, &kafka, &a, 2, &mut None);
+        dispatch(&table, &kafka, &a, 3, &mut None);
+        table.pause_for_circuit(&kafka, &a, &["http"]);
+        table.resume_after_circuit(&kafka, &a);
+        assert!(kafka.is_paused(&a));
+        assert_eq!(table.may_run(&a), Err(Stopped::HeldForFullQueue));
+        rx.recv().await.expect("queued");
+        assert!(!table.release_held(&kafka));
+        assert!(!kafka.is_paused(&a));
+    }
+
+    #[tokio::test]
+    async fn a_refused_partition_takes_no_records_and_is_never_resumed() {
+        let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+        table.assign(&kafka, std::slice::from_ref(&a));
+        table.refuse(&kafka, &a);
+        assert_eq!(table.refused_count(), 1);
+        assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
+        table.pause_for_circuit(&kafka, &a, &["http"]);
+        table.resume_after_circuit(&kafka, &a);
+        assert!(kafka.is_paused(&a));
+        assert_eq!(table.may_run(&a), Err(Stopped::Refused));
+    }
+
+    #[tokio::test]
+    async fn an_unassigned_partition_takes_no_records_and_no_circuit_pause() {
+        let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+        assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
+        table.pause_for_circuit(&kafka, &a, &["http"]);
+        assert!(!kafka.is_paused(&a));
+        assert_eq!(table.may_run(&a), Err(Stopped::NotAssigned));
+    }
+
+    #[tokio::test]
+    async fn a_revoke_drops_held_records_takes_the_worker_and_forgets_the_partition() {
+        let (table, kafka) = (PartitionTable::default(), FakeConsumer::default());
+        let (a, b) = (tp(0), tp(1));
+        table.assign(&kafka, &[a.clone(), b.clone()]);
+        table.refuse(&kafka, &b);
+        let mut rx = None;
+        dispatch(&table, &kafka, &a, 0, &mut rx);
+        dispatch(&table, &kafka, &a, 1, &mut rx);
+        table.pause_for_circuit(&kafka, &a, &["http"]);
+
+        let revoked = std::slice::from_ref(&a);
+        table.drop_held_and_pauses(revoked);
+        assert_eq!(table.may_run(&a), Ok(()), "nothing stops it but the revoke itself");
+        assert!(kafka.is_paused(&a), "a revoked partition is not resumed");
+        let workers = table.take_workers(revoked);
+        assert_eq!(workers.len(), 1);
+        assert_eq!(workers[0].0, a);
+        assert!(!table.release_held(&kafka));
+        assert_eq!(table.forget(revoked), 1, "b stays refused");
+        assert_eq!(table.may_run(&a), Err(Stopped::NotAssigned));
+        assert_eq!(table.assigned(), HashSet::from([b]));
+        assert_eq!(dispatch(&table, &kafka, &a, 2, &mut None), Dispatched::NotOurs);
+    }
+
+    #[tokio::test]
+    async fn a_record_for_a_stopped_worker_is_dropped() {
+        let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+        table.assign(&kafka, std::slice::from_ref(&a));
+        let mut rx = None;
+        dispatch(&table, &kafka, &a, 0, &mut rx);
+        drop(rx);
+        assert_eq!(dispatch(&table, &kafka, &a, 1, &mut None), Dispatched::WorkerGone);
+        assert_eq!(table.take_all_workers().len(), 1);
+    }
+}
