@@ -2,6 +2,22 @@
 //! complete → one flush. No Kafka here: the pipeline feeds batches in and publishes what
 //! comes out; tests drive it directly.
 //!
+//! A batch, step by step, one file per step:
+//! - `batch`: the entry points and the round loop, which runs the steps below in order
+//!   and ends each round by releasing its keys and waiting for other batches' keys;
+//! - `queue`: queue by key (each key's records in arrival order, rejections done at once);
+//! - `start`: start the heads (decide each key's oldest record: done without a sink, to
+//!   claim, or wait for another batch);
+//! - `claim`: write the round's claims and make them durable in one flush;
+//! - `run`: run the sinks of the durable claims (with `retry`: backoff, circuits, limits);
+//! - `complete`: turn each run's end into its result and completion, and make the round's
+//!   completions durable in one flush;
+//! - `processed`: the result record of every outcome.
+//!
+//! Two rules hold throughout: no sink is called before its claim is durable (a sink request
+//! can only be built from a durable claim), and a round's completions are durable before
+//! its keys are released and its results returned for publishing.
+//!
 //! Ordering and waiting. Records of one key run one at a time in arrival order: a batch is
 //! worked in rounds, each round taking the oldest unfinished record of every key. A key
 //! being executed by another batch (another partition) makes its record *wait*; waits are
@@ -15,9 +31,14 @@
 //! [`ItemResult::Abandoned`]: the pipeline must not commit past them.
 
 mod batch;
+mod claim;
+mod complete;
+mod processed;
+mod queue;
 mod retry;
+mod run;
+mod start;
 pub use retry::RetryConfig;
-mod round;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,6 +73,16 @@ pub enum ItemResult {
     Done(Box<Processed>),
     /// Let go because of `cancel`: do not publish, do not commit past it.
     Abandoned,
+}
+
+/// What a batch came to.
+#[derive(Debug)]
+pub struct BatchReport {
+    /// One result per item, in the items' order.
+    pub results: Vec<ItemResult>,
+    /// Whether the engine flushed the store at least once: then every write made before
+    /// the batch started is durable too (e.g. a watermark).
+    pub flushed: bool,
 }
 
 /// An engine failure: the batch cannot go on.

@@ -59,9 +59,9 @@ impl Sink for Outage {
         // A call takes a little while, so that calls of the batch overlap.
         tokio::time::sleep(Duration::from_millis(5)).await;
         let up = self.up_at.lock().is_some_and(|t| Instant::now() >= t);
-        self.calls.lock().push((request.key.to_string(), request.attempt, up));
+        self.calls.lock().push((request.key().to_string(), request.attempt(), up));
         if up {
-            Ok(serde_json::json!({"done": request.key}))
+            Ok(serde_json::json!({"done": request.key()}))
         } else {
             Err(SinkError::Transient { message: "connection refused".into(), retry_after: None })
         }

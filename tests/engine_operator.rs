@@ -31,10 +31,10 @@ impl Sink for ForgettingSink {
         true
     }
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
-        if request.key == self.victim {
-            self.store.forget(request.key).expect("forget");
+        if request.key() == self.victim {
+            self.store.forget(request.key()).expect("forget");
         }
-        Ok(serde_json::json!({"done": request.key}))
+        Ok(serde_json::json!({"done": request.key()}))
     }
 }
 

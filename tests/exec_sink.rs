@@ -50,7 +50,8 @@ fn config(program: &Path) -> ExecSinkConfig {
 /// Runs one attempt of a fixed command, bounded in time.
 async fn run(sink: &ExecSink, attempt: u32, traceparent: Option<&str>) -> Result<SinkOutput, SinkError> {
     let payload = json!({ "to": "a@example.com", "amount": 12.5, "note": "line1\nline2 'quoted' ü" });
-    let request = SinkRequest { key: "order-42", kind: "email.send", payload: &payload, attempt, traceparent };
+    let claim = common::claims::durable_claim("order-42");
+    let request = SinkRequest::new(&claim, "email.send", &payload, attempt, traceparent);
     tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound")
 }
 
@@ -231,8 +232,8 @@ async fn an_abandoned_run_kills_the_program_and_its_children() {
     cfg.timeout = Duration::from_secs(600);
     let sink = ExecSink::new("jobs", &cfg);
     let payload = json!({});
-    let mut attempt =
-        Box::pin(sink.execute(SinkRequest { key: "k", kind: "t", payload: &payload, attempt: 1, traceparent: None }));
+    let claim = common::claims::durable_claim("k");
+    let mut attempt = Box::pin(sink.execute(SinkRequest::new(&claim, "t", &payload, 1, None)));
     // Run it until the script has started its child, then drop it, as a shutdown would.
     let deadline = Instant::now() + BOUND;
     while !(out.join("pid").exists() && out.join("child.pid").exists()) {

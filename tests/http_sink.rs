@@ -105,7 +105,8 @@ fn config(url: &str) -> HttpSinkConfig {
 /// Runs one attempt of a fixed command, bounded in time.
 async fn run(sink: &HttpSink, attempt: u32, traceparent: Option<&str>) -> Result<SinkOutput, SinkError> {
     let payload = json!({ "to": "a@example.com", "amount": 12.5, "tags": ["x", "y"] });
-    let request = SinkRequest { key: "order-42", kind: "email.send", payload: &payload, attempt, traceparent };
+    let claim = common::claims::durable_claim("order-42");
+    let request = SinkRequest::new(&claim, "email.send", &payload, attempt, traceparent);
     tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound")
 }
 
@@ -302,7 +303,8 @@ async fn an_orphaned_claim_reruns_with_the_same_idempotency_key_only_when_forwar
     assert!(sink.forwards_key());
     let mut h = EngineWithSink::new(sink.clone());
     let item = h.item("orphan-1", payload.clone());
-    let interrupted = SinkRequest { key: "orphan-1", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+    let earlier_claim = common::claims::durable_claim("orphan-1");
+    let interrupted = SinkRequest::new(&earlier_claim, "t", &payload, 1, None);
     tokio::time::timeout(BOUND, sink.execute(interrupted)).await.unwrap().unwrap();
     h.orphan_claim(&item);
     let done = h.deliver(std::slice::from_ref(&item)).await;
@@ -329,7 +331,8 @@ async fn an_orphaned_claim_reruns_with_the_same_idempotency_key_only_when_forwar
     assert!(!sink.forwards_key());
     let mut h = EngineWithSink::new(sink.clone());
     let item = h.item("orphan-2", payload.clone());
-    let interrupted = SinkRequest { key: "orphan-2", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+    let earlier_claim = common::claims::durable_claim("orphan-2");
+    let interrupted = SinkRequest::new(&earlier_claim, "t", &payload, 1, None);
     tokio::time::timeout(BOUND, sink.execute(interrupted)).await.unwrap().unwrap();
     h.orphan_claim(&item);
     let done = h.deliver(std::slice::from_ref(&item)).await;

@@ -3,6 +3,8 @@
 //! auth from the environment, URL and body templates over the payload, a bounded response
 //! body as the result, and the config path from TOML to a built sink.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -70,7 +72,8 @@ fn payload() -> Value {
 }
 
 async fn run(sink: &dyn Sink, payload: &Value) -> Result<SinkOutput, SinkError> {
-    let request = SinkRequest { key: "order-42", kind: "notify", payload, attempt: 1, traceparent: None };
+    let claim = common::claims::durable_claim("order-42");
+    let request = SinkRequest::new(&claim, "notify", payload, 1, None);
     tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound")
 }
 

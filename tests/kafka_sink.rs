@@ -38,13 +38,8 @@ async fn produces_key_headers_and_payload_and_returns_the_position() {
     assert!(sink.forwards_key());
 
     let payload = json!({"order": 42, "lines": [{"sku": "A", "qty": 2}], "note": "é"});
-    let request = SinkRequest {
-        key: "order-42",
-        kind: "order.ship",
-        payload: &payload,
-        attempt: 2,
-        traceparent: Some(TRACEPARENT),
-    };
+    let claim = common::claims::durable_claim("order-42");
+    let request = SinkRequest::new(&claim, "order.ship", &payload, 2, Some(TRACEPARENT));
     let result = tokio::time::timeout(Duration::from_secs(60), sink.execute(request)).await.expect("bounded").unwrap();
 
     let records = kafka::read_all(&bootstrap, &topic, 1, Duration::from_secs(30)).await;
@@ -69,7 +64,8 @@ async fn a_template_shapes_the_value() {
          template = {{ event = \"shipped\", order = \"{{/order}}\", text = \"order {{payload.order}} for {{/customer/name}}\" }}"
     ));
     let payload = json!({"order": 7, "customer": {"name": "Ana"}});
-    let request = SinkRequest { key: "k-7", kind: "order.ship", payload: &payload, attempt: 1, traceparent: None };
+    let claim = common::claims::durable_claim("k-7");
+    let request = SinkRequest::new(&claim, "order.ship", &payload, 1, None);
     tokio::time::timeout(Duration::from_secs(60), sink.execute(request)).await.expect("bounded").unwrap();
 
     let records = kafka::read_all(&bootstrap, &topic, 1, Duration::from_secs(30)).await;
@@ -96,7 +92,8 @@ async fn an_orphaned_claim_reruns_with_the_same_key() {
     let mut h = EngineWithSink::new(sink.clone());
     let payload = json!({"order": 9});
     let item = h.item("orphan-1", payload.clone());
-    let interrupted = SinkRequest { key: "orphan-1", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+    let earlier_claim = common::claims::durable_claim("orphan-1");
+    let interrupted = SinkRequest::new(&earlier_claim, "t", &payload, 1, None);
     tokio::time::timeout(Duration::from_secs(60), sink.execute(interrupted)).await.expect("bounded").unwrap();
     h.orphan_claim(&item);
     let done = h.deliver(std::slice::from_ref(&item)).await;

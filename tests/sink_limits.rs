@@ -4,6 +4,8 @@
 //! `SinkConfig::build` that wraps every kind in its limits) from more concurrent callers
 //! than the limits allow.
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,13 +68,16 @@ fn build(url: &str, limits: &str) -> Arc<dyn Sink> {
 
 /// Sends `n` commands (keys `cmd-0..n`), each from its own task, all at once.
 async fn send_all(sink: Arc<dyn Sink>, n: usize) {
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
+    let keys: Vec<String> = (0..n).map(|i| format!("cmd-{i}")).collect();
+    let claims = common::claims::durable_claims(&keys.iter().map(String::as_str).collect::<Vec<_>>());
+    let tasks: Vec<_> = claims
+        .into_iter()
+        .enumerate()
+        .map(|(i, claim)| {
             let sink = Arc::clone(&sink);
             tokio::spawn(async move {
-                let key = format!("cmd-{i}");
                 let payload = json!({"n": i});
-                let request = SinkRequest { key: &key, kind: "send", payload: &payload, attempt: 1, traceparent: None };
+                let request = SinkRequest::new(&claim, "send", &payload, 1, None);
                 sink.execute(request).await
             })
         })

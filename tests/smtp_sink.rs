@@ -34,7 +34,8 @@ fn config(port: u16) -> SmtpSinkConfig {
 }
 
 async fn send(sink: &SmtpSink, key: &str, payload: Value) -> Result<SinkOutput, SinkError> {
-    let request = SinkRequest { key, kind: "email.send", payload: &payload, attempt: 1, traceparent: None };
+    let claim = common::claims::durable_claim(key);
+    let request = SinkRequest::new(&claim, "email.send", &payload, 1, None);
     tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound")
 }
 

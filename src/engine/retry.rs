@@ -7,7 +7,7 @@ pub use config::RetryConfig;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Command;
@@ -55,7 +55,6 @@ pub(super) async fn run_with_retry(
     cancel: &CancellationToken,
 ) -> RunEnd {
     let max = retry.max_attempts.get();
-    let circuit = sink.circuit();
     // Sink calls made, and those of them that count toward `max`.
     let mut calls = 0u32;
     let mut counted = 0u32;
@@ -66,25 +65,9 @@ pub(super) async fn run_with_retry(
         if cancel.is_cancelled() {
             return stopped(calls);
         }
-        let admission = match circuit {
-            None => None,
-            Some(c) => {
-                if !c.is_closed() {
-                    permit = None;
-                    tracing::debug!(key = claim.key(), sink = sink.name(), "waiting for the sink's circuit");
-                }
-                tokio::select! {
-                    a = c.admit() => Some(a),
-                    () = cancel.cancelled() => return stopped(calls),
-                }
-            }
+        let Turn::Go(admission) = take_turn(sink, claim, limiter, &mut permit, cancel).await else {
+            return stopped(calls);
         };
-        if permit.is_none() {
-            permit = tokio::select! {
-                p = limiter.acquire() => p.ok(),
-                () = cancel.cancelled() => return stopped(calls),
-            };
-        }
         calls += 1;
         let request = SinkRequest::new(
             claim,
@@ -99,7 +82,7 @@ pub(super) async fn run_with_retry(
             probe = admission.as_ref().is_some_and(|a| a.is_probe()),
             "sink call"
         );
-        match sink.execute(request).await {
+        let (message, retry_after) = match sink.execute(request).await {
             Ok(result) => {
                 if let Some(a) = admission {
                     a.answered();
@@ -112,29 +95,68 @@ pub(super) async fn run_with_retry(
                 }
                 return RunEnd::Failed { result, error: message, attempts: calls };
             }
-            Err(SinkError::Transient { message, retry_after }) => {
-                if admission.map(Admission::failed_transiently) == Some(Verdict::SinkDown) {
-                    tracing::warn!(key = claim.key(), attempt = calls, error = %message,
-                        "transient sink failure with the sink's circuit open; waiting for the sink, not spending a retry");
-                    continue;
-                }
-                counted += 1;
-                if counted >= max {
-                    return RunEnd::Failed {
-                        result: Value::Object(Default::default()),
-                        error: format!("gave up after {counted} attempts: {message}"),
-                        attempts: calls,
-                    };
-                }
-                tracing::warn!(key = claim.key(), attempt = calls, error = %message, "transient sink failure, retrying");
-                let wait = backoff(retry, counted + 1, retry_after);
-                tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
-                    () = cancel.cancelled() => return RunEnd::Interrupted { attempts: calls },
-                }
-            }
+            Err(SinkError::Transient { message, retry_after }) => (message, retry_after),
+        };
+        if admission.map(Admission::failed_transiently) == Some(Verdict::SinkDown) {
+            tracing::warn!(key = claim.key(), attempt = calls, error = %message,
+                "transient sink failure with the sink's circuit open; waiting for the sink, not spending a retry");
+            continue;
+        }
+        counted += 1;
+        if counted >= max {
+            return RunEnd::Failed {
+                result: Value::Object(Default::default()),
+                error: format!("gave up after {counted} attempts: {message}"),
+                attempts: calls,
+            };
+        }
+        tracing::warn!(key = claim.key(), attempt = calls, error = %message, "transient sink failure, retrying");
+        let wait = backoff(retry, counted + 1, retry_after);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = cancel.cancelled() => return RunEnd::Interrupted { attempts: calls },
         }
     }
+}
+
+/// Whether a call may go.
+enum Turn<'c> {
+    /// It may, admitted by the sink's circuit when it has one.
+    Go(Option<Admission<'c>>),
+    /// `cancel` fired while waiting.
+    Cancelled,
+}
+
+/// Waits for the sink's circuit (when it has one) and then for a `max_in_flight` permit.
+/// While the circuit is not closed the permit is given back, so that commands for healthy
+/// sinks keep going.
+async fn take_turn<'c, 'l>(
+    sink: &'c dyn Sink,
+    claim: &DurableClaim,
+    limiter: &'l Semaphore,
+    permit: &mut Option<SemaphorePermit<'l>>,
+    cancel: &CancellationToken,
+) -> Turn<'c> {
+    let admission = match sink.circuit() {
+        None => None,
+        Some(c) => {
+            if !c.is_closed() {
+                *permit = None;
+                tracing::debug!(key = claim.key(), sink = sink.name(), "waiting for the sink's circuit");
+            }
+            tokio::select! {
+                a = c.admit() => Some(a),
+                () = cancel.cancelled() => return Turn::Cancelled,
+            }
+        }
+    };
+    if permit.is_none() {
+        *permit = tokio::select! {
+            p = limiter.acquire() => p.ok(),
+            () = cancel.cancelled() => return Turn::Cancelled,
+        };
+    }
+    Turn::Go(admission)
 }
 
 #[cfg(test)]

@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::control::PartitionControl;
 use super::publish::{Acks, Publisher};
+use crate::engine::{BatchReport, Clock, Engine, Item, ItemResult, SystemClock};
 use crate::envelope::{EnvelopeConfig, LimitsConfig};
-use crate::engine::{Clock, Engine, Item, ItemResult, SystemClock};
 use crate::envelope::{InputRecord, parse};
 use crate::ops::Metrics;
 use crate::outcome::{Outcome, Processed};
@@ -172,7 +172,14 @@ impl PartitionWorker {
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
         let run = self.shared.engine.process_batch_reporting_flush(&items, &self.cancel);
         let tp = (self.topic.clone(), self.partition);
-        let (results, flushed) = match super::circuits::pausing_while_open(&*self.control, tp, &sinks, run).await {
+        let BatchReport { results, flushed } = match super::circuits::pausing_while_open(
+            &*self.control,
+            tp,
+            &sinks,
+            run,
+        )
+        .await
+        {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");

@@ -159,10 +159,10 @@ impl ExecSink {
             }
         }
         command
-            .env("DEDUPD_KEY", request.key)
-            .env("DEDUPD_TYPE", request.kind)
-            .env("DEDUPD_ATTEMPT", request.attempt.to_string());
-        if let Some(traceparent) = request.traceparent {
+            .env("DEDUPD_KEY", request.key())
+            .env("DEDUPD_TYPE", request.kind())
+            .env("DEDUPD_ATTEMPT", request.attempt().to_string());
+        if let Some(traceparent) = request.traceparent() {
             command.env("TRACEPARENT", traceparent);
         }
         // A group of its own, so that abandoning the run can kill the program's children too.
@@ -176,7 +176,7 @@ impl ExecSink {
     async fn run(&self, request: &SinkRequest<'_>) -> Result<Finished, SinkError> {
         let transient = |message: String| SinkError::Transient { message, retry_after: None };
         let stdin_bytes =
-            serde_json::to_vec(request.payload).map_err(|e| transient(format!("cannot encode the payload: {e}")))?;
+            serde_json::to_vec(request.payload()).map_err(|e| transient(format!("cannot encode the payload: {e}")))?;
         let mut child = self.command(request).spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => SinkError::Permanent {
                 message: format!("cannot start `{}`: {e}", self.config.program),

@@ -253,22 +253,22 @@ impl HttpSink {
         let mut headers = HeaderMap::with_capacity(5);
         // from_bytes: non-ASCII keys and types go out as their UTF-8 bytes (obs-text);
         // only control characters are refused.
-        let key = HeaderValue::from_bytes(request.key.as_bytes())
+        let key = HeaderValue::from_bytes(request.key().as_bytes())
             .map_err(|_| "the idempotency key cannot be sent as an HTTP header (control characters)".to_string())?;
-        let kind = HeaderValue::from_bytes(request.kind.as_bytes())
+        let kind = HeaderValue::from_bytes(request.kind().as_bytes())
             .map_err(|_| "the command type cannot be sent as an HTTP header (control characters)".to_string())?;
         headers.insert(IDEMPOTENCY_KEY, key);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(COMMAND_TYPE, kind);
-        headers.insert(ATTEMPT, HeaderValue::from(request.attempt));
-        if let Some(traceparent) = request.traceparent {
+        headers.insert(ATTEMPT, HeaderValue::from(request.attempt()));
+        if let Some(traceparent) = request.traceparent() {
             // Trace context is best effort: a malformed one is dropped, not fatal.
             match HeaderValue::from_str(traceparent) {
                 Ok(value) => {
                     headers.insert(TRACEPARENT, value);
                 }
                 Err(_) => {
-                    tracing::warn!(sink = %self.name, key = request.key, "traceparent is not a valid header value; not forwarded")
+                    tracing::warn!(sink = %self.name, key = request.key(), "traceparent is not a valid header value; not forwarded")
                 }
             }
         }
@@ -311,14 +311,14 @@ impl Sink for HttpSink {
 
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let headers = self.headers(&request).map_err(unsendable)?;
-        let url = self.outgoing.url(request.payload).map_err(unsendable)?;
-        let body = self.outgoing.body(request.payload).map_err(|e| unsendable(format!("body_template: {e}")))?;
+        let url = self.outgoing.url(request.payload()).map_err(unsendable)?;
+        let body = self.outgoing.body(request.payload()).map_err(|e| unsendable(format!("body_template: {e}")))?;
         let sent = self.client.post(url).headers(headers).json(body.as_ref()).send().await;
         let mut response = match sent {
             Ok(response) => response,
             Err(err) => {
                 let failure = self.send_failure(err);
-                tracing::debug!(sink = %self.name, key = request.key, attempt = request.attempt, error = %failure, "http sink: no response");
+                tracing::debug!(sink = %self.name, key = request.key(), attempt = request.attempt(), error = %failure, "http sink: no response");
                 return Err(failure);
             }
         };
@@ -326,7 +326,7 @@ impl Sink for HttpSink {
         let code = status.as_u16();
         let retry_after = retry_after(code, response.headers());
         let body = read_body(&mut response, self.max_response_bytes).await;
-        tracing::debug!(sink = %self.name, key = request.key, attempt = request.attempt, status = code, "http sink: response");
+        tracing::debug!(sink = %self.name, key = request.key(), attempt = request.attempt(), status = code, "http sink: response");
         let describe_status = || {
             let reason = status.canonical_reason().map(|r| format!(" {r}")).unwrap_or_default();
             match body.snippet() {
@@ -416,8 +416,7 @@ mod tests {
     fn control_characters_in_key_are_refused_but_utf8_is_sent() {
         let sink = HttpSink::new("s", &config("http://127.0.0.1:1/")).unwrap();
         let payload = json!({});
-        let request =
-            |key| SinkRequest { key, kind: "t", payload: &payload, attempt: 1, traceparent: Some("bad\nvalue") };
+        let request = |key| SinkRequest::unclaimed(key, "t", &payload, 1, Some("bad\nvalue"));
         assert!(sink.headers(&request("a\nb")).is_err());
         let headers = sink.headers(&request("clé")).unwrap();
         assert_eq!(headers.get(IDEMPOTENCY_KEY).unwrap().as_bytes(), "clé".as_bytes());

@@ -193,31 +193,31 @@ impl Sink for KafkaSink {
 
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let value = match &self.template {
-            Some(template) => template.render(request.payload).map_err(|e| permanent(e.to_string()))?,
-            None => request.payload.clone(),
+            Some(template) => template.render(request.payload()).map_err(|e| permanent(e.to_string()))?,
+            None => request.payload().clone(),
         };
         let bytes = serde_json::to_vec(&value).map_err(|e| permanent(format!("cannot serialise the value: {e}")))?;
-        let attempt = request.attempt.to_string();
+        let attempt = request.attempt().to_string();
         let mut headers = OwnedHeaders::new()
-            .insert(Header { key: "idempotency-key", value: Some(request.key) })
-            .insert(Header { key: "dedupd-command-type", value: Some(request.kind) })
+            .insert(Header { key: "idempotency-key", value: Some(request.key()) })
+            .insert(Header { key: "dedupd-command-type", value: Some(request.kind()) })
             .insert(Header { key: "dedupd-attempt", value: Some(attempt.as_str()) });
-        if let Some(traceparent) = request.traceparent {
+        if let Some(traceparent) = request.traceparent() {
             headers = headers.insert(Header { key: "traceparent", value: Some(traceparent) });
         }
-        let record = FutureRecord::to(&self.topic).key(request.key).payload(&bytes).headers(headers);
+        let record = FutureRecord::to(&self.topic).key(request.key()).payload(&bytes).headers(headers);
         // librdkafka reports every message within message.timeout.ms; the outer bound is
         // a safety net so that an attempt can never hang.
         let bound = self.delivery_timeout.saturating_add(Duration::from_secs(5));
         let sent = tokio::time::timeout(bound, self.producer.send(record, self.delivery_timeout)).await;
         match sent {
             Ok(Ok(delivery)) => {
-                tracing::debug!(sink = %self.name, key = request.key, partition = delivery.partition, offset = delivery.offset, "kafka sink: acknowledged");
+                tracing::debug!(sink = %self.name, key = request.key(), partition = delivery.partition, offset = delivery.offset, "kafka sink: acknowledged");
                 Ok(json!({ "topic": self.topic, "partition": delivery.partition, "offset": delivery.offset }))
             }
             Ok(Err((err, _message))) => {
                 let message = format!("producing to `{}`: {err}", self.topic);
-                tracing::debug!(sink = %self.name, key = request.key, error = %message, "kafka sink: not delivered");
+                tracing::debug!(sink = %self.name, key = request.key(), error = %message, "kafka sink: not delivered");
                 match classify(&err) {
                     Class::Transient => Err(SinkError::Transient { message, retry_after: None }),
                     Class::Permanent => Err(permanent(message)),
@@ -351,7 +351,7 @@ mod tests {
         c.template = Some(json!({"to": "{/customer/email}"}));
         let sink = KafkaSink::new("k", &c).unwrap();
         let payload = json!({"customer": {}});
-        let request = SinkRequest { key: "k1", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+        let request = SinkRequest::unclaimed("k1", "t", &payload, 1, None);
         match sink.execute(request).await {
             Err(SinkError::Permanent { message, .. }) => {
                 assert!(message.contains("/customer/email"), "{message}")

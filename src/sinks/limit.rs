@@ -215,7 +215,7 @@ mod tests {
             let sink = Arc::clone(&sink);
             let payload = payload.clone();
             async move {
-                let request = SinkRequest { key: "k", kind: "t", payload: &payload, attempt: 1, traceparent: None };
+                let request = SinkRequest::unclaimed("k", "t", &payload, 1, None);
                 sink.execute(request).await
             }
         });

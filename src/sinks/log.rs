@@ -64,7 +64,7 @@ impl Sink for LogSink {
         true
     }
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
-        tracing::info!(sink = %self.name, key = request.key, kind = request.kind, attempt = request.attempt, "log sink");
+        tracing::info!(sink = %self.name, key = request.key(), kind = request.kind(), attempt = request.attempt(), "log sink");
         Ok(serde_json::json!({}))
     }
 }

@@ -114,24 +114,19 @@ impl SinkConfig {
     }
 }
 
-/// What a sink gets: built only from a [`DurableClaim`], so no sink can run before its
-/// claim reached the disk.
+/// What a sink gets. Outside unit tests the only way to build one is [`SinkRequest::new`],
+/// which needs a [`DurableClaim`]: no sink can run before its claim reached the disk.
 #[derive(Debug, Clone, Copy)]
 pub struct SinkRequest<'a> {
-    /// The idempotency key.
-    pub key: &'a str,
-    /// The command type.
-    pub kind: &'a str,
-    /// The payload.
-    pub payload: &'a Value,
-    /// 1 for the first run of this claim; higher for retries and crash re-runs.
-    pub attempt: u32,
-    /// W3C trace context of the input, if any.
-    pub traceparent: Option<&'a str>,
+    key: &'a str,
+    kind: &'a str,
+    payload: &'a Value,
+    attempt: u32,
+    traceparent: Option<&'a str>,
 }
 
 impl<'a> SinkRequest<'a> {
-    /// A request for a durable claim.
+    /// A request for a durable claim; the key is the claim's.
     pub fn new(
         claim: &'a DurableClaim,
         kind: &'a str,
@@ -140,6 +135,43 @@ impl<'a> SinkRequest<'a> {
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
         SinkRequest { key: claim.key(), kind, payload, attempt, traceparent }
+    }
+
+    /// A request without a claim, for the sinks' unit tests (which have no store).
+    #[cfg(test)]
+    pub(crate) fn unclaimed(
+        key: &'a str,
+        kind: &'a str,
+        payload: &'a Value,
+        attempt: u32,
+        traceparent: Option<&'a str>,
+    ) -> SinkRequest<'a> {
+        SinkRequest { key, kind, payload, attempt, traceparent }
+    }
+
+    /// The idempotency key.
+    pub fn key(&self) -> &'a str {
+        self.key
+    }
+
+    /// The command type.
+    pub fn kind(&self) -> &'a str {
+        self.kind
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &'a Value {
+        self.payload
+    }
+
+    /// 1 for the first run of this claim; higher for retries and crash re-runs.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// W3C trace context of the input, if any.
+    pub fn traceparent(&self) -> Option<&'a str> {
+        self.traceparent
     }
 }
 

@@ -296,7 +296,7 @@ impl SmtpSink {
 
     /// The message for one request; `Err` says which payload field is wrong.
     fn message(&self, request: &SinkRequest<'_>, message_id: &str) -> Result<Message, String> {
-        let fields = request.payload.as_object().ok_or("the payload must be a JSON object")?;
+        let fields = request.payload().as_object().ok_or("the payload must be a JSON object")?;
         if let Some(unknown) =
             fields.keys().find(|k| !matches!(k.as_str(), "from" | "to" | "cc" | "subject" | "text" | "html"))
         {
@@ -379,7 +379,7 @@ impl Sink for SmtpSink {
     }
 
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
-        let message_id = message_id(request.key, &self.config.message_id_domain);
+        let message_id = message_id(request.key(), &self.config.message_id_domain);
         let message = self.message(&request, &message_id).map_err(|message| SinkError::Permanent {
             result: json!({ "message_id": Value::Null, "error": message }),
             message: format!("bad email payload: {message}"),

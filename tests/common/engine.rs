@@ -119,11 +119,11 @@ impl Sink for ScriptedSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let behaviour = *self.behaviour.lock();
-        let effect = || self.effects.lock().push((request.key.to_string(), self.now()));
+        let effect = || self.effects.lock().push((request.key().to_string(), self.now()));
         match behaviour {
             Behaviour::Succeed => {
                 effect();
-                Ok(serde_json::json!({"done": request.key}))
+                Ok(serde_json::json!({"done": request.key()}))
             }
             Behaviour::FailPermanently => {
                 Err(SinkError::Permanent { message: "refused".into(), result: serde_json::json!({"status": 400}) })
@@ -144,7 +144,7 @@ impl Sink for ScriptedSink {
                 effect();
                 *self.behaviour.lock() = Behaviour::Succeed;
                 self.crashed_after_complete.store(true, Ordering::SeqCst);
-                Ok(serde_json::json!({"done": request.key}))
+                Ok(serde_json::json!({"done": request.key()}))
             }
         }
     }

@@ -1,0 +1,66 @@
+//! Claim: the round's claims in one write, then one flush (group commit) that makes them
+//! durable; only then does the engine hold [`DurableClaim`]s, and only those can build a
+//! sink request. Both on the blocking pool: a write waits while another thread's flush
+//! holds the backend's journal (fjall), and must not hold up a runtime thread.
+
+use std::sync::Arc;
+
+use super::queue::Head;
+use super::start::ToClaim;
+use super::{Engine, EngineError};
+use crate::store::{ClaimRequest, DurableClaim, KeyStore, Record, StoreError};
+
+/// A head whose claim is durable: its sink may run.
+pub(super) struct Claimed<'a> {
+    /// The head.
+    pub(super) head: Head<'a>,
+    /// The durable claim.
+    pub(super) claim: DurableClaim,
+    /// What the claim replaced: put back if the sink never runs.
+    pub(super) previous: Option<Record>,
+}
+
+impl Engine {
+    /// Writes and flushes the claims of `to_claim`. A claim that lost a race (the key
+    /// changed since it was read) has its key let go and its head left at the front of its
+    /// queue, to be decided again next round. On failure every key of `to_claim` is let go.
+    pub(super) async fn claim<'a>(&self, to_claim: Vec<ToClaim<'a>>) -> Result<Vec<Claimed<'a>>, EngineError> {
+        let (heads, requests): (Vec<Head<'a>>, Vec<ClaimRequest>) =
+            to_claim.into_iter().map(|t| (t.head, t.request)).unzip();
+        let previous: Vec<Option<Record>> = requests.iter().map(|r| r.expected.clone()).collect();
+        let store = Arc::clone(&self.store);
+        let written = tokio::task::spawn_blocking(move || claim_durably(&store, requests))
+            .await
+            .map_err(|e| EngineError::Join(e.to_string()))
+            .and_then(|r| r.map_err(EngineError::from));
+        let outcomes = match written {
+            Ok(o) => o,
+            Err(e) => {
+                let mut map = self.inflight.lock();
+                for head in &heads {
+                    map.remove(&head.command.key);
+                }
+                return Err(e);
+            }
+        };
+        let mut claimed = Vec::with_capacity(outcomes.len());
+        for ((outcome, head), previous) in outcomes.into_iter().zip(heads).zip(previous) {
+            match outcome {
+                Some(claim) => claimed.push(Claimed { head, claim, previous }),
+                None => {
+                    self.inflight.lock().remove(&head.command.key);
+                }
+            }
+        }
+        Ok(claimed)
+    }
+}
+
+/// Writes a round's claims and flushes them: per request, the durable claim, or `None`
+/// when the key changed since it was read.
+fn claim_durably(store: &KeyStore, requests: Vec<ClaimRequest>) -> Result<Vec<Option<DurableClaim>>, StoreError> {
+    let outcomes = store.claim_batch(requests)?;
+    let won: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
+    let mut durable = store.flush_claims(outcomes.into_iter().filter_map(Result::ok).collect())?.into_iter();
+    Ok(won.into_iter().map(|w| if w { durable.next() } else { None }).collect())
+}

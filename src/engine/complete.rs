@@ -1,0 +1,134 @@
+//! Complete: each sink run's end becomes its record's result and, when the sink answered,
+//! a completion; then the round's completions are written at once (one write, one
+//! expiry-index entry) and flushed. A claim whose sink never ran is put back instead.
+
+use std::sync::Arc;
+
+use super::claim::Claimed;
+use super::processed::Answer;
+use super::queue::KeyQueues;
+use super::retry::RunEnd;
+use super::run::Ran;
+use super::{Engine, EngineError, ItemResult};
+use crate::envelope::Command;
+use crate::store::{Completed, Completion, DurableClaim, KeyStore, Record, StoreError};
+
+/// What a round's sink runs leave to store.
+pub(super) struct Completions {
+    /// One completion per claim whose sink answered.
+    pub(super) to_write: Vec<(DurableClaim, Completed)>,
+    /// The keys of every claim of the round, answered or abandoned: released once the
+    /// completions are durable.
+    pub(super) keys: Vec<String>,
+}
+
+impl Engine {
+    /// Finishes each run's head in `queues` with its result, and collects the completions
+    /// to write. A claim whose sink never ran gets back the record it replaced.
+    pub(super) fn settle_runs<'a>(
+        &self,
+        queues: &mut KeyQueues<'a>,
+        ran: Vec<Ran<'a>>,
+    ) -> Result<Completions, EngineError> {
+        let mut done = Completions { to_write: Vec::with_capacity(ran.len()), keys: Vec::with_capacity(ran.len()) };
+        for Ran { claimed: Claimed { head, claim, previous }, end } in ran {
+            let cmd = head.command;
+            let completed_at_ms = self.clock.now_ms();
+            let first_seen_ms = claim.record().claimed_at_ms;
+            let prior = claim.record().attempts.saturating_sub(1);
+            let answer = |completion, result, error, attempts: u32| Answer {
+                completion,
+                result,
+                error,
+                attempts: prior + attempts,
+                first_seen_ms,
+                completed_at_ms,
+            };
+            let result = match end {
+                RunEnd::Succeeded { result, attempts } => {
+                    let answer = answer(Completion::Succeeded, result, None, attempts);
+                    done.to_write.push((claim, completion(cmd, &answer)));
+                    ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer)))
+                }
+                RunEnd::Failed { result, error, attempts } => {
+                    let answer = answer(Completion::Failed, result, Some(error), attempts);
+                    done.to_write.push((claim, completion(cmd, &answer)));
+                    ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer)))
+                }
+                RunEnd::NeverRan => {
+                    // The sink never saw it: put back what the claim replaced, so the
+                    // next owner of the partition decides as if we had never been here.
+                    let mine = Record::InProgress(claim.record().clone());
+                    if self.store.compare_and_swap(&cmd.key, Some(&mine), previous.as_ref())?.is_err() {
+                        tracing::warn!(key = %cmd.key, "claim changed while abandoning it; leaving it");
+                    }
+                    ItemResult::Abandoned
+                }
+                RunEnd::Interrupted { attempts } => {
+                    tracing::warn!(key = %cmd.key, attempts, "abandoned after sink calls without an answer; the claim stays in_progress");
+                    ItemResult::Abandoned
+                }
+            };
+            queues.finish(head, result);
+            done.keys.push(cmd.key.clone());
+        }
+        Ok(done)
+    }
+
+    /// Writes `completions` and, when asked, flushes; on the blocking pool for the same
+    /// reason as the claims (see `claim`).
+    pub(super) async fn complete(
+        &self,
+        completions: Vec<(DurableClaim, Completed)>,
+        flush: bool,
+    ) -> Result<(), EngineError> {
+        let store = Arc::clone(&self.store);
+        let lost = tokio::task::spawn_blocking(move || complete_durably(&store, completions, flush))
+            .await
+            .map_err(|e| EngineError::Join(e.to_string()))??;
+        if let Some(key) = lost {
+            // An operator forgot (or overwrote) a key while its sink ran: the effect
+            // happened and its result is published, but the store keeps what the
+            // operator asked for. Not a reason to stop the partition.
+            tracing::warn!(%key, "the claim was removed by an operator while its sink ran; result published, not stored");
+        }
+        Ok(())
+    }
+}
+
+/// The completion stored for `answer`.
+fn completion(cmd: &Command, answer: &Answer) -> Completed {
+    let ttl = i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX);
+    Completed {
+        fingerprint: cmd.fingerprint,
+        outcome: answer.completion,
+        result: serde_json::to_vec(&answer.result).unwrap_or_else(|_| b"{}".to_vec()),
+        error: answer.error.clone(),
+        first_seen_at_ms: answer.first_seen_ms,
+        completed_at_ms: answer.completed_at_ms,
+        expires_at_ms: answer.completed_at_ms.saturating_add(ttl),
+        attempts: answer.attempts,
+    }
+}
+
+/// Writes a round's completions and, when asked, flushes. Returns the key of a claim an
+/// operator removed meanwhile (its completion is not stored).
+fn complete_durably(
+    store: &KeyStore,
+    completions: Vec<(DurableClaim, Completed)>,
+    flush: bool,
+) -> Result<Option<String>, StoreError> {
+    let lost = if completions.is_empty() {
+        None
+    } else {
+        match store.complete_batch(completions) {
+            Ok(_) => None,
+            Err(StoreError::ClaimLost(key)) => Some(key),
+            Err(e) => return Err(e),
+        }
+    };
+    if flush {
+        store.flush()?;
+    }
+    Ok(lost)
+}

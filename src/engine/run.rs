@@ -1,0 +1,51 @@
+//! Run the sinks: every durable claim of the round through its sink at the same time
+//! (bounded by `max_in_flight` inside [`run_with_retry`]), each run in a span that carries
+//! the command's identity.
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::claim::Claimed;
+use super::retry::{RunEnd, run_with_retry};
+use super::{Engine, Item};
+
+/// A claim whose sink run ended.
+pub(super) struct Ran<'a> {
+    /// The claim.
+    pub(super) claimed: Claimed<'a>,
+    /// How the run ended.
+    pub(super) end: RunEnd,
+}
+
+impl Engine {
+    /// Runs the sink of each claim in `claimed` until it answers, gives up or `cancel`
+    /// fires; returns them in the same order.
+    pub(super) async fn run_sinks<'a>(
+        &self,
+        items: &'a [Item],
+        claimed: Vec<Claimed<'a>>,
+        cancel: &CancellationToken,
+    ) -> Vec<Ran<'a>> {
+        let runs = claimed.into_iter().map(|claimed| {
+            let cmd = claimed.head.command;
+            // Everything the sink run logs (retries, the sink's own events) carries the
+            // command's identity.
+            let source = &items[claimed.head.index].source;
+            let span = tracing::info_span!(
+                "sink_run",
+                key = %cmd.key,
+                r#type = %cmd.kind,
+                topic = %source.topic,
+                partition = source.partition,
+                offset = source.offset,
+            );
+            async move {
+                let sink = &self.route_sinks[cmd.route];
+                let end = run_with_retry(sink.as_ref(), &claimed.claim, cmd, &self.retry, &self.limiter, cancel).await;
+                Ran { claimed, end }
+            }
+            .instrument(span)
+        });
+        futures::future::join_all(runs).await
+    }
+}

@@ -1,0 +1,173 @@
+//! Start the heads: decide each key's oldest unfinished record. It is done without a sink
+//! (a replay, a conflict, a stale or rejected command, an orphan marked indeterminate), or
+//! its key is marked in flight and a claim is to be written, or it waits for another batch
+//! of this process that is executing the key.
+
+use tokio::sync::watch;
+
+use super::queue::{Head, KeyQueues};
+use super::{Engine, EngineError, Item, ItemResult};
+use crate::decide::{Action, Arrival, Context, decide};
+use crate::envelope::{Command, Rejection};
+use crate::outcome::{Processed, rfc3339_ms};
+use crate::store::{ClaimRequest, InProgress, Indeterminate, Record};
+
+/// The first step for one record.
+enum Start {
+    /// Decided without running a sink.
+    Done(Box<Processed>),
+    /// To claim (the key is marked in flight); `request.expected` is what the claim
+    /// replaces. Claims of a round are written together.
+    Claim(Box<ClaimRequest>),
+    /// Another batch of this process is executing the key.
+    Wait(watch::Receiver<()>),
+}
+
+/// A claim to write for a head whose key is now marked in flight.
+pub(super) struct ToClaim<'a> {
+    /// The head.
+    pub(super) head: Head<'a>,
+    /// The claim, with the record it replaces.
+    pub(super) request: ClaimRequest,
+}
+
+/// What starting a round's heads leaves to do (the heads decided without a sink are
+/// finished in the queues).
+pub(super) struct Started<'a> {
+    /// The claims to write.
+    pub(super) to_claim: Vec<ToClaim<'a>>,
+    /// Keys other batches are executing: awaited once this round's keys are released.
+    pub(super) waits: Vec<watch::Receiver<()>>,
+}
+
+impl Engine {
+    /// Starts each of `heads` at time `now`.
+    pub(super) fn start_heads<'a>(
+        &self,
+        queues: &mut KeyQueues<'a>,
+        heads: Vec<Head<'a>>,
+        now: i64,
+    ) -> Result<Started<'a>, EngineError> {
+        let mut started = Started { to_claim: Vec::new(), waits: Vec::new() };
+        for head in heads {
+            match self.start(&queues.items()[head.index], head.command, now)? {
+                Start::Done(p) => queues.finish(head, ItemResult::Done(p)),
+                Start::Claim(request) => started.to_claim.push(ToClaim { head, request: *request }),
+                Start::Wait(rx) => started.waits.push(rx),
+            }
+        }
+        Ok(started)
+    }
+
+    /// Decides one record and takes the first step. Loops only when a compare-and-swap
+    /// loses a race, re-reading what won.
+    fn start(&self, item: &Item, cmd: &Command, now: i64) -> Result<Start, EngineError> {
+        let sink = &self.route_sinks[cmd.route];
+        let arrival = Arrival {
+            fingerprint: &cmd.fingerprint,
+            produced_at_ms: cmd.produced_at_ms,
+            ttl_ms: i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX),
+        };
+        loop {
+            let (stored, stamp) = self.store.get_stamped(&cmd.key)?;
+            let waiter = self.inflight.lock().get(&cmd.key).map(watch::Sender::subscribe);
+            let ctx = Context {
+                now_ms: now,
+                executing_here: waiter.is_some(),
+                sink_forwards_key: sink.forwards_key(),
+                stale_guard: self.stale_guard,
+            };
+            let action = decide(Ok(&arrival), stored.as_ref(), &ctx);
+            match action {
+                Action::Wait => {
+                    if let Some(rx) = waiter {
+                        return Ok(Start::Wait(rx));
+                    }
+                }
+                Action::Execute | Action::RerunOrphan => {
+                    if !self.mark_in_flight(&cmd.key) {
+                        continue;
+                    }
+                    let claim = claim_record(item, cmd, action == Action::RerunOrphan, stored.as_ref(), now);
+                    let request = ClaimRequest { key: cmd.key.clone(), expected: stored, stamp, claim };
+                    return Ok(Start::Claim(Box::new(request)));
+                }
+                Action::MarkIndeterminate => {
+                    if let Some(p) = self.mark_indeterminate(item, cmd, stored.as_ref(), now)? {
+                        return Ok(Start::Done(Box::new(p)));
+                    }
+                }
+                Action::Replay | Action::ReportIndeterminate | Action::Conflict => {
+                    if let Some(record) = &stored {
+                        let p = if action == Action::Conflict {
+                            self.conflict(item, cmd, record, now)
+                        } else {
+                            self.processed_from_record(item, cmd, record, now)
+                        };
+                        return Ok(Start::Done(Box::new(p)));
+                    }
+                }
+                Action::Stale => return Ok(Start::Done(Box::new(self.stale(item, cmd)))),
+                Action::Reject(reason) => {
+                    let rejection = Rejection { reason, message: "rejected".into(), key: Some(cmd.key.clone()) };
+                    return Ok(Start::Done(Box::new(super::processed::rejected(item, &rejection))));
+                }
+            }
+        }
+    }
+
+    /// Marks `key` in flight; `false` when another batch of this process got there first.
+    fn mark_in_flight(&self, key: &str) -> bool {
+        let mut map = self.inflight.lock();
+        if map.contains_key(key) {
+            return false;
+        }
+        map.insert(key.to_string(), watch::channel(()).0);
+        true
+    }
+
+    /// Replaces an orphaned claim (`stored`, left by a crash) with an `indeterminate`
+    /// record, for a sink that does not forward the key. `None` when the record is not an
+    /// orphan any more or changed meanwhile: decide again.
+    fn mark_indeterminate(
+        &self,
+        item: &Item,
+        cmd: &Command,
+        stored: Option<&Record>,
+        now: i64,
+    ) -> Result<Option<Processed>, EngineError> {
+        let Some(Record::InProgress(p)) = stored else { return Ok(None) };
+        let why = format!(
+            "claimed at {} by {}/{}/{} and never completed (crash?); sink `{}` does not forward the key, so the effect is unknown",
+            rfc3339_ms(p.claimed_at_ms),
+            p.source.topic,
+            p.source.partition,
+            p.source.offset,
+            self.route_sinks[cmd.route].name()
+        );
+        let new = Record::Indeterminate(Indeterminate {
+            fingerprint: p.fingerprint,
+            claimed_at_ms: p.claimed_at_ms,
+            attempts: p.attempts,
+            why,
+        });
+        if self.store.compare_and_swap(&cmd.key, stored, Some(&new))?.is_ok() {
+            return Ok(Some(self.processed_from_record(item, cmd, &new, now)));
+        }
+        Ok(None)
+    }
+}
+
+/// The claim to write: a re-run of an orphan keeps its first sighting and counts one more
+/// attempt; anything else is a first claim made `now`.
+fn claim_record(item: &Item, cmd: &Command, rerun: bool, stored: Option<&Record>, now: i64) -> InProgress {
+    match (rerun, stored) {
+        (true, Some(Record::InProgress(p))) => InProgress {
+            fingerprint: cmd.fingerprint,
+            claimed_at_ms: p.claimed_at_ms,
+            attempts: p.attempts.saturating_add(1),
+            source: item.source.clone(),
+        },
+        _ => InProgress { fingerprint: cmd.fingerprint, claimed_at_ms: now, attempts: 1, source: item.source.clone() },
+    }
+}

@@ -1,0 +1,32 @@
+//! Durable claims for tests that call a sink directly: a `SinkRequest` can only be built
+//! from a claim that reached the disk, so these tests claim their keys in a real store, as
+//! the engine does.
+
+use dedupd::store::{StoreBackend, SyncMode};
+use dedupd::fingerprint::Fingerprint;
+use dedupd::store::{DurableClaim, InProgress, KeyStore, SourcePos};
+
+/// Durable claims of `keys` (each absent before), made in a fresh temporary store. The
+/// claims outlive the store: a sink reads only the key from one.
+pub fn durable_claims(keys: &[&str]) -> Vec<DurableClaim> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = KeyStore::open(StoreBackend::Sled, dir.path(), SyncMode::Batch).expect("open a store");
+    let pending = keys
+        .iter()
+        .map(|key| {
+            let claim = InProgress {
+                fingerprint: Fingerprint([0; 32]),
+                claimed_at_ms: 0,
+                attempts: 1,
+                source: SourcePos::default(),
+            };
+            store.claim(key, None, claim).expect("claim").expect("the key was absent")
+        })
+        .collect();
+    store.flush_claims(pending).expect("flush the claims")
+}
+
+/// A durable claim of `key`, made in a fresh temporary store.
+pub fn durable_claim(key: &str) -> DurableClaim {
+    durable_claims(&[key]).pop().expect("one claim")
+}
