@@ -150,62 +150,13 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
     for (topic, parts) in [("demo.commands", 6), ("demo.results", 3), ("demo.dead-letter", 1)] {
         cluster.create_topic(topic, parts, 1)?;
     }
-
-    let seen: Received = Arc::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let receiver_addr = listener.local_addr()?;
-    let app = axum::Router::new().route("/effects", axum::routing::post(receive)).with_state(Arc::clone(&seen));
-    let stop_receiver = CancellationToken::new();
-    let receiver = {
-        let stop = stop_receiver.clone();
-        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await })
-    };
-
+    let receiver = EffectReceiver::start().await?;
     let dir = tempfile::tempdir()?;
-    let mut config = Config::default();
-    config.kafka.bootstrap_servers = bootstrap.clone();
-    config.kafka.group_id = "dedupd-demo".into();
-    config.kafka.input_topics = vec!["demo.commands".into()];
-    config.kafka.results_topic = "demo.results".into();
-    config.kafka.dead_letter_topic = "demo.dead-letter".into();
-    config.store.path = dir.path().join("store");
-    config.http.listen = "127.0.0.1:0".parse().map_err(|e| DemoError::Io(std::io::Error::other(format!("{e}"))))?;
-    config.sinks.insert(
-        "webhook".into(),
-        SinkConfig::Http(HttpSinkConfig {
-            url: format!("http://{receiver_addr}/effects"),
-            forward_key: true,
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(10),
-            ..HttpSinkConfig::default()
-        }),
-    );
-    config.routes.push(RouteConfig {
-        name: Some("payments".into()),
-        types: vec!["payment.*".into()],
-        sink: "webhook".into(),
-        ttl: None,
-        fingerprint_exclude: vec![],
-    });
+    let config = demo_config(&bootstrap, &dir.path().join("store"), receiver.addr)?;
 
     let (workload, distinct_valid_keys) = workload(distinct);
     let inputs = workload.len();
-    let producer: FutureProducer =
-        ClientConfig::new().set("bootstrap.servers", &bootstrap).set("enable.idempotence", "true").create()?;
-    // Queue everything, then await the acknowledgements: awaiting each send in turn
-    // would wait out linger.ms once per record.
-    let mut acks = Vec::with_capacity(workload.len());
-    for (key, value) in &workload {
-        let record = FutureRecord::to("demo.commands").key(key.as_str()).payload(value.as_slice());
-        acks.push(producer.send_result(record).map_err(|(e, _)| e)?);
-    }
-    for ack in futures::future::join_all(acks).await {
-        match ack {
-            Ok(Ok(_)) => {}
-            Ok(Err((e, _))) => return Err(e.into()),
-            Err(_) => return Err(DemoError::Kafka(rdkafka::error::KafkaError::Canceled)),
-        }
-    }
+    produce(&bootstrap, &workload).await?;
 
     let stop = CancellationToken::new();
     let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
@@ -220,8 +171,128 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
         Err(_) => String::from("(not started)"),
     };
 
+    let read = read_results(&bootstrap, inputs, started).await;
+    stop.cancel();
+    let read = match read {
+        Ok(read) => read,
+        Err(timeout) => {
+            // Bounded: the error must reach the user even if the pipeline cannot drain.
+            let _ = tokio::time::timeout(Duration::from_secs(30), pipeline).await;
+            return Err(timeout);
+        }
+    };
+    let _ = pipeline.await;
+    let seen = receiver.stop().await;
+    Ok(Summary {
+        inputs,
+        distinct_valid_keys,
+        requests: seen.values().sum(),
+        keys_with_more_than_one_request: seen.values().filter(|n| **n > 1).count(),
+        outcomes: read.outcomes,
+        dead_letters: read.dead_letters,
+        metrics_url,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The loopback HTTP server the demo's webhook sink calls: counts requests per key.
+struct EffectReceiver {
+    addr: std::net::SocketAddr,
+    seen: Received,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl EffectReceiver {
+    async fn start() -> Result<EffectReceiver, DemoError> {
+        let seen: Received = Arc::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = axum::Router::new().route("/effects", axum::routing::post(receive)).with_state(Arc::clone(&seen));
+        let stop = CancellationToken::new();
+        let serving = stop.clone();
+        let task =
+            tokio::spawn(
+                async move { axum::serve(listener, app).with_graceful_shutdown(serving.cancelled_owned()).await },
+            );
+        Ok(EffectReceiver { addr, seen, stop, task })
+    }
+
+    /// Stops serving; the requests per key it saw.
+    async fn stop(self) -> HashMap<String, usize> {
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.seen.lock().clone()
+    }
+}
+
+/// The demo's config: the mock cluster's topics, a store in `store_path`, and one route of
+/// `payment.*` commands to the webhook at `receiver`.
+fn demo_config(
+    bootstrap: &str,
+    store_path: &std::path::Path,
+    receiver: std::net::SocketAddr,
+) -> Result<Config, DemoError> {
+    let mut config = Config::default();
+    config.kafka.bootstrap_servers = bootstrap.to_string();
+    config.kafka.group_id = "dedupd-demo".into();
+    config.kafka.input_topics = vec!["demo.commands".into()];
+    config.kafka.results_topic = "demo.results".into();
+    config.kafka.dead_letter_topic = "demo.dead-letter".into();
+    config.store.path = store_path.to_path_buf();
+    config.http.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    config.sinks.insert(
+        "webhook".into(),
+        SinkConfig::Http(HttpSinkConfig {
+            url: format!("http://{receiver}/effects"),
+            forward_key: true,
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+            ..HttpSinkConfig::default()
+        }),
+    );
+    config.routes.push(RouteConfig {
+        name: Some("payments".into()),
+        types: vec!["payment.*".into()],
+        sink: "webhook".into(),
+        ttl: None,
+        fingerprint_exclude: vec![],
+    });
+    Ok(config)
+}
+
+/// Produces the workload to `demo.commands` and waits for every acknowledgement.
+async fn produce(bootstrap: &str, workload: &[(String, Vec<u8>)]) -> Result<(), DemoError> {
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).set("enable.idempotence", "true").create()?;
+    // Queue everything, then await the acknowledgements: awaiting each send in turn
+    // would wait out linger.ms once per record.
+    let mut acks = Vec::with_capacity(workload.len());
+    for (key, value) in workload {
+        let record = FutureRecord::to("demo.commands").key(key.as_str()).payload(value.as_slice());
+        acks.push(producer.send_result(record).map_err(|(e, _)| e)?);
+    }
+    for ack in futures::future::join_all(acks).await {
+        match ack {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(e.into()),
+            Err(_) => return Err(DemoError::Kafka(rdkafka::error::KafkaError::Canceled)),
+        }
+    }
+    Ok(())
+}
+
+/// What the demo read back from the results and dead-letter topics.
+struct ReadBack {
+    outcomes: HashMap<String, usize>,
+    dead_letters: usize,
+}
+
+/// Reads results until there is one per input (or two minutes since `started` have passed),
+/// then the dead letters of the rejected ones (at most ten seconds more).
+async fn read_results(bootstrap: &str, inputs: usize, started: Instant) -> Result<ReadBack, DemoError> {
     let reader: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
+        .set("bootstrap.servers", bootstrap)
         .set("group.id", "dedupd-demo-reader")
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
@@ -232,9 +303,6 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
     let limit = Duration::from_secs(120);
     while results < inputs {
         if started.elapsed() > limit {
-            stop.cancel();
-            // Bounded: the error must reach the user even if the pipeline cannot drain.
-            let _ = tokio::time::timeout(Duration::from_secs(30), pipeline).await;
             return Err(DemoError::Timeout(limit, results, inputs));
         }
         let Some(msg) = tokio::task::block_in_place(|| reader.poll(Duration::from_millis(200))) else { continue };
@@ -261,20 +329,5 @@ pub async fn run(distinct: usize) -> Result<Summary, DemoError> {
             dead_letters += 1;
         }
     }
-    stop.cancel();
-    let _ = pipeline.await;
-    stop_receiver.cancel();
-    let _ = receiver.await;
-
-    let seen = seen.lock();
-    Ok(Summary {
-        inputs,
-        distinct_valid_keys,
-        requests: seen.values().sum(),
-        keys_with_more_than_one_request: seen.values().filter(|n| **n > 1).count(),
-        outcomes,
-        dead_letters,
-        metrics_url,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok(ReadBack { outcomes, dead_letters })
 }
