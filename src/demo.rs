@@ -40,7 +40,7 @@ pub enum DemoError {
     #[error("pipeline: {0}")]
     Pipeline(#[from] crate::pipeline::PipelineError),
     /// Timed out waiting for results.
-    #[error("timed out after {0:?} waiting for results ({1} of {2} arrived)")]
+    #[error("timed out after {} waiting for results ({} of {} arrived)", humantime::format_duration(*.0), .1, .2)]
     Timeout(Duration, usize, usize),
 }
 
@@ -73,7 +73,7 @@ impl fmt::Display for Summary {
         writeln!(f, "  duplicates suppressed (replayed)      : {}", o("duplicate"))?;
         writeln!(f, "  conflicts (same key, other payload)   : {}", o("conflict"))?;
         writeln!(f, "  dead-lettered (bad or stale records)  : {}", self.dead_letters)?;
-        writeln!(f, "  result records by outcome             : {:?}", sorted(&self.outcomes))?;
+        writeln!(f, "  result records by outcome             : {}", by_outcome(&self.outcomes))?;
         writeln!(f, "  metrics were at                       : {}", self.metrics_url)?;
         if self.passed() {
             write!(f, "PASS: every distinct valid command ran exactly once")
@@ -87,10 +87,11 @@ impl fmt::Display for Summary {
     }
 }
 
-fn sorted(m: &HashMap<String, usize>) -> Vec<(&str, usize)> {
+/// `conflict 6, duplicate 1994, ok 2000`: the counts by outcome name.
+fn by_outcome(m: &HashMap<String, usize>) -> String {
     let mut v: Vec<(&str, usize)> = m.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     v.sort();
-    v
+    v.iter().map(|(outcome, n)| format!("{outcome} {n}")).collect::<Vec<_>>().join(", ")
 }
 
 type Received = Arc<Mutex<HashMap<String, usize>>>;

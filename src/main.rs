@@ -17,14 +17,14 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("dedupd: cannot start the async runtime: {e}");
+            dedupd::cli::print_error(format_args!("cannot start the async runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(dedupd::cli::dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dedupd: {e}");
+            dedupd::cli::print_error(e);
             ExitCode::from(2)
         }
     }

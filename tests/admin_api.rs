@@ -163,6 +163,9 @@ async fn every_route_needs_the_right_token() {
         (Method::POST, "/v1/compact", None),
         (Method::GET, "/v1/export", None),
         (Method::POST, "/v1/import", Some(String::new())),
+        (Method::GET, "/v1/keys?key=done", None),
+        (Method::DELETE, "/v1/keys?key=done", None),
+        (Method::POST, "/v1/resolve?key=unknown-effect", Some(r#"{"as":"succeeded"}"#.to_string())),
     ];
     let done_before = store.get("done").unwrap();
     assert!(done_before.is_some());
@@ -255,6 +258,47 @@ async fn key_routes_change_the_store() {
     assert_eq!((status, &body), (StatusCode::OK, &json!({"removed": 1})));
     assert_eq!(store.get("old").unwrap(), None);
     assert_eq!(store.counts().completed, 2);
+    server.stop().await;
+}
+
+/// The query form reaches every key, `.` and `..` included (no client can send those as a
+/// path segment: URL parsing removes them, `%2E` too).
+#[tokio::test]
+async fn key_routes_take_the_key_in_the_query_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_records(dir.path());
+    for (k, r) in [(".", indeterminate(6)), ("..", in_progress(7)), ("a+b", completed(8, now_ms() + 3_600_000))] {
+        store.compare_and_swap(k, None, Some(&r)).unwrap().unwrap();
+    }
+    let server = start(Some(api(&store))).await;
+    let url = |path: &str| format!("{}{path}", server.base);
+    let t = Some(TOKEN);
+
+    for (query, key) in [("key=.", "."), ("key=..", ".."), ("key=a%2Bb", "a+b"), ("key=a%2Fb+c", "a/b c")] {
+        let (status, _, body) = call(Method::GET, &url(&format!("/v1/keys?{query}")), t, None).await;
+        assert_eq!((status, body["key"].as_str()), (StatusCode::OK, Some(key)), "{query}: {body}");
+    }
+    let (status, _, body) = call(Method::GET, &url("/v1/keys?key=nope"), t, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    for (method, path) in
+        [(Method::GET, "/v1/keys"), (Method::DELETE, "/v1/keys?force=true"), (Method::POST, "/v1/resolve")]
+    {
+        let (status, _, body) = call(method, &url(path), t, Some(r#"{"as":"failed"}"#.into())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("key=KEY"), "{body}");
+    }
+
+    let (status, _, body) = call(Method::POST, &url("/v1/resolve?key=."), t, Some(r#"{"as":"failed"}"#.into())).await;
+    assert_eq!((status, body["state"].as_str()), (StatusCode::OK, Some("completed")), "{body}");
+    let (status, _, _) = call(Method::POST, &url("/v1/resolve?key=."), t, Some(r#"{"as":"failed"}"#.into())).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, _, _) = call(Method::DELETE, &url("/v1/keys?key=.."), t, None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "in_progress needs force");
+    let (status, _, body) = call(Method::DELETE, &url("/v1/keys?key=..&force=true"), t, None).await;
+    assert_eq!((status, body["was"].as_str()), (StatusCode::OK, Some("in_progress")), "{body}");
+    assert_eq!(store.get("..").unwrap(), None);
+    let (status, _, _) = call(Method::DELETE, &url("/v1/keys?key=.&force=maybe"), t, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     server.stop().await;
 }
 

@@ -35,7 +35,7 @@ impl Direct {
     pub fn inspect(&self, key: &str) -> Result<Value, CliError> {
         match self.store.get(key)? {
             Some(r) => Ok(record_json(key, &r)),
-            None => Err(CliError::NotFound(format!("key {key:?} has no record"))),
+            None => Err(CliError::NotFound(format!("key {} has no record", super::output::quoted(key)))),
         }
     }
 

@@ -4,17 +4,24 @@
 //! on a stopped instance's store directly with `-c FILE` ([`direct`]; [`remote`];
 //! [`transfer`] for export and import). Both paths print the same things.
 //!
+//! `-c FILE` and `--admin URL` are global: they go before or after the subcommand. Output
+//! goes through [`output`], which stops quietly when stdout is closed.
+//!
 //! Exit codes: 0 done, 2 error, 3 refused because of the key's state, 4 no such key.
 
 mod direct;
+mod output;
 mod remote;
 mod transfer;
+
+pub use output::print_error;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use self::output::{print_json, print_line};
 use crate::config::{Config, ConfigError};
 use crate::log::LogFormat;
 use crate::store::{Completion, StoreError, TransferError};
@@ -26,6 +33,9 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// The config file or admin API to act on (before or after the subcommand).
+    #[command(flatten)]
+    pub target: Target,
 }
 
 /// Subcommands.
@@ -33,9 +43,6 @@ pub struct Cli {
 pub enum Command {
     /// Consume commands and execute them once each.
     Run {
-        /// The TOML config file.
-        #[arg(short, long, env = "DEDUPD_CONFIG")]
-        config: PathBuf,
         /// Process partitions whose committed offset is beyond the store's watermark
         /// (after the store was lost or replaced on purpose).
         #[arg(long)]
@@ -48,17 +55,11 @@ pub enum Command {
         commands: usize,
     },
     /// Validate a config file and exit non-zero naming the bad key.
-    CheckConfig {
-        /// The TOML config file.
-        #[arg(short, long)]
-        config: PathBuf,
-    },
+    CheckConfig,
     /// Show the stored record of a key.
     Inspect {
         /// The key.
         key: String,
-        #[command(flatten)]
-        target: Target,
     },
     /// Remove a key so that its next arrival runs again. An `in_progress` key needs
     /// `--force`: forget it only when no instance is executing it.
@@ -68,8 +69,6 @@ pub enum Command {
         /// Also forget an `in_progress` key.
         #[arg(long)]
         force: bool,
-        #[command(flatten)]
-        target: Target,
     },
     /// Resolve an indeterminate key as succeeded or failed.
     Resolve {
@@ -78,25 +77,15 @@ pub enum Command {
         /// The outcome to record.
         #[arg(long = "as", value_enum)]
         outcome: ResolveAs,
-        #[command(flatten)]
-        target: Target,
     },
     /// Record counts per state, disk usage, next expiry.
-    Stats {
-        #[command(flatten)]
-        target: Target,
-    },
+    Stats,
     /// Remove expired records now.
-    Compact {
-        #[command(flatten)]
-        target: Target,
-    },
+    Compact,
     /// Write every record and partition watermark to FILE as JSON Lines (docs/admin.md).
     Export {
         /// The file to write (replaced only once the export is complete).
         file: PathBuf,
-        #[command(flatten)]
-        target: Target,
     },
     /// Read an export FILE into the store: expired records are skipped, newer stored
     /// records kept (unless `--overwrite`), watermarks only raised.
@@ -106,20 +95,22 @@ pub enum Command {
         /// Replace stored records even when they are newer than the imported ones.
         #[arg(long)]
         overwrite: bool,
-        #[command(flatten)]
-        target: Target,
     },
 }
 
-/// Where an operator command acts: a running instance (`--admin`) or a stopped one's store.
+/// What a command acts on: the config file (`run`, `check-config`, and an operator command
+/// on a stopped instance's store) or a running instance's admin API (operator commands).
+/// Global, so each goes before or after the subcommand; `demo` ignores both.
 #[derive(Debug, Clone, Args)]
 pub struct Target {
-    /// The TOML config file of a stopped instance (for its store path and backend).
-    #[arg(short, long, env = "DEDUPD_CONFIG")]
+    /// The TOML config file (for an operator command: of a stopped instance, for its store
+    /// path and backend).
+    #[arg(short, long, env = "DEDUPD_CONFIG", global = true)]
     pub config: Option<PathBuf>,
-    /// The HTTP listener of a running instance, e.g. http://127.0.0.1:9464; the bearer
-    /// token is read from DEDUPD_ADMIN_TOKEN. Wins over --config.
-    #[arg(long, env = "DEDUPD_ADMIN_URL")]
+    /// Operator commands: the HTTP listener of a running instance, e.g.
+    /// http://127.0.0.1:9464; the bearer token is read from DEDUPD_ADMIN_TOKEN. Wins over
+    /// --config.
+    #[arg(long, env = "DEDUPD_ADMIN_URL", global = true)]
     pub admin: Option<String>,
 }
 
@@ -159,6 +150,12 @@ pub enum CliError {
     /// Neither --admin nor --config.
     #[error("say where: --admin URL for a running instance, or -c FILE for a stopped one's store")]
     NoTarget,
+    /// `run` or `check-config` without a config file.
+    #[error("say which config: -c FILE (or DEDUPD_CONFIG=FILE)")]
+    NoConfig,
+    /// Writing the output failed (other than a closed stdout, which ends it quietly).
+    #[error("writing to stdout: {0}")]
+    Stdout(std::io::Error),
     /// The admin API answered with an error, or could not be reached.
     #[error("admin API: {0}")]
     Remote(String),
@@ -208,10 +205,6 @@ async fn shutdown_signal() {
     }
 }
 
-fn print_json(value: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
-}
-
 /// The connection an operator command works through.
 enum Conn {
     /// Boxed: a store with its config is much larger than a client.
@@ -230,84 +223,90 @@ impl Target {
 }
 
 /// Runs an operator command; a missing key exits 4, a refusal 3.
-async fn operate(command: Command) -> Result<ExitCode, CliError> {
-    let result = match command {
-        Command::Inspect { key, target } => match target.connect()? {
-            Conn::Direct(d) => d.inspect(&key),
-            Conn::Remote(r) => r.inspect(&key).await,
-        }
-        .map(|record| print_json(&record)),
-        Command::Forget { key, force, target } => match target.connect()? {
-            Conn::Direct(d) => d.forget(&key, force),
-            Conn::Remote(r) => r.forget(&key, force).await,
-        }
-        .map(|was| println!("forgot {key:?} (was {was})")),
-        Command::Resolve { key, outcome, target } => {
-            let outcome = match outcome {
-                ResolveAs::Succeeded => Completion::Succeeded,
-                ResolveAs::Failed => Completion::Failed,
-            };
-            match target.connect()? {
-                Conn::Direct(d) => d.resolve(&key, outcome),
-                Conn::Remote(r) => r.resolve(&key, outcome).await,
-            }
-            .map(|record| print_json(&record))
-        }
-        Command::Stats { target } => match target.connect()? {
-            Conn::Direct(d) => d.stats(),
-            Conn::Remote(r) => r.stats().await,
-        }
-        .map(|stats| print_json(&stats)),
-        Command::Compact { target } => match target.connect()? {
-            Conn::Direct(d) => d.compact(),
-            Conn::Remote(r) => r.compact().await,
-        }
-        .map(|n| println!("removed {n} expired record(s)")),
-        Command::Export { file, target } => {
-            let counts = match target.connect()? {
-                Conn::Direct(d) => transfer::export_direct(&d, &file),
-                Conn::Remote(r) => transfer::export_remote(&r, &file).await,
-            }?;
-            println!(
-                "exported {} record(s) and {} watermark(s) to {}",
-                counts.records,
-                counts.watermarks,
-                file.display()
-            );
-            Ok(())
-        }
-        Command::Import { file, overwrite, target } => {
-            let conn = target.connect()?;
-            let report = match conn {
-                Conn::Direct(d) => transfer::import_direct(&d, &file, overwrite),
-                Conn::Remote(r) => transfer::import_remote(&r, &file, overwrite).await,
-            }?;
-            print_json(&serde_json::to_value(report).unwrap_or_default());
-            Ok(())
-        }
-        Command::Run { .. } | Command::Demo { .. } | Command::CheckConfig { .. } => {
-            Err(CliError::Other("not an operator command".into()))
-        }
+async fn operate(command: Command, target: &Target) -> Result<ExitCode, CliError> {
+    let result = match target.connect() {
+        Ok(conn) => run_operator(command, conn).await,
+        Err(e) => Err(e),
     };
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(CliError::NotFound(m)) => {
-            eprintln!("dedupd: {m}");
+            print_error(m);
             Ok(ExitCode::from(4))
         }
         Err(CliError::Conflict(m)) => {
-            eprintln!("dedupd: {m}");
+            print_error(m);
             Ok(ExitCode::from(3))
         }
         Err(e) => Err(e),
     }
 }
 
+async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
+    match command {
+        Command::Inspect { key } => print_json(&match conn {
+            Conn::Direct(d) => d.inspect(&key),
+            Conn::Remote(r) => r.inspect(&key).await,
+        }?),
+        Command::Forget { key, force } => {
+            let was = match conn {
+                Conn::Direct(d) => d.forget(&key, force),
+                Conn::Remote(r) => r.forget(&key, force).await,
+            }?;
+            print_line(format_args!("forgot {} (was {was})", output::quoted(&key)))
+        }
+        Command::Resolve { key, outcome } => {
+            let outcome = match outcome {
+                ResolveAs::Succeeded => Completion::Succeeded,
+                ResolveAs::Failed => Completion::Failed,
+            };
+            print_json(&match conn {
+                Conn::Direct(d) => d.resolve(&key, outcome),
+                Conn::Remote(r) => r.resolve(&key, outcome).await,
+            }?)
+        }
+        Command::Stats => print_json(&match conn {
+            Conn::Direct(d) => d.stats(),
+            Conn::Remote(r) => r.stats().await,
+        }?),
+        Command::Compact => {
+            let removed = match conn {
+                Conn::Direct(d) => d.compact(),
+                Conn::Remote(r) => r.compact().await,
+            }?;
+            print_line(format_args!("removed {removed} expired record(s)"))
+        }
+        Command::Export { file } => {
+            let counts = match conn {
+                Conn::Direct(d) => transfer::export_direct(&d, &file),
+                Conn::Remote(r) => transfer::export_remote(&r, &file).await,
+            }?;
+            print_line(format_args!(
+                "exported {} record(s) and {} watermark(s) to {}",
+                counts.records,
+                counts.watermarks,
+                file.display()
+            ))
+        }
+        Command::Import { file, overwrite } => {
+            let report = match conn {
+                Conn::Direct(d) => transfer::import_direct(&d, &file, overwrite),
+                Conn::Remote(r) => transfer::import_remote(&r, &file, overwrite).await,
+            }?;
+            print_json(&serde_json::to_value(report).map_err(|e| CliError::Other(e.to_string()))?)
+        }
+        Command::Run { .. } | Command::Demo { .. } | Command::CheckConfig => {
+            Err(CliError::Other("not an operator command".into()))
+        }
+    }
+}
+
 /// Runs the parsed command.
 pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
-    match cli.command {
-        Command::Run { config, accept_empty_store } => {
-            let config = load(&config)?;
+    let Cli { command, target } = cli;
+    match command {
+        Command::Run { accept_empty_store } => {
+            let config = load(target.config.as_deref().ok_or(CliError::NoConfig)?)?;
             init_tracing(config.log.format, &config.log.level);
             let options = crate::pipeline::RunOptions { accept_empty_store };
             crate::pipeline::run(config, options, shutdown_signal(), |_| {}).await?;
@@ -316,21 +315,51 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Demo { commands } => {
             init_tracing(LogFormat::Text, "warn");
             let summary = crate::demo::run(commands).await?;
-            println!("{summary}");
+            print_line(&summary)?;
             Ok(if summary.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::CheckConfig { config } => {
-            let c = load(&config)?;
-            println!(
-                "{}: ok ({} sink(s), {} route(s), store {:?} at {})",
-                config.display(),
+        Command::CheckConfig => {
+            let path = target.config.as_deref().ok_or(CliError::NoConfig)?;
+            let c = load(path)?;
+            print_line(format_args!(
+                "{}: ok ({} sink(s), {} route(s), store {} at {})",
+                path.display(),
                 c.sinks.len(),
                 c.routes.len(),
-                c.store.backend,
+                output::config_name(&c.store.backend),
                 c.store.path.display()
-            );
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
-        other => operate(other).await,
+        other => operate(other, &target).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn target_flags_go_before_or_after_the_subcommand() {
+        for args in [
+            ["dedupd", "--admin", "http://h:1", "export", "f.jsonl"],
+            ["dedupd", "export", "--admin", "http://h:1", "f.jsonl"],
+            ["dedupd", "export", "f.jsonl", "--admin", "http://h:1"],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            assert_eq!(cli.target.admin.as_deref(), Some("http://h:1"), "{args:?}");
+            assert!(matches!(cli.command, Command::Export { ref file } if file.as_os_str() == "f.jsonl"), "{args:?}");
+        }
+        for args in [["dedupd", "-c", "x.toml", "run"], ["dedupd", "run", "-c", "x.toml"]] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            assert_eq!(cli.target.config.as_deref(), Some(std::path::Path::new("x.toml")), "{args:?}");
+        }
     }
 }

@@ -10,6 +10,15 @@ use crate::store::Completion;
 /// The environment variable holding the admin token.
 pub const TOKEN_ENV: &str = "DEDUPD_ADMIN_TOKEN";
 
+/// Which route of a key.
+#[derive(Clone, Copy)]
+enum KeyAction {
+    /// Inspect (GET) or forget (DELETE) the record.
+    Record,
+    /// Resolve it (POST).
+    Resolve,
+}
+
 /// A client for one instance's admin API.
 pub struct Remote {
     pub(super) client: reqwest::Client,
@@ -24,7 +33,7 @@ fn remote(e: impl std::fmt::Display) -> CliError {
 impl Remote {
     /// A client for the listener at `base` (e.g. `http://127.0.0.1:9464`).
     pub fn new(base: &str) -> Result<Remote, CliError> {
-        let base = Url::parse(base).map_err(|e| CliError::Remote(format!("--admin {base:?}: {e}")))?;
+        let base = Url::parse(base).map_err(|e| CliError::Remote(format!("--admin {base}: {e}")))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
             return Err(CliError::Remote(format!("--admin {base}: not an http(s) URL")));
         }
@@ -53,17 +62,25 @@ impl Remote {
         self.client.request(method, url).bearer_auth(&self.token)
     }
 
-    async fn call(
-        &self,
-        method: Method,
-        segments: &[&str],
-        query: &[(&str, &str)],
-        body: Option<Value>,
-    ) -> Result<Value, CliError> {
-        let mut url = self.url(segments)?;
-        if !query.is_empty() {
-            url.query_pairs_mut().extend_pairs(query);
+    /// The URL of a key's route. The key is one percent-encoded path segment
+    /// (`/v1/keys/KEY`, `/v1/keys/KEY/resolve`), except `.` and `..`: URL parsing removes
+    /// those from a path in any spelling (`%2E` too), so they go in the query
+    /// (`/v1/keys?key=K`, `/v1/resolve?key=K`; docs/admin.md).
+    fn key_url(&self, key: &str, action: KeyAction) -> Result<Url, CliError> {
+        let dot_segment = matches!(key, "." | "..");
+        let mut url = match (dot_segment, action) {
+            (false, KeyAction::Record) => self.url(&["keys", key])?,
+            (false, KeyAction::Resolve) => self.url(&["keys", key, "resolve"])?,
+            (true, KeyAction::Record) => self.url(&["keys"])?,
+            (true, KeyAction::Resolve) => self.url(&["resolve"])?,
+        };
+        if dot_segment {
+            url.query_pairs_mut().append_pair("key", key);
         }
+        Ok(url)
+    }
+
+    async fn call(&self, method: Method, url: Url, body: Option<Value>) -> Result<Value, CliError> {
         let mut request = self.request(method, url);
         if let Some(b) = body {
             request = request.json(&b);
@@ -75,30 +92,33 @@ impl Remote {
 
     /// The record as JSON.
     pub async fn inspect(&self, key: &str) -> Result<Value, CliError> {
-        self.call(Method::GET, &["keys", key], &[], None).await
+        self.call(Method::GET, self.key_url(key, KeyAction::Record)?, None).await
     }
 
     /// Forgets `key`; returns the state it was in.
     pub async fn forget(&self, key: &str, force: bool) -> Result<String, CliError> {
-        let query: &[(&str, &str)] = if force { &[("force", "true")] } else { &[] };
-        let answer = self.call(Method::DELETE, &["keys", key], query, None).await?;
+        let mut url = self.key_url(key, KeyAction::Record)?;
+        if force {
+            url.query_pairs_mut().append_pair("force", "true");
+        }
+        let answer = self.call(Method::DELETE, url, None).await?;
         Ok(answer.get("was").and_then(Value::as_str).unwrap_or("unknown").to_string())
     }
 
     /// Resolves an indeterminate key; returns the new record as JSON.
     pub async fn resolve(&self, key: &str, outcome: Completion) -> Result<Value, CliError> {
         let body = serde_json::json!({"as": outcome.as_str()});
-        self.call(Method::POST, &["keys", key, "resolve"], &[], Some(body)).await
+        self.call(Method::POST, self.key_url(key, KeyAction::Resolve)?, Some(body)).await
     }
 
     /// The stats document.
     pub async fn stats(&self) -> Result<Value, CliError> {
-        self.call(Method::GET, &["stats"], &[], None).await
+        self.call(Method::GET, self.url(&["stats"])?, None).await
     }
 
     /// Removes expired records; returns how many.
     pub async fn compact(&self) -> Result<u64, CliError> {
-        let answer = self.call(Method::POST, &["compact"], &[], None).await?;
+        let answer = self.call(Method::POST, self.url(&["compact"])?, None).await?;
         answer.get("removed").and_then(Value::as_u64).ok_or_else(|| remote(format!("unexpected answer {answer}")))
     }
 }
@@ -122,4 +142,27 @@ pub(super) async fn check(response: Response) -> Result<Response, CliError> {
         StatusCode::UNAUTHORIZED => CliError::Remote(format!("401 {message}: check {TOKEN_ENV}")),
         other => CliError::Remote(format!("{other}: {message}")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote(base: &str) -> Remote {
+        Remote { client: reqwest::Client::new(), base: Url::parse(base).unwrap(), token: "t".into() }
+    }
+
+    #[test]
+    fn a_key_is_one_path_segment_or_for_dot_segments_the_query() {
+        let r = remote("http://h:1");
+        let url = |key: &str, action| r.key_url(key, action).unwrap().to_string();
+        assert_eq!(url("a/b c", KeyAction::Record), "http://h:1/v1/keys/a%2Fb%20c");
+        assert_eq!(url("100%?#", KeyAction::Resolve), "http://h:1/v1/keys/100%25%3F%23/resolve");
+        assert_eq!(url("%2E", KeyAction::Record), "http://h:1/v1/keys/%252E");
+        assert_eq!(url(".", KeyAction::Record), "http://h:1/v1/keys?key=.");
+        assert_eq!(url("..", KeyAction::Resolve), "http://h:1/v1/resolve?key=..");
+        // A base with a path (behind a proxy) keeps it.
+        let r = remote("http://h:1/dedupd/");
+        assert_eq!(r.key_url("k", KeyAction::Record).unwrap().as_str(), "http://h:1/dedupd/v1/keys/k");
+    }
 }

@@ -5,6 +5,11 @@
 //! `Authorization: Bearer TOKEN`; the token is compared in constant time (over SHA-256
 //! digests, so neither its bytes nor its length leak through timing). Store calls block
 //! (sled, fjall), so each runs on the blocking pool.
+//!
+//! A key is a path segment (`/v1/keys/{key}`) or, for any key, a query parameter
+//! (`/v1/keys?key=K`, `/v1/resolve?key=K`): the keys `.` and `..` are valid, but URL
+//! parsers remove them as path segments even percent-encoded (`%2E` is a dot segment too),
+//! so no client can send them in the path.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use axum::routing::{any, get, post};
 use futures::TryStreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::store::transfer::ImportOptions;
 use crate::store::{Completion, ForgetError, KeyStore, ResolveError, TransferError, record_json};
@@ -83,6 +89,8 @@ pub fn router(admin: Option<AdminApi>) -> Router {
     Router::new()
         .route("/v1/keys/{key}", get(inspect).delete(forget))
         .route("/v1/keys/{key}/resolve", post(resolve))
+        .route("/v1/keys", get(inspect_query).delete(forget_query))
+        .route("/v1/resolve", post(resolve_query))
         .route("/v1/stats", get(stats))
         .route("/v1/compact", post(compact))
         .route("/v1/export", get(export))
@@ -93,9 +101,9 @@ pub fn router(admin: Option<AdminApi>) -> Router {
 
 /// Equal tokens, in time independent of where they differ and of their lengths.
 fn token_matches(expected: &str, given: &str) -> bool {
+    // Digests first: equal lengths, so the compare's time says nothing about the token's.
     let (a, b) = (Sha256::digest(expected.as_bytes()), Sha256::digest(given.as_bytes()));
-    let diff = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
+    a.as_slice().ct_eq(b.as_slice()).into()
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -122,12 +130,39 @@ async fn require_token(State(admin): State<AdminApi>, request: Request, next: Ne
     }
 }
 
+/// `?key=K`: the key of the query-form routes.
+#[derive(Deserialize)]
+struct KeyParam {
+    key: String,
+}
+
+/// Takes the key of a query-form route; a query without one is a 400.
+fn key_param(params: Result<Query<KeyParam>, QueryRejection>) -> Result<String, ApiError> {
+    match params {
+        Ok(Query(KeyParam { key })) => Ok(key),
+        Err(_) => Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: ?key=KEY is required")),
+    }
+}
+
 async fn inspect(State(a): State<AdminApi>, Path(key): Path<String>) -> ApiResult {
+    inspect_key(a, key).await
+}
+
+async fn inspect_query(State(a): State<AdminApi>, params: Result<Query<KeyParam>, QueryRejection>) -> ApiResult {
+    inspect_key(a, key_param(params)?).await
+}
+
+async fn inspect_key(a: AdminApi, key: String) -> ApiResult {
     blocking(move || match a.store.get(&key).map_err(internal)? {
         Some(r) => Ok(axum::Json(record_json(&key, &r)).into_response()),
-        None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("key {key:?} has no record"))),
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("key {} has no record", quoted(&key)))),
     })
     .await
+}
+
+/// A key in a message, as a JSON string: quoted, with `"`, `\` and control characters escaped.
+fn quoted(key: &str) -> String {
+    serde_json::Value::from(key).to_string()
 }
 
 #[derive(Deserialize)]
@@ -136,15 +171,38 @@ struct ForgetParams {
     force: bool,
 }
 
+#[derive(Deserialize)]
+struct ForgetQueryParams {
+    key: String,
+    #[serde(default)]
+    force: bool,
+}
+
+const BAD_FORCE: &str = "bad query: force must be true or false";
+
 async fn forget(
     State(a): State<AdminApi>,
     Path(key): Path<String>,
     params: Result<Query<ForgetParams>, QueryRejection>,
 ) -> ApiResult {
     let Ok(Query(params)) = params else {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: force must be true or false"));
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, BAD_FORCE));
     };
-    blocking(move || match a.store.forget_checked(&key, params.force) {
+    forget_key(a, key, params.force).await
+}
+
+async fn forget_query(
+    State(a): State<AdminApi>,
+    params: Result<Query<ForgetQueryParams>, QueryRejection>,
+) -> ApiResult {
+    let Ok(Query(params)) = params else {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("{BAD_FORCE}, and ?key=KEY is required")));
+    };
+    forget_key(a, params.key, params.force).await
+}
+
+async fn forget_key(a: AdminApi, key: String, force: bool) -> ApiResult {
+    blocking(move || match a.store.forget_checked(&key, force) {
         Ok(was) => Ok(axum::Json(serde_json::json!({"forgot": key, "was": was.state().as_str()})).into_response()),
         Err(e @ ForgetError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
         Err(e @ ForgetError::InProgress(_)) => Err(ApiError::new(StatusCode::CONFLICT, format!("{e} (?force=true)"))),
@@ -161,6 +219,18 @@ struct ResolveBody {
 }
 
 async fn resolve(State(a): State<AdminApi>, Path(key): Path<String>, body: Bytes) -> ApiResult {
+    resolve_key(a, key, body).await
+}
+
+async fn resolve_query(
+    State(a): State<AdminApi>,
+    params: Result<Query<KeyParam>, QueryRejection>,
+    body: Bytes,
+) -> ApiResult {
+    resolve_key(a, key_param(params)?, body).await
+}
+
+async fn resolve_key(a: AdminApi, key: String, body: Bytes) -> ApiResult {
     let body: ResolveBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(StatusCode::BAD_REQUEST, format!("body must be {{\"as\": \"succeeded\"|\"failed\"}}: {e}"))
     })?;

@@ -1,0 +1,205 @@
+//! The operator CLI through the admin API (`--admin URL`), with the real `dedupd` binary
+//! against the real admin server on a loopback listener: every valid key is reachable,
+//! `.` and `..` included (URL parsing removes them from a path, so the CLI sends them in
+//! the query), and keys with `/`, `%`, `?`, `#`, `+`, spaces and non-ASCII round-trip;
+//! `--admin` goes before or after the subcommand; a closed stdout ends the output quietly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupd::store::{StoreBackend, SyncMode};
+use dedupd::fingerprint::Fingerprint;
+use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
+use dedupd::store::{Completed, Completion, Indeterminate, KeyStore, Record};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "cli-admin-token-0123456789";
+
+/// Keys a URL path mangles unless each is sent with care.
+const AWKWARD_KEYS: &[&str] = &[
+    ".",
+    "..",
+    "...",
+    "%2E",
+    ".%2e",
+    "%2e%2e",
+    "a/b c",
+    "a/../b",
+    "./x",
+    "100%",
+    "%",
+    "?x=1&y=2#frag",
+    "+plus+",
+    " spaced ",
+    "back\\slash",
+    "ключ/键",
+    "keys",
+    "resolve",
+    "\"quoted\"",
+];
+
+fn completed(fp: u8) -> Record {
+    Record::Completed(Completed {
+        fingerprint: Fingerprint([fp; 32]),
+        outcome: Completion::Succeeded,
+        result: br#"{"accepted":true}"#.to_vec(),
+        error: None,
+        first_seen_at_ms: 1_000,
+        completed_at_ms: 2_000,
+        expires_at_ms: chrono::Utc::now().timestamp_millis() + 3_600_000,
+        attempts: 1,
+    })
+}
+
+fn indeterminate(fp: u8) -> Record {
+    Record::Indeterminate(Indeterminate {
+        fingerprint: Fingerprint([fp; 32]),
+        claimed_at_ms: 1_000,
+        attempts: 1,
+        why: "crash".into(),
+    })
+}
+
+struct Server {
+    base: String,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), dedupd::ops::OpsError>>,
+}
+
+async fn start(store: &Arc<KeyStore>) -> Server {
+    let admin = AdminApi {
+        store: Arc::clone(store),
+        token: TOKEN.into(),
+        resolve_ttl: Duration::from_secs(3600),
+        compaction_chunk: 100,
+    };
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let health = Arc::new(Health::default());
+    let stop = CancellationToken::new();
+    let (addr, fut) =
+        serve_with_admin("127.0.0.1:0".parse().unwrap(), metrics, health, Some(admin), stop.clone().cancelled_owned())
+            .await
+            .unwrap();
+    Server { base: format!("http://{addr}"), stop, task: tokio::spawn(fut) }
+}
+
+impl Server {
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(10), self.task).await.unwrap().unwrap().unwrap();
+    }
+}
+
+/// What a CLI run left behind.
+#[derive(Debug)]
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+}
+
+/// `dedupd ARGS` with the admin token and no other `DEDUPD_*` variable.
+fn dedupd(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_dedupd"));
+    cmd.args(args).stdin(std::process::Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEDUPD_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.env("DEDUPD_ADMIN_TOKEN", TOKEN);
+    cmd
+}
+
+async fn cli(args: &[&str]) -> Ran {
+    let out = dedupd(args).output().await.unwrap();
+    Ran {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn every_key_is_reachable_through_the_admin_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
+    for (i, key) in AWKWARD_KEYS.iter().enumerate() {
+        store.compare_and_swap(key, None, Some(&completed(i as u8))).unwrap().unwrap();
+    }
+    let server = start(&store).await;
+    let url = server.base.as_str();
+
+    for key in AWKWARD_KEYS {
+        for args in [["inspect", key, "--admin", url], ["--admin", url, "inspect", key]] {
+            let ran = cli(&args).await;
+            assert_eq!(ran.code, Some(0), "{key:?}: {ran:?}");
+            assert_eq!(ran.json()["key"].as_str(), Some(*key), "{ran:?}");
+        }
+    }
+    // Forget each; the store no longer has it, and inspecting it again is "no such key".
+    for key in AWKWARD_KEYS {
+        let ran = cli(&["forget", key, "--admin", url]).await;
+        let expected = format!("forgot {} (was completed)", serde_json::Value::from(*key));
+        assert_eq!((ran.code, ran.stdout.trim()), (Some(0), expected.as_str()), "{ran:?}");
+        assert_eq!(store.get(key).unwrap(), None, "{key:?}");
+        let ran = cli(&["--admin", url, "inspect", key]).await;
+        assert_eq!(ran.code, Some(4), "{ran:?}");
+        assert!(ran.stderr.contains("has no record"), "{ran:?}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn dot_keys_resolve_and_force_forget_through_the_admin_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(KeyStore::open(StoreBackend::Sled, &dir.path().join("store"), SyncMode::Batch).unwrap());
+    for (i, key) in [".", "..", "a/b"].iter().enumerate() {
+        store.compare_and_swap(key, None, Some(&indeterminate(i as u8))).unwrap().unwrap();
+    }
+    let server = start(&store).await;
+    let url = server.base.as_str();
+
+    for key in [".", "..", "a/b"] {
+        let ran = cli(&["resolve", key, "--as", "failed", "--admin", url]).await;
+        assert_eq!(ran.code, Some(0), "{ran:?}");
+        assert_eq!((ran.json()["key"].as_str(), ran.json()["state"].as_str()), (Some(key), Some("completed")));
+        match store.get(key).unwrap() {
+            Some(Record::Completed(c)) => assert_eq!(c.outcome, Completion::Failed, "{key:?}"),
+            other => panic!("{key:?} not resolved: {other:?}"),
+        }
+        // A second resolve is refused (exit 3): the key is no longer indeterminate.
+        let ran = cli(&["--admin", url, "resolve", key, "--as", "succeeded"]).await;
+        assert_eq!(ran.code, Some(3), "{ran:?}");
+        let ran = cli(&["--admin", url, "forget", key, "--force"]).await;
+        assert_eq!(ran.code, Some(0), "{ran:?}");
+        assert_eq!(store.get(key).unwrap(), None);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_closed_stdout_ends_the_output_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
+    store.compare_and_swap("k1", None, Some(&completed(1))).unwrap().unwrap();
+    let server = start(&store).await;
+    let url = server.base.as_str();
+
+    for args in [["inspect", "k1", "--admin", url].as_slice(), &["--admin", url, "stats"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = dedupd(args).stdout(writer).stderr(std::process::Stdio::piped()).output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!((out.status.code(), stderr.as_ref()), (Some(0), ""), "{args:?}");
+    }
+    server.stop().await;
+}
