@@ -1,5 +1,5 @@
 //! Configuration: one TOML file, every key overridable by `DEDUPD_SECTION__KEY`
-//! environment variables, validated before anything starts (SPEC §7).
+//! environment variables, validated before anything starts (docs/contract.md §7).
 //!
 //! The types here are pure data with `deny_unknown_fields`; [`Config::validate`] checks
 //! what serde cannot (references between sections, ranges, patterns) and names the key.
