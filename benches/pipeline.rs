@@ -1,4 +1,4 @@
-//! End-to-end benchmark on a real Kafka broker (issue "The Kafka pipeline", item 10).
+//! End-to-end benchmark on a real Kafka broker (BENCHMARKS.md, "Pipeline benchmark").
 //!
 //! In one run, for each store backend:
 //! 1. the store floor: `KeyStore` claim + flush + complete + flush in batches of 500, the

@@ -1,7 +1,7 @@
-//! The decision table of SPEC §4 as one pure function: what to do with an arrival, given
+//! The decision table of docs/contract.md §4 as one pure function: what to do with an arrival, given
 //! what the store holds. No I/O, no clock: `now` comes in through [`Context`].
 //!
-//! Decisions the SPEC leaves open, made here (and in docs/decisions.md):
+//! Choices where the table could be read another way, made here (and in docs/decisions.md):
 //! - The stale guard only stops *execution*. A stale repeat of a key whose completed record
 //!   still exists gets its replay (`duplicate`) or `conflict`, which is more useful and
 //!   equally safe; only an arrival that would run the sink becomes `stale`.

@@ -27,7 +27,7 @@
 //! Letting go. When `cancel` fires, no sink call is started any more. A claim whose sink
 //! never ran is released (its previous record restored), so the next owner runs it as if
 //! nothing happened; a claim whose sink ran at least once without an answer stays
-//! `in_progress` for the crash rules of SPEC §4. Such records come back as
+//! `in_progress` for the crash rules of docs/contract.md §4. Such records come back as
 //! [`ItemResult::Abandoned`]: the pipeline must not commit past them.
 
 mod batch;

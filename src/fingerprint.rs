@@ -1,4 +1,4 @@
-//! Fingerprints (SPEC §2): `sha256:` + hex of SHA-256 over the RFC 8785 (JCS) canonical
+//! Fingerprints (docs/contract.md §2): `sha256:` + hex of SHA-256 over the RFC 8785 (JCS) canonical
 //! JSON of `{"type": TYPE, "payload": PAYLOAD}`, after removing a route's excluded pointers.
 //!
 //! JCS comes from `serde_json_canonicalizer` (ECMAScript number formatting via ryu-js,

@@ -13,9 +13,9 @@
 //! - [`routes`]: command types (exact or glob) to sinks, TTL precedence.
 //! - [`envelope`]: a Kafka record to a `Command` or a typed `Rejection`.
 //! - [`store`]: the key store: CAS claims, group commit, expiry index, compaction, watermarks.
-//! - [`decide`]: the pure decision table of SPEC §4.
+//! - [`decide`]: the pure decision table of docs/contract.md §4.
 //! - [`sinks`]: the `Sink` trait, the `sink_kinds!` registration, one file per kind (docs/sinks.md).
-//! - [`outcome`]: what became of a record; the result record of SPEC §5.
+//! - [`outcome`]: what became of a record; the result record of docs/contract.md §5.
 //! - [`cli`]: the command line; [`demo`]: `dedupd demo` on a mock cluster.
 //! - [`pipeline`]: `dedupd run`: consumer thread, partition workers, publisher, purge.
 //! - [`ops`]: the HTTP listener (metrics, health, admin) and the metrics catalogue.

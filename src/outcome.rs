@@ -1,4 +1,4 @@
-//! What became of one input record, and the result record (SPEC §5) it is published as.
+//! What became of one input record, and the result record (docs/contract.md §5) it is published as.
 //! Pure data and formatting: the pipeline publishes it, tests read it back.
 
 use serde::{Deserialize, Serialize};
@@ -70,7 +70,7 @@ impl From<&SourcePos> for SourceRef {
     }
 }
 
-/// The value of a result record, exactly as SPEC §5 shows it.
+/// The value of a result record, as docs/contract.md §5 describes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultRecord {
     /// The command key (`null` when the record had none readable).

@@ -1,4 +1,4 @@
-//! Routes (SPEC §6): command types, exact or glob, to a named sink with its own TTL and
+//! Routes (docs/contract.md §6): command types, exact or glob, to a named sink with its own TTL and
 //! fingerprint exclusions. First matching route wins; `*` makes a default route.
 
 use std::time::Duration;

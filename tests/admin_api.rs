@@ -1,4 +1,4 @@
-//! The admin API (SPEC §7, docs/admin.md) on a real loopback listener over a real store:
+//! The admin API (docs/contract.md §9, docs/admin.md) on a real loopback listener over a real store:
 //! bearer token (missing and wrong: 401 with a challenge, nothing changed), off without a
 //! token (404), unknown key 404, conflicts 409, bad input 400; resolve, forget, compact,
 //! export and import change the store, asserted by reading it back.

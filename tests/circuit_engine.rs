@@ -1,4 +1,4 @@
-//! The engine with a sink behind a circuit breaker (SPEC §6, docs/sinks.md "Circuit breaker
+//! The engine with a sink behind a circuit breaker (docs/contract.md §6, docs/sinks.md "Circuit breaker
 //! and backpressure"): a sink that is down for much longer than `retry.max_attempts` would
 //! last does not make commands `failed`; they wait, one probe at a time tests the sink, and
 //! they all succeed, once each, when it is back. A cancel while waiting lets go as before.

@@ -1,4 +1,4 @@
-//! The operator CLI end to end on a real broker (SPEC §7, docs/admin.md), with the real
+//! The operator CLI end to end on a real broker (docs/contract.md §8, docs/admin.md), with the real
 //! `dedupd` binary as child processes:
 //! - `inspect`, `forget`, `resolve`, `stats`, `compact` once against the running instance
 //!   (`--admin URL`, token from `DEDUPD_ADMIN_TOKEN`) and once against its stopped store

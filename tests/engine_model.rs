@@ -1,4 +1,4 @@
-//! Model test: the engine against a plain in-memory model of SPEC §3–§4.
+//! Model test: the engine against a plain in-memory model of docs/contract.md §3–§4.
 //!
 //! For any sequence of arrivals (same key and payload, same key other payload, new keys),
 //! sink successes and failures, crashes between steps, clock jumps past the TTL and

@@ -290,7 +290,7 @@ async fn connection_refused_is_transient() {
     }
 }
 
-/// The crash window (SPEC §4): the interrupted run's request reached the server, the claim
+/// The crash window (docs/contract.md §4): the interrupted run's request reached the server, the claim
 /// reached the disk, the process died before completing it; the command is redelivered.
 #[tokio::test]
 async fn an_orphaned_claim_reruns_with_the_same_idempotency_key_only_when_forwarding() {

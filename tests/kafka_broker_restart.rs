@@ -1,4 +1,4 @@
-//! The broker restarts while dedupd works (SPEC §5: nothing is lost; at most once per key).
+//! The broker restarts while dedupd works (docs/contract.md §5: nothing is lost; at most once per key).
 //!
 //! The whole pipeline runs in process (`dedupd::pipeline::run`) against the real broker of
 //! `scripts/kafka/kafka.sh with …`, with an HTTP receiver that answers 5–30 ms after each
@@ -13,7 +13,7 @@
 //! - no double effect: the receiver saw no key twice (and never a key that is not valid);
 //! - every result is `succeeded` or `duplicate`, no dead letter, and at most one `succeeded`
 //!   per key. Extra results for an input (re-delivery after the outage) are counted and
-//!   printed, not failed: SPEC §5 allows them only after a crash, see the report printed.
+//!   printed, not failed: docs/decisions.md explains when they happen, see the report printed.
 //!
 //! This test restarts the shared broker, so it lives alone in its own test binary (cargo
 //! runs test binaries one after another). Run with

@@ -1,5 +1,5 @@
 //! SIGKILL the real `dedupd` binary twenty times while it works, on a real Kafka broker
-//! (SPEC §3 "durable before the sink is called", §4 crash rows, §5 "nothing is lost"), with
+//! (docs/contract.md §3 "durable before the sink is called", §4 crash rows, §5 "nothing is lost"), with
 //! every sink kind in the same run.
 //!
 //! ~2,900 commands over 6 partitions, ~30% of them repeats (right behind the original in the

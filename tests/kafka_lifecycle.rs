@@ -1,4 +1,4 @@
-//! Letting go and coming back, on a real Kafka broker (SPEC §3, §5):
+//! Letting go and coming back, on a real Kafka broker (docs/contract.md §3, §5):
 //! - shutdown drains in-flight work, publishes, commits; a restart finishes the rest with
 //!   exactly one effect and one result per input;
 //! - a revoked partition is drained and committed before it moves, and no result for it

@@ -77,7 +77,7 @@ async fn a_template_shapes_the_value() {
     );
 }
 
-/// The crash window (SPEC §4): the interrupted run's record reached the sink topic, the
+/// The crash window (docs/contract.md §4): the interrupted run's record reached the sink topic, the
 /// claim reached the disk, the process died before completing it; the command is
 /// redelivered. The kafka sink always forwards the key, so it is re-run: a second record with
 /// the same Kafka key and `idempotency-key` header, by which a consumer drops it.

@@ -1,4 +1,4 @@
-//! Logs and traces of `dedupd run` on a real broker (SPEC §7):
+//! Logs and traces of `dedupd run` on a real broker (docs/contract.md §11):
 //! - W3C `traceparent` goes from an input's headers to its result's headers and into the
 //!   http sink request; a duplicate's result carries the duplicate's own trace context;
 //! - with `log.format = "json"` every line is JSON, and every command has a `command` span

@@ -1,11 +1,11 @@
-//! The SPEC §7 metrics after a real run: `dedupd run` as a child on a real broker, two
+//! The docs/contract.md §10 metrics after a real run: `dedupd run` as a child on a real broker, two
 //! routes (`main` with the default TTL, `brief` with a TTL of a few seconds so compaction
 //! removes its keys during the test), one http sink to a scripted loopback receiver (one
 //! key answered 400 for good, one 503 then 200), and a known mix of commands: distinct,
 //! repeats, conflicts, a stale record and one bad record of each kind we can make.
 //!
 //! Once the results topic holds one record per input, `/metrics` is scraped (polled until
-//! the background gauges have refreshed and compaction has run) and every SPEC §7 metric is
+//! the background gauges have refreshed and compaction has run) and every docs/contract.md §10 metric is
 //! checked with exact values against the ground truth: the results and dead-letter topics,
 //! what the receiver answered, and the store itself once dedupd has stopped.
 //!
@@ -38,7 +38,7 @@ const BRIEF_TTL: &str = "15s";
 const FAILING_KEY: &str = "main-0";
 /// The key the receiver answers 503 once, then 200 (`transient`, then `ok`).
 const FLAKY_KEY: &str = "main-1";
-/// Every SPEC §7 metric with its type (plus `refused_partitions`, SPEC §3's "metric", and
+/// Every docs/contract.md §10 metric with its type (`refused_partitions` of §3 included, and
 /// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md).
 const CATALOGUE: [(&str, &str); 14] = [
     ("dedupd_commands_total", "counter"),

@@ -1,4 +1,4 @@
-//! Crash test of the key store (SPEC §3: a claim is durable before its sink runs).
+//! Crash test of the key store (docs/contract.md §3: a claim is durable before its sink runs).
 //!
 //! A child process (`src/bin/store-crash-child.rs`) claims, flushes, completes and compacts
 //! batches of fresh keys, reporting on stdout what it has flushed. The parent SIGKILLs it

@@ -1,4 +1,4 @@
-//! Fuzzes `dedupd::envelope::parse` (SPEC §1): any record must become a `Command` that keeps
+//! Fuzzes `dedupd::envelope::parse` (docs/contract.md §1): any record must become a `Command` that keeps
 //! the key rules, or a `Rejection`; never a panic, never a `stale` (that needs the clock).
 //!
 //! Input scheme (simple, so seeds can be written by hand; see docs/fuzzing.md):

@@ -1,4 +1,4 @@
-//! The command line (SPEC §7). `run` and `demo` start the pipeline; the operator commands
+//! The command line (docs/contract.md §8). `run` and `demo` start the pipeline; the operator commands
 //! (`inspect`, `forget`, `resolve`, `stats`, `compact`, `export`, `import`) work on a running
 //! instance through its admin API with `--admin URL` (token from `DEDUPD_ADMIN_TOKEN`), or
 //! on a stopped instance's store directly with `-c FILE` ([`direct`]; [`remote`];

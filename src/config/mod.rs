@@ -1,5 +1,5 @@
 //! Configuration: one TOML file, every key overridable by `DEDUPD_SECTION__KEY`
-//! environment variables, validated before anything starts (SPEC §7).
+//! environment variables, validated before anything starts (docs/contract.md §7).
 //!
 //! Each section's type lives with the module that reads it (`[store]` in `store::config`,
 //! `[kafka]` in `pipeline::config`, ...); this module composes them, loads the file and the

@@ -1,8 +1,8 @@
-//! Envelopes (SPEC §1): a Kafka record becomes a [`Command`] (key, type, payload,
-//! fingerprint, route, TTL) or a [`Rejection`] with a typed reason (SPEC §5). Never panics
+//! Envelopes (docs/contract.md §1): a Kafka record becomes a [`Command`] (key, type, payload,
+//! fingerprint, route, TTL) or a [`Rejection`] with a typed reason (docs/contract.md §1). Never panics
 //! (proptest below, and the `envelope` cargo-fuzz target: docs/fuzzing.md).
 //!
-//! Decisions where SPEC §1 is silent:
+//! Details docs/contract.md §1 leaves open:
 //! - Checks run in a fixed order and the first failure wins: value present, size (before
 //!   any parsing; headers do not count), UTF-8/JSON/object, shape, key, type, `ttl`/
 //!   `created_at`, payload, route. `Rejection::key` is set once the key is valid.
@@ -237,7 +237,7 @@ pub struct Rejection {
     pub key: Option<String>,
 }
 
-/// Longest accepted key, in bytes of UTF-8 (SPEC §1).
+/// Longest accepted key, in bytes of UTF-8 (docs/contract.md §1).
 pub const MAX_KEY_BYTES: usize = 255;
 
 /// The only CloudEvents `specversion` accepted.

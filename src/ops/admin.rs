@@ -1,4 +1,4 @@
-//! The admin API (SPEC §7; routes, status codes and formats in docs/admin.md).
+//! The admin API (docs/contract.md §9; routes, status codes and formats in docs/admin.md).
 //!
 //! Mounted on the ops listener only when `http.admin_token` is set; without it every
 //! `/v1/...` path answers 404 saying the API is off. Every route needs

@@ -1,4 +1,4 @@
-//! Every metric of SPEC §7 (prefix `dedupd_`), each updated through a named method so
+//! Every metric of docs/contract.md §10 (prefix `dedupd_`), each updated through a named method so
 //! that label values cannot drift between call sites.
 
 use prometheus::{

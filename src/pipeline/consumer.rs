@@ -142,7 +142,7 @@ impl PipelineContext {
     }
 
     /// Refuses partitions whose committed offset is beyond what the store recorded: the
-    /// store was lost or replaced, and going on would re-run or skip history (SPEC §3).
+    /// store was lost or replaced, and going on would re-run or skip history (docs/contract.md §3).
     fn check_watermarks(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
         let committed = match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
             Ok(c) => c,

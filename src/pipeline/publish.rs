@@ -1,4 +1,4 @@
-//! Publishing (SPEC §5): one result record per input record on `kafka.results_topic`, and
+//! Publishing (docs/contract.md §5): one result record per input record on `kafka.results_topic`, and
 //! the unchanged input plus reason headers on `kafka.dead_letter_topic`, through an
 //! idempotent producer (`enable.idempotence=true`, `acks=all`). `send` queues a batch's
 //! records and hands back their [`Acks`]; only once those resolve may the caller store the

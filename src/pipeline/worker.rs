@@ -186,7 +186,7 @@ impl PartitionWorker {
                 return Err(Stop::Fatal);
             }
         };
-        // The watermark must be durable before the offset is committed (SPEC §3). A flush
+        // The watermark must be durable before the offset is committed (docs/contract.md §3). A flush
         // the engine made for this batch (claims or completions) came after the raise and
         // covers it; a batch of only replays and rejections needs one of its own.
         if !flushed {

@@ -1,4 +1,4 @@
-//! The `exec` sink: runs a configured program once per attempt (SPEC §6).
+//! The `exec` sink: runs a configured program once per attempt (docs/contract.md §6).
 //!
 //! What the program gets, per attempt:
 //! - the payload as JSON on stdin (then stdin is closed; a program that does not read it
@@ -13,7 +13,7 @@
 //! 75, `EX_TEMPFAIL`) or death by a signal is transient; any other code is permanent.
 //! `forward_key` (default false) only *declares* whether the program honours
 //! `DEDUPD_KEY` as an idempotency key: it decides whether a claim orphaned by a crash is
-//! re-run (true) or becomes `indeterminate` (false), SPEC §4.
+//! re-run (true) or becomes `indeterminate` (false), docs/contract.md §4.
 //!
 //! The result stored and replayed to repeats is `{"exit_code": 0, "stdout": <stdout>}`,
 //! stdout parsed as JSON when it is valid JSON, else its text (lossy UTF-8), `null` when

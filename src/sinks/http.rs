@@ -1,5 +1,5 @@
-//! The `http` sink: JSON POST with `Idempotency-Key` (SPEC §6), failures classified as
-//! SPEC §4 says (see [`classify::classify`], the one place that names what is transient).
+//! The `http` sink: JSON POST with `Idempotency-Key` (docs/contract.md §6), failures classified as
+//! docs/contract.md §4 says (see [`classify::classify`], the one place that names what is transient).
 //!
 //! What goes out, per attempt:
 //! - `POST <url>` with the payload as the JSON body; `url` may be a template over payload

@@ -1,7 +1,7 @@
-//! Sinks (SPEC §6): where a command's side effect happens. A sink is a named instance of a
+//! Sinks (docs/contract.md §6): where a command's side effect happens. A sink is a named instance of a
 //! kind; each kind lives in one file, has a config type (pure data) separate from its
 //! runtime, and declares whether it forwards the key downstream (which decides what
-//! happens to a claim orphaned by a crash, SPEC §4).
+//! happens to a claim orphaned by a crash, docs/contract.md §4).
 //!
 //! Adding a kind (docs/sinks.md walks through a complete example): write `src/sinks/NAME.rs`
 //! with a config type implementing [`SinkKind`] and a runtime implementing [`Sink`], declare
@@ -36,7 +36,7 @@ pub trait SinkKind {
     /// from `at` (e.g. `sinks.payments-api`), as [`crate::config::Config::validate`] reports it.
     fn validate(&self, at: &str) -> Result<(), (String, String, String)>;
     /// Whether an instance with this config passes the key downstream so that re-running an
-    /// orphaned claim is safe (SPEC §4); `false` makes such a claim `indeterminate`.
+    /// orphaned claim is safe (docs/contract.md §4); `false` makes such a claim `indeterminate`.
     fn forwards_key(&self) -> bool;
     /// The instance's `[sinks.NAME.limits]` (a `limits: SinkLimits` field with
     /// `#[serde(default)]` on the kind's config); [`build_all`] applies them to every kind.

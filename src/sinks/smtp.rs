@@ -15,7 +15,7 @@
 //! on every attempt, so a relay or mailbox that drops repeated Message-IDs sees one message
 //! per key. `forward_key` (default false) only *declares* that it does: it decides whether
 //! a claim orphaned by a crash is re-run with the same Message-ID (true) or becomes
-//! `indeterminate` (false), SPEC §4.
+//! `indeterminate` (false), docs/contract.md §4.
 //!
 //! Failures: an SMTP 4xx reply, a connection, TLS or timeout error, or a malformed reply is
 //! transient; a 5xx reply (e.g. a rejected recipient or bad credentials) is permanent.

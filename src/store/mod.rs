@@ -1,4 +1,4 @@
-//! The key store (SPEC §3): one record per idempotency key, an expiry index, per-partition
+//! The key store (docs/contract.md §3): one record per idempotency key, an expiry index, per-partition
 //! watermarks, over a small byte-level [`Backend`] (sled or fjall).
 //!
 //! [`KeyStore`] owns the semantics, written once for both backends:

@@ -1,4 +1,4 @@
-//! Operator actions (SPEC §3, §7): `resolve` an indeterminate key as succeeded or failed,
+//! Operator actions (docs/contract.md §3, §8): `resolve` an indeterminate key as succeeded or failed,
 //! `forget` a key (refusing an `in_progress` one unless forced), and the stats document.
 //! The CLI on a stopped store and the admin API on a running one both call these, so the
 //! two paths behave alike.

@@ -1,4 +1,4 @@
-//! The stored record of one key (SPEC §3) and its compact binary encoding.
+//! The stored record of one key (docs/contract.md §3) and its compact binary encoding.
 //!
 //! Layout: `[version=1][state][fingerprint 32B][state fields...]`, integers little-endian,
 //! strings and blobs as LEB128 length + bytes. Decoding checks every length against the

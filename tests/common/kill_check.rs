@@ -1,6 +1,6 @@
 //! What must hold after `dedupd` was SIGKILLed many times while it worked (tests/kafka_kill.rs),
 //! judged from the outside only: the results topic, what each sink's downstream received
-//! ([`Effect`]s, tests/common/effects.rs) and the store opened directly. SPEC §3 "durable
+//! ([`Effect`]s, tests/common/effects.rs) and the store opened directly. docs/contract.md §3 "durable
 //! before the sink is called", §4 crash rows, §5 "nothing is lost":
 //! - every input record (partition/offset) has a result; every key has one; outcomes are
 //!   only `succeeded`, `duplicate`, `indeterminate`; a key never has both a

@@ -1,4 +1,4 @@
-//! Driving a real sink through the engine, and the crash window (SPEC §4): a claim that
+//! Driving a real sink through the engine, and the crash window (docs/contract.md §4): a claim that
 //! reached the disk but was never completed, as a crash between claim and completion
 //! leaves it. A "restarted" engine (fresh, over the same store) then gets the command
 //! again, as Kafka would redeliver it.

@@ -1,4 +1,4 @@
-//! How an `http` sink's attempt ended and what that means (SPEC §4): the one place that
+//! How an `http` sink's attempt ended and what that means (docs/contract.md §4): the one place that
 //! names what is transient, and the server's `Retry-After`.
 
 use std::time::Duration;
@@ -41,13 +41,13 @@ impl Ending {
 pub(crate) enum Class {
     /// The receiver accepted it: store the result.
     Success,
-    /// Retry with the same key, with backoff (SPEC §4).
+    /// Retry with the same key, with backoff (docs/contract.md §4).
     Transient,
     /// Retrying cannot help: complete as `failed` and replay that.
     Permanent,
 }
 
-/// The single place that says which endings are transient (SPEC §4).
+/// The single place that says which endings are transient (docs/contract.md §4).
 ///
 /// Transient (retried with the same key):
 /// - no response at all: connect errors (refused, unreachable, DNS, TLS handshake), the

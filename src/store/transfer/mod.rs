@@ -3,7 +3,7 @@
 //!
 //! One JSON object per line, each with `"v": 1` and a `"type"`:
 //! - `header` first: when, from which backend, about how many records follow;
-//! - `watermark` lines: the per-partition watermarks (SPEC §3), written *before* the
+//! - `watermark` lines: the per-partition watermarks (docs/contract.md §3), written *before* the
 //!   records: a watermark is raised only after the records of the offsets below it were
 //!   written, so every record an exported watermark vouches for is in the records that
 //!   follow (in this or a newer version), even though the export is not a snapshot;
