@@ -9,26 +9,8 @@ pub(super) fn detect(
     format: EnvelopeFormat,
     bytes: &[u8],
 ) -> Result<(Shape, Value), Rejection> {
-    let binary = header(record.headers, "ce_specversion");
-    if let Some(version) = binary {
-        if matches!(format, EnvelopeFormat::Native | EnvelopeFormat::ToolCall) {
-            return Err(bad_envelope(format!(
-                "the record is a binary CloudEvent (it has a ce_specversion header), but envelope.format = {}",
-                format_name(format)
-            )));
-        }
-        match std::str::from_utf8(version) {
-            Ok(CE_SPECVERSION) => {}
-            Ok(other) => {
-                return Err(bad_envelope(format!(
-                    "header ce_specversion is {}; only CloudEvents {CE_SPECVERSION} is supported",
-                    quote(other)
-                )));
-            }
-            Err(_) => return Err(bad_envelope("header ce_specversion is not UTF-8".to_string())),
-        }
-        let data = parse_json(bytes, "the value (the data of a binary CloudEvent)")?;
-        return Ok((Shape::CloudEventsBinary, data));
+    if let Some(version) = header(record.headers, "ce_specversion") {
+        return read_binary_cloudevent(version, format, bytes);
     }
 
     let doc = parse_json(bytes, "the value")?;
@@ -73,21 +55,44 @@ pub(super) fn detect(
         )));
     };
     if shape == Shape::CloudEventsStructured {
-        match obj.get("specversion") {
-            Some(Value::String(v)) if v == CE_SPECVERSION => {}
-            Some(Value::String(v)) => {
-                return Err(bad_envelope(format!(
-                    "`specversion` is {}; only CloudEvents {CE_SPECVERSION} is supported",
-                    quote(v)
-                )));
-            }
-            Some(v) => {
-                return Err(bad_envelope(format!("`specversion` is a JSON {}, not the string \"1.0\"", json_type(v))));
-            }
-            None => return Err(bad_envelope("`specversion` is missing".to_string())),
-        }
+        check_specversion(obj.get("specversion"))?;
     }
     Ok((shape, doc))
+}
+
+/// A binary CloudEvent (a `ce_specversion` header): the version must be ours and the value
+/// is its data.
+fn read_binary_cloudevent(version: &[u8], format: EnvelopeFormat, bytes: &[u8]) -> Result<(Shape, Value), Rejection> {
+    if matches!(format, EnvelopeFormat::Native | EnvelopeFormat::ToolCall) {
+        return Err(bad_envelope(format!(
+            "the record is a binary CloudEvent (it has a ce_specversion header), but envelope.format = {}",
+            format_name(format)
+        )));
+    }
+    match std::str::from_utf8(version) {
+        Ok(CE_SPECVERSION) => {}
+        Ok(other) => {
+            return Err(bad_envelope(format!(
+                "header ce_specversion is {}; only CloudEvents {CE_SPECVERSION} is supported",
+                quote(other)
+            )));
+        }
+        Err(_) => return Err(bad_envelope("header ce_specversion is not UTF-8".to_string())),
+    }
+    let data = parse_json(bytes, "the value (the data of a binary CloudEvent)")?;
+    Ok((Shape::CloudEventsBinary, data))
+}
+
+/// A structured CloudEvent's `specversion` must be the string of the version we read.
+fn check_specversion(specversion: Option<&Value>) -> Result<(), Rejection> {
+    match specversion {
+        Some(Value::String(v)) if v == CE_SPECVERSION => Ok(()),
+        Some(Value::String(v)) => {
+            Err(bad_envelope(format!("`specversion` is {}; only CloudEvents {CE_SPECVERSION} is supported", quote(v))))
+        }
+        Some(v) => Err(bad_envelope(format!("`specversion` is a JSON {}, not the string \"1.0\"", json_type(v)))),
+        None => Err(bad_envelope("`specversion` is missing".to_string())),
+    }
 }
 
 /// The command type: a non-empty string. Errors are `missing_type` messages.
