@@ -8,7 +8,9 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+
+use std::path::Path;
+use tempfile::NamedTempFile;
 
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -41,10 +43,19 @@ fn progress(len: u64, what: &str, bytes: bool) -> ProgressBar {
     bar
 }
 
-fn part_path(file: &Path) -> PathBuf {
-    let mut name = file.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(".part");
-    file.with_file_name(name)
+/// A hidden temporary file beside `file` that becomes `file` once it is whole. Dropped on
+/// an error, it deletes itself: a failed export never leaves a partial file behind.
+fn part_file(file: &Path) -> Result<NamedTempFile, CliError> {
+    let dir = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".part")
+        .tempfile_in(dir)
+        .map_err(file_error(&dir.join(format!(".{name}.*.part"))))
 }
 
 /// Counts the lines going through, for the bar.
@@ -64,30 +75,24 @@ impl<W: Write> Write for LineCounter<W> {
     }
 }
 
-/// Makes `part` durable and moves it to `file`.
-fn finish_file(out: BufWriter<File>, part: &Path, file: &Path) -> Result<(), CliError> {
-    let f = out.into_inner().map_err(|e| file_error(part)(e.into_error()))?;
-    f.sync_all().map_err(file_error(part))?;
-    std::fs::rename(part, file).map_err(file_error(file))
+/// Makes the part file durable and renames it to `file`.
+fn finish_file(out: BufWriter<NamedTempFile>, file: &Path) -> Result<(), CliError> {
+    let part = out.into_inner().map_err(|e| file_error(file)(e.into_error()))?;
+    part.as_file().sync_all().map_err(file_error(part.path()))?;
+    part.persist(file).map_err(|e| file_error(file)(e.error))?;
+    Ok(())
 }
 
 /// Exports a stopped store to `file`.
 pub fn export_direct(d: &Direct, file: &Path) -> Result<ExportCounts, CliError> {
-    let part = part_path(file);
-    let out = BufWriter::new(File::create(&part).map_err(file_error(&part))?);
+    let out = BufWriter::new(part_file(file)?);
     let c = d.store.counts();
     let lines = (c.in_progress + c.completed + c.indeterminate) as u64 + d.store.watermarks()?.len() as u64 + 2;
     let mut counter = LineCounter { inner: out, bar: progress(lines, "export", false) };
     let result = d.store.export_to(chrono::Utc::now().timestamp_millis(), &mut counter);
     counter.bar.finish_and_clear();
-    let counts = match result {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = std::fs::remove_file(&part);
-            return Err(e.into());
-        }
-    };
-    finish_file(counter.inner, &part, file)?;
+    let counts = result?;
+    finish_file(counter.inner, file)?;
     Ok(counts)
 }
 
@@ -96,9 +101,9 @@ pub async fn export_remote(r: &Remote, file: &Path) -> Result<ExportCounts, CliE
     let response =
         r.request(Method::GET, r.url(&["export"])?).send().await.map_err(|e| CliError::Remote(e.to_string()))?;
     let response = check(response).await?;
-    let part = part_path(file);
     let result = async {
-        let mut out = BufWriter::new(File::create(&part).map_err(file_error(&part))?);
+        let mut out = BufWriter::new(part_file(file)?);
+        let part = out.get_ref().path().to_path_buf();
         let bar = progress(0, "export", false);
         let mut first_line: Option<Vec<u8>> = Some(Vec::new());
         let mut stream = response.bytes_stream();
@@ -123,13 +128,10 @@ pub async fn export_remote(r: &Remote, file: &Path) -> Result<ExportCounts, CliE
         out.flush().map_err(file_error(&part))?;
         // A stream cut by a failing server ends without its end line: refuse it.
         let counts = validate(BufReader::new(File::open(&part).map_err(file_error(&part))?), |_| {})?;
-        finish_file(out, &part, file)?;
+        finish_file(out, file)?;
         Ok(counts)
     }
     .await;
-    if result.is_err() {
-        let _ = std::fs::remove_file(&part);
-    }
     result
 }
 
