@@ -45,7 +45,7 @@ pub(super) fn backoff(retry: &RetryConfig, next: u32, retry_after: Option<Durati
 /// the sink instead of being completed as `failed`. While waiting it gives its
 /// `max_in_flight` permit back, so commands for healthy sinks keep going.
 pub(super) async fn run_with_retry(
-    sink: &dyn Sink,
+    sink: &Sink,
     claim: &DurableClaim,
     command: &Command,
     retry: &RetryConfig,

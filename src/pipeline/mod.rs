@@ -87,9 +87,9 @@ pub async fn run(
         let sinks: Vec<&str> = config.sinks.keys().map(String::as_str).collect();
         metrics.init_known(&routes, &sinks);
     }
-    let built: HashMap<String, Arc<dyn Sink>> = sinks::build_all(&config.sinks)?
+    let built: HashMap<String, Arc<Sink>> = sinks::build_all(&config.sinks)?
         .into_iter()
-        .map(|(name, sink)| (name, metered::MeteredSink::wrap(sink, Arc::clone(&metrics))))
+        .map(|(name, sink)| (name, Arc::new(metered::MeteredSink::wrap(sink, Arc::clone(&metrics)))))
         .collect();
     let sinks_by_name = built.clone();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

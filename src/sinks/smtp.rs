@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// How the connection to the relay is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -194,7 +194,7 @@ impl SinkKind for SmtpSinkConfig {
         self.forward_key
     }
 
-    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         Ok(Arc::new(SmtpSink::new(name, self)?))
     }
 }
@@ -221,7 +221,6 @@ pub fn message_id(key: &str, domain: &str) -> String {
 
 /// An `smtp` sink at run time.
 pub struct SmtpSink {
-    name: String,
     config: SmtpSinkConfig,
     default_from: Option<Mailbox>,
     credentials: Option<Credentials>,
@@ -264,14 +263,7 @@ impl SmtpSink {
                 if config.tls == SmtpTls::Tls { Tls::Wrapper(params) } else { Tls::Required(params) }
             }
         };
-        Ok(SmtpSink {
-            name: name.to_string(),
-            config: config.clone(),
-            default_from,
-            credentials,
-            tls,
-            transport: OnceLock::new(),
-        })
+        Ok(SmtpSink { config: config.clone(), default_from, credentials, tls, transport: OnceLock::new() })
     }
 
     fn transport(&self) -> &AsyncSmtpTransport<Tokio1Executor> {
@@ -369,15 +361,7 @@ fn classify(err: lettre::transport::smtp::Error, message_id: &str) -> SinkError 
 }
 
 #[async_trait::async_trait]
-impl Sink for SmtpSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn forwards_key(&self) -> bool {
-        self.config.forward_key
-    }
-
+impl SinkEffect for SmtpSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let message_id = message_id(request.key, &self.config.message_id_domain);
         let message = self.message(&request, &message_id).map_err(|message| SinkError::Permanent {
