@@ -34,6 +34,7 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -199,20 +200,16 @@ impl SinkKind for SmtpSinkConfig {
     }
 }
 
+/// What [`message_id`] escapes: every byte but ASCII letters, digits and `- _ + =`.
+const MESSAGE_ID_ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'+').remove(b'=');
+
 /// The `Message-ID` for `key`: `<ENCODED@domain>`. ASCII letters, digits and `- _ + =`
 /// stay as they are; every other byte of the key's UTF-8 becomes `%XX` (upper-case hex),
 /// so the encoding is injective and the same key always gives the same Message-ID. An
 /// encoding longer than 200 characters is replaced by `sha256.<hex of SHA-256(key)>`
 /// (unambiguous: encoded keys never contain a dot), keeping the header line short.
 pub fn message_id(key: &str, domain: &str) -> String {
-    let mut encoded = String::with_capacity(key.len());
-    for byte in key.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'+' | b'=') {
-            encoded.push(char::from(byte));
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
+    let mut encoded = utf8_percent_encode(key, MESSAGE_ID_ESCAPED).to_string();
     if encoded.len() > 200 {
         encoded = format!("sha256.{}", hex::encode(Sha256::digest(key.as_bytes())));
     }
