@@ -9,22 +9,22 @@ use crate::ops::metrics::SINK_STATUSES;
 use crate::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 
 /// A sink's effect that reports each call to the metrics.
-pub struct MeteredSink {
+pub struct MeteredEffect {
     sink: String,
     inner: Arc<dyn SinkEffect>,
     metrics: Arc<Metrics>,
 }
 
-impl MeteredSink {
+impl MeteredEffect {
     /// `sink` with every call reported (the time spent waiting for its limits included).
     pub fn wrap(sink: Sink, metrics: Arc<Metrics>) -> Sink {
         let name = sink.name().to_string();
-        sink.wrap_effect(|inner| Arc::new(MeteredSink { sink: name, inner, metrics }))
+        sink.wrap_effect(|inner| Arc::new(MeteredEffect { sink: name, inner, metrics }))
     }
 }
 
 #[async_trait::async_trait]
-impl SinkEffect for MeteredSink {
+impl SinkEffect for MeteredEffect {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let started = Instant::now();
         let result = self.inner.execute(request).await;

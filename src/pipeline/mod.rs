@@ -89,7 +89,7 @@ pub async fn run(
     }
     let built: HashMap<String, Arc<Sink>> = sinks::build_all(&config.sinks)?
         .into_iter()
-        .map(|(name, sink)| (name, Arc::new(metered::MeteredSink::wrap(sink, Arc::clone(&metrics)))))
+        .map(|(name, sink)| (name, Arc::new(metered::MeteredEffect::wrap(sink, Arc::clone(&metrics)))))
         .collect();
     let sinks_by_name = built.clone();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -41,10 +41,10 @@ pub trait SinkKind {
     /// orphaned claim is safe (SPEC §4); `false` makes such a claim `indeterminate`.
     fn forwards_key(&self) -> bool;
     /// The instance's `[sinks.NAME.limits]` (a `limits: SinkLimits` field with
-    /// `#[serde(default)]` on the kind's config); [`build_all`] applies them to every kind.
+    /// `#[serde(default)]` on the kind's config); [`Sink::build`] applies them to every kind.
     fn limits(&self) -> &SinkLimits;
     /// The instance's `[sinks.NAME.circuit]` (a `circuit: CircuitConfig` field with
-    /// `#[serde(default)]`); [`build_all`] wraps every kind in its breaker.
+    /// `#[serde(default)]`); [`Sink::build`] gives every kind its breaker.
     fn circuit(&self) -> &CircuitConfig;
     /// Builds the effect of the instance called `name` (the name is for its logs and errors).
     fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError>;
@@ -107,14 +107,9 @@ impl SinkConfig {
         self.as_kind().forwards_key()
     }
 
-    /// Builds the instance called `name`: the kind's effect behind its limits when it has
-    /// any, with its circuit breaker (asked by the engine before each call, so outside the
-    /// limits: a call waiting for the circuit holds no concurrency permit and spends no token).
+    /// Builds the instance called `name` (see [`Sink::build`]).
     pub fn build(&self, name: &str) -> Result<Sink, SinkBuildError> {
-        let kind = self.as_kind();
-        Ok(Sink::new(name, kind.forwards_key(), kind.build(name)?)
-            .with_limits(kind.limits())
-            .with_circuit(kind.circuit()))
+        Sink::build(name, self.as_kind())
     }
 }
 
@@ -189,6 +184,16 @@ pub struct Sink {
 }
 
 impl Sink {
+    /// Builds the instance called `name` from its kind's config: the kind's effect behind
+    /// its limits when it has any, with its circuit breaker (asked by the engine before each
+    /// call, so outside the limits: a call waiting for the circuit holds no concurrency
+    /// permit and spends no token).
+    pub fn build(name: &str, kind: &dyn SinkKind) -> Result<Sink, SinkBuildError> {
+        Ok(Sink::new(name, kind.forwards_key(), kind.build(name)?)
+            .with_limits(kind.limits())
+            .with_circuit(kind.circuit()))
+    }
+
     /// The instance `name` performing `effect`, without limits or circuit breaker.
     pub fn new(name: &str, forwards_key: bool, effect: Arc<dyn SinkEffect>) -> Sink {
         Sink { name: name.to_string(), forwards_key, circuit: None, effect }
@@ -259,5 +264,15 @@ mod tests {
         assert!(SinkConfig::KINDS.contains(&"http") && SinkConfig::KINDS.contains(&"log"));
         let unknown = toml::from_str::<SinkConfig>("kind = \"carrier-pigeon\"").unwrap_err();
         assert!(unknown.to_string().contains("carrier-pigeon"), "{unknown}");
+    }
+
+    #[test]
+    fn a_built_instance_takes_its_facts_from_the_config() {
+        let log: SinkConfig = toml::from_str("kind = \"log\"").unwrap();
+        let sink = log.build("trial").unwrap();
+        assert_eq!((sink.name(), sink.forwards_key()), ("trial", true));
+        assert_eq!(sink.circuit().map(Circuit::sink), Some("trial"), "a breaker by default");
+        let off: SinkConfig = toml::from_str("kind = \"log\"\n[circuit]\nenabled = false").unwrap();
+        assert!(off.build("trial").unwrap().circuit().is_none());
     }
 }
