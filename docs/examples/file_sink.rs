@@ -62,10 +62,12 @@ pub struct FileSink {
 impl SinkEffect for FileSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let line = json!({ "key": request.key, "type": request.kind, "payload": request.payload });
+        // One write per line: concurrent calls append whole lines, never interleaved pieces.
+        let line = format!("{line}\n");
         let path = self.path.clone();
         let written = tokio::task::spawn_blocking(move || {
             let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
-            writeln!(file, "{line}")
+            file.write_all(line.as_bytes())
         })
         .await;
         match written {
