@@ -54,9 +54,12 @@ async fn main() {
         fingerprint_exclude: vec![],
     });
     let router = Arc::new(config.router().expect("router"));
-    let sinks: HashMap<String, Arc<dyn dedupd::sinks::Sink>> =
+    let sinks: HashMap<String, Arc<dedupd::sinks::Sink>> =
         dedupd::sinks::build_all(&config.sinks.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>())
-            .expect("sinks");
+            .expect("sinks")
+            .into_iter()
+            .map(|(name, sink)| (name, Arc::new(sink)))
+            .collect();
     let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store"));
     let engine = Engine::new(EngineParts {
         store: Arc::clone(&store),

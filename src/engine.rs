@@ -104,7 +104,7 @@ pub struct Engine {
     store: Arc<KeyStore>,
     router: Arc<Router>,
     /// One per route index, resolved once.
-    route_sinks: Vec<Arc<dyn Sink>>,
+    route_sinks: Vec<Arc<Sink>>,
     /// Keys being executed by this process, with a sender dropped when they finish.
     inflight: Mutex<HashMap<String, watch::Sender<()>>>,
     limiter: Arc<Semaphore>,
@@ -121,7 +121,7 @@ pub struct EngineParts {
     /// The routes.
     pub router: Arc<Router>,
     /// Sinks by name.
-    pub sinks: HashMap<String, Arc<dyn Sink>>,
+    pub sinks: HashMap<String, Arc<Sink>>,
     /// `pipeline.max_in_flight`.
     pub max_in_flight: usize,
     /// `[retry]`.
@@ -167,7 +167,7 @@ impl Engine {
     }
 
     /// The sink of route `route` (an index into the router's routes), if there is one.
-    pub fn route_sink(&self, route: usize) -> Option<&Arc<dyn Sink>> {
+    pub fn route_sink(&self, route: usize) -> Option<&Arc<Sink>> {
         self.route_sinks.get(route)
     }
 

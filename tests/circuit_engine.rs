@@ -18,8 +18,8 @@ use common::engine::{ManualClock, item, router};
 use dedupd::engine::RetryConfig;
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
 use dedupd::outcome::Outcome;
-use dedupd::sinks::circuit::{CircuitConfig, CircuitSink};
-use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::circuit::CircuitConfig;
+use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::{Completion, KeyStore, Record};
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -48,13 +48,7 @@ impl Outage {
 }
 
 #[async_trait::async_trait]
-impl Sink for Outage {
-    fn name(&self) -> &str {
-        "s"
-    }
-    fn forwards_key(&self) -> bool {
-        true
-    }
+impl SinkEffect for Outage {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         // A call takes a little while, so that calls of the batch overlap.
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -85,8 +79,13 @@ fn circuit(enabled: bool) -> CircuitConfig {
     }
 }
 
-fn engine(store: &Arc<KeyStore>, sink: Arc<dyn Sink>) -> Engine {
-    let mut sinks: HashMap<String, Arc<dyn Sink>> = HashMap::new();
+/// `outage` as the sink "s", forwarding the key, with the breaker `circuit(enabled)`.
+fn sink(outage: &Arc<Outage>, enabled: bool) -> Arc<Sink> {
+    Arc::new(Sink::new("s", true, outage.clone()).with_circuit(&circuit(enabled)))
+}
+
+fn engine(store: &Arc<KeyStore>, sink: Arc<Sink>) -> Engine {
+    let mut sinks: HashMap<String, Arc<Sink>> = HashMap::new();
     sinks.insert("s".into(), sink);
     Engine::new(EngineParts {
         store: store.clone(),
@@ -123,7 +122,7 @@ async fn a_long_outage_does_not_fail_commands_and_they_succeed_once_when_the_sin
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     let outage = Outage::new(Some(Instant::now() + OUTAGE));
-    let sink = CircuitSink::wrap(outage.clone(), &circuit(true));
+    let sink = sink(&outage, true);
     let engine = engine(&store, Arc::clone(&sink));
 
     let results = engine.process_batch(&batch(), &CancellationToken::new()).await.unwrap();
@@ -161,7 +160,7 @@ async fn without_the_breaker_the_same_outage_fails_every_command() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     let outage = Outage::new(Some(Instant::now() + OUTAGE));
-    let sink = CircuitSink::wrap(outage.clone(), &circuit(false));
+    let sink = sink(&outage, false);
     assert!(sink.circuit().is_none());
     let results = engine(&store, sink).process_batch(&batch(), &CancellationToken::new()).await.unwrap();
     assert_eq!(outcomes(&results), vec![Some(Outcome::Failed); N]);
@@ -173,7 +172,7 @@ async fn a_cancel_while_waiting_for_the_circuit_lets_go_as_before() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     let outage = Outage::new(None);
-    let sink = CircuitSink::wrap(outage.clone(), &circuit(true));
+    let sink = sink(&outage, true);
     let engine = Arc::new(engine(&store, Arc::clone(&sink)));
     let cancel = CancellationToken::new();
     let run = {

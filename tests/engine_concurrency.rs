@@ -38,8 +38,8 @@ fn trial(backend: StoreBackend) -> (Vec<(String, i64)>, Vec<Outcome>, Vec<Outcom
     let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).unwrap());
     let clock = Arc::new(ManualClock::new(1_000_000));
     let sink = Arc::new(ScriptedSink::new("s", true));
-    let mut sinks: HashMap<String, Arc<dyn Sink>> = HashMap::new();
-    sinks.insert("s".into(), sink.clone());
+    let mut sinks: HashMap<String, Arc<Sink>> = HashMap::new();
+    sinks.insert("s".into(), sink.as_sink());
     let engine = Arc::new(
         Engine::new(EngineParts {
             store,

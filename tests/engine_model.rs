@@ -151,8 +151,8 @@ impl Harness {
     }
 
     fn engine(store: &Arc<KeyStore>, sink: &Arc<ScriptedSink>, clock: &Arc<ManualClock>) -> Engine {
-        let mut sinks: HashMap<String, Arc<dyn dedupd::sinks::Sink>> = HashMap::new();
-        sinks.insert("s".into(), sink.clone());
+        let mut sinks: HashMap<String, Arc<dedupd::sinks::Sink>> = HashMap::new();
+        sinks.insert("s".into(), sink.as_sink());
         Engine::new(EngineParts {
             store: store.clone(),
             router: Arc::new(common::engine::router(Duration::from_millis(TTL_MS as u64))),

@@ -12,7 +12,7 @@ use common::engine::{ManualClock, item, router, test_retry};
 use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, ItemResult};
 use dedupd::outcome::Outcome;
-use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::{KeyStore, State};
 use tokio_util::sync::CancellationToken;
 
@@ -23,13 +23,7 @@ struct ForgettingSink {
 }
 
 #[async_trait::async_trait]
-impl Sink for ForgettingSink {
-    fn name(&self) -> &str {
-        "s"
-    }
-    fn forwards_key(&self) -> bool {
-        true
-    }
+impl SinkEffect for ForgettingSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         if request.key() == self.victim {
             self.store.forget(request.key()).expect("forget");
@@ -44,8 +38,9 @@ async fn a_key_forgotten_while_its_sink_runs_does_not_stop_the_batch() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).unwrap());
         let clock = Arc::new(ManualClock::new(1_000_000));
-        let mut sinks: HashMap<String, Arc<dyn Sink>> = HashMap::new();
-        sinks.insert("s".into(), Arc::new(ForgettingSink { store: store.clone(), victim: "b" }));
+        let mut sinks: HashMap<String, Arc<Sink>> = HashMap::new();
+        let forgetting = Arc::new(ForgettingSink { store: store.clone(), victim: "b" });
+        sinks.insert("s".into(), Arc::new(Sink::new("s", true, forgetting)));
         let engine = Engine::new(EngineParts {
             store: store.clone(),
             router: Arc::new(router(Duration::from_secs(3600))),

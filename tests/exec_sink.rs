@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use dedupd::outcome::Outcome;
 use dedupd::sinks::exec::{ExecSink, ExecSinkConfig};
-use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::{SinkConfig, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::Record;
 use serde_json::{Value, json};
 
@@ -88,9 +88,10 @@ async fn payload_arrives_on_stdin_and_key_type_attempt_in_the_environment() {
     let mut cfg = config(&program);
     cfg.args = vec!["first arg".into(), "--second".into()];
     cfg.env_passthrough = vec!["CARGO_PKG_NAME".into()];
-    let sink = ExecSink::new("jobs", &cfg);
-    assert_eq!(sink.name(), "jobs");
-    assert!(!sink.forwards_key(), "exec does not declare the key forwarded unless configured");
+    let sink = ExecSink::new(&cfg);
+    let instance = SinkConfig::Exec(cfg.clone()).build("jobs").unwrap();
+    assert_eq!(instance.name(), "jobs");
+    assert!(!instance.forwards_key(), "exec does not declare the key forwarded unless configured");
 
     let output = run(&sink, 3, Some(TRACEPARENT)).await.unwrap();
     assert_eq!(output, json!({ "exit_code": 0, "stdout": { "id": "job-7" } }));
@@ -113,7 +114,7 @@ async fn no_traceparent_no_variable_and_text_output_is_a_string() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     let program = script(out, "plain.sh", &format!("env > '{0}/env.txt'\necho queued", out.display()));
-    let sink = ExecSink::new("jobs", &config(&program));
+    let sink = ExecSink::new(&config(&program));
     let output = run(&sink, 1, None).await.unwrap();
     assert_eq!(output, json!({ "exit_code": 0, "stdout": "queued\n" }));
     assert_eq!(lookup(&env_dump(&out.join("env.txt")), "TRACEPARENT"), None);
@@ -123,7 +124,7 @@ async fn no_traceparent_no_variable_and_text_output_is_a_string() {
 async fn a_bare_program_name_is_looked_up_in_path() {
     let mut cfg = config(Path::new("sh"));
     cfg.args = vec!["-c".into(), "printf '%s' \"$DEDUPD_KEY\"".into()];
-    let output = run(&ExecSink::new("jobs", &cfg), 1, None).await.unwrap();
+    let output = run(&ExecSink::new(&cfg), 1, None).await.unwrap();
     assert_eq!(output, json!({ "exit_code": 0, "stdout": "order-42" }));
 }
 
@@ -142,7 +143,7 @@ async fn exit_codes_map_to_success_transient_and_permanent() {
     );
     let mut cfg = config(&program);
     cfg.transient_exit_codes = vec![75, 111];
-    let sink = ExecSink::new("jobs", &cfg);
+    let sink = ExecSink::new(&cfg);
 
     for (code, expect) in [(75, "transient"), (111, "transient"), (1, "permanent"), (64, "permanent")] {
         std::fs::write(out.join("code"), code.to_string()).unwrap();
@@ -170,7 +171,7 @@ async fn exit_codes_map_to_success_transient_and_permanent() {
 #[tokio::test]
 async fn a_missing_program_is_permanent() {
     let dir = tempfile::tempdir().unwrap();
-    let sink = ExecSink::new("jobs", &config(&dir.path().join("does-not-exist")));
+    let sink = ExecSink::new(&config(&dir.path().join("does-not-exist")));
     match run(&sink, 1, None).await {
         Err(SinkError::Permanent { message, .. }) => assert!(message.contains("cannot start"), "{message}"),
         other => panic!("expected permanent, got {other:?}"),
@@ -214,7 +215,7 @@ async fn a_hung_program_and_its_children_are_killed_at_the_timeout_and_the_attem
     let out = dir.path();
     let mut cfg = config(&hanging_script(out));
     cfg.timeout = Duration::from_millis(500);
-    let sink = ExecSink::new("jobs", &cfg);
+    let sink = ExecSink::new(&cfg);
 
     match run(&sink, 1, None).await {
         Err(SinkError::Transient { message, .. }) => assert!(message.contains("timed out"), "{message}"),
@@ -230,7 +231,7 @@ async fn an_abandoned_run_kills_the_program_and_its_children() {
     let out = dir.path();
     let mut cfg = config(&hanging_script(out));
     cfg.timeout = Duration::from_secs(600);
-    let sink = ExecSink::new("jobs", &cfg);
+    let sink = ExecSink::new(&cfg);
     let payload = json!({});
     let claim = common::claims::durable_claim("k");
     let mut attempt = Box::pin(sink.execute(SinkRequest::new(&claim, "t", &payload, 1, None)));
@@ -265,7 +266,7 @@ async fn output_is_bounded_and_truncation_is_noted() {
     );
     let mut cfg = config(&program);
     cfg.max_output_bytes = NonZeroUsize::new(1000).unwrap();
-    let sink = ExecSink::new("jobs", &cfg);
+    let sink = ExecSink::new(&cfg);
 
     let output = run(&sink, 1, None).await.unwrap();
     assert_eq!(output["truncated"], json!(true));
@@ -273,7 +274,7 @@ async fn output_is_bounded_and_truncation_is_noted() {
 
     cfg.program =
         script(out, "loud_fail.sh", &format!("EXIT=3 exec '{}'", program.display())).to_string_lossy().into_owned();
-    let sink = ExecSink::new("jobs", &cfg);
+    let sink = ExecSink::new(&cfg);
     match run(&sink, 1, None).await {
         Err(SinkError::Permanent { message, result }) => {
             assert!(message.contains("stderr (truncated)"), "{}", &message[..200.min(message.len())]);
@@ -300,7 +301,7 @@ async fn an_orphaned_claim_reruns_with_the_same_key_only_when_forwarding() {
     // forward_key = true: the program honours DEDUPD_KEY, so the re-run is safe.
     let mut forwarding = config(&program);
     forwarding.forward_key = true;
-    let mut h = EngineWithSink::new(std::sync::Arc::new(ExecSink::new("jobs", &forwarding)));
+    let mut h = EngineWithSink::new(std::sync::Arc::new(SinkConfig::Exec(forwarding).build("jobs").unwrap()));
     let item = h.item("orphan-1", json!({ "n": 1 }));
     h.orphan_claim(&item);
     let done = h.deliver(std::slice::from_ref(&item)).await;
@@ -311,7 +312,7 @@ async fn an_orphaned_claim_reruns_with_the_same_key_only_when_forwarding() {
     assert!(matches!(h.record("orphan-1"), Some(Record::Completed(_))));
 
     // forward_key = false (default): the effect is unknown; the program is not run.
-    let mut h = EngineWithSink::new(std::sync::Arc::new(ExecSink::new("jobs", &config(&program))));
+    let mut h = EngineWithSink::new(std::sync::Arc::new(SinkConfig::Exec(config(&program)).build("jobs").unwrap()));
     let item = h.item("orphan-2", json!({ "n": 2 }));
     h.orphan_claim(&item);
     let done = h.deliver(std::slice::from_ref(&item)).await;

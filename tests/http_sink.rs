@@ -16,7 +16,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::http::{HttpSink, HttpSinkConfig, MAX_BODY_BYTES};
-use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::{SinkConfig, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::Record;
 use serde_json::{Value, json};
 
@@ -119,8 +119,9 @@ async fn success_posts_the_payload_with_headers_and_stores_the_json_answer() {
     let (url, log) =
         start(fixed(201, vec![("content-type", "application/json")], br#"{"id":"msg-1","queued":true}"#)).await;
     let sink = HttpSink::new("mailer", &config(&url)).unwrap();
-    assert_eq!(sink.name(), "mailer");
-    assert!(sink.forwards_key());
+    let instance = SinkConfig::Http(config(&url)).build("mailer").unwrap();
+    assert_eq!(instance.name(), "mailer");
+    assert!(instance.forwards_key());
 
     let output = run(&sink, 2, Some(TRACEPARENT)).await.unwrap();
     assert_eq!(output, json!({ "status": 201, "body": { "id": "msg-1", "queued": true } }));
@@ -143,8 +144,9 @@ async fn success_posts_the_payload_with_headers_and_stores_the_json_answer() {
 #[tokio::test]
 async fn key_is_sent_even_when_not_declared_forwarded_and_text_answers_are_strings() {
     let (url, log) = start(fixed(200, vec![("content-type", "text/plain")], b"queued")).await;
-    let sink = HttpSink::new("legacy", &HttpSinkConfig { forward_key: false, ..config(&url) }).unwrap();
-    assert!(!sink.forwards_key());
+    let legacy = HttpSinkConfig { forward_key: false, ..config(&url) };
+    let sink = HttpSink::new("legacy", &legacy).unwrap();
+    assert!(!SinkConfig::Http(legacy).build("legacy").unwrap().forwards_key());
 
     let output = run(&sink, 1, None).await.unwrap();
     assert_eq!(output, json!({ "status": 200, "body": "queued" }));
@@ -299,7 +301,7 @@ async fn an_orphaned_claim_reruns_with_the_same_idempotency_key_only_when_forwar
 
     // forward_key = true (default): the receiver drops repeats of the key, so the re-run is
     // safe; it carries the same key, and the attempt number counts the interrupted run.
-    let sink = Arc::new(HttpSink::new("hook", &config(&url)).unwrap());
+    let sink = Arc::new(SinkConfig::Http(config(&url)).build("hook").unwrap());
     assert!(sink.forwards_key());
     let mut h = EngineWithSink::new(sink.clone());
     let item = h.item("orphan-1", payload.clone());
@@ -327,7 +329,8 @@ async fn an_orphaned_claim_reruns_with_the_same_idempotency_key_only_when_forwar
     }
 
     // forward_key = false: the effect of the interrupted run is unknown; nothing is sent.
-    let sink = Arc::new(HttpSink::new("legacy", &HttpSinkConfig { forward_key: false, ..config(&url) }).unwrap());
+    let legacy = HttpSinkConfig { forward_key: false, ..config(&url) };
+    let sink = Arc::new(SinkConfig::Http(legacy).build("legacy").unwrap());
     assert!(!sink.forwards_key());
     let mut h = EngineWithSink::new(sink.clone());
     let item = h.item("orphan-2", payload.clone());

@@ -16,7 +16,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use dedupd::config::Config;
 use dedupd::sinks::http::{HttpAuthConfig, HttpSink, HttpSinkConfig};
-use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest, build_all};
+use dedupd::sinks::{SinkEffect, SinkError, SinkOutput, SinkRequest, build_all};
 use serde_json::{Value, json};
 
 /// Upper bound on anything a test waits for.
@@ -71,7 +71,7 @@ fn payload() -> Value {
     })
 }
 
-async fn run(sink: &dyn Sink, payload: &Value) -> Result<SinkOutput, SinkError> {
+async fn run(sink: &dyn SinkEffect, payload: &Value) -> Result<SinkOutput, SinkError> {
     let claim = common::claims::durable_claim("order-42");
     let request = SinkRequest::new(&claim, "notify", payload, 1, None);
     tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound")

@@ -23,10 +23,10 @@ use serde_json::{Value, json};
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// The sink called `out` built from TOML lines under `[sinks.out]`.
-fn build(lines: &str) -> std::sync::Arc<dyn Sink> {
+fn build(lines: &str) -> std::sync::Arc<Sink> {
     let text = format!("[sinks.out]\nkind = \"kafka\"\n{lines}\n");
     let config = Config::from_toml_str(&text, Vec::<(String, String)>::new()).expect("config");
-    build_all(&config.sinks).expect("build").remove("out").expect("sink out")
+    std::sync::Arc::new(build_all(&config.sinks).expect("build").remove("out").expect("sink out"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,14 +60,14 @@ async fn start(hold: Duration) -> (String, Receiver) {
 }
 
 /// Builds the sink `limited` from TOML with these `[sinks.limited.limits]` lines.
-fn build(url: &str, limits: &str) -> Arc<dyn Sink> {
+fn build(url: &str, limits: &str) -> Arc<Sink> {
     let text = format!("[sinks.limited]\nkind = \"http\"\nurl = \"{url}\"\n\n[sinks.limited.limits]\n{limits}\n");
     let config = Config::from_toml_str(&text, Vec::<(String, String)>::new()).unwrap();
-    build_all(&config.sinks).unwrap().remove("limited").unwrap()
+    Arc::new(build_all(&config.sinks).unwrap().remove("limited").unwrap())
 }
 
 /// Sends `n` commands (keys `cmd-0..n`), each from its own task, all at once.
-async fn send_all(sink: Arc<dyn Sink>, n: usize) {
+async fn send_all(sink: Arc<Sink>, n: usize) {
     let keys: Vec<String> = (0..n).map(|i| format!("cmd-{i}")).collect();
     let claims = common::claims::durable_claims(&keys.iter().map(String::as_str).collect::<Vec<_>>());
     let tasks: Vec<_> = claims
@@ -138,7 +138,7 @@ async fn without_limits_nothing_is_held_back() {
     let (url, receiver) = start(Duration::from_millis(200)).await;
     let text = format!("[sinks.limited]\nkind = \"http\"\nurl = \"{url}\"\n");
     let config = Config::from_toml_str(&text, Vec::<(String, String)>::new()).unwrap();
-    send_all(build_all(&config.sinks).unwrap().remove("limited").unwrap(), N).await;
+    send_all(Arc::new(build_all(&config.sinks).unwrap().remove("limited").unwrap()), N).await;
     assert_each_arrived_once(&receiver, N);
     assert!(receiver.max_in_flight.load(Ordering::SeqCst) > 2);
 }

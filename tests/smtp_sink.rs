@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use dedupd::outcome::Outcome;
 use dedupd::sinks::smtp::{SmtpSink, SmtpSinkConfig, SmtpTls, message_id};
-use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::{SinkConfig, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::Record;
 use serde_json::{Value, json};
 
@@ -43,7 +43,8 @@ async fn send(sink: &SmtpSink, key: &str, payload: Value) -> Result<SinkOutput, 
 async fn one_message_with_the_keys_message_id_headers_and_body() {
     let Some(server) = SmtpServer::start() else { return };
     let sink = SmtpSink::new("mailer", &config(server.port)).unwrap();
-    assert!(!sink.forwards_key(), "smtp does not declare the key forwarded unless configured");
+    let instance = SinkConfig::Smtp(config(server.port)).build("mailer").unwrap();
+    assert!(!instance.forwards_key(), "smtp does not declare the key forwarded unless configured");
 
     let payload = json!({
         "from": "Billing <billing@example.com>",
@@ -97,7 +98,7 @@ async fn text_and_html_make_an_alternative_and_the_default_from_applies() {
 #[tokio::test]
 async fn through_the_engine_one_message_per_key() {
     let Some(server) = SmtpServer::start() else { return };
-    let sink: Arc<dyn Sink> = Arc::new(SmtpSink::new("mailer", &config(server.port)).unwrap());
+    let sink = Arc::new(SinkConfig::Smtp(config(server.port)).build("mailer").unwrap());
     let mut h = EngineWithSink::new(sink);
     let mail = |n: u32| json!({ "to": "alice@example.org", "subject": format!("n{n}"), "text": format!("body {n}") });
 
@@ -263,7 +264,7 @@ async fn an_orphaned_claim_reruns_with_the_same_message_id_only_when_forwarding(
     // forward_key = true: the relay drops repeated Message-IDs, so the re-run is safe.
     let mut forwarding = config(server.port);
     forwarding.forward_key = true;
-    let mut h = EngineWithSink::new(Arc::new(SmtpSink::new("mailer", &forwarding).unwrap()));
+    let mut h = EngineWithSink::new(Arc::new(SinkConfig::Smtp(forwarding).build("mailer").unwrap()));
     let item = h.item("orphan-1", payload.clone());
     h.orphan_claim(&item);
     let done = h.deliver(std::slice::from_ref(&item)).await;
@@ -278,7 +279,7 @@ async fn an_orphaned_claim_reruns_with_the_same_message_id_only_when_forwarding(
     );
 
     // forward_key = false (default): the effect is unknown; nothing is sent.
-    let mut h = EngineWithSink::new(Arc::new(SmtpSink::new("mailer", &config(server.port)).unwrap()));
+    let mut h = EngineWithSink::new(Arc::new(SinkConfig::Smtp(config(server.port)).build("mailer").unwrap()));
     let item = h.item("orphan-2", payload);
     h.orphan_claim(&item);
     let done = h.deliver(std::slice::from_ref(&item)).await;

@@ -47,7 +47,7 @@ pub(super) fn backoff(retry: &RetryConfig, next: u32, retry_after: Option<Durati
 /// the sink instead of being completed as `failed`. While waiting it gives its
 /// `max_in_flight` permit back, so commands for healthy sinks keep going.
 pub(super) async fn run_with_retry(
-    sink: &dyn Sink,
+    sink: &Sink,
     claim: &DurableClaim,
     command: &Command,
     retry: &RetryConfig,
@@ -131,7 +131,7 @@ enum Turn<'c> {
 /// While the circuit is not closed the permit is given back, so that commands for healthy
 /// sinks keep going.
 async fn take_turn<'c, 'l>(
-    sink: &'c dyn Sink,
+    sink: &'c Sink,
     claim: &DurableClaim,
     limiter: &'l Semaphore,
     permit: &mut Option<SemaphorePermit<'l>>,

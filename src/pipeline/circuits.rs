@@ -24,7 +24,7 @@ use crate::sinks::Sink;
 
 /// Keeps `dedupd_sink_circuit_open{sink}` equal to each breaker's state until `stop`.
 pub(super) fn spawn_gauges(
-    sinks: &HashMap<String, Arc<dyn Sink>>,
+    sinks: &HashMap<String, Arc<Sink>>,
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
@@ -50,8 +50,8 @@ pub(super) fn spawn_gauges(
 }
 
 /// The sinks with a breaker that the commands of `items` route to, by name.
-pub(super) fn sinks_of(engine: &Engine, items: &[Item]) -> Vec<Arc<dyn Sink>> {
-    let mut by_name: BTreeMap<&str, Arc<dyn Sink>> = BTreeMap::new();
+pub(super) fn sinks_of(engine: &Engine, items: &[Item]) -> Vec<Arc<Sink>> {
+    let mut by_name: BTreeMap<&str, Arc<Sink>> = BTreeMap::new();
     for cmd in items.iter().filter_map(|i| i.parsed.as_ref().ok()) {
         if let Some(sink) = engine.route_sink(cmd.route)
             && sink.circuit().is_some()
@@ -68,7 +68,7 @@ pub(super) fn sinks_of(engine: &Engine, items: &[Item]) -> Vec<Arc<dyn Sink>> {
 pub(super) async fn pausing_while_open<T>(
     control: &dyn PartitionControl,
     tp: Tp,
-    sinks: &[Arc<dyn Sink>],
+    sinks: &[Arc<Sink>],
     batch: impl Future<Output = T>,
 ) -> T {
     let circuits: Vec<_> = sinks.iter().filter_map(|s| s.circuit()).collect();

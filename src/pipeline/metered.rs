@@ -6,36 +6,25 @@ use std::time::Instant;
 
 use crate::ops::Metrics;
 use crate::ops::metrics::SINK_STATUSES;
-use crate::sinks::circuit::Circuit;
-use crate::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use crate::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 
-/// A sink that reports each call to the metrics.
-pub struct MeteredSink {
-    inner: Arc<dyn Sink>,
+/// A sink's effect that reports each call to the metrics.
+pub struct MeteredEffect {
+    sink: String,
+    inner: Arc<dyn SinkEffect>,
     metrics: Arc<Metrics>,
 }
 
-impl MeteredSink {
-    /// Wraps `inner`.
-    pub fn wrap(inner: Arc<dyn Sink>, metrics: Arc<Metrics>) -> Arc<dyn Sink> {
-        Arc::new(MeteredSink { inner, metrics })
+impl MeteredEffect {
+    /// `sink` with every call reported (the time spent waiting for its limits included).
+    pub fn wrap(sink: Sink, metrics: Arc<Metrics>) -> Sink {
+        let name = sink.name().to_string();
+        sink.wrap_effect(|inner| Arc::new(MeteredEffect { sink: name, inner, metrics }))
     }
 }
 
 #[async_trait::async_trait]
-impl Sink for MeteredSink {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn forwards_key(&self) -> bool {
-        self.inner.forwards_key()
-    }
-
-    fn circuit(&self) -> Option<&Circuit> {
-        self.inner.circuit()
-    }
-
+impl SinkEffect for MeteredEffect {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let started = Instant::now();
         let result = self.inner.execute(request).await;
@@ -45,7 +34,7 @@ impl Sink for MeteredSink {
             Err(SinkError::Transient { .. }) => transient,
             Err(SinkError::Permanent { .. }) => permanent,
         };
-        self.metrics.sink_request(self.inner.name(), status, started.elapsed().as_secs_f64());
+        self.metrics.sink_request(&self.sink, status, started.elapsed().as_secs_f64());
         result
     }
 }

@@ -142,7 +142,7 @@ pub async fn run(
 }
 
 /// The configured sinks, metered, by name.
-type SinksByName = HashMap<String, Arc<dyn Sink>>;
+type SinksByName = HashMap<String, Arc<Sink>>;
 
 /// The store, the engine and what they report to, built from the config.
 struct Core {
@@ -168,7 +168,7 @@ impl Core {
         }
         let metered_sinks: SinksByName = sinks::build_all(&config.sinks)?
             .into_iter()
-            .map(|(name, sink)| (name, metered::MeteredSink::wrap(sink, Arc::clone(&metrics))))
+            .map(|(name, sink)| (name, Arc::new(metered::MeteredEffect::wrap(sink, Arc::clone(&metrics)))))
             .collect();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let engine = Arc::new(Engine::new(EngineParts {

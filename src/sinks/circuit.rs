@@ -20,15 +20,12 @@
 //! run with `tokio::time::pause()`.
 
 use std::num::NonZeroU32;
-use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
-
-use super::{Sink, SinkError, SinkOutput, SinkRequest};
 
 /// `[sinks.NAME.circuit]`: the sink's circuit breaker. On for every sink by default.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -253,48 +250,12 @@ impl Drop for Admission<'_> {
     }
 }
 
-/// A sink with a circuit breaker: calls pass through unchanged; the engine reaches the
-/// breaker through [`Sink::circuit`].
-pub struct CircuitSink {
-    inner: Arc<dyn Sink>,
-    circuit: Circuit,
-}
-
-impl CircuitSink {
-    /// Wraps `inner` in a breaker, or returns it as is when the breaker is disabled.
-    pub fn wrap(inner: Arc<dyn Sink>, config: &CircuitConfig) -> Arc<dyn Sink> {
-        if !config.enabled {
-            return inner;
-        }
-        let circuit = Circuit::new(inner.name(), config);
-        Arc::new(CircuitSink { inner, circuit })
-    }
-}
-
-#[async_trait::async_trait]
-impl Sink for CircuitSink {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn forwards_key(&self) -> bool {
-        self.inner.forwards_key()
-    }
-
-    fn circuit(&self) -> Option<&Circuit> {
-        Some(&self.circuit)
-    }
-
-    async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
-        self.inner.execute(request).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::future::Future;
     use std::pin::pin;
+    use std::sync::Arc;
     use std::task::{Context, Poll};
 
     fn config(threshold: u32, backoff_ms: u64, max_ms: u64) -> CircuitConfig {

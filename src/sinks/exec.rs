@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of an `exec` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -114,19 +114,18 @@ impl SinkKind for ExecSinkConfig {
         self.forward_key
     }
 
-    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         self.validate(&format!("sinks.{name}")).map_err(|(key, value, reason)| SinkBuildError {
             name: name.to_string(),
             reason: format!("{key} = {value:?}: {reason}"),
         })?;
-        Ok(Arc::new(ExecSink { name: name.to_string(), config: self.clone() }))
+        Ok(Arc::new(ExecSink::new(self)))
     }
 }
 
 /// An `exec` sink at run time.
 #[derive(Debug)]
 pub struct ExecSink {
-    name: String,
     config: ExecSinkConfig,
 }
 
@@ -146,8 +145,8 @@ struct Bounded {
 
 impl ExecSink {
     /// Builds the sink from a validated config.
-    pub fn new(name: &str, config: &ExecSinkConfig) -> ExecSink {
-        ExecSink { name: name.to_string(), config: config.clone() }
+    pub fn new(config: &ExecSinkConfig) -> ExecSink {
+        ExecSink { config: config.clone() }
     }
 
     fn command(&self, request: &SinkRequest<'_>) -> Command {
@@ -308,15 +307,7 @@ fn failure_message(what: String, stderr: &Bounded) -> String {
 }
 
 #[async_trait::async_trait]
-impl Sink for ExecSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn forwards_key(&self) -> bool {
-        self.config.forward_key
-    }
-
+impl SinkEffect for ExecSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let Finished { status, stdout, stderr } = self.run(&request).await?;
         let program = &self.config.program;

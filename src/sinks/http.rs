@@ -41,7 +41,7 @@ use self::outgoing::Outgoing;
 pub use self::response::MAX_BODY_BYTES;
 use self::response::{describe, read_body};
 use super::limit::SinkLimits;
-use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of an `http` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -137,7 +137,7 @@ impl SinkKind for HttpSinkConfig {
         &self.circuit
     }
 
-    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         let sink =
             HttpSink::new(name, self).map_err(|e| SinkBuildError { name: name.to_string(), reason: e.to_string() })?;
         Ok(Arc::new(sink))
@@ -204,7 +204,6 @@ pub enum HttpSinkError {
 pub struct HttpSink {
     name: String,
     outgoing: Outgoing,
-    forward_key: bool,
     connect_timeout: Duration,
     request_timeout: Duration,
     max_response_bytes: usize,
@@ -239,7 +238,6 @@ impl HttpSink {
         Ok(HttpSink {
             name: name.to_string(),
             outgoing,
-            forward_key: config.forward_key,
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
             max_response_bytes: config.max_response_bytes.get(),
@@ -300,15 +298,7 @@ impl HttpSink {
 }
 
 #[async_trait::async_trait]
-impl Sink for HttpSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn forwards_key(&self) -> bool {
-        self.forward_key
-    }
-
+impl SinkEffect for HttpSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let headers = self.headers(&request).map_err(unsendable)?;
         let url = self.outgoing.url(request.payload()).map_err(unsendable)?;
@@ -407,7 +397,7 @@ mod tests {
         let mut zero = config("http://127.0.0.1:1/");
         zero.request_timeout = Duration::ZERO;
         assert!(matches!(HttpSink::new("s", &zero), Err(HttpSinkError::ZeroTimeout { .. })));
-        let sink = HttpSink::new("s", &config("https://example.invalid/hook")).unwrap();
+        let sink = crate::sinks::SinkConfig::Http(config("https://example.invalid/hook")).build("s").unwrap();
         assert!(!sink.forwards_key());
         assert_eq!(sink.name(), "s");
     }

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::limit::SinkLimits;
 use super::template::JsonTemplate;
-use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of a `kafka` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -99,6 +99,7 @@ impl SinkKind for KafkaSinkConfig {
     }
 
     fn forwards_key(&self) -> bool {
+        // The key goes out as record key and header: a downstream consumer can drop a re-run.
         true
     }
 
@@ -110,7 +111,7 @@ impl SinkKind for KafkaSinkConfig {
         &self.circuit
     }
 
-    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         let sink =
             KafkaSink::new(name, self).map_err(|e| SinkBuildError { name: name.to_string(), reason: e.to_string() })?;
         Ok(Arc::new(sink))
@@ -181,16 +182,7 @@ impl KafkaSink {
 }
 
 #[async_trait::async_trait]
-impl Sink for KafkaSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn forwards_key(&self) -> bool {
-        // The key goes out as record key and header: a downstream consumer can drop a re-run.
-        true
-    }
-
+impl SinkEffect for KafkaSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let value = match &self.template {
             Some(template) => template.render(request.payload()).map_err(|e| permanent(e.to_string()))?,

@@ -1,27 +1,30 @@
-//! Per-sink limits: a token bucket (`rate_per_second`, `burst`) and a cap on calls in
+//! Per-sink limits: a rate limit (`rate_per_second`, `burst`) and a cap on calls in
 //! flight (`max_concurrency`), so that a provider's sending limit is respected whatever
 //! the pipeline's own concurrency is.
 //!
 //! Every kind's config carries a `limits` sub-table (`[sinks.NAME.limits]`, unlimited when
-//! absent); `build_all` wraps each built sink in a [`LimitedSink`] when any limit is set.
+//! absent); [`super::SinkConfig::build`] puts each built effect behind a [`LimitedEffect`]
+//! when any limit is set.
 //!
-//! Order inside [`LimitedSink::execute`]: a concurrency permit first, then a token, then the
-//! call. Taking the token while already holding the permit means tokens are never spent by
-//! calls that then queue for a permit and would all start at once when permits free up:
-//! calls leave at most at the bucket's pace.
+//! Order inside [`LimitedEffect::execute`]: a concurrency permit first, then a token, then
+//! the call. Taking the token while already holding the permit means tokens are never
+//! spent by calls that then queue for a permit and would all start at once when permits
+//! free up: calls leave at most at the bucket's pace.
 //!
 //! Time is tokio's, so that tests can run with `tokio::time::pause()`.
 
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use governor::clock::Clock;
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::{Duration, Instant};
 
-use super::circuit::Circuit;
-use super::{Sink, SinkError, SinkOutput, SinkRequest};
+use super::{SinkEffect, SinkError, SinkOutput, SinkRequest};
 
 /// `[sinks.NAME.limits]`: all optional; an absent key means no limit of that kind.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -70,82 +73,80 @@ impl SinkLimits {
     }
 }
 
-/// A token bucket on tokio time. Callers that find it empty take a token "on credit" (the
-/// count goes below zero) and sleep until it would have been refilled, so they are served
-/// in arrival order without polling. A caller cancelled while sleeping loses its token;
-/// that only makes the limit stricter.
-#[derive(Debug)]
-pub struct TokenBucket {
-    rate: f64,
-    burst: f64,
-    state: Mutex<BucketState>,
+/// Tokio's clock as governor's, so that limits follow `tokio::time::pause()`: time is the
+/// span since the bucket was made.
+#[derive(Debug, Clone)]
+struct TokioClock {
+    origin: Instant,
 }
 
+impl Clock for TokioClock {
+    type Instant = Duration;
+
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+}
+
+/// A token bucket on tokio time (governor's GCRA): `burst` calls at once after a quiet
+/// period, then one every `1 / rate` seconds. Waiters take turns on a fair lock, so they
+/// are served in arrival order and only the first in line sleeps on the limiter; a waiter
+/// cancelled while sleeping took no token and hands its turn to the next.
 #[derive(Debug)]
-struct BucketState {
-    tokens: f64,
-    at: Instant,
+pub struct TokenBucket {
+    limiter: RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>,
+    clock: TokioClock,
+    turn: tokio::sync::Mutex<()>,
 }
 
 impl TokenBucket {
-    /// A full bucket of `burst` tokens refilled at `rate` per second (`rate` > 0).
+    /// A full bucket of `burst` tokens refilled at `rate` per second (`rate` > 0 and at most
+    /// a million; a rate outside that range is clamped into it).
     pub fn new(rate: f64, burst: NonZeroU32) -> TokenBucket {
-        let burst = f64::from(burst.get());
-        TokenBucket { rate, burst, state: Mutex::new(BucketState { tokens: burst, at: Instant::now() }) }
+        let period = Duration::from_secs_f64(1.0 / rate.clamp(1.0 / u32::MAX as f64, MAX_RATE));
+        let quota = Quota::with_period(period).unwrap_or(Quota::per_second(NonZeroU32::MAX)).allow_burst(burst);
+        let clock = TokioClock { origin: Instant::now() };
+        TokenBucket {
+            limiter: RateLimiter::direct_with_clock(quota, clock.clone()),
+            clock,
+            turn: tokio::sync::Mutex::new(()),
+        }
     }
 
-    /// Waits until a token is available and takes it.
+    /// Waits until a token is available and takes it. Cancel-safe: dropping the future
+    /// before it is ready takes no token.
     pub async fn acquire(&self) {
-        let wait = {
-            let mut state = self.state.lock();
-            let now = Instant::now();
-            let refill = now.saturating_duration_since(state.at).as_secs_f64() * self.rate;
-            state.tokens = (state.tokens + refill).min(self.burst) - 1.0;
-            state.at = now;
-            if state.tokens >= 0.0 { None } else { Some(Duration::from_secs_f64(-state.tokens / self.rate)) }
-        };
-        if let Some(wait) = wait {
-            tokio::time::sleep(wait).await;
+        let _turn = self.turn.lock().await;
+        while let Err(not_until) = self.limiter.check() {
+            tokio::time::sleep(not_until.wait_time_from(self.clock.now())).await;
         }
     }
 }
 
-/// A sink wrapped in its limits.
-pub struct LimitedSink {
-    inner: Arc<dyn Sink>,
+/// A sink's effect behind its limits.
+pub struct LimitedEffect {
+    inner: Arc<dyn SinkEffect>,
     bucket: Option<TokenBucket>,
     permits: Option<Semaphore>,
 }
 
-impl LimitedSink {
+impl LimitedEffect {
     /// Wraps `inner`; returns it unchanged when `limits` sets nothing.
-    pub fn wrap(inner: Arc<dyn Sink>, limits: &SinkLimits) -> Arc<dyn Sink> {
+    pub fn wrap(inner: Arc<dyn SinkEffect>, limits: &SinkLimits) -> Arc<dyn SinkEffect> {
         if limits.is_unlimited() {
             return inner;
         }
         let bucket = limits
             .rate_per_second
             .filter(|rate| rate.is_finite() && *rate > 0.0)
-            .map(|rate| TokenBucket::new(rate.min(MAX_RATE), limits.burst.unwrap_or(NonZeroU32::MIN)));
+            .map(|rate| TokenBucket::new(rate, limits.burst.unwrap_or(NonZeroU32::MIN)));
         let permits = limits.max_concurrency.map(|n| Semaphore::new(n.get().min(Semaphore::MAX_PERMITS)));
-        Arc::new(LimitedSink { inner, bucket, permits })
+        Arc::new(LimitedEffect { inner, bucket, permits })
     }
 }
 
 #[async_trait::async_trait]
-impl Sink for LimitedSink {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn forwards_key(&self) -> bool {
-        self.inner.forwards_key()
-    }
-
-    fn circuit(&self) -> Option<&Circuit> {
-        self.inner.circuit()
-    }
-
+impl SinkEffect for LimitedEffect {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         // The semaphore is never closed, so acquire cannot fail; if it ever did, running
         // unthrottled would break the provider's limit, so fail transiently instead.
@@ -171,6 +172,7 @@ impl Sink for LimitedSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parking_lot::Mutex;
     use serde_json::json;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -183,13 +185,7 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl Sink for Recorder {
-        fn name(&self) -> &str {
-            "recorder"
-        }
-        fn forwards_key(&self) -> bool {
-            true
-        }
+    impl SinkEffect for Recorder {
         async fn execute(&self, _request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
             self.starts.lock().push(Instant::now());
             let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -209,7 +205,7 @@ mod tests {
         })
     }
 
-    async fn run_many(sink: Arc<dyn Sink>, n: usize) {
+    async fn run_many(sink: Arc<dyn SinkEffect>, n: usize) {
         let payload = json!({});
         let calls = (0..n).map(|_| {
             let sink = Arc::clone(&sink);
@@ -229,7 +225,7 @@ mod tests {
         let inner = recorder(Duration::ZERO);
         let limits = SinkLimits { rate_per_second: Some(10.0), burst: NonZeroU32::new(3), max_concurrency: None };
         let t0 = Instant::now();
-        run_many(LimitedSink::wrap(inner.clone(), &limits), 33).await;
+        run_many(LimitedEffect::wrap(inner.clone(), &limits), 33).await;
         let starts: Vec<Duration> = inner.starts.lock().iter().map(|t| *t - t0).collect();
         assert_eq!(starts.len(), 33);
         // The burst goes at once, then one call every 100 ms: the 33rd at 3.0 s.
@@ -246,7 +242,7 @@ mod tests {
     async fn the_bucket_refills_after_a_quiet_period_but_not_beyond_burst() {
         let inner = recorder(Duration::ZERO);
         let limits = SinkLimits { rate_per_second: Some(2.0), burst: NonZeroU32::new(2), max_concurrency: None };
-        let sink = LimitedSink::wrap(inner.clone(), &limits);
+        let sink = LimitedEffect::wrap(inner.clone(), &limits);
         run_many(Arc::clone(&sink), 2).await;
         tokio::time::sleep(Duration::from_secs(60)).await;
         let t1 = Instant::now();
@@ -257,10 +253,22 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_cancelled_waiter_takes_no_token_and_hands_on_its_turn() {
+        let bucket = TokenBucket::new(1.0, NonZeroU32::MIN);
+        let t0 = Instant::now();
+        bucket.acquire().await;
+        assert!(tokio::time::timeout(Duration::from_millis(500), bucket.acquire()).await.is_err());
+        bucket.acquire().await;
+        assert_eq!(Instant::now() - t0, Duration::from_secs(1), "the next token, not a later one");
+        bucket.acquire().await;
+        assert_eq!(Instant::now() - t0, Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn max_concurrency_caps_calls_in_flight() {
         let inner = recorder(Duration::from_millis(100));
         let limits = SinkLimits { rate_per_second: None, burst: None, max_concurrency: NonZeroUsize::new(4) };
-        run_many(LimitedSink::wrap(inner.clone(), &limits), 40).await;
+        run_many(LimitedEffect::wrap(inner.clone(), &limits), 40).await;
         assert_eq!(inner.starts.lock().len(), 40);
         assert_eq!(inner.max_in_flight.load(Ordering::SeqCst), 4);
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::limit::SinkLimits;
-use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of a `log` sink.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -37,7 +37,7 @@ impl SinkKind for LogSinkConfig {
         &self.circuit
     }
 
-    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         Ok(Arc::new(LogSink::new(name, self)))
     }
 }
@@ -55,14 +55,7 @@ impl LogSink {
 }
 
 #[async_trait::async_trait]
-impl Sink for LogSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn forwards_key(&self) -> bool {
-        // Logging twice is harmless: a re-run is safe.
-        true
-    }
+impl SinkEffect for LogSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         tracing::info!(sink = %self.name, key = request.key(), kind = request.kind(), attempt = request.attempt(), "log sink");
         Ok(serde_json::json!({}))

@@ -4,11 +4,13 @@
 //! happens to a claim orphaned by a crash, docs/contract.md §4).
 //!
 //! Adding a kind (docs/sinks.md walks through a complete example): write `src/sinks/NAME.rs`
-//! with a config type implementing [`SinkKind`] and a runtime implementing [`Sink`], declare
-//! the module below, and add ONE line to the `sink_kinds!` registration. The registration
-//! generates the `kind = "..."`-tagged [`SinkConfig`] enum and all of its dispatch
-//! (`validate`, `forwards_key`, `kind`, and building in [`build_all`]); no dispatch code
-//! elsewhere names a kind.
+//! with a config type implementing [`SinkKind`] and a runtime implementing [`SinkEffect`],
+//! declare the module below, and add ONE line to the `sink_kinds!` registration. Each fact
+//! about an instance is stated once, by its config ([`SinkKind`]); the runtime only
+//! performs the effect. The registration generates the `kind = "..."`-tagged [`SinkConfig`]
+//! enum and all of its dispatch (`validate`, `forwards_key`, `kind`, and building in
+//! [`build_all`]); no dispatch code elsewhere names a kind. What the engine holds is a
+//! [`Sink`]: those facts (name, key forwarding, circuit breaker) around the kind's effect.
 
 pub mod circuit;
 pub mod exec;
@@ -26,8 +28,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use self::circuit::{Circuit, CircuitConfig, CircuitSink};
-use self::limit::{LimitedSink, SinkLimits};
+use self::circuit::{Circuit, CircuitConfig};
+use self::limit::{LimitedEffect, SinkLimits};
 use crate::store::DurableClaim;
 
 /// What a kind's config provides; the `sink_kinds!` registration dispatches to it.
@@ -39,13 +41,13 @@ pub trait SinkKind {
     /// orphaned claim is safe (docs/contract.md §4); `false` makes such a claim `indeterminate`.
     fn forwards_key(&self) -> bool;
     /// The instance's `[sinks.NAME.limits]` (a `limits: SinkLimits` field with
-    /// `#[serde(default)]` on the kind's config); [`build_all`] applies them to every kind.
+    /// `#[serde(default)]` on the kind's config); [`Sink::build`] applies them to every kind.
     fn limits(&self) -> &SinkLimits;
     /// The instance's `[sinks.NAME.circuit]` (a `circuit: CircuitConfig` field with
-    /// `#[serde(default)]`); [`build_all`] wraps every kind in its breaker.
+    /// `#[serde(default)]`); [`Sink::build`] gives every kind its breaker.
     fn circuit(&self) -> &CircuitConfig;
-    /// Builds the instance called `name`.
-    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError>;
+    /// Builds the effect of the instance called `name` (the name is for its logs and errors).
+    fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError>;
 }
 
 /// Generates [`SinkConfig`] (one variant per kind, tagged by `kind = "<name>"`) and its
@@ -105,12 +107,9 @@ impl SinkConfig {
         self.as_kind().forwards_key()
     }
 
-    /// Builds the instance called `name`, wrapped in its limits when it has any, and in
-    /// its circuit breaker (outside the limits: a call waiting for the circuit holds no
-    /// concurrency permit and spends no token).
-    pub fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
-        let kind = self.as_kind();
-        Ok(CircuitSink::wrap(LimitedSink::wrap(kind.build(name)?, kind.limits()), kind.circuit()))
+    /// Builds the instance called `name` (see [`Sink::build`]).
+    pub fn build(&self, name: &str) -> Result<Sink, SinkBuildError> {
+        Sink::build(name, self.as_kind())
     }
 }
 
@@ -199,20 +198,75 @@ pub enum SinkError {
 /// A sink's successful answer: stored as the result and replayed to repeats.
 pub type SinkOutput = Value;
 
-/// One sink instance at run time.
+/// What a kind's runtime provides: the effect, performed once per call.
 #[async_trait::async_trait]
-pub trait Sink: Send + Sync {
-    /// The instance name (from config).
-    fn name(&self) -> &str;
-    /// Whether a re-run after a crash is safe because the key goes downstream.
-    fn forwards_key(&self) -> bool;
-    /// The instance's circuit breaker, if it has one: the engine asks it before every call
-    /// and reports every call's end to it. Wrappers must pass it through.
-    fn circuit(&self) -> Option<&Circuit> {
-        None
-    }
+pub trait SinkEffect: Send + Sync {
     /// Performs the effect once.
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError>;
+}
+
+/// One sink instance at run time, as the engine holds it: the facts its config states
+/// around the kind's effect. Built by [`SinkConfig::build`]; tests build one around any
+/// [`SinkEffect`] with [`Sink::new`].
+pub struct Sink {
+    name: String,
+    forwards_key: bool,
+    circuit: Option<Circuit>,
+    effect: Arc<dyn SinkEffect>,
+}
+
+impl Sink {
+    /// Builds the instance called `name` from its kind's config: the kind's effect behind
+    /// its limits when it has any, with its circuit breaker (asked by the engine before each
+    /// call, so outside the limits: a call waiting for the circuit holds no concurrency
+    /// permit and spends no token).
+    pub fn build(name: &str, kind: &dyn SinkKind) -> Result<Sink, SinkBuildError> {
+        Ok(Sink::new(name, kind.forwards_key(), kind.build(name)?)
+            .with_limits(kind.limits())
+            .with_circuit(kind.circuit()))
+    }
+
+    /// The instance `name` performing `effect`, without limits or circuit breaker.
+    pub fn new(name: &str, forwards_key: bool, effect: Arc<dyn SinkEffect>) -> Sink {
+        Sink { name: name.to_string(), forwards_key, circuit: None, effect }
+    }
+
+    /// The same instance with its effect behind `limits` (unchanged when they set nothing).
+    pub fn with_limits(self, limits: &SinkLimits) -> Sink {
+        Sink { effect: LimitedEffect::wrap(self.effect, limits), ..self }
+    }
+
+    /// The same instance with the circuit breaker `config` describes (none when disabled).
+    pub fn with_circuit(self, config: &CircuitConfig) -> Sink {
+        let circuit = config.enabled.then(|| Circuit::new(&self.name, config));
+        Sink { circuit, ..self }
+    }
+
+    /// The same instance with its effect wrapped by `wrap` (e.g. to measure every call).
+    pub fn wrap_effect(self, wrap: impl FnOnce(Arc<dyn SinkEffect>) -> Arc<dyn SinkEffect>) -> Sink {
+        Sink { effect: wrap(self.effect), ..self }
+    }
+
+    /// The instance name (from config).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether a re-run after a crash is safe because the key goes downstream.
+    pub fn forwards_key(&self) -> bool {
+        self.forwards_key
+    }
+
+    /// The instance's circuit breaker, if it has one: the engine asks it before every call
+    /// and reports every call's end to it.
+    pub fn circuit(&self) -> Option<&Circuit> {
+        self.circuit.as_ref()
+    }
+
+    /// Performs the effect once (after waiting for the limits, if any).
+    pub async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
+        self.effect.execute(request).await
+    }
 }
 
 /// A sink that could not be built from its config.
@@ -226,7 +280,7 @@ pub struct SinkBuildError {
 }
 
 /// Builds every configured sink instance, by name.
-pub fn build_all(configs: &BTreeMap<String, SinkConfig>) -> Result<HashMap<String, Arc<dyn Sink>>, SinkBuildError> {
+pub fn build_all(configs: &BTreeMap<String, SinkConfig>) -> Result<HashMap<String, Sink>, SinkBuildError> {
     configs.iter().map(|(name, config)| Ok((name.clone(), config.build(name)?))).collect()
 }
 
@@ -242,5 +296,15 @@ mod tests {
         assert!(SinkConfig::KINDS.contains(&"http") && SinkConfig::KINDS.contains(&"log"));
         let unknown = toml::from_str::<SinkConfig>("kind = \"carrier-pigeon\"").unwrap_err();
         assert!(unknown.to_string().contains("carrier-pigeon"), "{unknown}");
+    }
+
+    #[test]
+    fn a_built_instance_takes_its_facts_from_the_config() {
+        let log: SinkConfig = toml::from_str("kind = \"log\"").unwrap();
+        let sink = log.build("trial").unwrap();
+        assert_eq!((sink.name(), sink.forwards_key()), ("trial", true));
+        assert_eq!(sink.circuit().map(Circuit::sink), Some("trial"), "a breaker by default");
+        let off: SinkConfig = toml::from_str("kind = \"log\"\n[circuit]\nenabled = false").unwrap();
+        assert!(off.build("trial").unwrap().circuit().is_none());
     }
 }

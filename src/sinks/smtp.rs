@@ -34,11 +34,12 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{Sink, SinkBuildError, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// How the connection to the relay is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -194,10 +195,13 @@ impl SinkKind for SmtpSinkConfig {
         self.forward_key
     }
 
-    fn build(&self, name: &str) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         Ok(Arc::new(SmtpSink::new(name, self)?))
     }
 }
+
+/// What [`message_id`] escapes: every byte but ASCII letters, digits and `- _ + =`.
+const MESSAGE_ID_ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'+').remove(b'=');
 
 /// The `Message-ID` for `key`: `<ENCODED@domain>`. ASCII letters, digits and `- _ + =`
 /// stay as they are; every other byte of the key's UTF-8 becomes `%XX` (upper-case hex),
@@ -205,14 +209,7 @@ impl SinkKind for SmtpSinkConfig {
 /// encoding longer than 200 characters is replaced by `sha256.<hex of SHA-256(key)>`
 /// (unambiguous: encoded keys never contain a dot), keeping the header line short.
 pub fn message_id(key: &str, domain: &str) -> String {
-    let mut encoded = String::with_capacity(key.len());
-    for byte in key.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'+' | b'=') {
-            encoded.push(char::from(byte));
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
+    let mut encoded = utf8_percent_encode(key, MESSAGE_ID_ESCAPED).to_string();
     if encoded.len() > 200 {
         encoded = format!("sha256.{}", hex::encode(Sha256::digest(key.as_bytes())));
     }
@@ -221,7 +218,6 @@ pub fn message_id(key: &str, domain: &str) -> String {
 
 /// An `smtp` sink at run time.
 pub struct SmtpSink {
-    name: String,
     config: SmtpSinkConfig,
     default_from: Option<Mailbox>,
     credentials: Option<Credentials>,
@@ -264,14 +260,7 @@ impl SmtpSink {
                 if config.tls == SmtpTls::Tls { Tls::Wrapper(params) } else { Tls::Required(params) }
             }
         };
-        Ok(SmtpSink {
-            name: name.to_string(),
-            config: config.clone(),
-            default_from,
-            credentials,
-            tls,
-            transport: OnceLock::new(),
-        })
+        Ok(SmtpSink { config: config.clone(), default_from, credentials, tls, transport: OnceLock::new() })
     }
 
     fn transport(&self) -> &AsyncSmtpTransport<Tokio1Executor> {
@@ -369,15 +358,7 @@ fn classify(err: lettre::transport::smtp::Error, message_id: &str) -> SinkError 
 }
 
 #[async_trait::async_trait]
-impl Sink for SmtpSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn forwards_key(&self) -> bool {
-        self.config.forward_key
-    }
-
+impl SinkEffect for SmtpSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let message_id = message_id(request.key(), &self.config.message_id_domain);
         let message = self.message(&request, &message_id).map_err(|message| SinkError::Permanent {

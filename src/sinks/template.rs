@@ -18,6 +18,7 @@
 //! A field missing from a payload is an error naming it: retrying the same payload cannot
 //! make it appear, so sinks report it as a permanent failure.
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
 /// A template that does not parse, or a payload it cannot be rendered with.
@@ -260,17 +261,11 @@ fn as_text(value: &Value, pointer: &str) -> Result<String, TemplateError> {
     Err(TemplateError::NotText { pointer: pointer.to_string(), found })
 }
 
+/// Every byte but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 fn percent_encode_into(text: &str, out: &mut String) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xf)]));
-        }
-    }
+    out.extend(utf8_percent_encode(text, NOT_UNRESERVED));
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use dedupd::engine::{Clock, Item};
 use dedupd::envelope::{Command, Shape};
 use dedupd::fingerprint::fingerprint;
 use dedupd::routes::Router;
-use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::SourcePos;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -78,6 +78,10 @@ impl ScriptedSink {
             calls: AtomicI64::new(0),
         }
     }
+    /// The script as the engine's sink: named, forwarding the key or not, no breaker.
+    pub fn as_sink(self: &Arc<Self>) -> Arc<Sink> {
+        Arc::new(Sink::new(&self.name, self.forwards, self.clone()))
+    }
     pub fn with_clock(self, clock: Arc<dyn Clock>) -> ScriptedSink {
         *self.clock.lock() = Some(clock);
         self
@@ -109,13 +113,7 @@ impl ScriptedSink {
 }
 
 #[async_trait::async_trait]
-impl Sink for ScriptedSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn forwards_key(&self) -> bool {
-        self.forwards
-    }
+impl SinkEffect for ScriptedSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let behaviour = *self.behaviour.lock();

@@ -29,10 +29,10 @@ pub struct EngineWithSink {
 }
 
 impl EngineWithSink {
-    pub fn new(sink: Arc<dyn Sink>) -> EngineWithSink {
+    pub fn new(sink: Arc<Sink>) -> EngineWithSink {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(KeyStore::open(StoreBackend::Sled, dir.path(), SyncMode::Batch).unwrap());
-        let mut sinks: HashMap<String, Arc<dyn Sink>> = HashMap::new();
+        let mut sinks: HashMap<String, Arc<Sink>> = HashMap::new();
         sinks.insert("s".into(), sink);
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let engine = Engine::new(EngineParts {

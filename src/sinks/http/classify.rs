@@ -1,7 +1,7 @@
 //! How an `http` sink's attempt ended and what that means (docs/contract.md §4): the one place that
 //! names what is transient, and the server's `Retry-After`.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 
@@ -70,17 +70,23 @@ pub(crate) fn classify(ending: Ending) -> Class {
     }
 }
 
-/// The server-suggested wait: `Retry-After` in delta-seconds on a 429 or 503 only. An
-/// HTTP-date or garbage value yields `None` (the engine's own backoff applies).
+/// The server-suggested wait: `Retry-After` on a 429 or 503 only, in delta-seconds or as
+/// an HTTP date (the time until then). A date already past or a garbage value yields `None`
+/// (the engine's own backoff applies, as it caps any wait by `retry.max_backoff`).
 pub(crate) fn retry_after(code: u16, headers: &HeaderMap) -> Option<Duration> {
+    retry_after_at(code, headers, SystemTime::now())
+}
+
+/// [`retry_after`] with `now` as the current time.
+fn retry_after_at(code: u16, headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     if code != 429 && code != 503 {
         return None;
     }
     let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse::<u64>().ok().map(Duration::from_secs);
     }
-    text.parse::<u64>().ok().map(Duration::from_secs)
+    httpdate::parse_http_date(text).ok()?.duration_since(now).ok()
 }
 
 #[cfg(test)]
@@ -140,7 +146,20 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_dates_and_garbage_are_ignored() {
+    fn retry_after_dates_wait_until_then_in_every_http_date_format() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        let at = |value: &str| retry_after_at(503, &with_retry_after(value), now);
+        assert_eq!(at("Wed, 21 Oct 2015 07:30:00 GMT"), Some(Duration::from_secs(120)));
+        assert_eq!(at("Wednesday, 21-Oct-15 07:28:30 GMT"), Some(Duration::from_secs(30)), "RFC 850");
+        assert_eq!(at("Wed Oct 21 07:28:05 2015"), Some(Duration::from_secs(5)), "asctime");
+        assert_eq!(at("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(at("Wed, 21 Oct 2015 07:27:59 GMT"), None, "already past");
+        assert_eq!(at("Wed, 21 Oct 2015 07:30:00"), None, "not an HTTP date");
+        assert_eq!(retry_after_at(500, &with_retry_after("Wed, 21 Oct 2015 07:30:00 GMT"), now), None);
+    }
+
+    #[test]
+    fn retry_after_past_dates_and_garbage_are_ignored() {
         assert_eq!(retry_after(429, &with_retry_after("Wed, 21 Oct 2015 07:28:00 GMT")), None);
         assert_eq!(retry_after(429, &with_retry_after("-3")), None);
         assert_eq!(retry_after(429, &with_retry_after("+3")), None);
