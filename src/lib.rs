@@ -7,19 +7,28 @@
 //! Kafka record ─▶ envelope ─▶ decide ◀─▶ store ─▶ sink ─▶ publish ─▶ offset stored
 //! ```
 //!
-//! Module map (lower lines never import higher ones' runtime):
-//! - [`config`]: the TOML config, env overrides, validation naming the key.
-//! - [`fingerprint`]: RFC 8785 canonical JSON + SHA-256, with route exclusions.
-//! - [`routes`]: command types (exact or glob) to sinks, TTL precedence.
-//! - [`envelope`]: a Kafka record to a `Command` or a typed `Rejection`.
-//! - [`store`]: the key store: CAS claims, group commit, expiry index, compaction, watermarks.
-//! - [`decide`]: the pure decision table of docs/contract.md §4.
-//! - [`sinks`]: the `Sink` trait, the `sink_kinds!` registration, one file per kind (docs/sinks.md).
+//! Module map, from the top down: a module imports only modules listed below it. The one
+//! exception is each section's config type (`store::config`, `pipeline::config`, ...), a
+//! leaf file that [`config`] composes (tests/module_map.rs holds the code to this map).
+//! - [`cli`]: the command line: `run`, `check-config`, `demo` and the operator commands.
+//! - [`demo`]: `dedupd demo`, the whole product on librdkafka's mock cluster.
+//! - [`pipeline`]: `dedupd run`: consumer thread, partition table, workers, publisher, purge.
+//! - [`config`]: the TOML file composed of every section's type, env overrides, validation
+//!   naming the key.
+//! - [`ops`]: the HTTP listener (metrics, health, admin API) and the metrics catalogue.
+//! - [`engine`]: a batch of commands as named steps: queue by key, start, claim, run sinks,
+//!   complete, release or wait.
+//! - [`sinks`]: `Sink`, the kinds' `SinkKind`/`SinkEffect` traits and the `sink_kinds!`
+//!   registration, one file per kind (docs/sinks.md); limits and circuits.
 //! - [`outcome`]: what became of a record; the result record of docs/contract.md §5.
-//! - [`cli`]: the command line; [`demo`]: `dedupd demo` on a mock cluster.
-//! - [`pipeline`]: `dedupd run`: consumer thread, partition workers, publisher, purge.
-//! - [`ops`]: the HTTP listener (metrics, health, admin) and the metrics catalogue.
-//! - [`engine`]: a batch of commands through decide, claim, flush, sinks, complete, flush.
+//! - [`decide`]: the pure decision table of docs/contract.md §4.
+//! - [`envelope`]: a Kafka record to a `Command` or a typed `Rejection`.
+//! - [`routes`]: command types (exact or glob) to sinks, TTL precedence.
+//! - [`store`]: the key store: claim journal, CAS claims, group commit, expiry index,
+//!   compaction, watermarks; its backends registered in one place.
+//! - [`fingerprint`]: RFC 8785 canonical JSON + SHA-256, with route exclusions.
+//! - [`log`]: the `[log]` section and the tracing subscriber.
+//! - [`time`]: the clock and RFC 3339 instants.
 
 // Lint policy. No unsafe code of our own: the store, Kafka and TLS crates carry theirs.
 // Nothing that comes from outside may panic the process: `unwrap`/`expect` are refused
