@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dedupd::config::Config;
-use dedupd::routes::RouteConfig;
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult, SystemClock};
 use dedupd::envelope::{InputRecord, parse};
+use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{KeyStore, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 use tokio_util::sync::CancellationToken;
 
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.

@@ -22,12 +22,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupd::config::Config;
-use dedupd::routes::RouteConfig;
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
+use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};

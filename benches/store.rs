@@ -32,9 +32,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, Record, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 
 const BATCH: usize = 1_000;
 const CHUNK: usize = 10_000;

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
 use dedupd::store::{Completed, Completion, InProgress, Indeterminate, KeyStore, Record, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
 use dedupd::store::{Completed, Completion, Indeterminate, KeyStore, Record};
+use dedupd::store::{StoreBackend, SyncMode};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

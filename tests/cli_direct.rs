@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{Completed, Completion, KeyStore, Record};
+use dedupd::store::{StoreBackend, SyncMode};
 
 /// A config file for a store at `store`; returns its path.
 fn config(dir: &Path, store: &Path) -> PathBuf {

@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{Completed, Completion, KeyStore, Record};
+use dedupd::store::{StoreBackend, SyncMode};
 
 fn config(dir: &Path, store: &Path) -> std::path::PathBuf {
     let path = dir.join(format!("{}.toml", store.file_name().and_then(|n| n.to_str()).unwrap()));

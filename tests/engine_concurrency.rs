@@ -12,11 +12,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::engine::{ManualClock, ScriptedSink, item, router, test_retry};
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::Sink;
 use dedupd::store::KeyStore;
+use dedupd::store::{StoreBackend, SyncMode};
 use tokio_util::sync::CancellationToken;
 
 const KEYS: usize = 200;

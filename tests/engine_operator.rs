@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::engine::{ManualClock, item, router, test_retry};
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::{KeyStore, State};
+use dedupd::store::{StoreBackend, SyncMode};
 use tokio_util::sync::CancellationToken;
 
 /// Succeeds, and forgets `victim` in the store while doing so (an operator's `forget --force`).

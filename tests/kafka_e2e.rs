@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::kafka::{self, Receiver, header};
 use dedupd::config::Config;
-use dedupd::routes::RouteConfig;
 use dedupd::outcome::{Outcome, ResultRecord};
+use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::http::HttpSinkConfig;
 use rdkafka::message::Message;

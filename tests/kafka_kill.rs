@@ -48,9 +48,9 @@ use common::process::{
     wait_for_line,
 };
 use common::smtp_server::SmtpServer;
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::outcome::ResultRecord;
 use dedupd::store::KeyStore;
+use dedupd::store::{StoreBackend, SyncMode};
 use rdkafka::message::Message;
 use serde_json::{Value, json};
 

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use common::kafka::{self, header};
 use dedupd::config::Config;
-use dedupd::routes::RouteConfig;
 use dedupd::outcome::{Outcome, ResultRecord};
 use dedupd::pipeline::RunOptions;
+use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::http::HttpSinkConfig;
 use parking_lot::Mutex;

@@ -26,9 +26,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{KeyStore, Record, Tree, decode_index_entry, open_backend};
+use dedupd::store::{StoreBackend, SyncMode};
 
 const RUN_STRIDE: i64 = 10_000_000;
 const FAR: i64 = 4_000_000_000_000;

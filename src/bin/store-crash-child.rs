@@ -13,9 +13,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{Completed, Completion, InProgress, KeyStore, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 
 /// Keys of one run are numbered from 0; the global offset orders runs too.
 const RUN_STRIDE: i64 = 10_000_000;

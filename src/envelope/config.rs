@@ -70,4 +70,3 @@ impl Default for LimitsConfig {
         Self { max_command_bytes: NonZeroUsize::new(1024 * 1024).unwrap_or(NonZeroUsize::MIN) }
     }
 }
-

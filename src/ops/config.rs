@@ -20,4 +20,3 @@ impl Default for HttpConfig {
         Self { listen: SocketAddr::from(([127, 0, 0, 1], 9464)), admin_token: None }
     }
 }
-

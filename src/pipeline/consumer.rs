@@ -16,10 +16,10 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::KafkaConfig;
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Dispatched, Fetching, PartitionTable, WorkerHandle};
 use super::worker::{PartitionWorker, WorkerShared};
-use super::KafkaConfig;
 use crate::ops::{Health, Metrics};
 use crate::store::KeyStore;
 

@@ -35,8 +35,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-pub use config::{StoreBackend, StoreConfig, SyncMode};
 pub use claims::{ClaimRequest, DurableClaim, PendingClaim, ReadStamp};
+pub use config::{StoreBackend, StoreConfig, SyncMode};
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};

@@ -2,9 +2,9 @@
 //! from a claim that reached the disk, so these tests claim their keys in a real store, as
 //! the engine does.
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{DurableClaim, InProgress, KeyStore, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 
 /// Durable claims of `keys` (each absent before), made in a fresh temporary store. The
 /// claims outlive the store: a sink reads only the key from one.

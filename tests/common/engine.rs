@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use dedupd::engine::RetryConfig;
-use dedupd::routes::RouteConfig;
 use dedupd::engine::{Clock, Item};
 use dedupd::envelope::{Command, Shape};
 use dedupd::fingerprint::fingerprint;
+use dedupd::routes::RouteConfig;
 use dedupd::routes::Router;
 use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::SourcePos;

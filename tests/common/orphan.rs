@@ -7,13 +7,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Clock, Engine, EngineParts, Item, ItemResult, SystemClock};
 use dedupd::envelope::{Command, Shape};
 use dedupd::fingerprint::fingerprint;
 use dedupd::outcome::Processed;
 use dedupd::sinks::Sink;
 use dedupd::store::{InProgress, KeyStore, Record, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
