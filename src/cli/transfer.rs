@@ -96,43 +96,38 @@ pub fn export_direct(d: &Direct, file: &Path) -> Result<ExportCounts, CliError> 
     Ok(counts)
 }
 
-/// Exports a running instance's store to `file` through `GET /v1/export`.
+/// Exports a running instance's store to `file` through `GET /v1/export`. On any error the
+/// part file is dropped, which deletes it.
 pub async fn export_remote(r: &Remote, file: &Path) -> Result<ExportCounts, CliError> {
     let response =
         r.request(Method::GET, r.url(&["export"])?).send().await.map_err(|e| CliError::Remote(e.to_string()))?;
     let response = check(response).await?;
-    let result = async {
-        let mut out = BufWriter::new(part_file(file)?);
-        let part = out.get_ref().path().to_path_buf();
-        let bar = progress(0, "export", false);
-        let mut first_line: Option<Vec<u8>> = Some(Vec::new());
-        let mut stream = response.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| CliError::Remote(format!("export stream cut: {e}")))?;
-            out.write_all(&chunk).map_err(file_error(&part))?;
-            // The header line tells how many records to expect: the bar's length.
-            if let Some(first) = first_line.as_mut() {
-                first.extend_from_slice(&chunk);
-                if let Some(nl) = first.iter().position(|b| *b == b'\n') {
-                    if let Ok(Entry::Header { records_estimate, .. }) =
-                        parse_line(&String::from_utf8_lossy(&first[..nl]))
-                    {
-                        bar.set_length(records_estimate.max(0) as u64 + 2);
-                    }
-                    first_line = None;
+    let mut out = BufWriter::new(part_file(file)?);
+    let part = out.get_ref().path().to_path_buf();
+    let bar = progress(0, "export", false);
+    let mut first_line: Option<Vec<u8>> = Some(Vec::new());
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| CliError::Remote(format!("export stream cut: {e}")))?;
+        out.write_all(&chunk).map_err(file_error(&part))?;
+        // The header line tells how many records to expect: the bar's length.
+        if let Some(first) = first_line.as_mut() {
+            first.extend_from_slice(&chunk);
+            if let Some(nl) = first.iter().position(|b| *b == b'\n') {
+                if let Ok(Entry::Header { records_estimate, .. }) = parse_line(&String::from_utf8_lossy(&first[..nl])) {
+                    bar.set_length(records_estimate.max(0) as u64 + 2);
                 }
+                first_line = None;
             }
-            bar.inc(chunk.iter().filter(|b| **b == b'\n').count() as u64);
         }
-        bar.finish_and_clear();
-        out.flush().map_err(file_error(&part))?;
-        // A stream cut by a failing server ends without its end line: refuse it.
-        let counts = validate(BufReader::new(File::open(&part).map_err(file_error(&part))?), |_| {})?;
-        finish_file(out, file)?;
-        Ok(counts)
+        bar.inc(chunk.iter().filter(|b| **b == b'\n').count() as u64);
     }
-    .await;
-    result
+    bar.finish_and_clear();
+    out.flush().map_err(file_error(&part))?;
+    // A stream cut by a failing server ends without its end line: refuse it.
+    let counts = validate(BufReader::new(File::open(&part).map_err(file_error(&part))?), |_| {})?;
+    finish_file(out, file)?;
+    Ok(counts)
 }
 
 /// Checks the whole file, with a bar over its bytes.
