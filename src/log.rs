@@ -29,28 +29,60 @@ impl Default for LogConfig {
     }
 }
 
-/// Sets up the global tracing subscriber on stderr. The filter is, first found:
-/// `DEDUPD_LOG`, then `RUST_LOG`, then `level` (the `log.level` key). A filter from the
-/// environment that does not parse is reported on stderr and `level` is used instead, so a
-/// typo in a variable never silences the log.
+/// Sets up the global tracing subscriber on stderr, with the filter [`filter_text`] picks
+/// from `DEDUPD_LOG`, `RUST_LOG` and `level` (the `log.level` key).
 pub fn init(format: LogFormat, level: &str) {
-    let from_env = ["DEDUPD_LOG", "RUST_LOG"]
-        .into_iter()
-        .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()).map(|v| (var, v)));
-    let filter = match from_env {
-        Some((var, text)) => match tracing_subscriber::EnvFilter::try_new(&text) {
-            Ok(filter) => filter,
-            Err(e) => {
-                eprintln!("dedupd: {var}={text:?} is not a tracing filter ({e}); using log.level {level:?}");
-                tracing_subscriber::EnvFilter::new(level)
-            }
-        },
-        None => tracing_subscriber::EnvFilter::new(level),
-    };
+    let env = |var: &str| std::env::var(var).ok();
+    let (text, refused) = filter_text(env("DEDUPD_LOG"), env("RUST_LOG"), level);
+    if let Some(why) = refused {
+        eprintln!("dedupd: {why}; using log.level {level:?}");
+    }
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // try_init: a second call (tests that start several pipelines) keeps the first subscriber.
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// The log filter: the first of `DEDUPD_LOG` and `RUST_LOG` that is set and not blank, else
+/// `level`. A variable's filter that does not parse falls back to `level` and says why, so a
+/// typo in a variable never silences the log.
+pub fn filter_text(dedupd_log: Option<String>, rust_log: Option<String>, level: &str) -> (String, Option<String>) {
+    let chosen = [("DEDUPD_LOG", dedupd_log), ("RUST_LOG", rust_log)]
+        .into_iter()
+        .find_map(|(var, value)| value.filter(|v| !v.trim().is_empty()).map(|v| (var, v)));
+    match chosen {
+        Some((var, text)) => match tracing_subscriber::EnvFilter::try_new(&text) {
+            Ok(_) => (text, None),
+            Err(e) => (level.to_string(), Some(format!("{var}={text:?} is not a tracing filter ({e})"))),
+        },
+        None => (level.to_string(), None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_text;
+
+    fn some(s: &str) -> Option<String> {
+        Some(s.to_string())
+    }
+
+    #[test]
+    fn dedupd_log_wins_then_rust_log_then_the_level() {
+        assert_eq!(filter_text(some("dedupd=debug"), some("warn"), "info").0, "dedupd=debug");
+        assert_eq!(filter_text(None, some("warn"), "info").0, "warn");
+        assert_eq!(filter_text(some("  "), None, "info").0, "info");
+        assert_eq!(filter_text(None, None, "error").0, "error");
+    }
+
+    #[test]
+    fn a_bad_filter_in_a_variable_falls_back_and_says_which() {
+        let (text, why) = filter_text(some("dedupd=[[["), None, "info");
+        assert_eq!(text, "info");
+        assert!(why.is_some_and(|w| w.contains("DEDUPD_LOG")));
+    }
 }
