@@ -19,8 +19,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Completed, InProgress, KeyStore, Op, Record, State, StoreError, Tree, index, presence, state_index};
 use super::SyncMode;
+use super::{Completed, InProgress, KeyStore, Op, Record, State, StoreError, Tree, index, presence, state_index};
 
 /// What a stripe lock guards.
 #[derive(Debug, Default)]

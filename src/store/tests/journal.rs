@@ -5,7 +5,7 @@
 use super::*;
 use crate::store::journal::{self, ClaimJournal};
 
-both!(
+each_backend!(
     fresh_claims_are_journaled_not_written_to_the_backend,
     a_crash_leaves_journaled_claims_in_progress,
     completed_forgotten_and_compacted_claims_stay_gone,

@@ -1,10 +1,10 @@
 //! Export and import round trips and line errors.
 
 use super::*;
-use crate::store::{StoreBackend, SyncMode};
 use crate::fingerprint::Fingerprint;
 use crate::store::record::{Completed, Completion, InProgress, Indeterminate, SourcePos};
 use crate::store::{Op, watermark_key};
+use crate::store::{StoreBackend, SyncMode};
 
 fn fp(b: u8) -> Fingerprint {
     Fingerprint([b; 32])
