@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dedupd::config::Config;
-use dedupd::routes::RouteConfig;
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult, SystemClock};
 use dedupd::envelope::{InputRecord, parse};
+use dedupd::routes::RouteConfig;
 use dedupd::routes::Router;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{KeyStore, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 use tokio_util::sync::CancellationToken;
 
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
@@ -40,10 +40,7 @@ async fn main() {
     let records: usize = arg("--records", "100000").parse().expect("--records N");
     let batch: usize = arg("--batch", "500").parse().expect("--batch B");
     let partitions: usize = arg("--partitions", "1").parse().expect("--partitions P");
-    let backend = match arg("--backend", "fjall").as_str() {
-        "sled" => StoreBackend::Sled,
-        _ => StoreBackend::Fjall,
-    };
+    let backend: StoreBackend = arg("--backend", StoreBackend::default().name()).parse().expect("--backend NAME");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = Config::default();
     config.sinks.insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));

@@ -22,12 +22,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupd::config::Config;
-use dedupd::routes::RouteConfig;
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::fingerprint::Fingerprint;
+use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SourcePos};
+use dedupd::store::{StoreBackend, SyncMode};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -47,8 +47,7 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a =
-        Args { records: 200_000, rate: 5_000, seconds: 10, backends: vec![StoreBackend::Sled, StoreBackend::Fjall] };
+    let mut a = Args { records: 200_000, rate: 5_000, seconds: 10, backends: StoreBackend::ALL.to_vec() };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < argv.len() {
@@ -58,14 +57,7 @@ fn args() -> Args {
             "--rate" => a.rate = next.parse().expect("--rate R"),
             "--seconds" => a.seconds = next.parse().expect("--seconds S"),
             "--backends" => {
-                a.backends = next
-                    .split(',')
-                    .map(|b| match b {
-                        "sled" => StoreBackend::Sled,
-                        "fjall" => StoreBackend::Fjall,
-                        other => panic!("unknown backend {other}"),
-                    })
-                    .collect()
+                a.backends = next.split(',').map(|b| b.parse().unwrap_or_else(|e| panic!("--backends: {e}"))).collect()
             }
             _ => {
                 i += 1;

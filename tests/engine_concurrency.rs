@@ -12,11 +12,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::engine::{ManualClock, ScriptedSink, item, router, test_retry};
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::Sink;
 use dedupd::store::KeyStore;
+use dedupd::store::{StoreBackend, SyncMode};
 use tokio_util::sync::CancellationToken;
 
 const KEYS: usize = 200;
@@ -73,7 +73,7 @@ fn trial(backend: StoreBackend) -> (Vec<(String, i64)>, Vec<Outcome>, Vec<Outcom
 
 #[test]
 fn batches_sharing_keys_in_opposite_orders_finish_and_execute_each_key_once() {
-    for backend in [StoreBackend::Sled, StoreBackend::Fjall] {
+    for &backend in StoreBackend::ALL {
         for n in 0..TRIALS {
             // A livelock spins on the batches' threads: the watchdog is this one.
             let (tx, rx) = mpsc::channel();

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::engine::{ManualClock, item, router, test_retry};
-use dedupd::store::{StoreBackend, SyncMode};
 use dedupd::engine::{Engine, EngineParts, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::{Sink, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::{KeyStore, State};
+use dedupd::store::{StoreBackend, SyncMode};
 use tokio_util::sync::CancellationToken;
 
 /// Succeeds, and forgets `victim` in the store while doing so (an operator's `forget --force`).
@@ -40,7 +40,7 @@ impl Sink for ForgettingSink {
 
 #[tokio::test]
 async fn a_key_forgotten_while_its_sink_runs_does_not_stop_the_batch() {
-    for backend in [StoreBackend::Sled, StoreBackend::Fjall] {
+    for &backend in StoreBackend::ALL {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).unwrap());
         let clock = Arc::new(ManualClock::new(1_000_000));
