@@ -55,6 +55,10 @@ pub enum StoreError {
     /// A stored value could not be decoded.
     #[error("key {key:?}: {source}")]
     Corrupt { key: String, source: record::DecodeError },
+    /// Another process (or another open handle in this one) holds the store's lock: each
+    /// backend reports it from its engine's error type, not from message text.
+    #[error("{backend} store at {}: locked (held by another process or handle)", path.display())]
+    Locked { backend: &'static str, path: std::path::PathBuf },
     /// A completion found its claim gone or replaced (an operator forgot the key meanwhile).
     #[error("key {0:?}: the claim was replaced before completion")]
     ClaimLost(String),
