@@ -14,7 +14,6 @@ use dedupd::config::Config;
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult, SystemClock};
 use dedupd::envelope::{InputRecord, parse};
 use dedupd::routes::RouteConfig;
-use dedupd::routes::Router;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{KeyStore, SourcePos};

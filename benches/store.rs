@@ -185,10 +185,13 @@ struct RawInput<'a> {
     rss0: u64,
 }
 
+/// Writes, reads and deletes the keys through one engine's own API, emitting its figures.
+type RawFloor = fn(RawInput);
+
 /// The raw floor of each backend: its engine used directly, so it cannot come from the
 /// store's registration. A registered backend missing here runs in the bench only once it
 /// has one.
-const RAW_FLOORS: &[(StoreBackend, fn(RawInput))] = &[(StoreBackend::Sled, raw_sled), (StoreBackend::Fjall, raw_fjall)];
+const RAW_FLOORS: &[(StoreBackend, RawFloor)] = &[(StoreBackend::Sled, raw_sled), (StoreBackend::Fjall, raw_fjall)];
 
 fn raw_sled(RawInput { keys, values, n, dir, rss0 }: RawInput) {
     let db = sled::open(dir).unwrap();
