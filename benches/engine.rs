@@ -4,7 +4,8 @@
 //! floor (the store calls alone, as in `benches/pipeline.rs`).
 //!
 //! Run: `cargo bench --bench engine -- [--records N] [--batch B] [--partitions P]
-//! [--backend sled|fjall]` (P batches through the engine at once, as P partitions would).
+//! [--backend NAME]` (P batches through the engine at once, as P partitions would; NAME a
+//! registered store backend, the store's default if not given).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

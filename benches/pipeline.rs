@@ -15,7 +15,7 @@
 //!    completion was flushed) minus the input's produce time; p50/p99.
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
-//! [--rate R] [--seconds S] [--backends sled,fjall]`.
+//! [--rate R] [--seconds S] [--backends NAME,NAME]` (default: every registered backend).
 
 use std::collections::HashMap;
 use std::sync::Arc;
