@@ -4,7 +4,8 @@
 //! floor (the store calls alone, as in `benches/pipeline.rs`).
 //!
 //! Run: `cargo bench --bench engine -- [--records N] [--batch B] [--partitions P]
-//! [--backend sled|fjall]` (P batches through the engine at once, as P partitions would).
+//! [--backend NAME]` (P batches through the engine at once, as P partitions would; NAME a
+//! registered store backend, the store's default if not given).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -39,10 +40,7 @@ async fn main() {
     let records: usize = arg("--records", "100000").parse().expect("--records N");
     let batch: usize = arg("--batch", "500").parse().expect("--batch B");
     let partitions: usize = arg("--partitions", "1").parse().expect("--partitions P");
-    let backend = match arg("--backend", "fjall").as_str() {
-        "sled" => StoreBackend::Sled,
-        _ => StoreBackend::Fjall,
-    };
+    let backend: StoreBackend = arg("--backend", StoreBackend::default().name()).parse().expect("--backend NAME");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = Config::default();
     config.sinks.insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));

@@ -15,7 +15,7 @@
 //!    completion was flushed) minus the input's produce time; p50/p99.
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
-//! [--rate R] [--seconds S] [--backends sled,fjall]`.
+//! [--rate R] [--seconds S] [--backends NAME,NAME]` (default: every registered backend).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,8 +47,7 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a =
-        Args { records: 200_000, rate: 5_000, seconds: 10, backends: vec![StoreBackend::Sled, StoreBackend::Fjall] };
+    let mut a = Args { records: 200_000, rate: 5_000, seconds: 10, backends: StoreBackend::ALL.to_vec() };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < argv.len() {
@@ -58,14 +57,7 @@ fn args() -> Args {
             "--rate" => a.rate = next.parse().expect("--rate R"),
             "--seconds" => a.seconds = next.parse().expect("--seconds S"),
             "--backends" => {
-                a.backends = next
-                    .split(',')
-                    .map(|b| match b {
-                        "sled" => StoreBackend::Sled,
-                        "fjall" => StoreBackend::Fjall,
-                        other => panic!("unknown backend {other}"),
-                    })
-                    .collect()
+                a.backends = next.split(',').map(|b| b.parse().unwrap_or_else(|e| panic!("--backends: {e}"))).collect()
             }
             _ => {
                 i += 1;

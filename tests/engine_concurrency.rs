@@ -73,7 +73,7 @@ fn trial(backend: StoreBackend) -> (Vec<(String, i64)>, Vec<Outcome>, Vec<Outcom
 
 #[test]
 fn batches_sharing_keys_in_opposite_orders_finish_and_execute_each_key_once() {
-    for backend in [StoreBackend::Sled, StoreBackend::Fjall] {
+    for &backend in StoreBackend::ALL {
         for n in 0..TRIALS {
             // A livelock spins on the batches' threads: the watchdog is this one.
             let (tx, rx) = mpsc::channel();

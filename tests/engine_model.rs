@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
 use dedupd::outcome::Outcome;
-use dedupd::store::{Completion, KeyStore};
+use dedupd::store::{Completion, KeyStore, StoreBackend};
 use proptest::prelude::*;
 use tokio_util::sync::CancellationToken;
 
@@ -142,7 +142,7 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(dir: &std::path::Path, backend: dedupd::store::StoreBackend, forwards: bool) -> Harness {
+    fn new(dir: &std::path::Path, backend: StoreBackend, forwards: bool) -> Harness {
         let store = Arc::new(KeyStore::open(backend, dir, dedupd::store::SyncMode::Batch).unwrap());
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let sink = Arc::new(ScriptedSink::new("s", forwards).with_clock(clock.clone()));
@@ -207,7 +207,7 @@ impl Harness {
     }
 }
 
-fn run_case(ops: Vec<Op>, forwards: bool, backend: dedupd::store::StoreBackend) -> Result<(), TestCaseError> {
+fn run_case(ops: Vec<Op>, forwards: bool, backend: StoreBackend) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
     rt.block_on(async {
@@ -285,17 +285,24 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
-    fn non_forwarding_sink_sled(ops in prop::collection::vec(op(), 1..40)) {
-        run_case(ops, false, dedupd::store::StoreBackend::Sled)?;
+    fn non_forwarding_sink_on_each_backend(ops in prop::collection::vec(op(), 1..40)) {
+        for &backend in StoreBackend::ALL {
+            run_case(ops.clone(), false, backend).map_err(|e| naming(backend, e))?;
+        }
     }
 
     #[test]
-    fn forwarding_sink_sled(ops in prop::collection::vec(op(), 1..40)) {
-        run_case(ops, true, dedupd::store::StoreBackend::Sled)?;
+    fn forwarding_sink_on_each_backend(ops in prop::collection::vec(op(), 1..40)) {
+        for &backend in StoreBackend::ALL {
+            run_case(ops.clone(), true, backend).map_err(|e| naming(backend, e))?;
+        }
     }
+}
 
-    #[test]
-    fn non_forwarding_sink_fjall(ops in prop::collection::vec(op(), 1..40)) {
-        run_case(ops, false, dedupd::store::StoreBackend::Fjall)?;
+/// A failed case's message, prefixed with the backend it failed on.
+fn naming(backend: StoreBackend, e: TestCaseError) -> TestCaseError {
+    match e {
+        TestCaseError::Fail(reason) => TestCaseError::fail(format!("[{backend}] {reason}")),
+        other => other,
     }
 }

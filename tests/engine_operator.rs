@@ -34,7 +34,7 @@ impl SinkEffect for ForgettingSink {
 
 #[tokio::test]
 async fn a_key_forgotten_while_its_sink_runs_does_not_stop_the_batch() {
-    for backend in [StoreBackend::Sled, StoreBackend::Fjall] {
+    for &backend in StoreBackend::ALL {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).unwrap());
         let clock = Arc::new(ManualClock::new(1_000_000));

@@ -26,8 +26,8 @@
 //! `indeterminate` for a key it never received; ...), and every sink must have seen a kill
 //! between an effect and its completion.
 //!
-//! Both store backends (`kill_nine_twenty_times` on sled, `..._fjall`); the two tests take
-//! turns (one at a time) to keep the load of a 2-core machine bounded.
+//! Every registered store backend, one after the other (to keep the load of a 2-core
+//! machine bounded).
 //! Seed: `KAFKA_KILL_SEED` (printed; replays kill timing and the HTTP receiver's delays, not
 //! the scheduling nor the SMTP and exec delays). Needs python3 with aiosmtpd. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_kill -- --nocapture`.
@@ -84,9 +84,6 @@ const SINKS: [(&str, SinkKind, bool); 7] = [
     ("exec-once", SinkKind::Exec, false),
     ("exec-fwd", SinkKind::Exec, true),
 ];
-
-/// One test at a time in this binary.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
@@ -219,18 +216,15 @@ struct Kill {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_nine_twenty_times() {
-    run("sled").await;
+async fn kill_nine_twenty_times_on_each_backend() {
+    for &backend in StoreBackend::ALL {
+        run(backend).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_nine_twenty_times_fjall() {
-    run("fjall").await;
-}
-
-async fn run(backend: &str) {
+async fn run(kind: StoreBackend) {
+    let backend = kind.name();
     let Some(bootstrap) = kafka::bootstrap() else { return };
-    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let seed = seed_from_env("KAFKA_KILL_SEED");
     println!("[{backend}] seed {seed} (replay the timing with KAFKA_KILL_SEED={seed})");
@@ -452,12 +446,7 @@ async fn run(backend: &str) {
     received.extend(effects::from_kafka("kafka", &sunk, &mut failures));
     received.extend(effects::from_smtp(&smtp.received_numbered()));
     received.extend(effects::from_exec(&exec_effects, &mut failures));
-    let store = KeyStore::open(
-        if backend == "fjall" { StoreBackend::Fjall } else { StoreBackend::Sled },
-        &store_path,
-        SyncMode::Batch,
-    )
-    .expect("open the store after the final run");
+    let store = KeyStore::open(kind, &store_path, SyncMode::Batch).expect("open the store after the final run");
 
     let plans = plans();
     let input_keys: Vec<usize> = inputs.iter().map(|r| r.i).collect();

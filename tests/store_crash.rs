@@ -13,7 +13,7 @@
 //!   sequence the child wrote (no later write survived an earlier one that was lost);
 //! - the watermark is at least the last offset reported completed.
 //!
-//! Kills per backend: `STORE_CRASH_KILLS` (default 200), on a fresh store every
+//! Every registered backend, one after the other. Kills per backend: `STORE_CRASH_KILLS` (default 200), on a fresh store every
 //! `STORE_CRASH_KILLS_PER_STORE` kills (default 25: fjall replays its whole journal at every
 //! open, which in a debug build costs ~0.5 s per MB, so one store for all kills would make
 //! the test quadratic). Seed: `STORE_CRASH_SEED` (default: from the clock; printed, to
@@ -81,7 +81,8 @@ fn parse_key(key: &str) -> Option<(usize, i64)> {
     Some((run.parse().ok()?, i.parse().ok()?))
 }
 
-fn crash_loop(kind: StoreBackend, name: &str) {
+fn crash_loop(kind: StoreBackend) {
+    let name = kind.name();
     let kills: usize = std::env::var("STORE_CRASH_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let seed: u64 = std::env::var("STORE_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
@@ -379,7 +380,8 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
 }
 
 /// Kills during the very first open of a store (creating it): the next open must work.
-fn first_creation_killed(kind: StoreBackend, name: &str) {
+fn first_creation_killed(kind: StoreBackend) {
+    let name = kind.name();
     let dir = tempfile::tempdir().unwrap();
     let mut rng = Rng(0x5eed ^ name.len() as u64);
     let mut opened_before_kill = 0;
@@ -406,21 +408,15 @@ fn first_creation_killed(kind: StoreBackend, name: &str) {
 }
 
 #[test]
-fn sled_reopens_after_kill_during_creation() {
-    first_creation_killed(StoreBackend::Sled, "sled");
+fn each_backend_reopens_after_kill_during_creation() {
+    for &kind in StoreBackend::ALL {
+        first_creation_killed(kind);
+    }
 }
 
 #[test]
-fn fjall_reopens_after_kill_during_creation() {
-    first_creation_killed(StoreBackend::Fjall, "fjall");
-}
-
-#[test]
-fn sled_store_survives_sigkill() {
-    crash_loop(StoreBackend::Sled, "sled");
-}
-
-#[test]
-fn fjall_store_survives_sigkill() {
-    crash_loop(StoreBackend::Fjall, "fjall");
+fn each_backend_survives_sigkill() {
+    for &kind in StoreBackend::ALL {
+        crash_loop(kind);
+    }
 }

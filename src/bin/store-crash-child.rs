@@ -1,6 +1,6 @@
 //! Helper for `tests/store_crash.rs`: writes to a store until it is SIGKILLed.
 //!
-//! Usage: `store-crash-child <sled|fjall> <path> <run> <batch>`
+//! Usage: `store-crash-child <backend> <path> <run> <batch>` (a registered backend name)
 //!
 //! Loops over batches of `batch` fresh keys `r{run:04}-{i:07}` (i counting from 0):
 //! claims the batch, `flush_claims`, prints `DURABLE <first> <last>` (indices, inclusive);
@@ -41,13 +41,9 @@ fn main() -> ExitCode {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 5 {
-        return Err("usage: store-crash-child <sled|fjall> <path> <run> <batch>".into());
+        return Err("usage: store-crash-child <backend> <path> <run> <batch>".into());
     }
-    let kind = match args[1].as_str() {
-        "sled" => StoreBackend::Sled,
-        "fjall" => StoreBackend::Fjall,
-        other => return Err(format!("unknown backend {other}").into()),
-    };
+    let kind: StoreBackend = args[1].parse()?;
     let path = PathBuf::from(&args[2]);
     let run: i64 = args[3].parse()?;
     let batch: i64 = args[4].parse()?;

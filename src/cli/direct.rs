@@ -15,8 +15,7 @@ pub struct Direct {
 
 /// True when the backend could not get the store directory's lock (another process has it).
 fn is_lock_error(e: &StoreError) -> bool {
-    let text = e.to_string().to_ascii_lowercase();
-    text.contains("could not acquire lock") || text.contains("locked") || text.contains("lock file")
+    matches!(e, StoreError::Locked { .. })
 }
 
 impl Direct {

@@ -63,6 +63,32 @@ impl Stripe {
     }
 }
 
+/// What a batch of claims writes once every request is decided.
+struct BatchWrites {
+    /// Backend writes: the claims that replace a record there.
+    ops: Vec<Op>,
+    /// Claims of absent keys, for the journal: (key, encoded record).
+    journaled: Vec<(String, Vec<u8>)>,
+    /// Journal claims that claims written to the backend replace (see `journal`).
+    to_release: Vec<String>,
+    /// States the batched claims replace (None = absent), for the counts.
+    replaced: Vec<Option<State>>,
+    /// Per claim made: its stripe, and whether the journal holds it.
+    claimed_at: Vec<(usize, bool)>,
+}
+
+impl BatchWrites {
+    fn with_capacity(requests: usize) -> BatchWrites {
+        BatchWrites {
+            ops: Vec::with_capacity(requests),
+            journaled: Vec::new(),
+            to_release: Vec::new(),
+            replaced: Vec::with_capacity(requests),
+            claimed_at: Vec::with_capacity(requests),
+        }
+    }
+}
+
 /// The stripes a batch holds: (index, version before the batch wrote anything, guard),
 /// ascending by index.
 struct LockedStripes<'a>(Vec<(usize, u64, parking_lot::MutexGuard<'a, Stripe>)>);
@@ -208,16 +234,8 @@ impl KeyStore {
             let mut seen = HashSet::with_capacity(requests.len());
             requests.iter().map(|r| !seen.insert(r.key.as_str())).collect()
         };
-        let mut ops = Vec::with_capacity(requests.len());
         let mut out = Vec::with_capacity(requests.len());
-        // States the batched claims replace (None = absent), for the counts.
-        let mut replaced: Vec<Option<State>> = Vec::with_capacity(requests.len());
-        // Per claim made: its stripe, and whether the journal holds it.
-        let mut claimed_at: Vec<(usize, bool)> = Vec::with_capacity(requests.len());
-        // Claims of absent keys, for the journal: (key, encoded record).
-        let mut journaled: Vec<(String, Vec<u8>)> = Vec::new();
-        // Journal claims that claims written to the backend replace (see `journal`).
-        let mut to_release: Vec<String> = Vec::new();
+        let mut writes = BatchWrites::with_capacity(requests.len());
         for ((req, (at, fp)), repeated) in requests.into_iter().zip(hashes).zip(repeated) {
             if repeated {
                 out.push(Err(req.expected));
@@ -236,8 +254,8 @@ impl KeyStore {
             let in_journal = current.is_none() && self.journal.is_some();
             if in_journal {
                 // A key with no record anywhere: the journal holds the claim (invariant 1).
-                journaled.push((req.key.clone(), new.encode()));
-                replaced.push(None);
+                writes.journaled.push((req.key.clone(), new.encode()));
+                writes.replaced.push(None);
             } else if current.as_ref().is_some_and(|c| c.expires_at_ms().is_some()) {
                 // Replacing a completed record rewrites its shared index entry: alone, now.
                 self.swap_locked(stripe, &req.key, current, Some(&new))?;
@@ -248,16 +266,30 @@ impl KeyStore {
                     stripe.present.add(fp);
                 }
                 if replaces_journaled {
-                    to_release.push(req.key.clone());
+                    writes.to_release.push(req.key.clone());
                 }
-                ops.push(Op::Put(Tree::Records, req.key.as_bytes().to_vec(), new.encode()));
-                replaced.push(current.as_ref().map(Record::state));
+                writes.ops.push(Op::Put(Tree::Records, req.key.as_bytes().to_vec(), new.encode()));
+                writes.replaced.push(current.as_ref().map(Record::state));
             }
             let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
             let Record::InProgress(record) = new else { unreachable!("constructed above") };
             out.push(Ok(PendingClaim { key: req.key, record, token, journal_position: None }));
-            claimed_at.push((at, in_journal));
+            writes.claimed_at.push((at, in_journal));
         }
+        self.write_claim_batch(&mut locks, writes, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes what [`KeyStore::claim_batch`] decided, with its stripes still locked: the
+    /// backend ops, the journal's claims, the releases, the counts, and the claims out in
+    /// their stripes.
+    fn write_claim_batch(
+        &self,
+        locks: &mut LockedStripes<'_>,
+        writes: BatchWrites,
+        out: &mut [Result<PendingClaim, Option<Record>>],
+    ) -> Result<(), StoreError> {
+        let BatchWrites { ops, journaled, to_release, replaced, claimed_at } = writes;
         if !ops.is_empty() {
             self.backend.apply(ops)?;
         }
@@ -286,7 +318,7 @@ impl KeyStore {
                 claim.journal_position = position;
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Makes a batch of claims durable: one fsync of the journal for the claims it holds,

@@ -6,17 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Store backend.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum StoreBackend {
-    /// sled 0.34: unmaintained; a SIGKILL test left a sled store that would not open
-    /// again (docs/decisions.md). Kept for existing stores.
-    Sled,
-    /// fjall 3 (LSM tree), the default: passes every crash test.
-    #[default]
-    Fjall,
-}
+use super::StoreBackend;
 
 /// When the store's writes reach the disk.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -33,7 +23,7 @@ pub enum SyncMode {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// `sled` or `fjall`.
+    /// One of the registered backends (see `registered_backends!`).
     pub backend: StoreBackend,
     /// Directory of the store.
     pub path: PathBuf,

@@ -44,6 +44,14 @@ fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend { backend: "fjall", message: e.to_string() }
 }
 
+/// An error opening the database; fjall reports a lock held elsewhere as its own variant.
+fn open_err(path: &Path, e: fjall::Error) -> StoreError {
+    match e {
+        fjall::Error::Locked => StoreError::Locked { backend: "fjall", path: path.to_path_buf() },
+        e => err(e),
+    }
+}
+
 const MIB: u64 = 1024 * 1024;
 
 /// Clears what a crash in the middle of fjall's *first* creation of a database leaves behind.
@@ -96,7 +104,11 @@ fn clear_unfinished_creation(path: &Path) -> Result<(), StoreError> {
 impl FjallBackend {
     pub fn open(path: &Path) -> Result<FjallBackend, StoreError> {
         clear_unfinished_creation(path)?;
-        let db = Database::builder(path).cache_size(64 * MIB).max_journaling_size(64 * MIB).open().map_err(err)?;
+        let db = Database::builder(path)
+            .cache_size(64 * MIB)
+            .max_journaling_size(64 * MIB)
+            .open()
+            .map_err(|e| open_err(path, e))?;
         let records =
             db.keyspace("records", || KeyspaceCreateOptions::default().max_memtable_size(32 * MIB)).map_err(err)?;
         let expiry =

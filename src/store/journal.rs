@@ -164,17 +164,48 @@ pub(super) fn decode_file(bytes: &[u8]) -> Result<(Vec<(String, InProgress)>, bo
     Ok((claims.into_iter().filter_map(|(k, c)| Some((k, c?))).collect(), false))
 }
 
-/// Writes `bytes` as the journal at `path`: to a temporary file, fsynced, renamed over the
-/// old one, directory fsynced. A crash leaves either the old file or the new one.
+/// Name parts of the temporary files a rewrite writes before renaming one over the journal;
+/// one left by a crash mid-rewrite is removed at the next open (see `remove_leftovers`).
+const TMP_PREFIX: &str = "dedupd-claims.journal.";
+const TMP_SUFFIX: &str = ".tmp";
+
+/// The directory holding the journal at `path`.
+fn dir_of(path: &Path) -> &Path {
+    path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Writes `bytes` as the journal at `path`: to a temporary file in the same directory,
+/// fsynced, renamed over the old one (`persist`), then the directory fsynced, so that the
+/// rename itself is durable before this returns. A crash leaves either the old file or the
+/// new one, which is what invariants 3 and 4 need of a rewrite: the stale frames are gone
+/// for good (on disk) before the caller goes on to delete records in the backend.
+///
+/// The handle returned is opened again in append mode: `write_locked` cuts a failed write
+/// off with `set_len`, and only appends (not a cursor left past the cut) then land at the
+/// file's real end.
 fn replace_file(path: &Path, bytes: &[u8]) -> Result<File, StoreError> {
-    let tmp = path.with_extension("journal.tmp");
-    let mut f = File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| io_err(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))?;
-    if let Some(dir) = path.parent() {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
-    }
+    let dir = dir_of(path);
+    let mut tmp =
+        tempfile::Builder::new().prefix(TMP_PREFIX).suffix(TMP_SUFFIX).tempfile_in(dir).map_err(|e| io_err(dir, e))?;
+    tmp.write_all(bytes).and_then(|()| tmp.as_file().sync_all()).map_err(|e| io_err(tmp.path(), e))?;
+    tmp.persist(path).map_err(|e| io_err(path, e.error))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
     std::fs::OpenOptions::new().append(true).open(path).map_err(|e| io_err(path, e))
+}
+
+/// Removes the temporary files of rewrites that a crash interrupted (never read: recovery
+/// reads only the journal itself).
+fn remove_leftovers(path: &Path) -> Result<(), StoreError> {
+    let dir = dir_of(path);
+    for entry in std::fs::read_dir(dir).map_err(|e| io_err(dir, e))? {
+        let entry = entry.map_err(|e| io_err(dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(TMP_PREFIX) && name.ends_with(TMP_SUFFIX) {
+            std::fs::remove_file(entry.path()).map_err(|e| io_err(&entry.path(), e))?;
+        }
+    }
+    Ok(())
 }
 
 impl ClaimJournal {
@@ -208,6 +239,7 @@ impl ClaimJournal {
             backend.apply(ops)?;
         }
         backend.flush()?;
+        remove_leftovers(path)?;
         ClaimJournal::create_empty(path)
     }
 

@@ -217,25 +217,46 @@ impl Drop for SledBackend {
     }
 }
 
-/// How long `open` waits for sled's directory lock.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long `open` waits for sled's directory lock (3 s in unit tests, which check that a
+/// held lock is refused).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(if cfg!(test) { 3 } else { 10 });
 
 /// Opens the sled database, waiting (bounded) for its directory lock. A sled `Db` dropped
 /// in this process releases the lock only when its background flusher thread has exited,
 /// shortly after the drop, so reopening right away (a restart in process, tests) can find
-/// it still held. Another process holding it makes this fail after `LOCK_WAIT`.
+/// it still held. Another process holding it makes this fail after `LOCK_WAIT` with
+/// [`StoreError::Locked`].
 fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
+    // An `Other` error while the lock was free: retried once, in case the lock was
+    // released between sled's attempt and the probe.
+    let mut retried_while_free = false;
     loop {
         match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open() {
             Ok(db) => return Ok(db),
-            // sled reports a held lock as ErrorKind::Other with this text.
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
+            // sled reports a held lock only as an `Other` I/O error (with text): see
+            // `lock_is_held`.
+            Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::Other => match lock_is_held(path) {
+                true if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                true => return Err(StoreError::Locked { backend: "sled", path: path.to_path_buf() }),
+                false if !retried_while_free => retried_while_free = true,
+                false => return Err(err(e)),
+            },
             Err(e) => return Err(err(e)),
         }
+    }
+}
+
+/// Whether another handle holds sled's lock on the store at `path`. sled takes an exclusive
+/// `flock` on the `db` file and reports failing to get it only as an `ErrorKind::Other` I/O
+/// error, so the lock is probed the same way and the answer comes from the probe's error
+/// type ([`std::fs::TryLockError::WouldBlock`]). The probe's own lock, if it got one, is
+/// released when the file closes.
+fn lock_is_held(path: &Path) -> bool {
+    match std::fs::OpenOptions::new().read(true).write(true).open(path.join("db")) {
+        Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
     }
 }

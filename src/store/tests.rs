@@ -1,5 +1,6 @@
-//! Store tests, run against every backend: each test is a function of the backend kind, and
-//! [`both!`] instantiates it as `store::tests::sled::NAME` and `store::tests::fjall::NAME`.
+//! Store tests, run against every registered backend: each test is a function of the
+//! backend kind, and [`each_backend!`] instantiates it once per backend as
+//! `store::tests::<backend module>::NAME` (e.g. `store::tests::fjall_backend::NAME`).
 
 use std::collections::BTreeMap;
 use std::sync::Barrier;
@@ -7,18 +8,26 @@ use std::sync::Barrier;
 use super::*;
 use crate::fingerprint::Fingerprint;
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        mod sled {
-            $( #[test] fn $name() { super::$name(crate::store::StoreBackend::Sled) } )*
-        }
-        mod fjall {
-            $( #[test] fn $name() { super::$name(crate::store::StoreBackend::Fjall) } )*
+/// `each_backend!(test_a, test_b)`: one `#[test]` per test and registered backend.
+macro_rules! each_backend {
+    ($($test:ident),* $(,)?) => {
+        registered_backends!(backend_test_modules!($($test),*));
+    };
+}
+
+/// Called by `registered_backends!`: a module per backend, named after the backend's module.
+macro_rules! backend_test_modules {
+    ($tests:tt $($(#[$attr:meta])* $name:literal => $variant:ident($module:ident::$backend:ident),)+) => {
+        $(backend_test_modules!(@one $module $variant $tests);)+
+    };
+    (@one $module:ident $variant:ident ($($test:ident),*)) => {
+        mod $module {
+            $( #[test] fn $test() { super::$test(crate::store::StoreBackend::$variant) } )*
         }
     };
 }
 
-both!(
+each_backend!(
     claim_of_absent_key,
     claim_cas_failure_returns_current,
     racing_claims_one_winner,
@@ -47,6 +56,7 @@ both!(
 
 mod filter;
 mod journal;
+mod lock;
 
 // ---------------------------------------------------------------------------------------
 // helpers

@@ -7,7 +7,7 @@ use super::*;
 use crate::store::presence::key_hash;
 use crate::store::transfer::Imported;
 
-both!(
+each_backend!(
     keys_present_at_open_are_never_claimed_over,
     imported_keys_are_never_claimed_over,
     forget_and_compaction_take_keys_out,

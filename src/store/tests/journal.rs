@@ -5,11 +5,12 @@
 use super::*;
 use crate::store::journal::{self, ClaimJournal};
 
-both!(
+each_backend!(
     fresh_claims_are_journaled_not_written_to_the_backend,
     a_crash_leaves_journaled_claims_in_progress,
     completed_forgotten_and_compacted_claims_stay_gone,
     the_file_is_rewritten_past_its_bound,
+    a_rewrite_cut_short_leaves_nothing_behind,
 );
 
 /// Claims of absent keys, made durable together; returns them in key order.
@@ -219,4 +220,20 @@ fn a_failed_append_refuses_later_ones() {
     j.sync_all().unwrap();
     let names: Vec<_> = ClaimJournal::read(&path).unwrap().into_iter().map(|(k, _)| k).collect();
     assert_eq!(names, vec!["d"]);
+}
+
+/// A crash between writing a rewrite's temporary file and renaming it leaves the file in the
+/// store directory; the next open removes it and keeps the journal's own claims.
+fn a_rewrite_cut_short_leaves_nothing_behind(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let open = keys("open", 3);
+    let _out = claim_all(&f.store, &open, 1);
+    let leftover = f.dir.path().join("dedupd-claims.journal.a1b2c3.tmp");
+    std::fs::write(&leftover, b"half a rewrite").unwrap();
+    let f = f.reopen();
+    assert!(!leftover.exists(), "the leftover is removed at open");
+    for k in &open {
+        assert_eq!(f.store.get(k).unwrap(), Some(Record::InProgress(in_progress(1, 1))), "{k} recovered");
+    }
+    check_invariants(&f.store);
 }

@@ -17,10 +17,20 @@ fn watermark_keys_sort_inside_the_scan_bounds() {
     let _ = Op::Delete(Tree::Meta, k);
 }
 
+/// From every registered backend into every one (itself included).
 #[test]
 fn export_then_import_restores_records_and_watermarks_exactly() {
+    for &from in StoreBackend::ALL {
+        for &to in StoreBackend::ALL {
+            eprintln!("export from {from}, import into {to}");
+            export_then_import(from, to);
+        }
+    }
+}
+
+fn export_then_import(from: StoreBackend, to: StoreBackend) {
     let dir = tempfile::tempdir().unwrap();
-    let a = KeyStore::open(StoreBackend::Sled, &dir.path().join("a"), SyncMode::Batch).unwrap();
+    let a = KeyStore::open(from, &dir.path().join("a"), SyncMode::Batch).unwrap();
     let now = 1_000_000;
     let records = [
         (
@@ -90,7 +100,7 @@ fn export_then_import_restores_records_and_watermarks_exactly() {
     assert_eq!(counts, ExportCounts { records: 5, watermarks: 2 });
     assert_eq!(validate(buf.as_slice(), |_| {}).unwrap(), counts);
 
-    let b = KeyStore::open(StoreBackend::Fjall, &dir.path().join("b"), SyncMode::Batch).unwrap();
+    let b = KeyStore::open(to, &dir.path().join("b"), SyncMode::Batch).unwrap();
     let report = b.import_from(buf.as_slice(), ImportOptions { overwrite: false, now_ms: now }, |_| {}).unwrap();
     assert_eq!(report, ImportReport { imported: 4, unchanged: 0, kept_newer: 0, expired: 1, watermarks_raised: 2 });
     for (k, r) in &records {
