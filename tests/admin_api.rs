@@ -3,12 +3,15 @@
 //! token (404), unknown key 404, conflicts 409, bad input 400; resolve, forget, compact,
 //! export and import change the store, asserted by reading it back.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::records::{completed, in_progress, indeterminate};
 use dedupd::fingerprint::Fingerprint;
 use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
-use dedupd::store::{Completed, Completion, InProgress, Indeterminate, KeyStore, Record, SourcePos};
+use dedupd::store::{Completion, KeyStore, Record};
 use dedupd::store::{StoreBackend, SyncMode};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -18,37 +21,6 @@ const TOKEN: &str = "s3cret-token-0123456789";
 
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
-}
-
-fn completed(fp: u8, expires_at_ms: i64) -> Record {
-    Record::Completed(Completed {
-        fingerprint: Fingerprint([fp; 32]),
-        outcome: Completion::Succeeded,
-        result: br#"{"accepted":true}"#.to_vec(),
-        error: None,
-        first_seen_at_ms: 1_000,
-        completed_at_ms: 2_000,
-        expires_at_ms,
-        attempts: 1,
-    })
-}
-
-fn indeterminate(fp: u8) -> Record {
-    Record::Indeterminate(Indeterminate {
-        fingerprint: Fingerprint([fp; 32]),
-        claimed_at_ms: 1_000,
-        attempts: 1,
-        why: "crash".into(),
-    })
-}
-
-fn in_progress(fp: u8) -> Record {
-    Record::InProgress(InProgress {
-        fingerprint: Fingerprint([fp; 32]),
-        claimed_at_ms: 1_000,
-        attempts: 1,
-        source: SourcePos { topic: "commands".into(), partition: 0, offset: 7 },
-    })
 }
 
 struct Server {

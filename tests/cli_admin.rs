@@ -4,12 +4,14 @@
 //! the query), and keys with `/`, `%`, `?`, `#`, `+`, spaces and non-ASCII round-trip;
 //! `--admin` goes before or after the subcommand; a closed stdout ends the output quietly.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupd::fingerprint::Fingerprint;
+use common::records::{completed_for_an_hour, indeterminate};
 use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
-use dedupd::store::{Completed, Completion, Indeterminate, KeyStore, Record};
+use dedupd::store::{Completion, KeyStore, Record};
 use dedupd::store::{StoreBackend, SyncMode};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -38,28 +40,6 @@ const AWKWARD_KEYS: &[&str] = &[
     "resolve",
     "\"quoted\"",
 ];
-
-fn completed(fp: u8) -> Record {
-    Record::Completed(Completed {
-        fingerprint: Fingerprint([fp; 32]),
-        outcome: Completion::Succeeded,
-        result: br#"{"accepted":true}"#.to_vec(),
-        error: None,
-        first_seen_at_ms: 1_000,
-        completed_at_ms: 2_000,
-        expires_at_ms: chrono::Utc::now().timestamp_millis() + 3_600_000,
-        attempts: 1,
-    })
-}
-
-fn indeterminate(fp: u8) -> Record {
-    Record::Indeterminate(Indeterminate {
-        fingerprint: Fingerprint([fp; 32]),
-        claimed_at_ms: 1_000,
-        attempts: 1,
-        why: "crash".into(),
-    })
-}
 
 struct Server {
     base: String,
@@ -132,7 +112,7 @@ async fn every_key_is_reachable_through_the_admin_api() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
     for (i, key) in AWKWARD_KEYS.iter().enumerate() {
-        store.compare_and_swap(key, None, Some(&completed(i as u8))).unwrap().unwrap();
+        store.compare_and_swap(key, None, Some(&completed_for_an_hour(i as u8))).unwrap().unwrap();
     }
     let server = start(&store).await;
     let url = server.base.as_str();
@@ -189,7 +169,7 @@ async fn dot_keys_resolve_and_force_forget_through_the_admin_api() {
 async fn a_closed_stdout_ends_the_output_quietly() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
-    store.compare_and_swap("k1", None, Some(&completed(1))).unwrap().unwrap();
+    store.compare_and_swap("k1", None, Some(&completed_for_an_hour(1))).unwrap().unwrap();
     let server = start(&store).await;
     let url = server.base.as_str();
 

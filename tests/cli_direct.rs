@@ -3,63 +3,25 @@
 //! does, names rather than debug text in what it prints, and a closed stdout (`| head -1`)
 //! ending the output quietly: exit 0, nothing on stderr, no panic.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use dedupd::fingerprint::Fingerprint;
-use dedupd::store::{Completed, Completion, KeyStore, Record};
+use common::records::{completed_for_an_hour, config_file};
+use dedupd::store::KeyStore;
 use dedupd::store::{StoreBackend, SyncMode};
-
-/// A config file for a store at `store`; returns its path.
-fn config(dir: &Path, store: &Path) -> PathBuf {
-    let path = dir.join("dedupd.toml");
-    let text = format!(
-        r#"[kafka]
-bootstrap_servers = "127.0.0.1:9"
-group_id = "g"
-input_topics = ["in"]
-results_topic = "results"
-dead_letter_topic = "dlq"
-
-[store]
-path = {store:?}
-backend = "sled"
-
-[sinks.log]
-kind = "log"
-
-[[routes]]
-types = ["*"]
-sink = "log"
-"#
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-fn completed() -> Record {
-    Record::Completed(Completed {
-        fingerprint: Fingerprint([7; 32]),
-        outcome: Completion::Succeeded,
-        result: br#"{"accepted":true}"#.to_vec(),
-        error: None,
-        first_seen_at_ms: 1_000,
-        completed_at_ms: 2_000,
-        expires_at_ms: chrono::Utc::now().timestamp_millis() + 3_600_000,
-        attempts: 1,
-    })
-}
 
 /// A stopped instance: a store holding `keys`, and its config file.
 fn stopped_instance(dir: &Path, keys: &[&str]) -> PathBuf {
     let store_path = dir.join("store");
     let store = KeyStore::open(StoreBackend::Sled, &store_path, SyncMode::Batch).unwrap();
     for key in keys {
-        store.compare_and_swap(key, None, Some(&completed())).unwrap().unwrap();
+        store.compare_and_swap(key, None, Some(&completed_for_an_hour(7))).unwrap().unwrap();
     }
     store.flush_always().unwrap();
     drop(store);
-    config(dir, &store_path)
+    config_file(&dir.join("dedupd.toml"), &store_path, Some("sled"))
 }
 
 /// `dedupd` with no `DEDUPD_*` variables from the test's environment.

@@ -1,37 +1,15 @@
 //! `export` and `import` draw a progress bar on stderr only when it is a terminal: run once
 //! under a pseudo-terminal (util-linux `script`) and once with stderr a pipe.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
+use common::records::config_file;
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{Completed, Completion, KeyStore, Record};
 use dedupd::store::{StoreBackend, SyncMode};
-
-fn config(dir: &Path, store: &Path) -> std::path::PathBuf {
-    let path = dir.join(format!("{}.toml", store.file_name().and_then(|n| n.to_str()).unwrap()));
-    let text = format!(
-        r#"[kafka]
-bootstrap_servers = "127.0.0.1:9"
-group_id = "g"
-input_topics = ["in"]
-results_topic = "results"
-dead_letter_topic = "dlq"
-
-[store]
-path = {store:?}
-
-[sinks.log]
-kind = "log"
-
-[[routes]]
-types = ["*"]
-sink = "log"
-"#
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 fn fill(store: &Path, n: usize) {
     let s = KeyStore::open(StoreBackend::default(), store, SyncMode::Batch).unwrap();
@@ -82,7 +60,11 @@ fn progress_bar_only_on_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     fill(&a, 8_000);
-    let (ca, cb) = (config(dir.path(), &a), config(dir.path(), &b));
+    let config = |store: &Path| {
+        let name = store.file_name().and_then(|n| n.to_str()).expect("a store directory name");
+        config_file(&dir.path().join(format!("{name}.toml")), store, None)
+    };
+    let (ca, cb) = (config(&a), config(&b));
     let (ca, cb) = (ca.to_str().unwrap(), cb.to_str().unwrap());
     let file = dir.path().join("export.jsonl");
     let file = file.to_str().unwrap();

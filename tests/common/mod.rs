@@ -9,5 +9,6 @@ pub mod kafka;
 pub mod kill_check;
 pub mod orphan;
 pub mod process;
+pub mod records;
 pub mod scripted;
 pub mod smtp_server;

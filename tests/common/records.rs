@@ -1,0 +1,73 @@
+//! Store records and config files for the operator tests (admin API, CLI), so each test
+//! writes only what it is about.
+
+use std::path::{Path, PathBuf};
+
+use dedupd::fingerprint::Fingerprint;
+use dedupd::store::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos};
+
+/// A `succeeded` record with fingerprint `[fp; 32]` that expires at `expires_at_ms`.
+pub fn completed(fp: u8, expires_at_ms: i64) -> Record {
+    Record::Completed(Completed {
+        fingerprint: Fingerprint([fp; 32]),
+        outcome: Completion::Succeeded,
+        result: br#"{"accepted":true}"#.to_vec(),
+        error: None,
+        first_seen_at_ms: 1_000,
+        completed_at_ms: 2_000,
+        expires_at_ms,
+        attempts: 1,
+    })
+}
+
+/// A `succeeded` record that expires an hour from now.
+pub fn completed_for_an_hour(fp: u8) -> Record {
+    completed(fp, chrono::Utc::now().timestamp_millis() + 3_600_000)
+}
+
+/// An `indeterminate` record left by a crash.
+pub fn indeterminate(fp: u8) -> Record {
+    Record::Indeterminate(Indeterminate {
+        fingerprint: Fingerprint([fp; 32]),
+        claimed_at_ms: 1_000,
+        attempts: 1,
+        why: "crash".into(),
+    })
+}
+
+/// An `in_progress` record of `commands`/0 at offset 7.
+pub fn in_progress(fp: u8) -> Record {
+    Record::InProgress(InProgress {
+        fingerprint: Fingerprint([fp; 32]),
+        claimed_at_ms: 1_000,
+        attempts: 1,
+        source: SourcePos { topic: "commands".into(), partition: 0, offset: 7 },
+    })
+}
+
+/// Writes a config file at `path` for a stopped instance whose store is at `store` (with
+/// `backend` when given, else the default) and a log sink; returns `path`.
+pub fn config_file(path: &Path, store: &Path, backend: Option<&str>) -> PathBuf {
+    let backend = backend.map(|b| format!("backend = \"{b}\"\n")).unwrap_or_default();
+    let text = format!(
+        r#"[kafka]
+bootstrap_servers = "127.0.0.1:9"
+group_id = "g"
+input_topics = ["in"]
+results_topic = "results"
+dead_letter_topic = "dlq"
+
+[store]
+path = {store:?}
+{backend}
+[sinks.log]
+kind = "log"
+
+[[routes]]
+types = ["*"]
+sink = "log"
+"#
+    );
+    std::fs::write(path, text).expect("write the config file");
+    path.to_path_buf()
+}
