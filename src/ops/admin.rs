@@ -30,6 +30,7 @@ use subtle::ConstantTimeEq;
 
 use crate::store::transfer::ImportOptions;
 use crate::store::{Completion, ForgetError, KeyStore, ResolveError, TransferError, record_json};
+use crate::time::{Clock, SystemClock};
 
 /// What the admin routes need.
 #[derive(Clone)]
@@ -235,7 +236,7 @@ async fn resolve_key(a: AdminApi, key: String, body: Bytes) -> ApiResult {
         ApiError::new(StatusCode::BAD_REQUEST, format!("body must be {{\"as\": \"succeeded\"|\"failed\"}}: {e}"))
     })?;
     blocking(move || {
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = SystemClock.now_ms();
         let ttl = i64::try_from(a.resolve_ttl.as_millis()).unwrap_or(i64::MAX);
         match a.store.resolve(&key, body.outcome, now, ttl) {
             Ok(r) => Ok(axum::Json(record_json(&key, &r)).into_response()),
@@ -253,7 +254,7 @@ async fn stats(State(a): State<AdminApi>) -> ApiResult {
 
 async fn compact(State(a): State<AdminApi>) -> ApiResult {
     blocking(move || {
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = SystemClock.now_ms();
         let removed = a.store.compact_expired(now, a.compaction_chunk).map_err(internal)?;
         Ok(axum::Json(serde_json::json!({"removed": removed})).into_response())
     })
@@ -289,7 +290,7 @@ async fn export(State(a): State<AdminApi>) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
     tokio::task::spawn_blocking(move || {
         let mut out = ChannelWriter { tx: tx.clone(), buf: Vec::new() };
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = SystemClock.now_ms();
         if let Err(e) = a.store.export_to(now, &mut out) {
             tracing::warn!(error = %e, "admin export stopped");
             // Ends the body with an error: the client sees a cut-off stream without its end
@@ -324,7 +325,7 @@ async fn import(
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
     blocking(move || {
-        let options = ImportOptions { overwrite: params.overwrite, now_ms: chrono::Utc::now().timestamp_millis() };
+        let options = ImportOptions { overwrite: params.overwrite, now_ms: SystemClock.now_ms() };
         match a.store.import_from(std::io::BufReader::new(reader), options, |_| {}) {
             Ok(report) => Ok(axum::Json(report).into_response()),
             Err(e @ TransferError::Line { .. }) => {
