@@ -9,12 +9,13 @@
 # there, or override keys with DEDUPD_SECTION__KEY variables (docs/config.md).
 
 FROM rust:1.95-bookworm AS build
-# rdkafka-sys builds the bundled librdkafka with its own configure + make (the crate's
-# default features: no cmake-build, no SSL/SASL); it needs a C toolchain, make, pkg-config
-# and zlib headers. Listed explicitly rather than relying on the base image.
+# rdkafka-sys builds the bundled librdkafka with its own configure + make (no cmake), with
+# OpenSSL (openssl-src: needs perl), zlib and zstd built from crates.io sources as well; it
+# needs a C toolchain, make, perl and pkg-config. Listed explicitly rather than relying on
+# the base image.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      build-essential pkg-config zlib1g-dev \
+      build-essential perl pkg-config \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Everything cargo needs to resolve the package's targets (benches are declared in

@@ -5,15 +5,13 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 /// mimalloc, not glibc's malloc: the hot path allocates many small, short-lived buffers
 /// (BENCHMARKS.md: glibc's malloc was ~27% of the store's write path).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = dedupd::cli::Cli::parse();
+    let cli = dedupd::cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -10,16 +10,18 @@
 //! Exit codes: 0 done, 2 error, 3 refused because of the key's state, 4 no such key.
 
 mod direct;
+mod librdkafka;
 mod output;
 mod remote;
 mod transfer;
 
+pub use librdkafka::LibrdkafkaBuild;
 pub use output::print_error;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use self::output::{print_json, print_line};
 use crate::config::{Config, ConfigError};
@@ -36,6 +38,20 @@ pub struct Cli {
     /// The config file or admin API to act on (before or after the subcommand).
     #[command(flatten)]
     pub target: Target,
+}
+
+/// Parses the process's arguments, exiting on `--help`, `--version` or an error as clap
+/// does. `--version` also names librdkafka and its `builtin.features`, which only
+/// librdkafka itself can tell at run time, hence not `Cli::parse()`.
+pub fn parse() -> Cli {
+    // Leaked once per process: clap keeps a `&'static str` and the process needs it until
+    // it exits anyway.
+    let long_version: &'static str = Box::leak(librdkafka::long_version().into_boxed_str());
+    let matches = Cli::command().long_version(long_version).get_matches();
+    match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.format(&mut Cli::command()).exit(),
+    }
 }
 
 /// Subcommands.
@@ -308,6 +324,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Run { accept_empty_store } => {
             let config = load(target.config.as_deref().ok_or(CliError::NoConfig)?)?;
             init_tracing(config.log.format, &config.log.level);
+            librdkafka::log_build();
             let options = crate::pipeline::RunOptions { accept_empty_store };
             crate::pipeline::run(config, options, shutdown_signal(), |_| {}).await?;
             Ok(ExitCode::SUCCESS)
@@ -337,8 +354,6 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
     use super::*;
 
     #[test]
