@@ -35,13 +35,20 @@ struct EnvOverride {
     as_toml_scalar: bool,
 }
 
+/// The TOML value `text` spells, if it spells one (`64`, `true`, `["a", "b"]`).
+fn toml_value(text: &str) -> Option<toml::Value> {
+    toml::from_str::<toml::Table>(&format!("v = {text}")).ok().and_then(|mut t| t.remove("v"))
+}
+
 impl EnvOverride {
+    /// Whether it is written as a list: the only way a shell can spell one.
+    fn is_list(&self) -> bool {
+        self.text.trim_start().starts_with('[')
+    }
+
     fn value(&self) -> Result<Value, ConfigError> {
-        let trimmed = self.text.trim_start();
-        if trimmed.starts_with('[') || self.as_toml_scalar {
-            let parsed = toml::from_str::<toml::Table>(&format!("v = {}", self.text))
-                .ok()
-                .and_then(|mut t| t.remove("v"))
+        if self.is_list() || self.as_toml_scalar {
+            let parsed = toml_value(&self.text)
                 .ok_or_else(|| self.error("is not a TOML value (a list is written [\"a\", \"b\"])"))?;
             return Value::serialize(parsed).map_err(|e| self.error(&e.to_string()));
         }
@@ -54,10 +61,7 @@ impl EnvOverride {
 
     /// Whether its text spells a TOML scalar other than a string (a number or a boolean).
     fn spells_toml_scalar(&self) -> bool {
-        toml::from_str::<toml::Table>(&format!("v = {}", self.text))
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .is_some_and(|v| !v.is_str() && !v.is_array() && !v.is_table())
+        toml_value(&self.text).is_some_and(|v| !v.is_str() && !v.is_array() && !v.is_table())
     }
 }
 
@@ -80,7 +84,10 @@ impl EnvOverrides {
             if path.iter().any(|p| p.is_empty()) {
                 return Err(ConfigError::Env { var, reason: "has an empty path segment".into() });
             }
-            overrides.push(EnvOverride { var, path, text, as_toml_scalar: false });
+            let over = EnvOverride { var, path, text, as_toml_scalar: false };
+            // A malformed list is refused here, naming its variable, rather than inside figment.
+            over.value()?;
+            overrides.push(over);
         }
         // Deterministic order: the environment's order is the OS's.
         overrides.sort_by(|a, b| a.var.cmp(&b.var));

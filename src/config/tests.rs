@@ -79,6 +79,7 @@ mod unit {
             ("DEDUPD_KAFKA__INPUT_TOPICS", "[\"a\""),
         ] {
             let err = Config::from_toml_str("", env(&[(var, value)])).unwrap_err();
+            assert!(matches!(&err, ConfigError::Env { var: named, .. } if named == var), "{var}: {err:?}");
             assert!(err.to_string().contains(var), "{var}: {err}");
         }
     }
