@@ -29,7 +29,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -m 0755 target/release/dedupd /usr/local/bin/dedupd
 
 FROM debian:bookworm-slim AS runtime
-# ca-certificates: HTTPS sinks verify servers against the system roots.
+# ca-certificates: HTTPS sinks, and Kafka over TLS with "ssl.ca.location" = "probe",
+# verify servers against the system roots.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \

@@ -27,6 +27,8 @@
 //! - [`store`]: the key store: claim journal, CAS claims, group commit, expiry index,
 //!   compaction, watermarks; its backends registered in one place.
 //! - [`fingerprint`]: RFC 8785 canonical JSON + SHA-256, with route exclusions.
+//! - [`connection`]: `[kafka.connection]`, the librdkafka settings every Kafka client
+//!   shares; secrets from env or files, redacted; offline checks and a connect probe.
 //! - [`log`]: the `[log]` section and the tracing subscriber.
 //! - [`time`]: the clock and RFC 3339 instants.
 
@@ -40,6 +42,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod decide;
 pub mod demo;
 pub mod engine;

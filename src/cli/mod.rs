@@ -9,6 +9,7 @@
 //!
 //! Exit codes: 0 done, 2 error, 3 refused because of the key's state, 4 no such key.
 
+mod check;
 mod direct;
 mod librdkafka;
 mod output;
@@ -70,8 +71,13 @@ pub enum Command {
         #[arg(long, default_value_t = 2000)]
         commands: usize,
     },
-    /// Validate a config file and exit non-zero naming the bad key.
-    CheckConfig,
+    /// Validate a config file: report every problem (with its line) and exit non-zero.
+    CheckConfig {
+        /// Also connect to the cluster: both clients authenticate, the topics exist, the
+        /// group's offsets can be read (the group is not joined).
+        #[arg(long)]
+        connect: bool,
+    },
     /// Show the stored record of a key.
     Inspect {
         /// The key.
@@ -311,7 +317,7 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
             }?;
             print_json(&serde_json::to_value(report).map_err(|e| CliError::Other(e.to_string()))?)
         }
-        Command::Run { .. } | Command::Demo { .. } | Command::CheckConfig => {
+        Command::Run { .. } | Command::Demo { .. } | Command::CheckConfig { .. } => {
             Err(CliError::Other("not an operator command".into()))
         }
     }
@@ -335,18 +341,13 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
             print_line(&summary)?;
             Ok(if summary.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::CheckConfig => {
+        Command::CheckConfig { connect } => {
             let path = target.config.as_deref().ok_or(CliError::NoConfig)?;
-            let c = load(path)?;
-            print_line(format_args!(
-                "{}: ok ({} sink(s), {} route(s), store {} at {})",
-                path.display(),
-                c.sinks.len(),
-                c.routes.len(),
-                output::config_name(&c.store.backend),
-                c.store.path.display()
-            ))?;
-            Ok(ExitCode::SUCCESS)
+            let path = path.to_path_buf();
+            // librdkafka's calls block: off the runtime.
+            tokio::task::spawn_blocking(move || check::check_config(&path, connect))
+                .await
+                .map_err(|e| CliError::Other(e.to_string()))?
         }
         other => operate(other, &target).await,
     }

@@ -19,51 +19,86 @@ impl Config {
 
     /// Parses TOML text, applies `DEDUPD_*` overrides from `env`, and validates.
     pub fn from_toml_str(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
-        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        let overrides = EnvOverrides::read(env)?;
-        let config: Config = overrides.apply(text, table)?;
+        let config = Self::read_toml_str(text, env)?;
         config.validate()?;
         Ok(config)
     }
 
-    /// Checks what serde cannot: references, ranges and patterns. Names the key on error.
+    /// Reads `path` and applies `DEDUPD_*` overrides like [`load`](Self::load), without
+    /// validating: `check-config` then lists every [`problem`](Self::problems).
+    pub fn read(
+        path: &std::path::Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::read_toml_str(&text, env)
+    }
+
+    fn read_toml_str(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let overrides = EnvOverrides::read(env)?;
+        let mut config: Config = overrides.apply(text, table)?;
+        config.complete_kafka_sinks();
+        Ok(config)
+    }
+
+    /// Kafka sinks on the main cluster take its servers and `[kafka.connection]`.
+    fn complete_kafka_sinks(&mut self) {
+        for sink in self.sinks.values_mut() {
+            if let SinkConfig::Kafka(k) = sink {
+                k.inherit_main_cluster(&self.kafka.bootstrap_servers, &self.kafka.connection);
+            }
+        }
+    }
+
+    /// Checks what serde cannot: references, ranges and patterns. Names the key on error;
+    /// the first of [`problems`](Self::problems).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        validate_kafka(&self.kafka)?;
-        validate_store(&self.store)?;
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Everything [`validate`](Self::validate) refuses, in file order of sections.
+    pub fn problems(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        validate_kafka(&self.kafka, &mut errors);
+        validate_store(&self.store, &mut errors);
         if self.retry.max_backoff < self.retry.initial_backoff {
-            return Err(invalid(
+            errors.push(invalid(
                 "retry.max_backoff",
                 humantime::format_duration(self.retry.max_backoff),
                 "must be at least retry.initial_backoff",
             ));
         }
         for (name, sink) in &self.sinks {
-            sink.validate(&format!("sinks.{name}")).map_err(|(key, value, reason)| invalid(&key, value, reason))?;
+            if let Err((key, value, reason)) = sink.validate(&format!("sinks.{name}")) {
+                errors.push(invalid(&key, value, reason));
+            }
         }
-        validate_routes(&self.routes, &self.sinks)?;
+        validate_routes(&self.routes, &self.sinks, &mut errors);
         if let Some(token) = &self.http.admin_token
             && token.len() < 16
         {
-            return Err(invalid("http.admin_token", "(hidden)", "must be at least 16 characters"));
+            errors.push(invalid("http.admin_token", "(hidden)", "must be at least 16 characters"));
         }
         if let Err(e) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
-            return Err(invalid("log.level", &self.log.level, format!("is not a tracing filter: {e}")));
+            errors.push(invalid("log.level", &self.log.level, format!("is not a tracing filter: {e}")));
         }
-        Ok(())
+        errors
     }
 }
 
 /// `[kafka]` on its own: non-empty names, no loops from results to input, no property
 /// that dedupd sets itself, and no feature that is not there yet.
-fn validate_kafka(k: &KafkaConfig) -> Result<(), ConfigError> {
+fn validate_kafka(k: &KafkaConfig, errors: &mut Vec<ConfigError>) {
     if k.bootstrap_servers.trim().is_empty() {
-        return Err(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
+        errors.push(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
     }
     if k.group_id.trim().is_empty() {
-        return Err(invalid("kafka.group_id", "\"\"", "must not be empty"));
+        errors.push(invalid("kafka.group_id", "\"\"", "must not be empty"));
     }
     if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
-        return Err(invalid(
+        errors.push(invalid(
             "kafka.input_topics",
             format!("[{}]", k.input_topics.join(", ")),
             "must list non-empty topic names",
@@ -71,10 +106,10 @@ fn validate_kafka(k: &KafkaConfig) -> Result<(), ConfigError> {
     }
     for (key, topic) in [("kafka.results_topic", &k.results_topic), ("kafka.dead_letter_topic", &k.dead_letter_topic)] {
         if topic.trim().is_empty() {
-            return Err(invalid(key, "\"\"", "must not be empty"));
+            errors.push(invalid(key, "\"\"", "must not be empty"));
         }
         if k.input_topics.contains(topic) {
-            return Err(invalid(
+            errors.push(invalid(
                 key,
                 topic,
                 "must not be one of kafka.input_topics (results would be consumed as commands)",
@@ -83,66 +118,83 @@ fn validate_kafka(k: &KafkaConfig) -> Result<(), ConfigError> {
     }
     for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
         if k.consumer.contains_key(forbidden) {
-            return Err(invalid(
+            errors.push(invalid(
                 &format!("kafka.consumer.\"{forbidden}\""),
                 &k.consumer[forbidden],
                 "is set by dedupd itself; use the dedicated key",
             ));
         }
     }
+    for (property, value) in k.connection.per_client_properties() {
+        errors.push(invalid(
+            &crate::connection::key_of("kafka.connection", property),
+            value,
+            "is set by dedupd for each client (docs/config.md) and cannot be shared",
+        ));
+    }
+    for forbidden in ["bootstrap.servers", "enable.idempotence", "acks", "transactional.id"] {
+        if let Some(value) = k.producer.get(forbidden) {
+            errors.push(invalid(
+                &format!("kafka.producer.\"{forbidden}\""),
+                crate::connection::shown_text(forbidden, value),
+                "is set by dedupd itself: results are published idempotently with acks=all",
+            ));
+        }
+    }
+    if k.connect_timeout.is_zero() {
+        errors.push(invalid("kafka.connect_timeout", "0s", "must be positive"));
+    }
     if k.transactional_results {
-        return Err(invalid(
+        errors.push(invalid(
             "kafka.transactional_results",
             "true",
             "transactional publishing is not implemented yet; results are published idempotently \
          and offsets committed after their acknowledgement (leave it false)",
         ));
     }
-    Ok(())
 }
 
 /// `[store]` on its own: positive TTLs and intervals, the cap above the default.
-fn validate_store(s: &StoreConfig) -> Result<(), ConfigError> {
+fn validate_store(s: &StoreConfig, errors: &mut Vec<ConfigError>) {
     if s.default_ttl.is_zero() {
-        return Err(invalid("store.default_ttl", "0s", "must be positive"));
+        errors.push(invalid("store.default_ttl", "0s", "must be positive"));
     }
     if s.max_ttl < s.default_ttl {
-        return Err(invalid(
+        errors.push(invalid(
             "store.max_ttl",
             humantime::format_duration(s.max_ttl),
             "must be at least store.default_ttl",
         ));
     }
     if s.compaction_interval.is_zero() {
-        return Err(invalid("store.compaction_interval", "0s", "must be positive"));
+        errors.push(invalid("store.compaction_interval", "0s", "must be positive"));
     }
-    Ok(())
 }
 
 /// `[[routes]]`: each names a sink of `[sinks]`, has valid globs, a positive TTL and JSON
 /// pointers for its exclusions.
-fn validate_routes(routes: &[RouteConfig], sinks: &BTreeMap<String, SinkConfig>) -> Result<(), ConfigError> {
+fn validate_routes(routes: &[RouteConfig], sinks: &BTreeMap<String, SinkConfig>, errors: &mut Vec<ConfigError>) {
     for (i, route) in routes.iter().enumerate() {
         let at = format!("routes[{i}]");
         if !sinks.contains_key(&route.sink) {
-            return Err(invalid(&format!("{at}.sink"), &route.sink, "names no sink in [sinks]"));
+            errors.push(invalid(&format!("{at}.sink"), &route.sink, "names no sink in [sinks]"));
         }
         if route.types.is_empty() {
-            return Err(invalid(&format!("{at}.types"), "[]", "must list at least one type or glob"));
+            errors.push(invalid(&format!("{at}.types"), "[]", "must list at least one type or glob"));
         }
         for t in &route.types {
             if let Err(e) = globset::Glob::new(t) {
-                return Err(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
+                errors.push(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
             }
         }
         if let Some(ttl) = route.ttl
             && ttl.is_zero()
         {
-            return Err(invalid(&format!("{at}.ttl"), "0s", "must be positive"));
+            errors.push(invalid(&format!("{at}.ttl"), "0s", "must be positive"));
         }
         for p in &route.fingerprint_exclude {
             if !(p.is_empty() || p.starts_with('/')) {
-                return Err(invalid(
+                errors.push(invalid(
                     &format!("{at}.fingerprint_exclude"),
                     p,
                     "must be a JSON pointer starting with '/'",
@@ -150,5 +202,4 @@ fn validate_routes(routes: &[RouteConfig], sinks: &BTreeMap<String, SinkConfig>)
             }
         }
     }
-    Ok(())
 }

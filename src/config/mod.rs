@@ -21,7 +21,10 @@ use crate::sinks::SinkConfig;
 use crate::store::StoreConfig;
 
 mod env;
+mod lines;
 mod load;
+
+pub use lines::line_of;
 
 /// A configuration that could not be loaded or is invalid.
 #[derive(Debug, thiserror::Error)]

@@ -7,6 +7,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use rdkafka::ClientConfig;
+
+use crate::connection::{ConnectionConfig, ConnectionError};
+
 /// Kafka settings.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -24,6 +28,13 @@ pub struct KafkaConfig {
     /// Reserved for publishing results and committing offsets in one Kafka transaction;
     /// `true` is refused at validation until that exists.
     pub transactional_results: bool,
+    /// librdkafka properties every client of this cluster shares (security protocol, SASL,
+    /// TLS, client id); `consumer`, `producer` and the kafka sinks' `producer` override them.
+    pub connection: ConnectionConfig,
+    /// How long `run` waits at start for the cluster to answer before it exits non-zero
+    /// naming the cause; a refused login or certificate ends it at once.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
     /// Extra librdkafka consumer properties, passed through verbatim.
     pub consumer: BTreeMap<String, String>,
     /// Extra librdkafka producer properties, passed through verbatim.
@@ -39,9 +50,35 @@ impl Default for KafkaConfig {
             results_topic: "dedupd.results".into(),
             dead_letter_topic: "dedupd.dead-letter".into(),
             transactional_results: false,
+            connection: ConnectionConfig::default(),
+            connect_timeout: Duration::from_secs(30),
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
         }
+    }
+}
+
+impl KafkaConfig {
+    /// The settings of one client of this cluster, in order of precedence from low to
+    /// high: `defaults` (what dedupd chooses for that client), `client.id = "dedupd"`,
+    /// `[kafka.connection]`, then `overrides` (the client's own table); `bootstrap.servers`
+    /// last. Reads `env`/`file` values now.
+    pub fn client_config(
+        &self,
+        defaults: &[(&str, &str)],
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<ClientConfig, ConnectionError> {
+        let mut c = ClientConfig::new();
+        c.set("client.id", "dedupd");
+        for (k, v) in defaults {
+            c.set(*k, *v);
+        }
+        self.connection.apply("kafka.connection", &mut c)?;
+        for (k, v) in overrides {
+            c.set(k, v);
+        }
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        Ok(c)
     }
 }
 

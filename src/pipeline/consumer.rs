@@ -16,10 +16,12 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::KafkaConfig;
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Dispatched, Fetching, PartitionTable, WorkerHandle};
 use super::worker::{PartitionWorker, WorkerShared};
+use super::{KafkaConfig, PipelineError};
+use crate::connection::ConnectionError;
+use crate::connection::probe::ConnectError;
 use crate::ops::{Health, Metrics};
 use crate::store::KeyStore;
 
@@ -192,24 +194,26 @@ impl PipelineContext {
     }
 }
 
-/// The consumer settings dedupd chooses; `kafka.consumer.*` overrides them.
-pub fn consumer_config(kafka: &KafkaConfig) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &kafka.bootstrap_servers)
-        .set("group.id", &kafka.group_id)
-        .set("enable.auto.commit", "true")
-        .set("auto.commit.interval.ms", "1000")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        // librdkafka's default of 1000 ms stalls a consumer draining a backlog for a second
-        // each time its prefetch queue fills; 10 ms drained 5x faster on our machines.
-        .set("fetch.queue.backoff.ms", "10")
-        // Statistics feed `dedupd_consumer_lag`; every 5 s is cheap and fresh enough.
-        .set("statistics.interval.ms", "5000");
-    for (k, v) in &kafka.consumer {
-        c.set(k, v);
-    }
-    c
+/// The consumer settings dedupd chooses; `[kafka.connection]` and then `kafka.consumer.*`
+/// override them (see [`KafkaConfig::client_config`]).
+pub fn consumer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionError> {
+    let mut c = kafka.client_config(
+        &[
+            ("enable.auto.commit", "true"),
+            ("auto.commit.interval.ms", "1000"),
+            ("auto.offset.reset", "earliest"),
+            // librdkafka's default of 1000 ms stalls a consumer draining a backlog for a
+            // second each time its prefetch queue fills; 10 ms drained 5x faster here.
+            ("fetch.queue.backoff.ms", "10"),
+            // Statistics feed `dedupd_consumer_lag`; every 5 s is cheap and fresh enough.
+            ("statistics.interval.ms", "5000"),
+        ],
+        &kafka.consumer,
+    )?;
+    // The offset is stored only after the record's result is acknowledged (validation
+    // refuses these keys in `kafka.consumer`).
+    c.set("group.id", &kafka.group_id).set("enable.auto.offset.store", "false");
+    Ok(c)
 }
 
 /// Everything the consumer thread needs.
@@ -223,7 +227,7 @@ pub(crate) struct ConsumerParts {
 }
 
 /// Creates the consumer and runs it on a thread until `stop`; returns the thread's handle.
-pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>, KafkaError> {
+pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>, PipelineError> {
     let ctx = PipelineContext {
         partitions: PartitionTable::default(),
         runtime: tokio::runtime::Handle::current(),
@@ -232,14 +236,19 @@ pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>,
         health: Arc::clone(&parts.health),
         accept_empty_store: parts.accept_empty_store,
     };
-    let consumer: BaseConsumer<PipelineContext> = consumer_config(&parts.kafka).create_with_context(ctx)?;
+    let config = consumer_config(&parts.kafka)?;
+    let consumer: BaseConsumer<PipelineContext> =
+        config.create_with_context(ctx).map_err(|e| ConnectError::Create {
+            client: "consumer".into(),
+            reason: crate::connection::check::redact_all(&config, &e.to_string()),
+        })?;
     let topics: Vec<&str> = parts.kafka.input_topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     let consumer = Arc::new(consumer);
     std::thread::Builder::new()
         .name("dedupd-consumer".into())
         .spawn(move || poll_loop(consumer, parts))
-        .map_err(|e| KafkaError::Subscription(e.to_string()))
+        .map_err(|e| PipelineError::Kafka(KafkaError::Subscription(e.to_string())))
 }
 
 fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts) {

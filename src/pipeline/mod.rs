@@ -16,6 +16,8 @@
 //!   circuit gauges.
 //! - `control`: `PartitionControl`, all that workers and circuits may ask of the consumer
 //!   (circuit pause and resume, store an offset), so they never import it.
+//! - `connect`: at start, the consumer's and the producer's settings connect within
+//!   `kafka.connect_timeout`, or `run` stops naming why.
 //! - `publish`: the idempotent producer of results and dead letters.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
 //!   gauges.
@@ -25,6 +27,7 @@
 
 mod circuits;
 pub mod config;
+mod connect;
 mod consumer;
 mod control;
 mod metered;
@@ -61,6 +64,12 @@ pub enum PipelineError {
     /// Kafka client setup failed.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// A `[kafka.connection]` value could not be read.
+    #[error("{0}")]
+    Connection(#[from] crate::connection::ConnectionError),
+    /// The cluster did not answer in time or refused the client.
+    #[error("kafka: {0}")]
+    Connect(#[from] crate::connection::probe::ConnectError),
     /// A sink could not be built.
     #[error("sink: {0}")]
     Sink(#[from] sinks::SinkBuildError),
@@ -104,6 +113,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_start: impl FnOnce(&Running) + Send,
 ) -> Result<(), PipelineError> {
+    connect::check_cluster(&config.kafka).await?;
     let (core, sinks) = Core::build(&config)?;
     // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
     let stop = CancellationToken::new();

@@ -14,7 +14,8 @@ use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::KafkaConfig;
+use super::{KafkaConfig, PipelineError};
+use crate::connection::ConnectionError;
 use crate::outcome::Processed;
 
 /// How long `send` waits for room in a full producer queue before giving up (the
@@ -39,25 +40,20 @@ pub struct Publisher {
     dead_letter_topic: String,
 }
 
-/// The producer settings dedupd chooses; `kafka.producer.*` overrides them.
-pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &kafka.bootstrap_servers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "2")
-        .set("message.timeout.ms", "60000");
-    for (k, v) in &kafka.producer {
-        c.set(k, v);
-    }
-    c
+/// The producer settings dedupd chooses; `[kafka.connection]` and then `kafka.producer.*`
+/// override them (see [`KafkaConfig::client_config`]).
+pub fn producer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionError> {
+    let mut c = kafka.client_config(&[("linger.ms", "2"), ("message.timeout.ms", "60000")], &kafka.producer)?;
+    // Delivery rests on these (validation refuses them in `kafka.producer`).
+    c.set("enable.idempotence", "true").set("acks", "all");
+    Ok(c)
 }
 
 impl Publisher {
     /// Creates the idempotent producer.
-    pub fn new(kafka: &KafkaConfig) -> Result<Publisher, KafkaError> {
+    pub fn new(kafka: &KafkaConfig) -> Result<Publisher, PipelineError> {
         Ok(Publisher {
-            producer: producer_config(kafka).create()?,
+            producer: crate::connection::probe::create(&producer_config(kafka)?, "results producer")?,
             results_topic: kafka.results_topic.clone(),
             dead_letter_topic: kafka.dead_letter_topic.clone(),
         })

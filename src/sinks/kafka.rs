@@ -26,15 +26,26 @@ use serde_json::{Value, json};
 use super::limit::SinkLimits;
 use super::template::JsonTemplate;
 use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use crate::connection::{ConnectionConfig, ConnectionError};
 
 /// Config of a `kafka` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
     /// Comma-separated `host:port` list of the target cluster's brokers (`brokers` is
-    /// accepted as another name).
-    #[serde(alias = "brokers")]
-    pub bootstrap_servers: String,
+    /// accepted as another name); `kafka.bootstrap_servers` when unset.
+    #[serde(alias = "brokers", default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_servers: Option<String>,
+    /// librdkafka connection settings of the target cluster. When unset, a sink on the
+    /// main cluster (no `bootstrap_servers`, or the same as `kafka.bootstrap_servers`)
+    /// uses `[kafka.connection]`; a sink on another cluster gets none of it, so the main
+    /// cluster's credentials never go elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<ConnectionConfig>,
+    /// Whether `connection` is `[kafka.connection]`, taken by [`Self::inherit_main_cluster`]
+    /// (its problems are reported there, once).
+    #[serde(skip)]
+    connection_inherited: bool,
     /// The topic records are produced to.
     pub topic: String,
     /// The record value as a JSON template over the payload; the payload itself when unset.
@@ -64,14 +75,78 @@ fn default_delivery_timeout() -> Duration {
 const RESERVED: [&str; 5] =
     ["bootstrap.servers", "enable.idempotence", "acks", "message.timeout.ms", "delivery.timeout.ms"];
 
+impl KafkaSinkConfig {
+    /// Completes a sink of the main cluster: without `bootstrap_servers` it takes the main
+    /// cluster's, and without a `connection` table of its own a sink on the main cluster
+    /// takes `main_connection` (see [`KafkaSinkConfig::connection`]).
+    pub fn inherit_main_cluster(&mut self, main_bootstrap: &str, main_connection: &ConnectionConfig) {
+        let on_main = self.is_on(main_bootstrap);
+        if self.bootstrap_servers.is_none() {
+            self.bootstrap_servers = Some(main_bootstrap.to_string());
+        }
+        if on_main && self.connection.is_none() {
+            self.connection = Some(main_connection.clone());
+            self.connection_inherited = true;
+        }
+    }
+}
+
+impl KafkaSinkConfig {
+    /// Whether the sink produces to the cluster at `bootstrap` (the same brokers, in any
+    /// order).
+    pub fn is_on(&self, bootstrap: &str) -> bool {
+        self.bootstrap_servers.as_deref().is_none_or(|own| same_servers(own, bootstrap))
+    }
+}
+
+/// Whether two `host:port` lists name the same brokers, in any order.
+fn same_servers(a: &str, b: &str) -> bool {
+    let set = |s: &str| {
+        let mut v: Vec<String> =
+            s.split(',').map(|h| h.trim().to_ascii_lowercase()).filter(|h| !h.is_empty()).collect();
+        v.sort();
+        v
+    };
+    set(a) == set(b)
+}
+
+impl KafkaSinkConfig {
+    /// The producer's settings: dedupd's, then `connection`, then `producer`, then the
+    /// ones delivery rests on, which nothing overrides. Reads `env`/`file` values now.
+    pub fn client_config(&self, name: &str) -> Result<ClientConfig, ConnectionError> {
+        let mut c = ClientConfig::new();
+        c.set("client.id", "dedupd").set("linger.ms", "2");
+        if let Some(connection) = &self.connection {
+            connection.apply(&format!("sinks.{name}.connection"), &mut c)?;
+        }
+        for (k, v) in &self.producer {
+            c.set(k, v);
+        }
+        // Set last, so nothing passed through can weaken them (validate refuses it too).
+        c.set("bootstrap.servers", self.bootstrap_servers.as_deref().unwrap_or_default())
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", self.delivery_timeout.as_millis().max(1).to_string());
+        Ok(c)
+    }
+}
+
 impl SinkKind for KafkaSinkConfig {
     /// Checks the values; on error returns (key, value, reason).
     fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        if self.bootstrap_servers.trim().is_empty() {
+        if self.bootstrap_servers.as_deref().is_none_or(|b| b.trim().is_empty()) {
             return Err((format!("{at}.bootstrap_servers"), "\"\"".into(), "must list at least one host:port".into()));
         }
         if self.topic.trim().is_empty() {
             return Err((format!("{at}.topic"), "\"\"".into(), "must not be empty".into()));
+        }
+        let own_connection = self.connection.as_ref().filter(|_| !self.connection_inherited);
+        if let Some((property, value)) = own_connection.and_then(|c| c.per_client_properties().into_iter().next()) {
+            return Err((
+                crate::connection::key_of(&format!("{at}.connection"), property),
+                value,
+                "is set by dedupd for each client (docs/config.md) and cannot be shared".into(),
+            ));
         }
         for key in RESERVED {
             if let Some(value) = self.producer.get(key) {
@@ -130,14 +205,16 @@ pub enum KafkaSinkError {
         #[source]
         source: super::template::TemplateError,
     },
+    /// A `connection` value could not be read.
+    #[error("{0}")]
+    Connection(#[from] ConnectionError),
     /// librdkafka refused the producer configuration.
-    #[error("sink `{sink}`: cannot create the producer: {source}")]
+    #[error("sink `{sink}`: cannot create the producer: {reason}")]
     Producer {
         /// The sink instance.
         sink: String,
-        /// The underlying error.
-        #[source]
-        source: KafkaError,
+        /// librdkafka's reason, secrets cut out.
+        reason: String,
     },
 }
 
@@ -160,17 +237,11 @@ impl KafkaSink {
             .map(JsonTemplate::parse)
             .transpose()
             .map_err(|source| KafkaSinkError::Template { sink: name.to_string(), source })?;
-        let mut c = ClientConfig::new();
-        c.set("linger.ms", "2");
-        for (k, v) in &config.producer {
-            c.set(k, v);
-        }
-        // Set last, so nothing passed through can weaken them (validate refuses it too).
-        c.set("bootstrap.servers", &config.bootstrap_servers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("message.timeout.ms", config.delivery_timeout.as_millis().max(1).to_string());
-        let producer = c.create().map_err(|source| KafkaSinkError::Producer { sink: name.to_string(), source })?;
+        let c = config.client_config(name)?;
+        let producer = c.create().map_err(|e| KafkaSinkError::Producer {
+            sink: name.to_string(),
+            reason: crate::connection::check::redact_all(&c, &e.to_string()),
+        })?;
         Ok(KafkaSink {
             name: name.to_string(),
             topic: config.topic.clone(),
@@ -296,7 +367,7 @@ mod tests {
     #[test]
     fn defaults_and_brokers_alias() {
         let c: KafkaSinkConfig = toml::from_str("brokers = \"b:9092\"\ntopic = \"t\"").unwrap();
-        assert_eq!(c.bootstrap_servers, "b:9092");
+        assert_eq!(c.bootstrap_servers.as_deref(), Some("b:9092"));
         assert_eq!(c.delivery_timeout, Duration::from_secs(30));
         assert!(c.limits.is_unlimited());
         assert!(toml::from_str::<KafkaSinkConfig>("brokers = \"b\"\ntopic = \"t\"\nacks = \"1\"").is_err());

@@ -1,0 +1,184 @@
+//! What can be known about a Kafka client's settings without a cluster, and is refused by
+//! `check-config` before `run` would fail: each property through librdkafka's own parser
+//! (unknown names, bad values, features this build lacks), the files properties name, the
+//! environment variables and files values come from, and the whole client as librdkafka
+//! builds it (TLS material loaded, the key matching the certificate, the SASL mechanism
+//! available) — with no bootstrap servers, so nothing connects.
+//!
+//! Every problem is reported, not only the first, and no secret is ever part of one.
+
+use std::path::Path;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::BaseProducer;
+
+use super::{PropertyValue, is_secret, key_of};
+
+/// One thing wrong with a client's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The config key, e.g. `kafka.connection."ssl.ca.location"`, or the client checked.
+    pub key: String,
+    /// What is wrong; never holds a secret.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.reason)
+    }
+}
+
+/// Checks each property of the table at `at` on its own: its value can be read, librdkafka
+/// accepts the name and the value, and a file it names is there and readable.
+pub fn check_properties<'a>(at: &str, table: impl IntoIterator<Item = (&'a str, PropertyValue)>) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (property, value) in table {
+        let key = key_of(at, property);
+        let text = match value.resolve() {
+            Ok(text) => text,
+            Err(e) => {
+                problems.push(Problem { key, reason: e.to_string() });
+                continue;
+            }
+        };
+        if let Err(reason) = parse_one(property, &text) {
+            problems.push(Problem { key, reason });
+        } else if let Some(reason) = named_file_problem(property, &text) {
+            problems.push(Problem { key, reason });
+        }
+    }
+    problems
+}
+
+/// librdkafka's verdict on one property set alone.
+fn parse_one(property: &str, text: &str) -> Result<(), String> {
+    match ClientConfig::new().set(property, text).create_native_config() {
+        Ok(_) => Ok(()),
+        Err(KafkaError::ClientConfig(_, desc, _, _)) => Err(redact(property, text, &desc)),
+        Err(other) => Err(redact(property, text, &other.to_string())),
+    }
+}
+
+/// Properties whose value is a path librdkafka opens when the client is made.
+fn names_a_file(property: &str) -> bool {
+    property.ends_with(".location") || property.ends_with(".file") || property == "sasl.kerberos.keytab"
+}
+
+fn named_file_problem(property: &str, text: &str) -> Option<String> {
+    // `probe` asks librdkafka to look for the system's CA bundle.
+    if !names_a_file(property) || text.is_empty() || (property == "ssl.ca.location" && text == "probe") {
+        return None;
+    }
+    let path = Path::new(text);
+    let readable = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => std::fs::read_dir(path).map(drop),
+        Ok(_) => std::fs::File::open(path).map(drop),
+        Err(e) => Err(e),
+    };
+    readable.err().map(|e| format!("names {}, which cannot be read: {e}", path.display()))
+}
+
+/// Builds the client `what` from `config` as `run` would, without its bootstrap servers
+/// so that nothing connects: librdkafka then loads TLS material, matches the key with the
+/// certificate and picks the SASL mechanism, and refuses what it cannot do.
+pub fn check_client(what: &str, config: &ClientConfig) -> Result<(), Problem> {
+    let mut offline = config.clone();
+    offline.remove("bootstrap.servers");
+    // The producer type is the cheapest full client; the checks above are the same for a
+    // consumer, and consumer-only properties only draw a warning from a producer.
+    offline.set("log_level", "0");
+    match offline.create::<BaseProducer>() {
+        Ok(_) => Ok(()),
+        Err(e) => Err(Problem { key: what.to_string(), reason: redact_all(config, &client_error_text(&e)) }),
+    }
+}
+
+fn client_error_text(e: &KafkaError) -> String {
+    match e {
+        KafkaError::ClientCreation(text) => text.clone(),
+        KafkaError::ClientConfig(_, desc, key, _) => format!("{desc} ({key})"),
+        other => other.to_string(),
+    }
+}
+
+/// `text` with the value of `property` cut out when it is a secret.
+fn redact(property: &str, value: &str, text: &str) -> String {
+    if is_secret(property) && !value.is_empty() { text.replace(value, "<redacted>") } else { text.to_string() }
+}
+
+/// `text` with every secret value of `config` cut out.
+pub fn redact_all(config: &ClientConfig, text: &str) -> String {
+    // `config_map` hides the values librdkafka deems sensitive; `get` gives them all.
+    config.config_map().into_keys().fold(text.to_string(), |t, k| redact(k, config.get(k).unwrap_or_default(), &t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(v: &str) -> PropertyValue {
+        PropertyValue::Text(v.to_string())
+    }
+
+    #[test]
+    fn every_bad_property_is_reported_with_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("ca.pem");
+        let problems = check_properties(
+            "kafka.connection",
+            [
+                ("security.protocol", text("SASL_SSL")),
+                ("sasl.mechanisms", text("SCRAM-SHA-512")),
+                ("no.such.property", text("1")),
+                ("ssl.ca.location", text(missing.to_str().unwrap())),
+                ("sasl.password", PropertyValue::Env("DEDUPD_TEST_SURELY_UNSET_VAR".into())),
+                ("socket.timeout.ms", text("soon")),
+            ],
+        );
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "kafka.connection.\"no.such.property\"",
+                "kafka.connection.\"ssl.ca.location\"",
+                "kafka.connection.\"sasl.password\"",
+                "kafka.connection.\"socket.timeout.ms\"",
+            ],
+            "{problems:?}"
+        );
+        assert!(problems[0].reason.contains("No such configuration property"), "{}", problems[0]);
+        assert!(problems[1].reason.contains("cannot be read"), "{}", problems[1]);
+        assert!(problems[2].reason.contains("is not set"), "{}", problems[2]);
+    }
+
+    #[test]
+    fn probe_needs_no_file() {
+        assert!(check_properties("k", [("ssl.ca.location", text("probe"))]).is_empty());
+    }
+
+    #[test]
+    fn a_client_librdkafka_cannot_build_is_refused_without_connecting() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad_pem = dir.path().join("ca.pem");
+        std::fs::write(&bad_pem, "not a certificate").unwrap();
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", "127.0.0.1:1")
+            .set("security.protocol", "SSL")
+            .set("ssl.ca.location", bad_pem.to_str().unwrap());
+        let problem = check_client("the consumer", &c).unwrap_err();
+        assert_eq!(problem.key, "the consumer");
+        assert!(problem.reason.contains("ssl.ca.location"), "{problem}");
+        let mut plain = ClientConfig::new();
+        plain.set("bootstrap.servers", "127.0.0.1:1");
+        assert!(check_client("the consumer", &plain).is_ok());
+    }
+
+    #[test]
+    fn secrets_are_cut_out_of_librdkafka_errors() {
+        let mut c = ClientConfig::new();
+        c.set("sasl.password", "hunter2");
+        assert_eq!(redact_all(&c, "bad value hunter2 here"), "bad value <redacted> here");
+    }
+}
