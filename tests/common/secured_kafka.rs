@@ -136,8 +136,8 @@ fn broker_props(pems: &ServerPems, ca_pem: &Path) -> String {
         "listener.name.mtls.ssl.truststore.type=PEM".to_string(),
         "listener.name.mtls.ssl.client.auth=required".to_string(),
     ];
-    // PEM keystores inline: Kafka accepts an unencrypted PKCS#8 key only inline, a PEM
-    // keystore file needs an encrypted key and `ssl.key.password`.
+    // PEM keystores inline (an unencrypted PKCS#8 key is accepted), so no server key is
+    // written to a file.
     for (listener, cert, key) in [
         ("secure", &pems.cert, &pems.key),
         ("mtls", &pems.cert, &pems.key),
