@@ -25,6 +25,13 @@
 #   DEDUPD_KAFKA_HEAP           broker heap flags (default "-Xms256m -Xmx1g")
 #   DEDUPD_KAFKA_JVM_OPTS       extra broker JVM flags
 #   DEDUPD_KAFKA_BROKER_PROPS   extra server.properties lines, appended (later keys win)
+#   DEDUPD_KAFKA_EXTRA_LISTENERS
+#                               extra broker listeners as NAME:PROTOCOL words, e.g.
+#                               "SECURE:SASL_SSL MTLS:SSL"; each gets its own free port on
+#                               127.0.0.1 and a line "NAME 127.0.0.1:PORT" in DIR/listeners.
+#                               PLAINTEXT stays the inter-broker listener and is probed
+#   DEDUPD_KAFKA_FORMAT_ARGS    extra arguments to `kafka-storage format`, split on
+#                               whitespace, e.g. "--add-scram SCRAM-SHA-512=[name=u,password=p]"
 #   JAVA_HOME                   Java 17+ to use (default: java on PATH)
 set -euo pipefail
 
@@ -148,16 +155,43 @@ logger.request.level = WARN
 EOF
 }
 
-write_config() { # PORT CPORT
+# Check DEDUPD_KAFKA_EXTRA_LISTENERS and set EXTRA_NAMES and EXTRA_PROTOCOLS from it.
+parse_extra_listeners() {
+  local word name proto
+  EXTRA_NAMES=(); EXTRA_PROTOCOLS=()
+  for word in ${DEDUPD_KAFKA_EXTRA_LISTENERS:-}; do
+    name=${word%%:*}; proto=${word#*:}
+    [[ $word == *:* && $name =~ ^[A-Z][A-Z0-9_]*$ ]] \
+      || die "DEDUPD_KAFKA_EXTRA_LISTENERS: '$word' is not NAME:PROTOCOL with an upper-case NAME"
+    [[ $proto =~ ^(PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL)$ ]] \
+      || die "DEDUPD_KAFKA_EXTRA_LISTENERS: '$proto' is not PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+    [[ $name != PLAINTEXT && $name != CONTROLLER && " ${EXTRA_NAMES[*]} " != *" $name "* ]] \
+      || die "DEDUPD_KAFKA_EXTRA_LISTENERS: listener name '$name' is reserved or repeated"
+    EXTRA_NAMES+=("$name"); EXTRA_PROTOCOLS+=("$proto")
+  done
+}
+
+write_config() { # PORT CPORT [EXTRA_PORT...], one extra port per EXTRA_NAMES entry
+  local port=$1 cport=$2 listeners protocol_map i
+  shift 2
+  listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
+  protocol_map="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+  printf 'PLAINTEXT 127.0.0.1:%s\n' "$port" >"$DIR/listeners"
+  for i in "${!EXTRA_NAMES[@]}"; do
+    listeners+=",${EXTRA_NAMES[$i]}://127.0.0.1:$1"
+    protocol_map+=",${EXTRA_NAMES[$i]}:${EXTRA_PROTOCOLS[$i]}"
+    printf '%s 127.0.0.1:%s\n' "${EXTRA_NAMES[$i]}" "$1" >>"$DIR/listeners"
+    shift
+  done
   cat >"$PROPS" <<EOF
 # Written by scripts/kafka/kafka.sh: single combined broker+controller for tests.
 process.roles=broker,controller
 node.id=1
-controller.quorum.voters=1@127.0.0.1:$2
-listeners=PLAINTEXT://127.0.0.1:$1,CONTROLLER://127.0.0.1:$2
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=$listeners
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=$protocol_map
 log.dirs=$DATA
 num.partitions=1
 default.replication.factor=1
@@ -181,7 +215,7 @@ EOF
   if [[ -n ${DEDUPD_KAFKA_BROKER_PROPS:-} ]]; then
     printf '# From DEDUPD_KAFKA_BROKER_PROPS:\n%s\n' "$DEDUPD_KAFKA_BROKER_PROPS" >>"$PROPS"
   fi
-  printf '127.0.0.1:%s\n' "$1" >"$DIR/bootstrap"
+  printf '127.0.0.1:%s\n' "$port" >"$DIR/bootstrap"
 }
 
 # Is PID our broker (running kafka.Kafka with this DIR's config) and not a zombie?
@@ -272,26 +306,29 @@ launch_and_wait() {
 
 cmd_start() {
   [[ $# -eq 1 ]] || usage
-  local d ports port cport cluster_id attempt rc
+  local d ports port cport cluster_id attempt rc extra_ports format_args
   d=$(abs_dir "$1")
   set_paths "$d"
   if pid=$(running_pid); then die "a broker is already running for $DIR (pid $pid)"; fi
+  parse_extra_listeners
+  read -ra format_args <<<"${DEDUPD_KAFKA_FORMAT_ARGS:-}"
   prepare
   write_log4j "$LOG4J" "$BROKER_LOG" INFO
   write_log4j "$TOOLS_LOG4J" "$DIR/tools.log" WARN
   : >"$BROKER_LOG"; : >"$DIR/tools.log"
   for attempt in 1 2 3; do
     rm -rf "$DATA"; mkdir -p "$DATA"
-    ports=$(helper ports 2) || die "could not pick free ports"
-    read -r port cport <<<"$ports"
-    write_config "$port" "$cport"
+    ports=$(helper ports $(( 2 + ${#EXTRA_NAMES[@]} ))) || die "could not pick free ports"
+    read -r port cport extra_ports <<<"$ports"
+    # shellcheck disable=SC2086 # one word per extra listener's port
+    write_config "$port" "$cport" $extra_ports
     cluster_id=$(random_uuid)
     if ! "$JAVA" -cp "$LIBS/*" -Dlog4j2.configurationFile="$TOOLS_LOG4J" kafka.tools.StorageTool \
-        format -t "$cluster_id" -c "$PROPS" >"$DIR/format.out" 2>&1; then
+        format -t "$cluster_id" -c "$PROPS" ${format_args[@]+"${format_args[@]}"} >"$DIR/format.out" 2>&1; then
       cat "$DIR/format.out" >&2
       die "formatting storage in $DATA failed"
     fi
-    log "starting Kafka $KAFKA_VERSION in $DIR (broker 127.0.0.1:$port, controller 127.0.0.1:$cport)"
+    log "starting Kafka $KAFKA_VERSION in $DIR (broker 127.0.0.1:$port, controller 127.0.0.1:$cport${extra_ports:+, extra listeners on $extra_ports})"
     rc=0
     launch_and_wait || rc=$?
     if [[ $rc -eq 0 ]]; then

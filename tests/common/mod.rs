@@ -11,4 +11,5 @@ pub mod orphan;
 pub mod process;
 pub mod records;
 pub mod scripted;
+pub mod secured_kafka;
 pub mod smtp_server;
