@@ -70,6 +70,11 @@ impl DedupdProcess {
     /// Spawns `dedupd ARGS...` with stdout and stderr appended to `log`. `DEDUPD_*`
     /// variables of the test's environment that would override config keys are removed.
     pub fn spawn(args: &[&str], log: &Path) -> DedupdProcess {
+        DedupdProcess::spawn_with_env(args, &[], log)
+    }
+
+    /// Like [`DedupdProcess::spawn`], with `env` set for the child.
+    pub fn spawn_with_env(args: &[&str], env: &[(&str, &str)], log: &Path) -> DedupdProcess {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open child log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
         cmd.args(args)
@@ -82,6 +87,7 @@ impl DedupdProcess {
                 cmd.env_remove(&k);
             }
         }
+        cmd.envs(env.iter().copied());
         let child = cmd.spawn().expect("spawn dedupd");
         DedupdProcess { pid: child.id(), child, spawned: Instant::now(), reaped: None }
     }
