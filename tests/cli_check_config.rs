@@ -97,6 +97,14 @@ fn a_client_librdkafka_would_refuse_is_reported_without_connecting() {
     assert_eq!(code, 2, "{out}");
     assert!(out.contains(&format!("{}: consumer and results producer: ", path.display())), "{out}");
     assert!(out.contains("ssl.ca.location"), "{out}");
+
+    // A feature this build lacks: SASL without a mechanism means Kerberos (GSSAPI).
+    let head = "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\ninput_topics = [\"in\"]\n\n[kafka.connection]\n\
+                \"security.protocol\" = \"SASL_SSL\"\n";
+    let path = write(dir.path(), head);
+    let (code, out) = check_config(&path, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("No provider for SASL mechanism GSSAPI"), "{out}");
 }
 
 #[test]

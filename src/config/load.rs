@@ -12,9 +12,9 @@ impl Config {
         path: &std::path::Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        Self::from_toml_str(&text, env)
+        let config = Self::read(path, env)?;
+        config.validate()?;
+        Ok(config)
     }
 
     /// Parses TOML text, applies `DEDUPD_*` overrides from `env`, and validates.

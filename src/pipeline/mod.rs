@@ -270,7 +270,7 @@ fn start_consumer(
         batch_linger: config.pipeline.batch_linger,
         fatal: fatal.clone(),
     });
-    Ok(consumer::spawn(consumer::ConsumerParts {
+    consumer::spawn(consumer::ConsumerParts {
         kafka: config.kafka.clone(),
         shared,
         health: Arc::clone(&core.health),
@@ -279,5 +279,5 @@ fn start_consumer(
         // Room for the batch at the engine and those behind it: a full queue pauses the
         // partition, and a paused partition's prefetched records are fetched again.
         queue_per_partition: config.pipeline.batch_size.get() * 4,
-    })?)
+    })
 }

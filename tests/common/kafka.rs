@@ -26,16 +26,22 @@ use tokio_util::sync::CancellationToken;
 /// The broker's address, or `None` when the test should skip. Panics when no broker is
 /// set but `DEDUPD_REQUIRE_KAFKA=1`.
 pub fn bootstrap() -> Option<String> {
-    match std::env::var("DEDUPD_TEST_KAFKA_BOOTSTRAP") {
+    set_by_kafka_sh("DEDUPD_TEST_KAFKA_BOOTSTRAP")
+}
+
+/// The value of `var`, which `kafka.sh with` sets, or `None` when the test should skip;
+/// panics when it is not set but `DEDUPD_REQUIRE_KAFKA=1`.
+pub fn set_by_kafka_sh(var: &str) -> Option<String> {
+    match std::env::var(var) {
         Ok(b) if !b.trim().is_empty() => Some(b.trim().to_string()),
         _ => {
             if std::env::var("DEDUPD_REQUIRE_KAFKA").as_deref() == Ok("1") {
                 panic!(
-                    "DEDUPD_REQUIRE_KAFKA=1 but DEDUPD_TEST_KAFKA_BOOTSTRAP is not set: run under \
+                    "DEDUPD_REQUIRE_KAFKA=1 but {var} is not set: run under \
                      `scripts/kafka/kafka.sh with cargo test …` (docs/kafka-for-tests.md)"
                 );
             }
-            eprintln!("skipped: no broker (DEDUPD_TEST_KAFKA_BOOTSTRAP is not set)");
+            eprintln!("skipped: no broker ({var} is not set)");
             None
         }
     }

@@ -153,19 +153,7 @@ fn broker_props(pems: &ServerPems, ca_pem: &Path) -> String {
 /// The path of kafka.sh, or `None` when the test should skip (same rules as
 /// [`super::kafka::bootstrap`]).
 fn kafka_script() -> Option<PathBuf> {
-    match std::env::var("DEDUPD_TEST_KAFKA_SCRIPT") {
-        Ok(s) if !s.trim().is_empty() => Some(PathBuf::from(s.trim())),
-        _ => {
-            if std::env::var("DEDUPD_REQUIRE_KAFKA").as_deref() == Ok("1") {
-                panic!(
-                    "DEDUPD_REQUIRE_KAFKA=1 but DEDUPD_TEST_KAFKA_SCRIPT is not set: run under \
-                     `scripts/kafka/kafka.sh with cargo test …` (docs/kafka-for-tests.md)"
-                );
-            }
-            eprintln!("skipped: no broker (DEDUPD_TEST_KAFKA_SCRIPT is not set)");
-            None
-        }
-    }
+    super::kafka::set_by_kafka_sh("DEDUPD_TEST_KAFKA_SCRIPT").map(PathBuf::from)
 }
 
 /// `DIR/listeners` as written by kafka.sh: `NAME 127.0.0.1:PORT` per line.
