@@ -76,6 +76,7 @@ impl Config {
             }
         }
         validate_routes(&self.routes, &self.sinks, &mut errors);
+        validate_sizes(self, &mut errors);
         if let Some(token) = &self.http.admin_token
             && token.len() < 16
         {
@@ -201,5 +202,29 @@ fn validate_routes(routes: &[RouteConfig], sinks: &BTreeMap<String, SinkConfig>,
                 ));
             }
         }
+    }
+}
+
+/// A command `limits.max_command_bytes` admits fits in one record of the results
+/// producer, so that its dead-letter copy can be published intact.
+fn validate_sizes(c: &Config, errors: &mut Vec<ConfigError>) {
+    let key = "kafka.producer.\"message.max.bytes\"";
+    let producer_max = match c.kafka.producer.get("message.max.bytes") {
+        None => crate::pipeline::config::RESULTS_PRODUCER_MAX_BYTES,
+        Some(text) => match text.trim().parse::<usize>() {
+            Ok(n) => n,
+            Err(_) => return errors.push(invalid(key, text, "is not a number of bytes")),
+        },
+    };
+    let max_command = c.limits.max_command_bytes.get();
+    if max_command > producer_max {
+        errors.push(invalid(
+            key,
+            producer_max,
+            format!(
+                "is below limits.max_command_bytes = {max_command}: a command's dead-letter copy could not be \
+                 published; raise it or lower limits.max_command_bytes"
+            ),
+        ));
     }
 }

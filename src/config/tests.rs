@@ -141,4 +141,17 @@ mod example {
         assert_eq!(c.routes[0].ttl, Some(std::time::Duration::from_secs(72 * 3600)));
         assert!(c.sinks["payments-api"].forwards_key());
     }
+
+    #[test]
+    fn the_largest_command_must_fit_the_results_producer() {
+        let text = "[limits]\nmax_command_bytes = 1048576\n[kafka.producer]\n\"message.max.bytes\" = \"1000000\"\n";
+        let err = Config::from_toml_str(text, Vec::<(String, String)>::new()).unwrap_err().to_string();
+        assert!(
+            err.contains("kafka.producer.\"message.max.bytes\"") && err.contains("max_command_bytes = 1048576"),
+            "{err}"
+        );
+        let fits = "[limits]\nmax_command_bytes = 900000\n[kafka.producer]\n\"message.max.bytes\" = \"1000000\"\n";
+        assert!(Config::from_toml_str(fits, Vec::<(String, String)>::new()).is_ok());
+        assert!(Config::from_toml_str("", Vec::<(String, String)>::new()).is_ok(), "the defaults are consistent");
+    }
 }

@@ -11,6 +11,11 @@ use rdkafka::ClientConfig;
 
 use crate::connection::{ConnectionConfig, ConnectionError};
 
+/// The results producer's `message.max.bytes` unless `kafka.producer` sets it: room for a
+/// dead-letter copy of the largest command `limits.max_command_bytes` admits by default
+/// (1 MiB) with its key and headers. (librdkafka's own default, 1,000,000, is below it.)
+pub const RESULTS_PRODUCER_MAX_BYTES: usize = 2 * 1024 * 1024;
+
 /// Kafka settings.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]

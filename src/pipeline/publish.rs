@@ -3,6 +3,11 @@
 //! idempotent producer (`enable.idempotence=true`, `acks=all`). `send` queues a batch's
 //! records and hands back their [`Acks`]; only once those resolve may the caller store the
 //! input offset.
+//!
+//! No record stops its partition because of its size: a dead-letter copy larger than the
+//! producer (`message.max.bytes`) or the broker accepts is replaced by one without key and
+//! value whose `dedupd-original-size` header says how large it was (its `dedupd-source`
+//! still names the input, which stays in its topic).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,7 +48,11 @@ pub struct Publisher {
 /// The producer settings dedupd chooses; `[kafka.connection]` and then `kafka.producer.*`
 /// override them (see [`KafkaConfig::client_config`]).
 pub fn producer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionError> {
-    let mut c = kafka.client_config(&[("linger.ms", "2"), ("message.timeout.ms", "60000")], &kafka.producer)?;
+    let max_bytes = super::config::RESULTS_PRODUCER_MAX_BYTES.to_string();
+    let mut c = kafka.client_config(
+        &[("linger.ms", "2"), ("message.timeout.ms", "60000"), ("message.max.bytes", &max_bytes)],
+        &kafka.producer,
+    )?;
     // Delivery rests on these (validation refuses them in `kafka.producer`).
     c.set("enable.idempotence", "true").set("acks", "all");
     Ok(c)
@@ -79,32 +88,27 @@ impl Publisher {
             if let Some(k) = &processed.result.key {
                 record = record.key(k.as_bytes());
             }
-            acks.push(self.enqueue(record).await?);
+            acks.push(Ack::Result(self.enqueue(record).await?));
 
             if let Some(dl) = &processed.dead_letter {
-                let source = format!("{}/{}/{}", input.topic(), input.partition(), input.offset());
-                let mut headers = input.headers().cloned().unwrap_or_default();
-                headers = headers
-                    .insert(Header { key: "dedupd-reason", value: Some(dl.reason) })
-                    .insert(Header { key: "dedupd-error", value: Some(dl.error.as_str()) })
-                    .insert(Header { key: "dedupd-source", value: Some(source.as_str()) });
-                let mut record = FutureRecord::<[u8], [u8]>::to(&self.dead_letter_topic).headers(headers);
-                if let Some(v) = input.payload() {
-                    record = record.payload(v);
-                }
-                if let Some(k) = input.key() {
-                    record = record.key(k);
-                }
-                acks.push(self.enqueue(record).await?);
+                let letter = DeadLetter::of(input, dl.reason, &dl.error);
+                let record = letter.copy(&self.dead_letter_topic, input);
+                let ack = match self.enqueue(record).await {
+                    Ok(ack) => Ack::Copy(ack, letter),
+                    Err(e) if is_too_large(&e) => {
+                        Ack::Result(self.enqueue(letter.stand_in(&self.dead_letter_topic)).await?)
+                    }
+                    Err(e) => return Err(e),
+                };
+                acks.push(ack);
+                continue;
             }
         }
+        let producer = self.producer.clone();
+        let topic = self.dead_letter_topic.clone();
         Ok(Acks(Box::pin(async move {
-            for ack in futures::future::join_all(acks).await {
-                match ack {
-                    Ok(Ok(_)) => {}
-                    Ok(Err((e, _))) => return Err(e),
-                    Err(_) => return Err(KafkaError::Canceled),
-                }
+            for ack in acks {
+                ack.settled(&producer, &topic).await?;
             }
             Ok(())
         })))
@@ -117,10 +121,18 @@ impl Publisher {
 
     /// Queues one record, waiting while the producer's queue is full (its messages time
     /// out after `message.timeout.ms`, so the wait is bounded by the producer itself).
-    async fn enqueue<'a>(&self, mut record: FutureRecord<'a, [u8], [u8]>) -> Result<DeliveryFuture, KafkaError> {
+    async fn enqueue(&self, record: FutureRecord<'_, [u8], [u8]>) -> Result<DeliveryFuture, KafkaError> {
+        Self::enqueue_on(&self.producer, record).await
+    }
+
+    /// Queues one record, waiting while the producer's queue is full.
+    async fn enqueue_on(
+        producer: &FutureProducer,
+        mut record: FutureRecord<'_, [u8], [u8]>,
+    ) -> Result<DeliveryFuture, KafkaError> {
         let deadline = tokio::time::Instant::now() + QUEUE_FULL_PATIENCE;
         loop {
-            match self.producer.send_result(record) {
+            match producer.send_result(record) {
                 Ok(ack) => return Ok(ack),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                     if tokio::time::Instant::now() < deadline =>
@@ -136,5 +148,93 @@ impl Publisher {
     /// Waits for queued records (shutdown).
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         rdkafka::producer::Producer::flush(&self.producer, timeout)
+    }
+}
+
+/// Whether Kafka (the producer or the broker) refused a record for its size.
+fn is_too_large(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
+    )
+}
+
+/// What a dead-letter record says besides the input's own bytes.
+struct DeadLetter {
+    reason: &'static str,
+    error: String,
+    source: String,
+    /// The input value's size in bytes.
+    original_size: usize,
+}
+
+impl DeadLetter {
+    fn of(input: &OwnedMessage, reason: &'static str, error: &str) -> DeadLetter {
+        DeadLetter {
+            reason,
+            error: error.to_string(),
+            source: format!("{}/{}/{}", input.topic(), input.partition(), input.offset()),
+            original_size: input.payload().map_or(0, <[u8]>::len),
+        }
+    }
+
+    fn headers(&self, base: OwnedHeaders) -> OwnedHeaders {
+        base.insert(Header { key: "dedupd-reason", value: Some(self.reason) })
+            .insert(Header { key: "dedupd-error", value: Some(self.error.as_str()) })
+            .insert(Header { key: "dedupd-source", value: Some(self.source.as_str()) })
+    }
+
+    /// The input's key, value and headers, with the reason headers added.
+    fn copy<'a>(&'a self, topic: &'a str, input: &'a OwnedMessage) -> FutureRecord<'a, [u8], [u8]> {
+        let headers = self.headers(input.headers().cloned().unwrap_or_default());
+        let mut record = FutureRecord::<[u8], [u8]>::to(topic).headers(headers);
+        if let Some(v) = input.payload() {
+            record = record.payload(v);
+        }
+        if let Some(k) = input.key() {
+            record = record.key(k);
+        }
+        record
+    }
+
+    /// What goes instead of a copy Kafka refused for its size: the reason headers and the
+    /// size of the input's value, no key, no value.
+    fn stand_in<'a>(&'a self, topic: &'a str) -> FutureRecord<'a, [u8], [u8]> {
+        let size = self.original_size.to_string();
+        let headers = self
+            .headers(OwnedHeaders::new())
+            .insert(Header { key: "dedupd-original-size", value: Some(size.as_bytes()) });
+        FutureRecord::<[u8], [u8]>::to(topic).headers(headers)
+    }
+}
+
+/// One queued record's acknowledgement.
+enum Ack {
+    /// A result or a stand-in: it must be acknowledged.
+    Result(DeliveryFuture),
+    /// A dead-letter copy: if the broker refuses it for its size, its stand-in goes instead.
+    Copy(DeliveryFuture, DeadLetter),
+}
+
+impl Ack {
+    async fn settled(self, producer: &FutureProducer, topic: &str) -> Result<(), KafkaError> {
+        let (ack, letter) = match self {
+            Ack::Result(ack) => (ack, None),
+            Ack::Copy(ack, letter) => (ack, Some(letter)),
+        };
+        match (ack.await, letter) {
+            (Ok(Ok(_)), _) => Ok(()),
+            (Ok(Err((e, _))), Some(letter)) if is_too_large(&e) => {
+                tracing::warn!(source = %letter.source, bytes = letter.original_size, "the dead-letter copy is too large for the broker; publishing a stand-in without key and value");
+                let ack = Publisher::enqueue_on(producer, letter.stand_in(topic)).await?;
+                match ack.await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err((e, _))) => Err(e),
+                    Err(_) => Err(KafkaError::Canceled),
+                }
+            }
+            (Ok(Err((e, _))), _) => Err(e),
+            (Err(_), _) => Err(KafkaError::Canceled),
+        }
     }
 }
