@@ -13,6 +13,9 @@
 //! - the configured `headers`, `headers_from_env` and `auth` (`Authorization`), the
 //!   environment read once when the sink is built.
 //!
+//! Redirects are never followed: a 3xx answer is a permanent failure whose message and
+//! result name its `Location` (see [`classify::redirect_location`] for why).
+//!
 //! What comes back is stored as the result and replayed to repeats:
 //! `{"status": <code>, "body": <body>}` where the body is the response parsed as JSON when it
 //! is valid JSON (whatever its `Content-Type`), else the text (lossy UTF-8), `null` when
@@ -35,7 +38,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use self::classify::{Class, Ending, classify, retry_after};
+use self::classify::{Class, Ending, classify, redirect_location, retry_after};
 pub use self::outgoing::HttpAuthConfig;
 use self::outgoing::Outgoing;
 pub use self::response::MAX_BODY_BYTES;
@@ -48,7 +51,8 @@ use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkReq
 #[serde(deny_unknown_fields)]
 pub struct HttpSinkConfig {
     /// Where to POST; may name payload fields (`https://api/x/{/customer/id}`), which are
-    /// percent-encoded. The scheme must be written out.
+    /// percent-encoded. The scheme and the authority (user, host, port) must be written out:
+    /// payload values only fill path segments, query values or the fragment.
     pub url: String,
     /// Whether the receiver honours `Idempotency-Key` (then crash re-runs are safe).
     #[serde(default = "default_true")]
@@ -232,6 +236,7 @@ impl HttpSink {
             .tls_backend_rustls()
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|source| HttpSinkError::Client { sink: name.to_string(), source })?;
@@ -315,20 +320,29 @@ impl SinkEffect for HttpSink {
         let status = response.status();
         let code = status.as_u16();
         let retry_after = retry_after(code, response.headers());
+        let location = redirect_location(code, response.headers());
         let body = read_body(&mut response, self.max_response_bytes).await;
         tracing::debug!(sink = %self.name, key = request.key(), attempt = request.attempt(), status = code, "http sink: response");
         let describe_status = || {
             let reason = status.canonical_reason().map(|r| format!(" {r}")).unwrap_or_default();
-            match body.snippet() {
-                Some(snippet) => format!("HTTP {code}{reason}: {snippet}"),
-                None => format!("HTTP {code}{reason}"),
+            match (&location, body.snippet()) {
+                (Some(location), _) => format!(
+                    "HTTP {code}{reason}: redirect to `{location}` not followed (the http sink never follows redirects; set `url` to the final address)"
+                ),
+                (None, Some(snippet)) => format!("HTTP {code}{reason}: {snippet}"),
+                (None, None) => format!("HTTP {code}{reason}"),
             }
         };
         match classify(Ending::Status(code)) {
             Class::Success => Ok(body.into_result(code)),
             Class::Transient => Err(SinkError::Transient { message: describe_status(), retry_after }),
             Class::Permanent => {
-                Err(SinkError::Permanent { message: describe_status(), result: body.into_result(code) })
+                let message = describe_status();
+                let mut result = body.into_result(code);
+                if let Some(location) = location {
+                    result["location"] = Value::String(location);
+                }
+                Err(SinkError::Permanent { message, result })
             }
         }
     }
