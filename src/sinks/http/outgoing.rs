@@ -179,6 +179,14 @@ impl Outgoing {
                 if !same_authority(&url, sample) {
                     return Err(format!("url: rendered `{text}` leaves the configured scheme, host or port"));
                 }
+                // `.` and `..` are unreserved, so they go in unescaped, and URL parsing then
+                // removes them with the segment before: a value would climb out of its own
+                // segment. Only dot segments change the count (a value never holds `/`).
+                if segment_count(&url) != segment_count(sample) {
+                    return Err(format!(
+                        "url: rendered `{text}`: a payload value `.` or `..` cannot be a path segment"
+                    ));
+                }
                 Ok(url)
             }
         }
@@ -226,6 +234,11 @@ fn same_authority(a: &reqwest::Url, b: &reqwest::Url) -> bool {
         && a.password() == b.password()
         && a.host() == b.host()
         && a.port_or_known_default() == b.port_or_known_default()
+}
+
+/// How many path segments a URL has.
+fn segment_count(url: &reqwest::Url) -> usize {
+    url.path_segments().map_or(0, Iterator::count)
 }
 
 /// Standard base64 with padding (RFC 4648 §4), for basic-auth credentials.
@@ -340,6 +353,22 @@ mod tests {
         assert!(url_source("s", "https://api.test?x={/v}").is_ok());
         // A fixed URL has no placeholder, whatever it contains.
         assert!(matches!(url_source("s", "https://api.test"), Ok(UrlSource::Fixed(_))));
+    }
+
+    #[test]
+    fn a_dot_segment_value_cannot_climb_out_of_its_path_segment() {
+        let Ok(source) = url_source("s", "https://api.test/tenants/{/t}/orders?q={/t}") else { panic!("valid") };
+        let outgoing = Outgoing { url: source, body: None, headers: HeaderMap::new() };
+        for value in ["..", "."] {
+            let err = outgoing.url(&serde_json::json!({ "t": value })).unwrap_err();
+            assert!(err.contains("path segment"), "{value}: {err}");
+        }
+        let url = outgoing.url(&serde_json::json!({ "t": "..." })).unwrap();
+        assert_eq!(url.path(), "/tenants/.../orders");
+        assert_eq!(url.query(), Some("q=..."));
+        // `%` is escaped, so an encoded dot stays text.
+        let url = outgoing.url(&serde_json::json!({ "t": "%2e%2E" })).unwrap();
+        assert_eq!(url.path(), "/tenants/%252e%252E/orders");
     }
 
     #[test]
