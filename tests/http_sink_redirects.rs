@@ -1,7 +1,8 @@
 //! The `http` sink never follows a redirect and never lets a payload choose the host: a 3xx is
 //! a permanent failure naming `Location`, the redirect target gets nothing (so neither the
 //! payload nor a configured secret header leaves for it), and URL template values stay inside
-//! their path segment or query value. Real axum servers on 127.0.0.1; every wait is bounded.
+//! their path segment or query value. The opt-in `follow_redirects = "same_origin"` follows
+//! 307/308 to the configured origin only. Real axum servers on 127.0.0.1; every wait is bounded.
 
 mod common;
 
@@ -9,29 +10,30 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::SinkConfig;
-use dedupd::sinks::http::HttpSinkConfig;
+use dedupd::sinks::http::{FollowRedirects, HttpSinkConfig};
 use dedupd::store::{Completion, Record};
 use serde_json::{Value, json};
 
 use common::orphan::EngineWithSink;
 
-/// A request as a server saw it: path with query, and headers.
-type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
+/// The requests a server saw: method, path with query, headers and body.
+type Seen = Arc<Mutex<Vec<(Method, String, HeaderMap, Bytes)>>>;
 
 /// Starts a server that records every request and answers each with `answer(path)`;
 /// returns its `http://127.0.0.1:PORT` origin.
 async fn serve(answer: impl Fn(&str) -> Response + Clone + Send + Sync + 'static) -> (String, Seen) {
     let seen: Seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
-    let app = Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
+    let app = Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
         let (log, answer) = (log.clone(), answer.clone());
         async move {
             let path = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
-            log.lock().unwrap().push((path.clone(), headers));
+            log.lock().unwrap().push((method, path.clone(), headers, body));
             answer(&path)
         }
     });
@@ -48,7 +50,7 @@ fn ok(_path: &str) -> Response {
 }
 
 fn paths(seen: &Seen) -> Vec<String> {
-    seen.lock().unwrap().iter().map(|(p, _)| p.clone()).collect()
+    seen.lock().unwrap().iter().map(|(_, p, _, _)| p.clone()).collect()
 }
 
 fn config(url: String) -> HttpSinkConfig {
@@ -113,6 +115,52 @@ async fn a_redirect_is_a_permanent_failure_naming_location_and_is_never_followed
             assert!(paths(&other_seen).is_empty(), "{code} to {target}: the other host got nothing");
         }
     }
+}
+
+/// Answers `/hook` with `code` to `location`, every other path 200.
+fn redirecting(code: u16, location: String) -> impl Fn(&str) -> Response + Clone + Send + Sync + 'static {
+    move |path: &str| {
+        if path == "/hook" {
+            (StatusCode::from_u16(code).unwrap(), [("location", location.clone())]).into_response()
+        } else {
+            ok(path)
+        }
+    }
+}
+
+/// With `same_origin`, 307 and 308 to the same server are followed with the same method,
+/// body and headers; 301/302/303, and 307 to another host, still fail naming `Location`.
+#[tokio::test]
+async fn same_origin_follows_307_and_308_to_the_configured_origin_only() {
+    let same_origin = |url: String| HttpSinkConfig { follow_redirects: FollowRedirects::SameOrigin, ..config(url) };
+    for code in [307, 308] {
+        let (origin, seen) = serve(redirecting(code, "/moved?x=1".into())).await;
+        let payload = json!({"n": code});
+        let (outcome, error, _) =
+            deliver(same_origin(format!("{origin}/hook")), &format!("k{code}"), payload.clone()).await;
+        assert_eq!(outcome, Outcome::Succeeded, "{code}: {error:?}");
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{code}");
+        let (method, path, headers, body) = &seen[1];
+        assert_eq!((method, path.as_str()), (&Method::POST, "/moved?x=1"), "{code}");
+        assert_eq!(headers.get("x-api-key").unwrap(), "secret-api-key", "{code}");
+        assert_eq!(headers.get("idempotency-key").unwrap(), format!("k{code}").as_str());
+        assert_eq!(serde_json::from_slice::<Value>(body).unwrap(), payload);
+    }
+    let (other, other_seen) = serve(ok).await;
+    for (code, target) in [(301, "/moved".to_string()), (303, "/moved".into()), (307, format!("{other}/moved"))] {
+        let (origin, seen) = serve(redirecting(code, target.clone())).await;
+        let (outcome, error, _) = deliver(same_origin(format!("{origin}/hook")), &format!("n{code}"), json!({})).await;
+        assert_eq!(outcome, Outcome::Failed, "{code} to {target}");
+        assert!(error.unwrap_or_default().contains(&target), "{code}: names the Location");
+        assert_eq!(paths(&seen), ["/hook"], "{code} to {target}");
+    }
+    assert!(paths(&other_seen).is_empty(), "the other host got nothing");
+    // A redirect loop on the same origin ends permanently after a bounded number of hops.
+    let (origin, seen) = serve(redirecting(307, "/hook".into())).await;
+    let (outcome, error, _) = deliver(same_origin(format!("{origin}/hook")), "loop", json!({})).await;
+    assert_eq!(outcome, Outcome::Failed, "{error:?}");
+    assert!((2..=12).contains(&paths(&seen).len()), "{}", paths(&seen).len());
 }
 
 /// Values that would change the host, user or port if inserted raw stay in their path

@@ -13,7 +13,8 @@
 //! - the configured `headers`, `headers_from_env` and `auth` (`Authorization`), the
 //!   environment read once when the sink is built.
 //!
-//! Redirects are never followed: a 3xx answer is a permanent failure whose message and
+//! Redirects are not followed (unless `follow_redirects = "same_origin"`, which follows
+//! 307/308 to the configured origin only): any other 3xx answer is a permanent failure whose message and
 //! result name its `Location` (see [`classify::redirect_location`] for why).
 //!
 //! What comes back is stored as the result and replayed to repeats:
@@ -38,7 +39,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use self::classify::{Class, Ending, classify, redirect_location, retry_after};
+use self::classify::{Class, Ending, classify, redirect_location, redirect_policy, retry_after};
 pub use self::outgoing::HttpAuthConfig;
 use self::outgoing::Outgoing;
 pub use self::response::MAX_BODY_BYTES;
@@ -76,6 +77,10 @@ pub struct HttpSinkConfig {
     /// The request body as a JSON template over the payload; the payload itself when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_template: Option<Value>,
+    /// Which redirects are followed: `"never"` (default: every 3xx is a permanent failure)
+    /// or `"same_origin"` (307/308 to the configured scheme, host and port only).
+    #[serde(default, skip_serializing_if = "FollowRedirects::is_never")]
+    pub follow_redirects: FollowRedirects,
     /// Most bytes of a response body kept in the result (default 64 KiB).
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: NonZeroUsize,
@@ -85,6 +90,25 @@ pub struct HttpSinkConfig {
     /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
     #[serde(default)]
     pub circuit: crate::sinks::circuit::CircuitConfig,
+}
+
+/// Which redirects an `http` sink follows (`follow_redirects`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FollowRedirects {
+    /// None: every 3xx is a permanent failure naming its `Location`.
+    #[default]
+    Never,
+    /// 307 and 308 only (they re-send the same method, body and headers), only to the
+    /// configured URL's scheme, host and port, at most [`classify::MAX_REDIRECT_HOPS`]
+    /// hops; any other 3xx is a permanent failure as with `Never`.
+    SameOrigin,
+}
+
+impl FollowRedirects {
+    fn is_never(&self) -> bool {
+        *self == FollowRedirects::Never
+    }
 }
 
 fn default_true() -> bool {
@@ -112,6 +136,7 @@ impl Default for HttpSinkConfig {
             headers_from_env: BTreeMap::new(),
             auth: None,
             body_template: None,
+            follow_redirects: FollowRedirects::Never,
             max_response_bytes: default_max_response_bytes(),
             limits: SinkLimits::default(),
             circuit: crate::sinks::circuit::CircuitConfig::default(),
@@ -236,7 +261,7 @@ impl HttpSink {
             .tls_backend_rustls()
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
-            .redirect(reqwest::redirect::Policy::none())
+            .redirect(redirect_policy(config.follow_redirects))
             .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|source| HttpSinkError::Client { sink: name.to_string(), source })?;

@@ -95,6 +95,36 @@ pub(crate) fn redirect_location(code: u16, headers: &HeaderMap) -> Option<String
     Some(location)
 }
 
+/// Most redirects followed for one request with `follow_redirects = "same_origin"`.
+pub(crate) const MAX_REDIRECT_HOPS: usize = 10;
+
+/// The client's redirect policy. `Never` stops at the first 3xx. `SameOrigin` follows only
+/// 307/308 (the method and body are kept, so the command is what arrives) and only to the
+/// configured URL's scheme, host and port (so configured secret headers never leave it);
+/// it stops at anything else, leaving the 3xx to [`classify`], and fails after
+/// [`MAX_REDIRECT_HOPS`] hops.
+pub(super) fn redirect_policy(follow: super::FollowRedirects) -> reqwest::redirect::Policy {
+    match follow {
+        super::FollowRedirects::Never => reqwest::redirect::Policy::none(),
+        super::FollowRedirects::SameOrigin => reqwest::redirect::Policy::custom(|attempt| {
+            let keeps_method = matches!(attempt.status().as_u16(), 307 | 308);
+            let same_origin = attempt.previous().first().is_some_and(|first| same_origin(first, attempt.url()));
+            if !(keeps_method && same_origin) {
+                attempt.stop()
+            } else if attempt.previous().len() > MAX_REDIRECT_HOPS {
+                attempt.error(format!("more than {MAX_REDIRECT_HOPS} redirects"))
+            } else {
+                attempt.follow()
+            }
+        }),
+    }
+}
+
+/// Whether two URLs have the same scheme, host and port.
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme() && a.host() == b.host() && a.port_or_known_default() == b.port_or_known_default()
+}
+
 /// The server-suggested wait: `Retry-After` on a 429 or 503 only, in delta-seconds or as
 /// an HTTP date (the time until then). A date already past or a garbage value yields `None`
 /// (the engine's own backoff applies, as it caps any wait by `retry.max_backoff`).
