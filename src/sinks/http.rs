@@ -13,6 +13,10 @@
 //! - the configured `headers`, `headers_from_env` and `auth` (`Authorization`), the
 //!   environment read once when the sink is built.
 //!
+//! Redirects are not followed (unless `follow_redirects = "same_origin"`, which follows
+//! 307/308 to the configured origin only): any other 3xx answer is a permanent failure whose message and
+//! result name its `Location` (see [`classify::redirect_location`] for why).
+//!
 //! What comes back is stored as the result and replayed to repeats:
 //! `{"status": <code>, "body": <body>}` where the body is the response parsed as JSON when it
 //! is valid JSON (whatever its `Content-Type`), else the text (lossy UTF-8), `null` when
@@ -35,7 +39,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use self::classify::{Class, Ending, classify, retry_after};
+use self::classify::{Class, Ending, classify, redirect_location, redirect_policy, retry_after};
 pub use self::outgoing::HttpAuthConfig;
 use self::outgoing::Outgoing;
 pub use self::response::MAX_BODY_BYTES;
@@ -48,7 +52,8 @@ use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkReq
 #[serde(deny_unknown_fields)]
 pub struct HttpSinkConfig {
     /// Where to POST; may name payload fields (`https://api/x/{/customer/id}`), which are
-    /// percent-encoded. The scheme must be written out.
+    /// percent-encoded. The scheme and the authority (user, host, port) must be written out:
+    /// payload values only fill path segments, query values or the fragment.
     pub url: String,
     /// Whether the receiver honours `Idempotency-Key` (then crash re-runs are safe).
     #[serde(default = "default_true")]
@@ -72,6 +77,10 @@ pub struct HttpSinkConfig {
     /// The request body as a JSON template over the payload; the payload itself when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_template: Option<Value>,
+    /// Which redirects are followed: `"never"` (default: every 3xx is a permanent failure)
+    /// or `"same_origin"` (307/308 to the configured scheme, host and port only).
+    #[serde(default, skip_serializing_if = "FollowRedirects::is_never")]
+    pub follow_redirects: FollowRedirects,
     /// Most bytes of a response body kept in the result (default 64 KiB).
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: NonZeroUsize,
@@ -81,6 +90,25 @@ pub struct HttpSinkConfig {
     /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
     #[serde(default)]
     pub circuit: crate::sinks::circuit::CircuitConfig,
+}
+
+/// Which redirects an `http` sink follows (`follow_redirects`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FollowRedirects {
+    /// None: every 3xx is a permanent failure naming its `Location`.
+    #[default]
+    Never,
+    /// 307 and 308 only (they re-send the same method, body and headers), only to the
+    /// configured URL's scheme, host and port, at most [`classify::MAX_REDIRECT_HOPS`]
+    /// hops; any other 3xx is a permanent failure as with `Never`.
+    SameOrigin,
+}
+
+impl FollowRedirects {
+    fn is_never(&self) -> bool {
+        *self == FollowRedirects::Never
+    }
 }
 
 fn default_true() -> bool {
@@ -108,6 +136,7 @@ impl Default for HttpSinkConfig {
             headers_from_env: BTreeMap::new(),
             auth: None,
             body_template: None,
+            follow_redirects: FollowRedirects::Never,
             max_response_bytes: default_max_response_bytes(),
             limits: SinkLimits::default(),
             circuit: crate::sinks::circuit::CircuitConfig::default(),
@@ -232,6 +261,7 @@ impl HttpSink {
             .tls_backend_rustls()
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
+            .redirect(redirect_policy(config.follow_redirects))
             .user_agent(concat!("dedupd/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|source| HttpSinkError::Client { sink: name.to_string(), source })?;
@@ -315,20 +345,29 @@ impl SinkEffect for HttpSink {
         let status = response.status();
         let code = status.as_u16();
         let retry_after = retry_after(code, response.headers());
+        let location = redirect_location(code, response.headers());
         let body = read_body(&mut response, self.max_response_bytes).await;
         tracing::debug!(sink = %self.name, key = request.key(), attempt = request.attempt(), status = code, "http sink: response");
         let describe_status = || {
             let reason = status.canonical_reason().map(|r| format!(" {r}")).unwrap_or_default();
-            match body.snippet() {
-                Some(snippet) => format!("HTTP {code}{reason}: {snippet}"),
-                None => format!("HTTP {code}{reason}"),
+            match (&location, body.snippet()) {
+                (Some(location), _) => format!(
+                    "HTTP {code}{reason}: redirect to `{location}` not followed (the http sink never follows redirects; set `url` to the final address)"
+                ),
+                (None, Some(snippet)) => format!("HTTP {code}{reason}: {snippet}"),
+                (None, None) => format!("HTTP {code}{reason}"),
             }
         };
         match classify(Ending::Status(code)) {
             Class::Success => Ok(body.into_result(code)),
             Class::Transient => Err(SinkError::Transient { message: describe_status(), retry_after }),
             Class::Permanent => {
-                Err(SinkError::Permanent { message: describe_status(), result: body.into_result(code) })
+                let message = describe_status();
+                let mut result = body.into_result(code);
+                if let Some(location) = location {
+                    result["location"] = Value::String(location);
+                }
+                Err(SinkError::Permanent { message, result })
             }
         }
     }

@@ -3,17 +3,23 @@
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::header::{HeaderMap, LOCATION, RETRY_AFTER};
+
+/// Most characters of a `Location` kept in a failure's message and result: enough to
+/// recognise where the receiver points, bounded because the receiver chooses it.
+const LOCATION_CHARS: usize = 512;
 
 /// How one POST ended, as far as classification cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ending {
-    /// A response head arrived with this status code (redirects already followed).
+    /// A response head arrived with this status code (redirects are never followed, so a
+    /// 3xx is the receiver's answer).
     Status(u16),
     /// No response: connect error (refused, DNS, TLS), connect or request timeout, or an
     /// I/O error while sending the request or before the response head arrived.
     NoResponse,
-    /// The redirect policy gave up: a redirect loop or more than 10 hops.
+    /// The redirect policy stopped the request. The client follows no redirect, so this is
+    /// not expected; if it happens it must not be retried for ever.
     RedirectLoop,
     /// The request could not be built (e.g. an unusable URL or header value).
     Unbuildable,
@@ -56,8 +62,9 @@ pub(crate) enum Class {
 /// - HTTP 5xx (the receiver failed, not the command);
 /// - HTTP 429 Too Many Requests and 408 Request Timeout (come back later).
 ///
-/// Permanent: every other non-2xx status (other 4xx, a 3xx that was not followed, codes
-/// outside 100..=599), a redirect loop, and a request that could not be built.
+/// Permanent: every other non-2xx status (other 4xx, every 3xx: redirects are never
+/// followed, see [`redirect_location`]; codes outside 100..=599), a redirect-policy error,
+/// and a request that could not be built.
 ///
 /// Success: 2xx.
 pub(crate) fn classify(ending: Ending) -> Class {
@@ -68,6 +75,54 @@ pub(crate) fn classify(ending: Ending) -> Class {
         Ending::Status(_) => Class::Permanent,
         Ending::RedirectLoop | Ending::Unbuildable => Class::Permanent,
     }
+}
+
+/// Where a 3xx answer points: its `Location` as text (invalid bytes replaced, at most
+/// [`LOCATION_CHARS`] characters), `None` for other statuses or without the header.
+///
+/// The sink never follows it: a POST answered 301/302/303 would become a GET whose 200
+/// says nothing about the command, and following 307/308 would re-send the payload and
+/// any configured secret headers to whatever host the receiver names.
+pub(crate) fn redirect_location(code: u16, headers: &HeaderMap) -> Option<String> {
+    if !(300..=399).contains(&code) {
+        return None;
+    }
+    let text = String::from_utf8_lossy(headers.get(LOCATION)?.as_bytes()).into_owned();
+    let mut location: String = text.chars().take(LOCATION_CHARS).collect();
+    if location.len() < text.len() {
+        location.push('…');
+    }
+    Some(location)
+}
+
+/// Most redirects followed for one request with `follow_redirects = "same_origin"`.
+pub(crate) const MAX_REDIRECT_HOPS: usize = 10;
+
+/// The client's redirect policy. `Never` stops at the first 3xx. `SameOrigin` follows only
+/// 307/308 (the method and body are kept, so the command is what arrives) and only to the
+/// configured URL's scheme, host and port (so configured secret headers never leave it);
+/// it stops at anything else, leaving the 3xx to [`classify`], and fails after
+/// [`MAX_REDIRECT_HOPS`] hops.
+pub(super) fn redirect_policy(follow: super::FollowRedirects) -> reqwest::redirect::Policy {
+    match follow {
+        super::FollowRedirects::Never => reqwest::redirect::Policy::none(),
+        super::FollowRedirects::SameOrigin => reqwest::redirect::Policy::custom(|attempt| {
+            let keeps_method = matches!(attempt.status().as_u16(), 307 | 308);
+            let same_origin = attempt.previous().first().is_some_and(|first| same_origin(first, attempt.url()));
+            if !(keeps_method && same_origin) {
+                attempt.stop()
+            } else if attempt.previous().len() > MAX_REDIRECT_HOPS {
+                attempt.error(format!("more than {MAX_REDIRECT_HOPS} redirects"))
+            } else {
+                attempt.follow()
+            }
+        }),
+    }
+}
+
+/// Whether two URLs have the same scheme, host and port.
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme() && a.host() == b.host() && a.port_or_known_default() == b.port_or_known_default()
 }
 
 /// The server-suggested wait: `Retry-After` on a 429 or 503 only, in delta-seconds or as
@@ -127,6 +182,24 @@ mod tests {
         }
         assert_eq!(classify(Ending::RedirectLoop), Class::Permanent);
         assert_eq!(classify(Ending::Unbuildable), Class::Permanent);
+    }
+
+    #[test]
+    fn redirect_location_is_read_on_3xx_only_and_bounded() {
+        let mut headers = HeaderMap::new();
+        headers.insert(LOCATION, HeaderValue::from_static("https://elsewhere.test/x"));
+        for code in [301, 302, 303, 307, 308] {
+            assert_eq!(redirect_location(code, &headers).as_deref(), Some("https://elsewhere.test/x"), "{code}");
+        }
+        assert_eq!(redirect_location(200, &headers), None);
+        assert_eq!(redirect_location(404, &headers), None);
+        assert_eq!(redirect_location(301, &HeaderMap::new()), None);
+        let long = format!("/{}", "a".repeat(2 * LOCATION_CHARS));
+        headers.insert(LOCATION, HeaderValue::from_str(&long).unwrap());
+        let kept = redirect_location(302, &headers).unwrap();
+        assert_eq!(kept.chars().count(), LOCATION_CHARS + 1, "bounded, with an ellipsis");
+        headers.insert(LOCATION, HeaderValue::from_bytes(b"/caf\xe9").unwrap());
+        assert_eq!(redirect_location(307, &headers).as_deref(), Some("/caf\u{fffd}"));
     }
 
     fn with_retry_after(value: &str) -> HeaderMap {

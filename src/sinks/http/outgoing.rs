@@ -89,7 +89,12 @@ pub(super) struct Outgoing {
 #[derive(Debug)]
 enum UrlSource {
     Fixed(reqwest::Url),
-    Template(StringTemplate),
+    /// A template whose scheme and authority are literal text; `sample` (rendered with a
+    /// filler) has them, and every rendered URL must keep them.
+    Template {
+        template: StringTemplate,
+        sample: reqwest::Url,
+    },
 }
 
 impl Outgoing {
@@ -165,9 +170,24 @@ impl Outgoing {
     pub(super) fn url(&self, payload: &Value) -> Result<reqwest::Url, String> {
         match &self.url {
             UrlSource::Fixed(url) => Ok(url.clone()),
-            UrlSource::Template(template) => {
+            UrlSource::Template { template, sample } => {
                 let text = template.render(payload, Encoding::Url).map_err(|e| format!("url: {e}"))?;
-                reqwest::Url::parse(&text).map_err(|e| format!("url: rendered `{text}` does not parse: {e}"))
+                let url =
+                    reqwest::Url::parse(&text).map_err(|e| format!("url: rendered `{text}` does not parse: {e}"))?;
+                // Percent-encoding already keeps values out of the authority; this holds even
+                // if the encoding ever changes.
+                if !same_authority(&url, sample) {
+                    return Err(format!("url: rendered `{text}` leaves the configured scheme, host or port"));
+                }
+                // `.` and `..` are unreserved, so they go in unescaped, and URL parsing then
+                // removes them with the segment before: a value would climb out of its own
+                // segment. Only dot segments change the count (a value never holds `/`).
+                if segment_count(&url) != segment_count(sample) {
+                    return Err(format!(
+                        "url: rendered `{text}`: a payload value `.` or `..` cannot be a path segment"
+                    ));
+                }
+                Ok(url)
             }
         }
     }
@@ -186,17 +206,39 @@ impl Outgoing {
     }
 }
 
-/// A fixed URL, or a template whose literal start fixes the scheme (so that a payload can
-/// never choose it) and whose shape parses when fields are filled in.
+/// A fixed URL, or a template whose literal start fixes the scheme and the whole authority
+/// (user, host, port), so that a payload value can only fill path segments, query values or
+/// the fragment, and whose shape parses when fields are filled in.
 fn url_source(sink: &str, url: &str) -> Result<UrlSource, HttpSinkError> {
     let invalid = |reason: String| HttpSinkError::InvalidUrl { sink: sink.into(), url: url.into(), reason };
     let template = StringTemplate::parse(url).map_err(|e| invalid(e.to_string()))?;
     let prefix = template.literal_prefix();
-    if !(prefix.starts_with("http://") || prefix.starts_with("https://")) {
+    let Some(after_scheme) = prefix.strip_prefix("http://").or_else(|| prefix.strip_prefix("https://")) else {
         return Err(invalid("must start with http:// or https:// (written out, not from a field)".into()));
+    };
+    if template.has_fields() && !after_scheme.contains(['/', '?', '#']) {
+        return Err(invalid(
+            "a placeholder cannot stand in the host, port or user name: write the address out up to the first `/`, \
+             `?` or `#` (`https://api.example/{/tenant}/orders`)"
+                .into(),
+        ));
     }
     let sample = reqwest::Url::parse(&template.render_with("x")).map_err(|e| invalid(e.to_string()))?;
-    if template.has_fields() { Ok(UrlSource::Template(template)) } else { Ok(UrlSource::Fixed(sample)) }
+    if template.has_fields() { Ok(UrlSource::Template { template, sample }) } else { Ok(UrlSource::Fixed(sample)) }
+}
+
+/// Whether two URLs have the same scheme, user, host and port.
+fn same_authority(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.username() == b.username()
+        && a.password() == b.password()
+        && a.host() == b.host()
+        && a.port_or_known_default() == b.port_or_known_default()
+}
+
+/// How many path segments a URL has.
+fn segment_count(url: &reqwest::Url) -> usize {
+    url.path_segments().map_or(0, Iterator::count)
 }
 
 /// Standard base64 with padding (RFC 4648 §4), for basic-auth credentials.
@@ -300,5 +342,44 @@ mod tests {
         assert!(matches!(url_source("s", "{/base}/x"), Err(HttpSinkError::InvalidUrl { .. })));
         assert!(matches!(url_source("s", "https://api.test/{/id"), Err(HttpSinkError::InvalidUrl { .. })));
         assert!(matches!(url_source("s", "ftp://x/"), Err(HttpSinkError::InvalidUrl { .. })));
+    }
+
+    #[test]
+    fn url_templates_must_write_the_authority_out() {
+        for url in ["https://{/host}/x", "https://api.test{/s}/x", "https://api.test:{/port}/", "https://{/u}@a.test/"]
+        {
+            assert!(matches!(url_source("s", url), Err(HttpSinkError::InvalidUrl { .. })), "{url}");
+        }
+        assert!(url_source("s", "https://api.test?x={/v}").is_ok());
+        // A fixed URL has no placeholder, whatever it contains.
+        assert!(matches!(url_source("s", "https://api.test"), Ok(UrlSource::Fixed(_))));
+    }
+
+    #[test]
+    fn a_dot_segment_value_cannot_climb_out_of_its_path_segment() {
+        let Ok(source) = url_source("s", "https://api.test/tenants/{/t}/orders?q={/t}") else { panic!("valid") };
+        let outgoing = Outgoing { url: source, body: None, headers: HeaderMap::new() };
+        for value in ["..", "."] {
+            let err = outgoing.url(&serde_json::json!({ "t": value })).unwrap_err();
+            assert!(err.contains("path segment"), "{value}: {err}");
+        }
+        let url = outgoing.url(&serde_json::json!({ "t": "..." })).unwrap();
+        assert_eq!(url.path(), "/tenants/.../orders");
+        assert_eq!(url.query(), Some("q=..."));
+        // `%` is escaped, so an encoded dot stays text.
+        let url = outgoing.url(&serde_json::json!({ "t": "%2e%2E" })).unwrap();
+        assert_eq!(url.path(), "/tenants/%252e%252E/orders");
+    }
+
+    #[test]
+    fn rendered_urls_keep_the_configured_origin() {
+        let Ok(source) = url_source("s", "https://api.test:8443/{/tenant}/orders") else { panic!("a valid template") };
+        let outgoing = Outgoing { url: source, body: None, headers: HeaderMap::new() };
+        for (tenant, path) in
+            [("evil.com/x", "/evil.com%2Fx/orders"), ("@evil.com", "/%40evil.com/orders"), ("x:1", "/x%3A1/orders")]
+        {
+            let url = outgoing.url(&serde_json::json!({ "tenant": tenant })).unwrap();
+            assert_eq!((url.host_str(), url.port(), url.path()), (Some("api.test"), Some(8443), path), "{tenant}");
+        }
     }
 }
