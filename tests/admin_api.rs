@@ -307,7 +307,10 @@ async fn export_then_import_into_another_instance() {
     assert_eq!(other.counts().completed + other.counts().in_progress + other.counts().indeterminate, 1);
     let (status, _, report) = import(text.clone(), "").await;
     assert_eq!(status, StatusCode::OK, "{report}");
-    assert_eq!(report, json!({"imported": 3, "unchanged": 1, "kept_newer": 0, "expired": 1, "watermarks_raised": 0}));
+    assert_eq!(
+        report,
+        json!({"imported": 3, "unchanged": 1, "kept_newer": 0, "kept_in_progress": 0, "expired": 1, "watermarks_raised": 0})
+    );
     for key in ["done", "a/b c", "unknown-effect", "busy"] {
         assert_eq!(other.get(key).unwrap(), store.get(key).unwrap(), "{key}");
     }

@@ -297,7 +297,7 @@ async fn operator_commands_and_export_wipe_import_keep_duplicates_recognised() {
     assert_eq!(ran.stderr, "", "no progress bar when stderr is not a terminal");
     assert_eq!(
         ran.json(),
-        json!({"imported": expected_records, "unchanged": 0, "kept_newer": 0, "expired": 0, "watermarks_raised": PARTITIONS})
+        json!({"imported": expected_records, "unchanged": 0, "kept_newer": 0, "kept_in_progress": 0, "expired": 0, "watermarks_raised": PARTITIONS})
     );
     assert_eq!(cli(args(&["inspect", "cli-forget-me", "-c", &c]), None).await.code, 4);
 

@@ -117,6 +117,10 @@ pub enum Command {
         /// Replace stored records even when they are newer than the imported ones.
         #[arg(long)]
         overwrite: bool,
+        /// Also replace stored `in_progress` claims: only when no instance is executing
+        /// them (an instance that is could run the effect again).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -310,10 +314,10 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
                 file.display()
             ))
         }
-        Command::Import { file, overwrite } => {
+        Command::Import { file, overwrite, force } => {
             let report = match conn {
-                Conn::Direct(d) => transfer::import_direct(&d, &file, overwrite),
-                Conn::Remote(r) => transfer::import_remote(&r, &file, overwrite).await,
+                Conn::Direct(d) => transfer::import_direct(&d, &file, overwrite, force),
+                Conn::Remote(r) => transfer::import_remote(&r, &file, overwrite, force).await,
             }?;
             print_json(&serde_json::to_value(report).map_err(|e| CliError::Other(e.to_string()))?)
         }

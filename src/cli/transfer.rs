@@ -141,18 +141,18 @@ fn validate_file(file: &Path) -> Result<ExportCounts, CliError> {
 }
 
 /// Imports `file` into a stopped store.
-pub fn import_direct(d: &Direct, file: &Path, overwrite: bool) -> Result<ImportReport, CliError> {
+pub fn import_direct(d: &Direct, file: &Path, overwrite: bool, force: bool) -> Result<ImportReport, CliError> {
     validate_file(file)?;
     let f = File::open(file).map_err(file_error(file))?;
     let bar = progress(f.metadata().map(|m| m.len()).unwrap_or(0), "import", true);
-    let options = ImportOptions { overwrite, now_ms: chrono::Utc::now().timestamp_millis() };
+    let options = ImportOptions { overwrite, force, now_ms: chrono::Utc::now().timestamp_millis() };
     let report = d.store.import_from(BufReader::new(f), options, |n| bar.inc(n));
     bar.finish_and_clear();
     Ok(report?)
 }
 
 /// Imports `file` into a running instance's store through `POST /v1/import`.
-pub async fn import_remote(r: &Remote, file: &Path, overwrite: bool) -> Result<ImportReport, CliError> {
+pub async fn import_remote(r: &Remote, file: &Path, overwrite: bool, force: bool) -> Result<ImportReport, CliError> {
     validate_file(file)?;
     let f = tokio::fs::File::open(file).await.map_err(file_error(file))?;
     let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
@@ -164,7 +164,9 @@ pub async fn import_remote(r: &Remote, file: &Path, overwrite: bool) -> Result<I
         }
     });
     let mut url = r.url(&["import"])?;
-    url.query_pairs_mut().append_pair("overwrite", if overwrite { "true" } else { "false" });
+    url.query_pairs_mut()
+        .append_pair("overwrite", if overwrite { "true" } else { "false" })
+        .append_pair("force", if force { "true" } else { "false" });
     let response = r
         .request(Method::POST, url)
         .header(reqwest::header::CONTENT_TYPE, "application/jsonl")

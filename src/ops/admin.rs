@@ -312,6 +312,8 @@ fn tokio_stream_from<T: Send + 'static>(
 struct ImportParams {
     #[serde(default)]
     overwrite: bool,
+    #[serde(default)]
+    force: bool,
 }
 
 async fn import(
@@ -320,12 +322,12 @@ async fn import(
     body: Body,
 ) -> ApiResult {
     let Ok(Query(params)) = params else {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: overwrite must be true or false"));
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: overwrite and force must be true or false"));
     };
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
     blocking(move || {
-        let options = ImportOptions { overwrite: params.overwrite, now_ms: SystemClock.now_ms() };
+        let options = ImportOptions { overwrite: params.overwrite, force: params.force, now_ms: SystemClock.now_ms() };
         match a.store.import_from(std::io::BufReader::new(reader), options, |_| {}) {
             Ok(report) => Ok(axum::Json(report).into_response()),
             Err(e @ TransferError::Line { .. }) => {

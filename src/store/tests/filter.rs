@@ -76,7 +76,7 @@ fn keys_present_at_open_are_never_claimed_over(kind: StoreBackend) {
 
 fn imported_keys_are_never_claimed_over(kind: StoreBackend) {
     let f = Fixture::new(kind);
-    let options = ImportOptions { overwrite: false, now_ms: 0 };
+    let options = ImportOptions { overwrite: false, force: false, now_ms: 0 };
     let done = Record::Completed(completed(4, LATER));
     let unsure = Record::Indeterminate(indeterminate(5));
     assert_eq!(f.store.import_record("imported-done", &done, options).unwrap(), Imported::Written);

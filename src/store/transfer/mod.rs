@@ -60,6 +60,9 @@ pub struct ImportReport {
     pub unchanged: u64,
     /// Records not written because the store holds a newer (or as new) different record.
     pub kept_newer: u64,
+    /// Records not written because the stored one is `in_progress`: an instance may be
+    /// executing it (replaced only with `force`).
+    pub kept_in_progress: u64,
     /// Completed records already expired at import time, skipped.
     pub expired: u64,
     /// Watermarks raised (a watermark is never lowered).
@@ -71,6 +74,8 @@ pub struct ImportReport {
 pub struct ImportOptions {
     /// Replace stored records even when they are newer than the imported ones.
     pub overwrite: bool,
+    /// Replace stored `in_progress` claims too (only when no instance is executing them).
+    pub force: bool,
     /// "Now", for skipping expired records.
     pub now_ms: i64,
 }
@@ -84,6 +89,8 @@ pub enum Imported {
     Unchanged,
     /// The stored record is newer (or as new) and different; kept.
     KeptNewer,
+    /// The stored record is an `in_progress` claim and `force` was not given; kept.
+    KeptInProgress,
     /// Expired already; skipped.
     Expired,
 }
@@ -219,6 +226,8 @@ impl KeyStore {
             let current = self.get(key)?;
             match &current {
                 Some(c) if c == record => return Ok(Imported::Unchanged),
+                // A claim may be executing right now: replacing it could run its effect twice.
+                Some(Record::InProgress(_)) if !options.force => return Ok(Imported::KeptInProgress),
                 Some(c) if !options.overwrite && changed_at_ms(c) >= changed_at_ms(record) => {
                     return Ok(Imported::KeptNewer);
                 }
@@ -260,6 +269,7 @@ impl KeyStore {
                     Imported::Written => report.imported += 1,
                     Imported::Unchanged => report.unchanged += 1,
                     Imported::KeptNewer => report.kept_newer += 1,
+                    Imported::KeptInProgress => report.kept_in_progress += 1,
                     Imported::Expired => report.expired += 1,
                 },
                 Entry::Header { .. } | Entry::End { .. } => {}

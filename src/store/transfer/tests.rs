@@ -101,8 +101,19 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
     assert_eq!(validate(buf.as_slice(), |_| {}).unwrap(), counts);
 
     let b = KeyStore::open(to, &dir.path().join("b"), SyncMode::Batch).unwrap();
-    let report = b.import_from(buf.as_slice(), ImportOptions { overwrite: false, now_ms: now }, |_| {}).unwrap();
-    assert_eq!(report, ImportReport { imported: 4, unchanged: 0, kept_newer: 0, expired: 1, watermarks_raised: 2 });
+    let report =
+        b.import_from(buf.as_slice(), ImportOptions { overwrite: false, force: false, now_ms: now }, |_| {}).unwrap();
+    assert_eq!(
+        report,
+        ImportReport {
+            imported: 4,
+            unchanged: 0,
+            kept_newer: 0,
+            kept_in_progress: 0,
+            expired: 1,
+            watermarks_raised: 2
+        }
+    );
     for (k, r) in &records {
         let got = b.get(k).unwrap();
         if *k == "gone" { assert_eq!(got, None) } else { assert_eq!(got.as_ref(), Some(r), "{k}") }
@@ -116,12 +127,56 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
         Record::Indeterminate(Indeterminate { fingerprint: fp(4), claimed_at_ms: 99, attempts: 1, why: "x".into() });
     let old = b.get("unknown").unwrap();
     b.compare_and_swap("unknown", old.as_ref(), Some(&newer)).unwrap().unwrap();
-    let again = b.import_from(buf.as_slice(), ImportOptions { overwrite: false, now_ms: now }, |_| {}).unwrap();
-    assert_eq!(again, ImportReport { imported: 0, unchanged: 3, kept_newer: 1, expired: 1, watermarks_raised: 0 });
+    let again =
+        b.import_from(buf.as_slice(), ImportOptions { overwrite: false, force: false, now_ms: now }, |_| {}).unwrap();
+    assert_eq!(
+        again,
+        ImportReport {
+            imported: 0,
+            unchanged: 3,
+            kept_newer: 1,
+            kept_in_progress: 0,
+            expired: 1,
+            watermarks_raised: 0
+        }
+    );
     assert_eq!(b.get("unknown").unwrap(), Some(newer));
-    let forced = b.import_from(buf.as_slice(), ImportOptions { overwrite: true, now_ms: now }, |_| {}).unwrap();
+    let forced =
+        b.import_from(buf.as_slice(), ImportOptions { overwrite: true, force: false, now_ms: now }, |_| {}).unwrap();
     assert_eq!(forced.imported, 1);
     assert_eq!(b.get("unknown").unwrap().as_ref(), Some(&records[3].1));
+}
+
+#[test]
+fn a_stored_in_progress_claim_is_replaced_only_with_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KeyStore::open(StoreBackend::Sled, &dir.path().join("s"), SyncMode::Batch).unwrap();
+    let running = Record::InProgress(InProgress {
+        fingerprint: fp(5),
+        claimed_at_ms: 8,
+        attempts: 1,
+        source: SourcePos { topic: "t".into(), partition: 0, offset: 1 },
+    });
+    store.compare_and_swap("k", None, Some(&running)).unwrap().unwrap();
+    // Newer, so `overwrite` alone would replace anything but a claim.
+    let imported = Record::Completed(Completed {
+        fingerprint: fp(5),
+        outcome: Completion::Succeeded,
+        result: b"{}".to_vec(),
+        error: None,
+        first_seen_at_ms: 8,
+        completed_at_ms: 50,
+        expires_at_ms: 10_000,
+        attempts: 1,
+    });
+    for overwrite in [false, true] {
+        let options = ImportOptions { overwrite, force: false, now_ms: 100 };
+        assert_eq!(store.import_record("k", &imported, options).unwrap(), Imported::KeptInProgress, "{overwrite}");
+        assert_eq!(store.get("k").unwrap().as_ref(), Some(&running));
+    }
+    let forced = ImportOptions { overwrite: true, force: true, now_ms: 100 };
+    assert_eq!(store.import_record("k", &imported, forced).unwrap(), Imported::Written);
+    assert_eq!(store.get("k").unwrap().as_ref(), Some(&imported));
 }
 
 #[test]
