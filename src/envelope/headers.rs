@@ -90,7 +90,7 @@ mod tests {
         fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>> {
             if idx == self.bad {
                 let name: &[u8] = &[0xff, 0xfe];
-                let _ = std::str::from_utf8(name).unwrap();
+                let _ = std::str::from_utf8(std::hint::black_box(name)).unwrap();
             }
             self.inner.try_get(idx)
         }
