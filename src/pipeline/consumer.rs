@@ -246,7 +246,7 @@ impl PipelineContext {
 
     /// Runs the postponed store check once its retry is due.
     fn retry_check_if_due(&self, consumer: &BaseConsumer<Self>) {
-        if !self.check_retry.lock().as_ref().is_some_and(|r| Instant::now() >= r.due) {
+        if self.check_retry.lock().as_ref().is_none_or(|r| Instant::now() < r.due) {
             return;
         }
         let tps = self.partitions.unchecked();
