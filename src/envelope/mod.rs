@@ -34,6 +34,7 @@
 //! - `stale` is never produced here: it needs the clock, see [`crate::decide`].
 
 mod config;
+mod headers;
 mod key;
 mod shapes;
 #[cfg(test)]
@@ -42,6 +43,7 @@ mod tests;
 use std::time::Duration;
 
 pub use config::{EnvelopeConfig, EnvelopeFormat, LimitsConfig, StaleBy};
+pub use headers::{HeaderList, ReadHeaders, read_headers};
 use key::*;
 use shapes::*;
 

@@ -30,6 +30,7 @@ pub struct Metrics {
     duplicate_age: HistogramVec,
     refused_partitions: IntGauge,
     sink_circuit_open: IntGaugeVec,
+    worker_panics: IntCounterVec,
 }
 
 /// A metric could not be registered (a programming error, reported, not panicked).
@@ -105,6 +106,13 @@ impl Metrics {
                 ),
                 &["sink"],
             )?,
+            worker_panics: IntCounterVec::new(
+                Opts::new(
+                    "worker_panics_total",
+                    "Partition workers that panicked (the process then stops, exiting non-zero).",
+                ),
+                &["topic", "partition"],
+            )?,
             registry,
         };
         for c in [
@@ -122,6 +130,7 @@ impl Metrics {
             Box::new(m.duplicate_age.clone()),
             Box::new(m.refused_partitions.clone()),
             Box::new(m.sink_circuit_open.clone()),
+            Box::new(m.worker_panics.clone()),
         ] {
             m.registry.register(c)?;
         }
@@ -218,6 +227,11 @@ impl Metrics {
     /// How many partitions are refused now.
     pub fn set_refused_partitions(&self, n: usize) {
         self.refused_partitions.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The worker of `topic`/`partition` panicked.
+    pub fn worker_panicked(&self, topic: &str, partition: i32) {
+        self.worker_panics.with_label_values(&[topic, &partition.to_string()]).inc();
     }
 
     /// Whether `sink`'s circuit breaker is open (or half-open) now.

@@ -5,7 +5,7 @@ pub mod admin;
 mod config;
 pub mod metrics;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,11 +22,14 @@ pub use config::HttpConfig;
 pub use metrics::Metrics;
 
 /// What `/readyz` reports: ready once the consumer joined its group, not ready while any
-/// partition is refused (store watermark behind the committed offset).
+/// partition is refused (store watermark behind the committed offset, or not checked yet
+/// because the committed offsets could not be read) or down (its worker panicked).
 #[derive(Default)]
 pub struct Health {
     joined: AtomicBool,
     refused: Mutex<BTreeSet<String>>,
+    /// Partitions that cannot run now, each with why.
+    down: Mutex<BTreeMap<String, String>>,
 }
 
 impl Health {
@@ -47,9 +50,25 @@ impl Health {
     pub fn refused(&self) -> Vec<String> {
         self.refused.lock().iter().cloned().collect()
     }
+    /// Marks `topic/partition` down with `reason`, or (`None`) up again.
+    pub fn set_down(&self, partition: &str, reason: Option<&str>) {
+        let mut map = self.down.lock();
+        match reason {
+            Some(r) => {
+                map.insert(partition.to_string(), r.to_string());
+            }
+            None => {
+                map.remove(partition);
+            }
+        }
+    }
+    /// Partitions down now, each with why.
+    pub fn down(&self) -> Vec<(String, String)> {
+        self.down.lock().iter().map(|(p, r)| (p.clone(), r.clone())).collect()
+    }
     /// Ready to do its job.
     pub fn is_ready(&self) -> bool {
-        self.joined.load(Ordering::SeqCst) && self.refused.lock().is_empty()
+        self.joined.load(Ordering::SeqCst) && self.refused.lock().is_empty() && self.down.lock().is_empty()
     }
 }
 
@@ -110,8 +129,11 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     if s.health.is_ready() {
         (StatusCode::OK, "ready\n".to_string())
     } else {
-        let refused = s.health.refused();
-        let why = if refused.is_empty() {
+        let (refused, down) = (s.health.refused(), s.health.down());
+        let why = if !down.is_empty() {
+            let each: Vec<String> = down.iter().map(|(p, r)| format!("{p} ({r})")).collect();
+            format!("not ready: partitions down: {}\n", each.join(", "))
+        } else if refused.is_empty() {
             "not ready: consumer has not joined its group\n".to_string()
         } else {
             format!("not ready: partitions refused (store watermark behind committed offset): {}\n", refused.join(", "))

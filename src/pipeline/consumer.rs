@@ -7,8 +7,9 @@
 //! and shutdown) commits only stored offsets.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -18,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Dispatched, Fetching, PartitionTable, WorkerHandle};
-use super::worker::{PartitionWorker, WorkerShared};
+use super::worker::{BatchOffsets, PanicWatch, PartitionWorker, WorkerShared, supervise};
 use super::{KafkaConfig, PipelineError};
 use crate::connection::ConnectionError;
 use crate::connection::probe::ConnectError;
@@ -27,6 +28,22 @@ use crate::store::KeyStore;
 
 /// How long a revoke or shutdown waits for a partition's in-flight batch.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long reading committed offsets for the store check may take.
+const COMMITTED_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first wait before the store check is retried, doubled after each failure up to
+/// [`CHECK_RETRY_MAX`]: a broker that is briefly away is retried soon, one that stays away
+/// costs a read and a log line at most twice a minute.
+const CHECK_RETRY_FIRST: Duration = Duration::from_secs(1);
+const CHECK_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// When the store check of partitions whose committed offsets could not be read runs again.
+#[derive(Debug)]
+struct CheckRetry {
+    due: Instant,
+    wait: Duration,
+    failures: u32,
+}
 
 /// State the rebalance callbacks need.
 pub struct PipelineContext {
@@ -37,6 +54,9 @@ pub struct PipelineContext {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     accept_empty_store: bool,
+    /// Set while some partitions await the store check (their committed offsets could not
+    /// be read): they stay paused and it is retried with backoff from the poll loop.
+    check_retry: Mutex<Option<CheckRetry>>,
 }
 
 impl ClientContext for PipelineContext {
@@ -76,10 +96,16 @@ impl ConsumerContext for PipelineContext {
             // Nothing is held for a newly assigned partition: this undoes any backpressure
             // pause from before a revoke (the watermark check pauses refused ones again).
             self.partitions.assign(consumer, &parts);
-            self.check_watermarks(consumer, tpl);
+            self.check_watermarks(consumer, &parts, read_committed(consumer, &parts));
             self.health.set_joined(true);
         }
     }
+}
+
+/// The committed offsets of `tps`, as the group coordinator has them.
+fn read_committed(consumer: &BaseConsumer<PipelineContext>, tps: &[Tp]) -> Result<Vec<(Tp, Offset)>, KafkaError> {
+    let committed = consumer.committed_offsets(list_of(tps), COMMITTED_TIMEOUT)?;
+    Ok(committed.elements().iter().map(|e| ((e.topic().to_string(), e.partition()), e.offset())).collect())
 }
 
 fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
@@ -138,45 +164,97 @@ impl PipelineContext {
         }
         let still_refused = self.partitions.forget(revoked);
         for tp in revoked {
-            self.health.set_refused(&format!("{}/{}", tp.0, tp.1), false);
+            let name = format!("{}/{}", tp.0, tp.1);
+            self.health.set_refused(&name, false);
+            self.health.set_down(&name, None);
         }
         self.metrics.set_refused_partitions(still_refused);
     }
 
     /// Refuses partitions whose committed offset is beyond what the store recorded: the
     /// store was lost or replaced, and going on would re-run or skip history (docs/contract.md §3).
-    fn check_watermarks(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
-        let committed = match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+    /// When the committed offsets could not be read, `tps` are not processed unchecked:
+    /// they stay paused and the check is retried (fail closed).
+    fn check_watermarks<F: Fetching>(&self, fetch: &F, tps: &[Tp], committed: Result<Vec<(Tp, Offset)>, KafkaError>) {
+        let committed = match committed {
             Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read committed offsets for the watermark check");
-                return;
-            }
+            Err(e) => return self.postpone_check(fetch, tps, &e),
         };
-        for e in committed.elements() {
-            let Offset::Offset(next) = e.offset() else { continue };
-            let watermark = match self.store.watermark(e.topic(), e.partition()) {
-                Ok(w) => w,
-                Err(err) => {
-                    tracing::error!(error = %err, "store failed reading a watermark");
-                    None
-                }
-            };
-            let expected_next = watermark.map_or(0, |w| w + 1);
-            if next > expected_next {
-                let name = format!("{}/{}", e.topic(), e.partition());
-                if self.accept_empty_store {
-                    tracing::warn!(partition = %name, committed = next, watermark = ?watermark,
-                        "committed offset is beyond the store's watermark; accepted (--accept-empty-store)");
-                    continue;
-                }
-                tracing::error!(partition = %name, committed = next, watermark = ?watermark,
-                    "REFUSING partition: its committed offset is beyond the store's watermark, so the store was lost or replaced; restore the store or restart with --accept-empty-store");
-                self.partitions.refuse(consumer, &(e.topic().to_string(), e.partition()));
-                self.health.set_refused(&name, true);
+        for ((topic, partition), offset) in committed {
+            let tp = (topic, partition);
+            let name = format!("{}/{}", tp.0, tp.1);
+            if let Offset::Offset(next) = offset {
+                self.refuse_if_store_behind(fetch, &tp, next);
             }
+            // After a refusal: a refused partition stays paused.
+            self.partitions.checked(fetch, &tp);
+            self.health.set_down(&name, None);
+        }
+        if self.partitions.unchecked().is_empty() {
+            *self.check_retry.lock() = None;
         }
         self.metrics.set_refused_partitions(self.partitions.refused_count());
+    }
+
+    /// Refuses `tp` if `next`, its committed offset, is beyond the store's watermark.
+    fn refuse_if_store_behind<F: Fetching>(&self, fetch: &F, tp: &Tp, next: i64) {
+        let watermark = match self.store.watermark(&tp.0, tp.1) {
+            Ok(w) => w,
+            Err(err) => {
+                tracing::error!(error = %err, "store failed reading a watermark");
+                None
+            }
+        };
+        let expected_next = watermark.map_or(0, |w| w + 1);
+        if next <= expected_next {
+            return;
+        }
+        let name = format!("{}/{}", tp.0, tp.1);
+        if self.accept_empty_store {
+            tracing::warn!(partition = %name, committed = next, watermark = ?watermark,
+                "committed offset is beyond the store's watermark; accepted (--accept-empty-store)");
+            return;
+        }
+        tracing::error!(partition = %name, committed = next, watermark = ?watermark,
+            "REFUSING partition: its committed offset is beyond the store's watermark, so the store was lost or replaced; restore the store or restart with --accept-empty-store");
+        self.partitions.refuse(fetch, tp);
+        self.health.set_refused(&name, true);
+    }
+
+    /// The committed offsets of `tps` could not be read: keeps them paused (never
+    /// processed unchecked) and schedules a retry with backoff. Logs the first failure and
+    /// then every power of two, so a broker that stays away does not flood the log.
+    fn postpone_check<F: Fetching>(&self, fetch: &F, tps: &[Tp], error: &KafkaError) {
+        self.partitions.mark_unchecked(fetch, tps);
+        for tp in tps {
+            self.health
+                .set_down(&format!("{}/{}", tp.0, tp.1), Some("committed offset not read yet; store check pending"));
+        }
+        let mut retry = self.check_retry.lock();
+        let now = Instant::now();
+        let r = retry.get_or_insert(CheckRetry { due: now, wait: CHECK_RETRY_FIRST, failures: 0 });
+        r.failures = r.failures.saturating_add(1);
+        if r.failures.is_power_of_two() {
+            tracing::error!(error = %error, partitions = ?tps, failures = r.failures, retry_in_ms = r.wait.as_millis() as u64,
+                "could not read committed offsets for the store check: partitions stay paused until it runs");
+        } else {
+            tracing::debug!(error = %error, failures = r.failures, "store check failed again");
+        }
+        r.due = now + r.wait;
+        r.wait = (r.wait * 2).min(CHECK_RETRY_MAX);
+    }
+
+    /// Runs the postponed store check once its retry is due.
+    fn retry_check_if_due(&self, consumer: &BaseConsumer<Self>) {
+        if self.check_retry.lock().as_ref().is_none_or(|r| Instant::now() < r.due) {
+            return;
+        }
+        let tps = self.partitions.unchecked();
+        if tps.is_empty() {
+            *self.check_retry.lock() = None;
+            return;
+        }
+        self.check_watermarks(consumer, &tps, read_committed(consumer, &tps));
     }
 
     /// Cancels `workers` (no new sink calls), waits for each one's current batch to finish
@@ -235,6 +313,7 @@ pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>,
         metrics: Arc::clone(&parts.shared.metrics),
         health: Arc::clone(&parts.health),
         accept_empty_store: parts.accept_empty_store,
+        check_retry: Mutex::new(None),
     };
     let config = consumer_config(&parts.kafka)?;
     let consumer: BaseConsumer<PipelineContext> =
@@ -255,6 +334,7 @@ fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts)
     let ctx = consumer.context();
     while !parts.stop.is_cancelled() {
         // Held records go on as soon as their queue has room; poll briefly meanwhile.
+        ctx.retry_check_if_due(&consumer);
         let holding = ctx.partitions.release_held(&*consumer);
         let msg = match consumer.poll(Duration::from_millis(if holding { 10 } else { 100 })) {
             None => continue,
@@ -288,6 +368,7 @@ fn start_worker(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerP
     let (tx, rx) = mpsc::channel(parts.queue_per_partition);
     let cancel = CancellationToken::new();
     let control: Arc<dyn PartitionControl> = Arc::clone(consumer) as Arc<dyn PartitionControl>;
+    let in_batch = Arc::new(BatchOffsets::default());
     let worker = PartitionWorker {
         topic: tp.0.clone(),
         partition: tp.1,
@@ -295,7 +376,128 @@ fn start_worker(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerP
         cancel: cancel.clone(),
         shared: Arc::clone(&parts.shared),
         control,
+        in_batch: Arc::clone(&in_batch),
     };
-    let join = consumer.context().runtime.spawn(worker.run());
+    let watch = PanicWatch {
+        topic: tp.0.clone(),
+        partition: tp.1,
+        in_batch,
+        metrics: Arc::clone(&parts.shared.metrics),
+        health: Arc::clone(&parts.health),
+        fatal: parts.shared.fatal.clone(),
+    };
+    let join = consumer.context().runtime.spawn(supervise(worker.run(), watch));
     WorkerHandle { tx, cancel, join }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::convert::Infallible;
+
+    use rdkafka::Timestamp;
+    use rdkafka::message::OwnedMessage;
+
+    use super::*;
+    use crate::store::{StoreBackend, SyncMode};
+
+    /// Which partitions Kafka would fetch, as pause and resume left them.
+    #[derive(Default)]
+    struct FakeFetching {
+        paused: parking_lot::Mutex<HashSet<Tp>>,
+    }
+
+    impl Fetching for FakeFetching {
+        type Error = Infallible;
+        fn pause(&self, tps: &[Tp]) -> Result<(), Infallible> {
+            self.paused.lock().extend(tps.iter().cloned());
+            Ok(())
+        }
+        fn resume(&self, tps: &[Tp]) -> Result<(), Infallible> {
+            let mut paused = self.paused.lock();
+            for tp in tps {
+                paused.remove(tp);
+            }
+            Ok(())
+        }
+    }
+
+    fn context(dir: &std::path::Path) -> PipelineContext {
+        let store = KeyStore::open(StoreBackend::ALL[0], dir, SyncMode::Batch).expect("store");
+        PipelineContext {
+            partitions: PartitionTable::default(),
+            runtime: tokio::runtime::Handle::current(),
+            store: Arc::new(store),
+            metrics: Arc::new(Metrics::new().expect("metrics")),
+            health: Arc::new(Health::default()),
+            accept_empty_store: false,
+            check_retry: Mutex::new(None),
+        }
+    }
+
+    /// Dispatches a record of `tp` to a worker that is never run.
+    fn dispatch(ctx: &PipelineContext, fetch: &FakeFetching, tp: &Tp) -> Dispatched {
+        let record = OwnedMessage::new(None, None, tp.0.clone(), Timestamp::NotAvailable, tp.1, 0, None);
+        ctx.partitions.dispatch(fetch, tp, record, |_| {
+            let (tx, _rx) = mpsc::channel(8);
+            WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }
+        })
+    }
+
+    #[tokio::test]
+    async fn committed_offsets_that_cannot_be_read_keep_the_partition_paused_until_a_retry_reads_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ctx, kafka) = (context(dir.path()), FakeFetching::default());
+        let tp: Tp = ("in".to_string(), 0);
+        let parts = std::slice::from_ref(&tp);
+        ctx.partitions.assign(&kafka, parts);
+        ctx.health.set_joined(true);
+
+        ctx.check_watermarks(
+            &kafka,
+            parts,
+            Err(KafkaError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure)),
+        );
+        assert!(kafka.paused.lock().contains(&tp), "not fetched while unchecked");
+        assert_eq!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs, "never processed unchecked");
+        assert!(!ctx.health.is_ready());
+        assert_eq!(ctx.health.down().len(), 1);
+        let due = ctx.check_retry.lock().as_ref().map(|r| r.due).expect("a retry is scheduled");
+        assert!(due > Instant::now());
+
+        // A second failure backs off further.
+        ctx.check_watermarks(
+            &kafka,
+            parts,
+            Err(KafkaError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure)),
+        );
+        let later = ctx.check_retry.lock().as_ref().map(|r| r.due).expect("still scheduled");
+        assert!(later > due);
+
+        // The retry reads them (nothing committed yet): the partition runs.
+        ctx.check_watermarks(&kafka, parts, Ok(vec![(tp.clone(), Offset::Invalid)]));
+        assert!(!kafka.paused.lock().contains(&tp));
+        assert!(ctx.check_retry.lock().is_none());
+        assert!(ctx.health.is_ready());
+        // Handed to a worker (the test's worker is gone at once, hence not `Queued`).
+        assert_ne!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs);
+    }
+
+    #[tokio::test]
+    async fn a_retry_that_finds_the_store_behind_refuses_the_partition() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ctx, kafka) = (context(dir.path()), FakeFetching::default());
+        let tp: Tp = ("in".to_string(), 0);
+        let parts = std::slice::from_ref(&tp);
+        ctx.partitions.assign(&kafka, parts);
+        ctx.check_watermarks(
+            &kafka,
+            parts,
+            Err(KafkaError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::RequestTimedOut)),
+        );
+        ctx.check_watermarks(&kafka, parts, Ok(vec![(tp.clone(), Offset::Offset(42))]));
+        assert!(kafka.paused.lock().contains(&tp), "a refused partition stays paused");
+        assert_eq!(ctx.partitions.refused_count(), 1);
+        assert_eq!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs);
+    }
 }

@@ -49,6 +49,9 @@ pub(super) enum Stopped {
     NotAssigned,
     /// Its committed offset is beyond the store's watermark.
     Refused,
+    /// Its committed offset could not be read yet, so the store check has not run: it
+    /// stays stopped until a retry reads it (failing closed, never processed unchecked).
+    Unchecked,
     /// Its in-flight batch waits for a sink whose circuit is open.
     PausedForCircuit,
     /// It holds records its full worker queue could not take.
@@ -73,6 +76,7 @@ pub(super) enum Dispatched {
 #[derive(Default)]
 struct Partition {
     refused: bool,
+    unchecked: bool,
     paused_for_circuit: bool,
     worker: Option<WorkerHandle>,
 }
@@ -92,6 +96,8 @@ impl State {
         let Some(p) = self.assigned.get(tp) else { return Err(Stopped::NotAssigned) };
         if p.refused {
             Err(Stopped::Refused)
+        } else if p.unchecked {
+            Err(Stopped::Unchecked)
         } else if p.paused_for_circuit {
             Err(Stopped::PausedForCircuit)
         } else if self.held.contains_key(tp) {
@@ -151,6 +157,38 @@ impl PartitionTable {
         }
     }
 
+    /// Stops fetching `tps` until [`PartitionTable::checked`]: their committed offsets could
+    /// not be read, so the store check could not run.
+    pub(super) fn mark_unchecked<F: Fetching>(&self, fetch: &F, tps: &[Tp]) {
+        let mut state = self.state.lock();
+        if let Err(e) = fetch.pause(tps) {
+            tracing::error!(error = %e, partitions = ?tps, "could not pause partitions awaiting the store check");
+        }
+        for tp in tps {
+            if let Some(p) = state.assigned.get_mut(tp) {
+                p.unchecked = true;
+            }
+        }
+    }
+
+    /// The assigned partitions awaiting the store check.
+    pub(super) fn unchecked(&self) -> Vec<Tp> {
+        let state = self.state.lock();
+        state.assigned.iter().filter(|(_, p)| p.unchecked).map(|(tp, _)| tp.clone()).collect()
+    }
+
+    /// The store check of `tp` ran: it is fetched again if nothing else stops it.
+    pub(super) fn checked<F: Fetching>(&self, fetch: &F, tp: &Tp) {
+        let mut state = self.state.lock();
+        let Some(p) = state.assigned.get_mut(tp).filter(|p| p.unchecked) else { return };
+        p.unchecked = false;
+        if state.may_run(tp).is_ok()
+            && let Err(e) = fetch.resume(slice::from_ref(tp))
+        {
+            tracing::warn!(error = %e, topic = %tp.0, partition = tp.1, "could not resume a partition after its store check");
+        }
+    }
+
     /// First step of a revoke: drops what `parts` hold and their circuit pauses, without
     /// resuming them (they are going), so nothing is released to a worker that is draining.
     pub(super) fn drop_held_and_pauses(&self, parts: &[Tp]) {
@@ -201,7 +239,9 @@ impl PartitionTable {
     ) -> Dispatched {
         let mut state = self.state.lock();
         let state = &mut *state;
-        let Some(p) = state.assigned.get_mut(tp).filter(|p| !p.refused) else { return Dispatched::NotOurs };
+        let Some(p) = state.assigned.get_mut(tp).filter(|p| !p.refused && !p.unchecked) else {
+            return Dispatched::NotOurs;
+        };
         if let Some(q) = state.held.get_mut(tp) {
             q.push_back(msg);
             return Dispatched::Held;
@@ -428,6 +468,24 @@ mod tests {
         table.resume_after_circuit(&kafka, &a);
         assert!(kafka.is_paused(&a));
         assert_eq!(table.may_run(&a), Err(Stopped::Refused));
+    }
+
+    #[tokio::test]
+    async fn an_unchecked_partition_takes_no_records_until_checked() {
+        let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+        table.assign(&kafka, std::slice::from_ref(&a));
+        table.mark_unchecked(&kafka, std::slice::from_ref(&a));
+        assert_eq!(table.unchecked(), std::slice::from_ref(&a));
+        assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
+        table.pause_for_circuit(&kafka, &a, &["http"]);
+        table.resume_after_circuit(&kafka, &a);
+        assert!(kafka.is_paused(&a));
+        assert_eq!(table.may_run(&a), Err(Stopped::Unchecked));
+
+        table.checked(&kafka, &a);
+        assert!(table.unchecked().is_empty());
+        assert!(!kafka.is_paused(&a));
+        assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::Queued);
     }
 
     #[tokio::test]
