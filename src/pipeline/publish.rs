@@ -151,6 +151,26 @@ impl Publisher {
     }
 }
 
+/// Whether publishing failed for a reason that retrying cannot fix: the topic does not
+/// exist or may not be written, or a result record is too large. The worker then stops
+/// the process (exit non-zero, the batch uncommitted) rather than retry for ever.
+pub fn is_permanent(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                | RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::MessageBatchTooLarge
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidMessage
+        )
+    )
+}
+
 /// Whether Kafka (the producer or the broker) refused a record for its size.
 fn is_too_large(e: &KafkaError) -> bool {
     matches!(
@@ -235,6 +255,30 @@ impl Ack {
             }
             (Ok(Err((e, _))), _) => Err(e),
             (Err(_), _) => Err(KafkaError::Canceled),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_topics_refusals_and_oversize_results_are_permanent_the_rest_retried() {
+        for code in [
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::MessageSizeTooLarge,
+        ] {
+            assert!(is_permanent(&KafkaError::MessageProduction(code)), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::QueueFull,
+            RDKafkaErrorCode::NotEnoughReplicas,
+            RDKafkaErrorCode::AllBrokersDown,
+        ] {
+            assert!(!is_permanent(&KafkaError::MessageProduction(code)), "{code:?}");
         }
     }
 }

@@ -315,6 +315,10 @@ impl PartitionWorker {
         loop {
             match self.shared.publisher.send(&refs).await {
                 Ok(acks) => return Some(acks),
+                Err(e) if super::publish::is_permanent(&e) => {
+                    self.stop_for_good(&e);
+                    return None;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "queueing results failed; retrying");
                     if !self.back_off(&mut wait).await {
@@ -332,6 +336,10 @@ impl PartitionWorker {
         loop {
             match self.shared.publisher.publish(done).await {
                 Ok(()) => return true,
+                Err(e) if super::publish::is_permanent(&e) => {
+                    self.stop_for_good(&e);
+                    return false;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "publishing results failed; retrying");
                     if !self.back_off(&mut wait).await {
@@ -340,6 +348,14 @@ impl PartitionWorker {
                 }
             }
         }
+    }
+
+    /// A publishing failure retrying cannot fix (see `publish::is_permanent`): stop the
+    /// process with the cause named; the batch stays uncommitted and comes again once the
+    /// operator has fixed it.
+    fn stop_for_good(&self, e: &rdkafka::error::KafkaError) {
+        tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "publishing results failed for a reason retrying cannot fix (missing topic, no permission, record too large); stopping");
+        self.shared.fatal.cancel();
     }
 
     /// Sleeps `wait` (doubling it, up to 5 s); false when cancelled first.
