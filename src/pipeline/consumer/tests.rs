@@ -1,0 +1,110 @@
+//! Tests of `pipeline::consumer`.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+
+use rdkafka::Timestamp;
+use rdkafka::message::OwnedMessage;
+
+use super::*;
+use crate::store::{StoreBackend, SyncMode};
+
+/// Which partitions Kafka would fetch, as pause and resume left them.
+#[derive(Default)]
+struct FakeFetching {
+    paused: parking_lot::Mutex<HashSet<Tp>>,
+}
+
+impl Fetching for FakeFetching {
+    type Error = Infallible;
+    fn pause(&self, tps: &[Tp]) -> Result<(), Infallible> {
+        self.paused.lock().extend(tps.iter().cloned());
+        Ok(())
+    }
+    fn resume(&self, tps: &[Tp]) -> Result<(), Infallible> {
+        let mut paused = self.paused.lock();
+        for tp in tps {
+            paused.remove(tp);
+        }
+        Ok(())
+    }
+}
+
+fn context(dir: &std::path::Path) -> PipelineContext {
+    let store = KeyStore::open(StoreBackend::ALL[0], dir, SyncMode::Batch).expect("store");
+    PipelineContext {
+        partitions: PartitionTable::default(),
+        runtime: tokio::runtime::Handle::current(),
+        store: Arc::new(store),
+        metrics: Arc::new(Metrics::new().expect("metrics")),
+        health: Arc::new(Health::default()),
+        accept_empty_store: false,
+        check_retry: Mutex::new(None),
+    }
+}
+
+/// Dispatches a record of `tp` to a worker that is never run.
+fn dispatch(ctx: &PipelineContext, fetch: &FakeFetching, tp: &Tp) -> Dispatched {
+    let record = OwnedMessage::new(None, None, tp.0.clone(), Timestamp::NotAvailable, tp.1, 0, None);
+    ctx.partitions.dispatch(fetch, tp, record, |_| {
+        let (tx, _rx) = mpsc::channel(8);
+        WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }
+    })
+}
+
+#[tokio::test]
+async fn committed_offsets_that_cannot_be_read_keep_the_partition_paused_until_a_retry_reads_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ctx, kafka) = (context(dir.path()), FakeFetching::default());
+    let tp: Tp = ("in".to_string(), 0);
+    let parts = std::slice::from_ref(&tp);
+    ctx.partitions.assign(&kafka, parts);
+    ctx.health.set_joined(true);
+
+    ctx.check_watermarks(
+        &kafka,
+        parts,
+        Err(KafkaError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure)),
+    );
+    assert!(kafka.paused.lock().contains(&tp), "not fetched while unchecked");
+    assert_eq!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs, "never processed unchecked");
+    assert!(!ctx.health.is_ready());
+    assert_eq!(ctx.health.down().len(), 1);
+    let due = ctx.check_retry.lock().as_ref().map(|r| r.due).expect("a retry is scheduled");
+    assert!(due > Instant::now());
+
+    // A second failure backs off further.
+    ctx.check_watermarks(
+        &kafka,
+        parts,
+        Err(KafkaError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure)),
+    );
+    let later = ctx.check_retry.lock().as_ref().map(|r| r.due).expect("still scheduled");
+    assert!(later > due);
+
+    // The retry reads them (nothing committed yet): the partition runs.
+    ctx.check_watermarks(&kafka, parts, Ok(vec![(tp.clone(), Offset::Invalid)]));
+    assert!(!kafka.paused.lock().contains(&tp));
+    assert!(ctx.check_retry.lock().is_none());
+    assert!(ctx.health.is_ready());
+    // Handed to a worker (the test's worker is gone at once, hence not `Queued`).
+    assert_ne!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs);
+}
+
+#[tokio::test]
+async fn a_retry_that_finds_the_store_behind_refuses_the_partition() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ctx, kafka) = (context(dir.path()), FakeFetching::default());
+    let tp: Tp = ("in".to_string(), 0);
+    let parts = std::slice::from_ref(&tp);
+    ctx.partitions.assign(&kafka, parts);
+    ctx.check_watermarks(
+        &kafka,
+        parts,
+        Err(KafkaError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::RequestTimedOut)),
+    );
+    ctx.check_watermarks(&kafka, parts, Ok(vec![(tp.clone(), Offset::Offset(42))]));
+    assert!(kafka.paused.lock().contains(&tp), "a refused partition stays paused");
+    assert_eq!(ctx.partitions.refused_count(), 1);
+    assert_eq!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs);
+}

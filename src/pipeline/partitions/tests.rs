@@ -1,0 +1,195 @@
+//! Tests of `pipeline::partitions`.
+
+use std::convert::Infallible;
+
+use rdkafka::Timestamp;
+use rdkafka::message::Message;
+
+use super::*;
+
+/// Which partitions Kafka would fetch, as pause and resume left them.
+#[derive(Default)]
+struct FakeConsumer {
+    paused: Mutex<HashSet<Tp>>,
+}
+
+impl FakeConsumer {
+    fn is_paused(&self, tp: &Tp) -> bool {
+        self.paused.lock().contains(tp)
+    }
+}
+
+impl Fetching for FakeConsumer {
+    type Error = Infallible;
+    fn pause(&self, tps: &[Tp]) -> Result<(), Infallible> {
+        self.paused.lock().extend(tps.iter().cloned());
+        Ok(())
+    }
+    fn resume(&self, tps: &[Tp]) -> Result<(), Infallible> {
+        let mut paused = self.paused.lock();
+        for tp in tps {
+            paused.remove(tp);
+        }
+        Ok(())
+    }
+}
+
+fn tp(partition: i32) -> Tp {
+    ("in".to_string(), partition)
+}
+
+fn record(tp: &Tp, offset: i64) -> OwnedMessage {
+    OwnedMessage::new(None, None, tp.0.clone(), Timestamp::NotAvailable, tp.1, offset, None)
+}
+
+/// A worker whose queue takes `room` records; the test plays the worker through `rx`.
+fn worker(room: usize) -> (WorkerHandle, mpsc::Receiver<OwnedMessage>) {
+    let (tx, rx) = mpsc::channel(room);
+    (WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }, rx)
+}
+
+/// Dispatches `offset` of `tp`, starting a worker with one record of room if needed.
+fn dispatch(
+    table: &PartitionTable,
+    kafka: &FakeConsumer,
+    tp: &Tp,
+    offset: i64,
+    rx: &mut Option<mpsc::Receiver<OwnedMessage>>,
+) -> Dispatched {
+    table.dispatch(kafka, tp, record(tp, offset), |_| {
+        let (handle, r) = worker(1);
+        *rx = Some(r);
+        handle
+    })
+}
+
+#[tokio::test]
+async fn a_full_queue_holds_records_in_order_and_pauses_until_they_are_released() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    table.assign(&kafka, std::slice::from_ref(&a));
+    let mut rx = None;
+    assert_eq!(dispatch(&table, &kafka, &a, 0, &mut rx), Dispatched::Queued);
+    assert_eq!(dispatch(&table, &kafka, &a, 1, &mut rx), Dispatched::Held);
+    assert_eq!(dispatch(&table, &kafka, &a, 2, &mut rx), Dispatched::Held);
+    assert!(kafka.is_paused(&a));
+    assert_eq!(table.may_run(&a), Err(Stopped::HeldForFullQueue));
+    let mut rx = rx.expect("the first record started a worker");
+
+    assert!(table.release_held(&kafka), "the queue is still full");
+    let mut seen = vec![rx.recv().await.expect("queued").offset()];
+    assert!(table.release_held(&kafka), "room for one of two held records");
+    assert!(kafka.is_paused(&a));
+    seen.push(rx.recv().await.expect("released").offset());
+    assert!(!table.release_held(&kafka), "the last held record fits");
+    seen.push(rx.recv().await.expect("released").offset());
+    assert_eq!(seen, [0, 1, 2]);
+    assert!(!kafka.is_paused(&a));
+    assert_eq!(table.may_run(&a), Ok(()));
+}
+
+#[tokio::test]
+async fn a_partition_resumes_only_when_neither_circuit_nor_held_records_stop_it() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    table.assign(&kafka, std::slice::from_ref(&a));
+    let mut rx = None;
+    dispatch(&table, &kafka, &a, 0, &mut rx);
+    dispatch(&table, &kafka, &a, 1, &mut rx);
+    let mut rx = rx.expect("worker");
+    table.pause_for_circuit(&kafka, &a, &["http"]);
+    rx.recv().await.expect("queued");
+
+    // Released while the circuit is open: still paused.
+    assert!(!table.release_held(&kafka));
+    assert!(kafka.is_paused(&a));
+    assert_eq!(table.may_run(&a), Err(Stopped::PausedForCircuit));
+    table.resume_after_circuit(&kafka, &a);
+    assert!(!kafka.is_paused(&a));
+
+    // The circuit closes while records are held: resumed only once they are released.
+    rx.recv().await.expect("released");
+    dispatch(&table, &kafka, &a, 2, &mut None);
+    dispatch(&table, &kafka, &a, 3, &mut None);
+    table.pause_for_circuit(&kafka, &a, &["http"]);
+    table.resume_after_circuit(&kafka, &a);
+    assert!(kafka.is_paused(&a));
+    assert_eq!(table.may_run(&a), Err(Stopped::HeldForFullQueue));
+    rx.recv().await.expect("queued");
+    assert!(!table.release_held(&kafka));
+    assert!(!kafka.is_paused(&a));
+}
+
+#[tokio::test]
+async fn a_refused_partition_takes_no_records_and_is_never_resumed() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    table.assign(&kafka, std::slice::from_ref(&a));
+    table.refuse(&kafka, &a);
+    assert_eq!(table.refused_count(), 1);
+    assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
+    table.pause_for_circuit(&kafka, &a, &["http"]);
+    table.resume_after_circuit(&kafka, &a);
+    assert!(kafka.is_paused(&a));
+    assert_eq!(table.may_run(&a), Err(Stopped::Refused));
+}
+
+#[tokio::test]
+async fn an_unchecked_partition_takes_no_records_until_checked() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    table.assign(&kafka, std::slice::from_ref(&a));
+    table.mark_unchecked(&kafka, std::slice::from_ref(&a));
+    assert_eq!(table.unchecked(), std::slice::from_ref(&a));
+    assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
+    table.pause_for_circuit(&kafka, &a, &["http"]);
+    table.resume_after_circuit(&kafka, &a);
+    assert!(kafka.is_paused(&a));
+    assert_eq!(table.may_run(&a), Err(Stopped::Unchecked));
+
+    table.checked(&kafka, &a);
+    assert!(table.unchecked().is_empty());
+    assert!(!kafka.is_paused(&a));
+    assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::Queued);
+}
+
+#[tokio::test]
+async fn an_unassigned_partition_takes_no_records_and_no_circuit_pause() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
+    table.pause_for_circuit(&kafka, &a, &["http"]);
+    assert!(!kafka.is_paused(&a));
+    assert_eq!(table.may_run(&a), Err(Stopped::NotAssigned));
+}
+
+#[tokio::test]
+async fn a_revoke_drops_held_records_takes_the_worker_and_forgets_the_partition() {
+    let (table, kafka) = (PartitionTable::default(), FakeConsumer::default());
+    let (a, b) = (tp(0), tp(1));
+    table.assign(&kafka, &[a.clone(), b.clone()]);
+    table.refuse(&kafka, &b);
+    let mut rx = None;
+    dispatch(&table, &kafka, &a, 0, &mut rx);
+    dispatch(&table, &kafka, &a, 1, &mut rx);
+    table.pause_for_circuit(&kafka, &a, &["http"]);
+
+    let revoked = std::slice::from_ref(&a);
+    table.drop_held_and_pauses(revoked);
+    assert_eq!(table.may_run(&a), Ok(()), "nothing stops it but the revoke itself");
+    assert!(kafka.is_paused(&a), "a revoked partition is not resumed");
+    let workers = table.take_workers(revoked);
+    assert_eq!(workers.len(), 1);
+    assert_eq!(workers[0].0, a);
+    assert!(!table.release_held(&kafka));
+    assert_eq!(table.forget(revoked), 1, "b stays refused");
+    assert_eq!(table.may_run(&a), Err(Stopped::NotAssigned));
+    assert_eq!(table.assigned(), HashSet::from([b]));
+    assert_eq!(dispatch(&table, &kafka, &a, 2, &mut None), Dispatched::NotOurs);
+}
+
+#[tokio::test]
+async fn a_record_for_a_stopped_worker_is_dropped() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    table.assign(&kafka, std::slice::from_ref(&a));
+    let mut rx = None;
+    dispatch(&table, &kafka, &a, 0, &mut rx);
+    drop(rx);
+    assert_eq!(dispatch(&table, &kafka, &a, 1, &mut None), Dispatched::WorkerGone);
+    assert_eq!(table.take_all_workers().len(), 1);
+}
