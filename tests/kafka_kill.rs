@@ -17,9 +17,9 @@
 //!
 //! The input is produced in 21 chunks, one as each incarnation starts. 20 incarnations are
 //! SIGKILLed 50–600 ms after they start working: their first request or result once they
-//! have their partitions (a restart after SIGKILL waits ~2 s for the dead member's session
-//! to expire, and a kill before that tests nothing); every fifth instead 50–600 ms after
-//! spawn (store open, group join). The 21st runs until every input has a result and is
+//! have their partitions (a kill before that tests nothing; a restarted incarnation rejoins
+//! as the same static member at once, with the default 45 s session); every fifth instead
+//! 50–600 ms after spawn (store open, group join). The 21st runs until every input has a result and is
 //! stopped with SIGTERM. Then, from the outside only (the downstreams, the results topic, the
 //! store opened directly), every kind is held to the same rules (tests/common/kill_check.rs:
 //! every input has a result; at most one effect per key at a non-forwarding sink, and
@@ -172,10 +172,6 @@ fn config_toml(bootstrap: &str, group: &str, topics: [&str; 3], backend: &str, s
     let [input, results, dlq] = topics;
     format!(
         r#"{kafka_table}
-[kafka.consumer]
-# A restart after SIGKILL waits for the dead member's session to expire.
-"session.timeout.ms" = "2000"
-"heartbeat.interval.ms" = "500"
 
 [store]
 backend = "{backend}"

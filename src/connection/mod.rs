@@ -86,9 +86,10 @@ impl ConnectionConfig {
 
 /// Properties a connection table must not set: dedupd sets them for each client, and
 /// delivery and offset handling rest on them.
-pub const PER_CLIENT: [&str; 7] = [
+pub const PER_CLIENT: [&str; 8] = [
     "bootstrap.servers",
     "group.id",
+    "group.instance.id",
     "enable.auto.offset.store",
     "enable.idempotence",
     "acks",

@@ -18,7 +18,7 @@ use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Once;
 
-use rdkafka::message::Headers;
+use rdkafka::message::{Header, Headers};
 
 /// A record's headers as the envelope parser takes them: name, value (`None` for a null
 /// value), in record order.
@@ -51,24 +51,37 @@ fn install_quiet_hook() {
     });
 }
 
+/// Header `idx` of `headers`, or `Err` when rdkafka cannot hand out its name (its read
+/// panicked, silently).
+fn try_read<H: Headers + ?Sized>(headers: &H, idx: usize) -> Result<Option<Header<'_, &[u8]>>, ()> {
+    install_quiet_hook();
+    READING_HEADER.with(|r| r.set(true));
+    let one = catch_unwind(AssertUnwindSafe(|| headers.try_get(idx)));
+    READING_HEADER.with(|r| r.set(false));
+    one.map_err(|_| ())
+}
+
 /// Reads every header of `headers`; never panics. Headers rdkafka cannot hand out are
 /// counted in [`ReadHeaders::unreadable`] and left out.
 pub fn read_headers<H: Headers + ?Sized>(headers: &H) -> ReadHeaders {
-    install_quiet_hook();
     let mut read = ReadHeaders { headers: Vec::with_capacity(headers.count()), unreadable: 0 };
     for idx in 0..headers.count() {
-        READING_HEADER.with(|r| r.set(true));
-        let one = catch_unwind(AssertUnwindSafe(|| {
-            headers.try_get(idx).map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-        }));
-        READING_HEADER.with(|r| r.set(false));
-        match one {
-            Ok(Some(h)) => read.headers.push(h),
+        match try_read(headers, idx) {
+            Ok(Some(h)) => read.headers.push((h.key.to_string(), h.value.map(<[u8]>::to_vec))),
             Ok(None) => {}
-            Err(_) => read.unreadable += 1,
+            Err(()) => read.unreadable += 1,
         }
     }
     read
+}
+
+/// The bytes of the names and values of `headers`, without copying them; never panics. A
+/// header rdkafka cannot hand out counts as nothing (its bytes cannot be reached).
+pub fn header_bytes<H: Headers + ?Sized>(headers: &H) -> usize {
+    (0..headers.count())
+        .filter_map(|idx| try_read(headers, idx).ok().flatten())
+        .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+        .sum()
 }
 
 #[cfg(test)]
@@ -120,5 +133,13 @@ mod tests {
         assert_eq!(names, ["a", "idempotency-key"]);
         // The quiet hook is back off: a later header read on this thread is not silenced.
         assert!(!READING_HEADER.with(Cell::get));
+    }
+
+    #[test]
+    fn header_bytes_sum_names_and_values_and_skip_unreadable_names() {
+        let h = owned(&["a", "bb"]).insert(Header::<&str> { key: "c", value: None });
+        assert_eq!(header_bytes(&h), 1 + 1 + 2 + 1 + 1);
+        let h = WithBadName { inner: owned(&["a", "bad"]), bad: 1 };
+        assert_eq!(header_bytes(&h), 2);
     }
 }

@@ -43,7 +43,7 @@ mod tests;
 use std::time::Duration;
 
 pub use config::{EnvelopeConfig, EnvelopeFormat, LimitsConfig, StaleBy};
-pub use headers::{HeaderList, ReadHeaders, read_headers};
+pub use headers::{HeaderList, ReadHeaders, header_bytes, read_headers};
 use key::*;
 use shapes::*;
 

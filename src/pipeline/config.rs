@@ -40,6 +40,10 @@ pub struct KafkaConfig {
     /// naming the cause; a refused login or certificate ends it at once.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// Static group membership: the consumer joins as `group.instance.id = "dedupd-<store
+    /// identity>"` unless `kafka.consumer` names one, so a restarted process gets its
+    /// partitions back at once instead of after the dead member's session timeout.
+    pub static_membership: bool,
     /// Extra librdkafka consumer properties, passed through verbatim.
     pub consumer: BTreeMap<String, String>,
     /// Extra librdkafka producer properties, passed through verbatim.
@@ -57,6 +61,7 @@ impl Default for KafkaConfig {
             transactional_results: false,
             connection: ConnectionConfig::default(),
             connect_timeout: Duration::from_secs(30),
+            static_membership: true,
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
         }
@@ -99,6 +104,10 @@ pub struct PipelineConfig {
     /// queued and go; batches still grow under load, and idle latency stays low.
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
+    /// Most bytes (keys, values, headers) of records waiting for one partition's worker; a
+    /// record that would go past it waits, with its partition paused. One record is always
+    /// taken, whatever its size.
+    pub partition_buffer_bytes: NonZeroUsize,
 }
 
 impl Default for PipelineConfig {
@@ -107,6 +116,7 @@ impl Default for PipelineConfig {
             max_in_flight: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
             batch_size: NonZeroUsize::new(500).unwrap_or(NonZeroUsize::MIN),
             batch_linger: Duration::ZERO,
+            partition_buffer_bytes: NonZeroUsize::new(16 << 20).unwrap_or(NonZeroUsize::MIN),
         }
     }
 }

@@ -14,11 +14,11 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Dispatched, Fetching, PartitionTable, WorkerHandle};
+use super::queue::partition_queue;
 use super::worker::{BatchOffsets, PanicWatch, PartitionWorker, WorkerShared, supervise};
 use super::{KafkaConfig, PipelineError};
 use crate::connection::ConnectionError;
@@ -294,6 +294,17 @@ pub fn consumer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionEr
     Ok(c)
 }
 
+/// The `group.instance.id` dedupd gives the consumer: none when `kafka.static_membership`
+/// is off or `kafka.consumer` names one itself (a StatefulSet's pod name), else one made
+/// from the store's identity, which a restart on the same store keeps (see
+/// `store::identity`).
+fn static_member_id(kafka: &KafkaConfig, store: &KeyStore) -> Result<Option<String>, PipelineError> {
+    if !kafka.static_membership || kafka.consumer.contains_key("group.instance.id") {
+        return Ok(None);
+    }
+    Ok(Some(format!("dedupd-{}", store.identity()?)))
+}
+
 /// Everything the consumer thread needs.
 pub(crate) struct ConsumerParts {
     pub kafka: KafkaConfig,
@@ -302,6 +313,8 @@ pub(crate) struct ConsumerParts {
     pub accept_empty_store: bool,
     pub stop: CancellationToken,
     pub queue_per_partition: usize,
+    /// The byte budget of each partition's queue (`pipeline.partition_buffer_bytes`).
+    pub queue_bytes_per_partition: usize,
 }
 
 /// Creates the consumer and runs it on a thread until `stop`; returns the thread's handle.
@@ -315,7 +328,11 @@ pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>,
         accept_empty_store: parts.accept_empty_store,
         check_retry: Mutex::new(None),
     };
-    let config = consumer_config(&parts.kafka)?;
+    let mut config = consumer_config(&parts.kafka)?;
+    if let Some(member) = static_member_id(&parts.kafka, &ctx.store)? {
+        tracing::info!(group_instance_id = %member, "joining the consumer group as a static member");
+        config.set("group.instance.id", member);
+    }
     let consumer: BaseConsumer<PipelineContext> =
         config.create_with_context(ctx).map_err(|e| ConnectError::Create {
             client: "consumer".into(),
@@ -363,9 +380,10 @@ fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts)
     tracing::info!("consumer stopped");
 }
 
-/// Starts the worker of `tp` on the runtime, with a queue of `queue_per_partition` records.
+/// Starts the worker of `tp` on the runtime, with a queue of `queue_per_partition` records
+/// and `queue_bytes_per_partition` bytes.
 fn start_worker(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerParts, tp: &Tp) -> WorkerHandle {
-    let (tx, rx) = mpsc::channel(parts.queue_per_partition);
+    let (tx, rx) = partition_queue(parts.queue_per_partition, parts.queue_bytes_per_partition);
     let cancel = CancellationToken::new();
     let control: Arc<dyn PartitionControl> = Arc::clone(consumer) as Arc<dyn PartitionControl>;
     let in_batch = Arc::new(BatchOffsets::default());

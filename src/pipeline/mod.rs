@@ -10,6 +10,7 @@
 //! - `partitions`: every partition's state behind one lock (assigned, refused, paused for a
 //!   circuit, held for a full queue, its worker) and the one rule for whether it is fetched.
 //!   Backpressure pauses one partition; the poll thread never blocks.
+//! - `queue`: a partition's queue of records for its worker, bounded in records and bytes.
 //! - `worker`: one partition's batches through the engine, results to the producer, the
 //!   offset stored once they and every earlier batch's are acknowledged.
 //! - `circuits`: pauses a partition while its batch waits for an open sink circuit; the
@@ -18,12 +19,14 @@
 //!   (circuit pause and resume, store an offset), so they never import it.
 //! - `connect`: at start, the consumer's and the producer's settings connect within
 //!   `kafka.connect_timeout`, or `run` stops naming why.
-//! - `publish`: the idempotent producer of results and dead letters.
+//! - `publish`: the idempotent producer of results and dead letters; what Kafka did not
+//!   take is named, so that only it is sent again.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
 //!   gauges.
 //!
-//! Among them: `consumer` uses `partitions`, `worker` and `control`; `worker` uses
-//! `circuits`, `publish` and `control`; `partitions` and `circuits` use only `control`.
+//! Among them: `consumer` uses `partitions`, `queue`, `worker` and `control`; `worker` uses
+//! `circuits`, `publish`, `queue` and `control`; `partitions` uses `control` and `queue`,
+//! `circuits` only `control`.
 
 mod circuits;
 pub mod config;
@@ -34,6 +37,7 @@ mod metered;
 mod partitions;
 mod publish;
 mod purge;
+mod queue;
 mod worker;
 
 use std::collections::HashMap;
@@ -279,5 +283,6 @@ fn start_consumer(
         // Room for the batch at the engine and those behind it: a full queue pauses the
         // partition, and a paused partition's prefetched records are fetched again.
         queue_per_partition: config.pipeline.batch_size.get() * 4,
+        queue_bytes_per_partition: config.pipeline.partition_buffer_bytes.get(),
     })
 }

@@ -15,12 +15,12 @@ use std::slice;
 
 use parking_lot::Mutex;
 use rdkafka::message::OwnedMessage;
-use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::control::Tp;
+use super::queue::QueueSender;
 
 /// Switches the fetching of partitions off and on: the consumer, or a fake in tests.
 pub(super) trait Fetching {
@@ -35,7 +35,7 @@ pub(super) trait Fetching {
 /// A running partition worker, as the consumer keeps it.
 pub(super) struct WorkerHandle {
     /// The worker's queue of records.
-    pub tx: mpsc::Sender<OwnedMessage>,
+    pub tx: QueueSender,
     /// Stops the worker from starting sink calls.
     pub cancel: CancellationToken,
     /// Resolves once the worker settled what it sent.

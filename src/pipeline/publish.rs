@@ -27,14 +27,89 @@ use crate::outcome::Processed;
 /// caller retries the batch).
 const QUEUE_FULL_PATIENCE: Duration = Duration::from_secs(60);
 
+/// Which of an input's records: its result, or its dead-letter copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The result record.
+    Result,
+    /// The dead-letter copy (or its stand-in).
+    DeadLetter,
+}
+
+/// Records of a batch, each named by its input's place in the batch: what to (re)send.
+pub type Parts = Vec<(usize, Part)>;
+
+/// Every record a batch publishes: each input's result, and its dead letter when it has one.
+pub fn all_parts(records: &[(&OwnedMessage, &Processed)]) -> Parts {
+    let mut parts = Vec::with_capacity(records.len());
+    for (i, (_, processed)) in records.iter().enumerate() {
+        parts.push((i, Part::Result));
+        if processed.dead_letter.is_some() {
+            parts.push((i, Part::DeadLetter));
+        }
+    }
+    parts
+}
+
+/// Records Kafka has not taken (not queued, or not acknowledged) and the first error: what
+/// to send again. The others were taken, and sending them again would publish them twice.
+#[derive(Debug)]
+pub struct NotTaken {
+    /// The records to send again.
+    pub parts: Parts,
+    /// Why the first of them failed.
+    pub error: KafkaError,
+}
+
+/// What [`Publisher::send`] queued, and what it could not.
+pub struct Queued {
+    /// The acknowledgements of what was queued.
+    pub acks: Acks,
+    /// What could not be queued, from the first failure on.
+    pub rest: Option<NotTaken>,
+}
+
+/// One queued record's acknowledgement, with the part it publishes.
+type PendingAck = ((usize, Part), Ack);
+
 /// The acknowledgements of records handed to the producer, in one future: polled by
 /// `&mut` (it is `Unpin`), so a caller can wait on it in a `select!` and come back later.
-pub struct Acks(Pin<Box<dyn Future<Output = Result<(), KafkaError>> + Send>>);
+pub struct Acks(Pin<Box<dyn Future<Output = Result<(), NotTaken>> + Send>>);
 
 impl Acks {
-    /// Resolves once Kafka acknowledged every record; fails if any was not.
-    pub async fn acknowledged(&mut self) -> Result<(), KafkaError> {
+    /// Resolves once Kafka acknowledged every record; otherwise names those it did not.
+    pub async fn acknowledged(&mut self) -> Result<(), NotTaken> {
         (&mut self.0).await
+    }
+
+    /// Waits for every acknowledgement of `pending` (not only up to the first failure: the
+    /// records that failed are the ones to send again).
+    fn of(pending: Vec<PendingAck>, producer: FutureProducer, dead_letter_topic: String) -> Acks {
+        Acks(Box::pin(async move {
+            let mut failed: Option<NotTaken> = None;
+            for (part, ack) in pending {
+                if let Err(error) = ack.settled(&producer, &dead_letter_topic).await {
+                    failed.get_or_insert_with(|| NotTaken { parts: Vec::new(), error }).parts.push(part);
+                }
+            }
+            failed.map_or(Ok(()), Err)
+        }))
+    }
+
+    /// One future for the acknowledgements of several sends of one batch.
+    pub fn join(all: Vec<Acks>) -> Acks {
+        Acks(Box::pin(async move {
+            let mut failed: Option<NotTaken> = None;
+            for mut acks in all {
+                if let Err(not_taken) = acks.acknowledged().await {
+                    match &mut failed {
+                        Some(f) => f.parts.extend(not_taken.parts),
+                        None => failed = Some(not_taken),
+                    }
+                }
+            }
+            failed.map_or(Ok(()), Err)
+        }))
     }
 }
 
@@ -68,55 +143,46 @@ impl Publisher {
         })
     }
 
-    /// Hands the result (and dead letter) of each `(input, processed)` pair to the
-    /// producer, waiting only for room in its queue, and returns their acknowledgements.
-    /// The producer copies each record, so nothing here stays borrowed.
-    pub async fn send(&self, records: &[(&OwnedMessage, &Processed)]) -> Result<Acks, KafkaError> {
-        let mut acks = Vec::with_capacity(records.len());
-        for (input, processed) in records {
-            let value = serde_json::to_vec(&processed.result).unwrap_or_default();
-            let mut headers = OwnedHeaders::new()
-                .insert(Header { key: "dedupd-outcome", value: Some(processed.result.outcome.as_str()) });
-            if processed.result.replay {
-                headers = headers.insert(Header { key: "idempotent-replay", value: Some("true") });
-            }
-            if let Some(tp) = &processed.traceparent {
-                headers = headers.insert(Header { key: "traceparent", value: Some(tp.as_str()) });
-            }
-            let mut record =
-                FutureRecord::<[u8], [u8]>::to(&self.results_topic).payload(value.as_slice()).headers(headers);
-            if let Some(k) = &processed.result.key {
-                record = record.key(k.as_bytes());
-            }
-            acks.push(Ack::Result(self.enqueue(record).await?));
-
-            if let Some(dl) = &processed.dead_letter {
-                let letter = DeadLetter::of(input, dl.reason, &dl.error);
-                let record = letter.copy(&self.dead_letter_topic, input);
-                let ack = match self.enqueue(record).await {
-                    Ok(ack) => Ack::Copy(ack, letter),
-                    Err(e) if is_too_large(&e) => {
-                        Ack::Result(self.enqueue(letter.stand_in(&self.dead_letter_topic)).await?)
-                    }
-                    Err(e) => return Err(e),
-                };
-                acks.push(ack);
-                continue;
+    /// Hands `parts` of `records` to the producer in order, waiting only for room in its
+    /// queue, and returns their acknowledgements; a record that cannot be queued ends it,
+    /// and it and the parts after it are returned as not taken. The producer copies each
+    /// record, so nothing here stays borrowed.
+    pub async fn send(&self, records: &[(&OwnedMessage, &Processed)], parts: &[(usize, Part)]) -> Queued {
+        let mut pending: Vec<PendingAck> = Vec::with_capacity(parts.len());
+        let mut rest = None;
+        for (at, &(i, part)) in parts.iter().enumerate() {
+            let Some(&(input, processed)) = records.get(i) else { continue };
+            let queued = match part {
+                Part::Result => {
+                    let value = serde_json::to_vec(&processed.result).unwrap_or_default();
+                    self.enqueue(result_record(&self.results_topic, processed, &value)).await.map(Ack::Result)
+                }
+                Part::DeadLetter => match &processed.dead_letter {
+                    Some(dl) => self.enqueue_dead_letter(input, DeadLetter::of(input, dl.reason, &dl.error)).await,
+                    None => continue,
+                },
+            };
+            match queued {
+                Ok(ack) => pending.push(((i, part), ack)),
+                Err(error) => {
+                    rest = Some(NotTaken { parts: parts[at..].to_vec(), error });
+                    break;
+                }
             }
         }
-        let producer = self.producer.clone();
-        let topic = self.dead_letter_topic.clone();
-        Ok(Acks(Box::pin(async move {
-            for ack in acks {
-                ack.settled(&producer, &topic).await?;
-            }
-            Ok(())
-        })))
+        Queued { acks: Acks::of(pending, self.producer.clone(), self.dead_letter_topic.clone()), rest }
     }
 
-    /// Publishes and waits for every acknowledgement.
-    pub async fn publish(&self, records: &[(&OwnedMessage, &Processed)]) -> Result<(), KafkaError> {
-        self.send(records).await?.acknowledged().await
+    /// Queues a dead-letter copy, or its stand-in when the producer refuses the copy for
+    /// its size.
+    async fn enqueue_dead_letter(&self, input: &OwnedMessage, letter: DeadLetter) -> Result<Ack, KafkaError> {
+        match self.enqueue(letter.copy(&self.dead_letter_topic, input)).await {
+            Ok(ack) => Ok(Ack::Copy(ack, letter)),
+            Err(e) if is_too_large(&e) => {
+                Ok(Ack::Result(self.enqueue(letter.stand_in(&self.dead_letter_topic)).await?))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Queues one record, waiting while the producer's queue is full (its messages time
@@ -149,6 +215,23 @@ impl Publisher {
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         rdkafka::producer::Producer::flush(&self.producer, timeout)
     }
+}
+
+/// The result record of one input, whose value is `value` (its result as JSON).
+fn result_record<'a>(topic: &'a str, processed: &'a Processed, value: &'a [u8]) -> FutureRecord<'a, [u8], [u8]> {
+    let mut headers =
+        OwnedHeaders::new().insert(Header { key: "dedupd-outcome", value: Some(processed.result.outcome.as_str()) });
+    if processed.result.replay {
+        headers = headers.insert(Header { key: "idempotent-replay", value: Some("true") });
+    }
+    if let Some(tp) = &processed.traceparent {
+        headers = headers.insert(Header { key: "traceparent", value: Some(tp.as_str()) });
+    }
+    let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(value).headers(headers);
+    if let Some(k) = &processed.result.key {
+        record = record.key(k.as_bytes());
+    }
+    record
 }
 
 /// Whether publishing failed for a reason that retrying cannot fix: the topic does not
@@ -260,25 +343,4 @@ impl Ack {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn missing_topics_refusals_and_oversize_results_are_permanent_the_rest_retried() {
-        for code in [
-            RDKafkaErrorCode::UnknownTopicOrPartition,
-            RDKafkaErrorCode::TopicAuthorizationFailed,
-            RDKafkaErrorCode::MessageSizeTooLarge,
-        ] {
-            assert!(is_permanent(&KafkaError::MessageProduction(code)), "{code:?}");
-        }
-        for code in [
-            RDKafkaErrorCode::MessageTimedOut,
-            RDKafkaErrorCode::QueueFull,
-            RDKafkaErrorCode::NotEnoughReplicas,
-            RDKafkaErrorCode::AllBrokersDown,
-        ] {
-            assert!(!is_permanent(&KafkaError::MessageProduction(code)), "{code:?}");
-        }
-    }
-}
+mod tests;

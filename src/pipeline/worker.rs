@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rdkafka::message::{Message, OwnedMessage};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::control::PartitionControl;
-use super::publish::{Acks, Publisher};
+use super::publish::{Acks, NotTaken, Parts, Publisher, all_parts};
+use super::queue::QueueReceiver;
 use crate::engine::{BatchReport, Clock, Engine, Item, ItemResult, SystemClock};
 use crate::envelope::{EnvelopeConfig, LimitsConfig};
 use crate::envelope::{InputRecord, ReadHeaders, parse, read_headers};
@@ -35,7 +35,7 @@ const ACK_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Waits for the oldest unacknowledged batch's acknowledgements; never resolves when
 /// there is none.
-async fn front_acks(unacked: &mut VecDeque<Unacked>) -> Result<(), rdkafka::error::KafkaError> {
+async fn front_acks(unacked: &mut VecDeque<Unacked>) -> Result<(), NotTaken> {
     match unacked.front_mut() {
         Some(u) => u.acks.acknowledged().await,
         None => std::future::pending().await,
@@ -59,7 +59,7 @@ pub(crate) struct WorkerShared {
 pub(crate) struct PartitionWorker {
     pub topic: String,
     pub partition: i32,
-    pub rx: mpsc::Receiver<OwnedMessage>,
+    pub rx: QueueReceiver,
     pub cancel: CancellationToken,
     pub shared: Arc<WorkerShared>,
     /// The consumer, for circuit pauses and storing offsets.
@@ -131,6 +131,14 @@ struct Unacked {
     started: Instant,
 }
 
+impl Unacked {
+    /// Every record the batch publishes.
+    fn parts(&self) -> Parts {
+        let refs: Vec<(&OwnedMessage, &Processed)> = self.records.iter().map(|(m, p)| (m, p)).collect();
+        all_parts(&refs)
+    }
+}
+
 /// Why a worker stops taking batches.
 enum Stop {
     /// Cancelled (revoke, shutdown) or a record was abandoned: settle what was sent.
@@ -197,9 +205,10 @@ impl PartitionWorker {
         // be stored past an unacknowledged result).
         let deadline = tokio::time::Instant::now() + ACK_DRAIN_TIMEOUT;
         while let Some(mut u) = unacked.pop_front() {
-            let r = tokio::time::timeout_at(deadline, u.acks.acknowledged())
-                .await
-                .unwrap_or(Err(rdkafka::error::KafkaError::Canceled));
+            let r = match tokio::time::timeout_at(deadline, u.acks.acknowledged()).await {
+                Ok(r) => r,
+                Err(_) => Err(NotTaken { parts: u.parts(), error: rdkafka::error::KafkaError::Canceled }),
+            };
             if !self.settle(u, r).await {
                 break;
             }
@@ -275,22 +284,22 @@ impl PartitionWorker {
         if records.is_empty() {
             return Ok((None, complete));
         }
-        let Some(acks) = self.send_until_queued(&records).await else { return Err(Stop::Drain) };
+        let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
+        let Some(acks) = self.send_until_queued(&refs, all_parts(&refs)).await else { return Err(Stop::Drain) };
         Ok((Some(Unacked { records, acks, started }), complete))
     }
 
-    /// Called in offset order with the outcome of `u`'s acknowledgements: retries the batch
-    /// until Kafka acknowledges it (false when the partition is let go meanwhile), then
-    /// stores its offset.
-    async fn settle(&self, u: Unacked, acked: Result<(), rdkafka::error::KafkaError>) -> bool {
-        if let Err(e) = acked {
+    /// Called in offset order with the outcome of `u`'s acknowledgements: sends again what
+    /// Kafka did not take until it does (false when the partition is let go meanwhile), then
+    /// stores the batch's offset.
+    async fn settle(&self, u: Unacked, acked: Result<(), NotTaken>) -> bool {
+        if let Err(not_taken) = acked {
             if self.cancel.is_cancelled() {
-                tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "results not acknowledged while letting the partition go; they come again");
+                tracing::warn!(error = %not_taken.error, topic = %self.topic, partition = self.partition, "results not acknowledged while letting the partition go; they come again");
                 return false;
             }
-            tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "publishing results failed; retrying");
             let refs: Vec<(&OwnedMessage, &Processed)> = u.records.iter().map(|(m, p)| (m, p)).collect();
-            if !self.publish_until_acked(&refs).await {
+            if !self.publish_until_acked(&refs, not_taken).await {
                 return false;
             }
         }
@@ -307,47 +316,56 @@ impl PartitionWorker {
         true
     }
 
-    /// Hands a batch's results to the producer, retrying with backoff; `None` when the
-    /// partition is let go first.
-    async fn send_until_queued(&self, records: &[(OwnedMessage, Processed)]) -> Option<Acks> {
-        let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
+    /// Hands `parts` of a batch's results to the producer, retrying with backoff what could
+    /// not be queued (only that: what was queued is published already); `None` when the
+    /// partition is let go first or the failure is permanent.
+    async fn send_until_queued(&self, records: &[(&OwnedMessage, &Processed)], mut parts: Parts) -> Option<Acks> {
+        let mut queued = Vec::new();
         let mut wait = Duration::from_millis(100);
         loop {
-            match self.shared.publisher.send(&refs).await {
-                Ok(acks) => return Some(acks),
-                Err(e) if super::publish::is_permanent(&e) => {
-                    self.stop_for_good(&e);
-                    return None;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "queueing results failed; retrying");
-                    if !self.back_off(&mut wait).await {
-                        return None;
-                    }
-                }
+            let sent = self.shared.publisher.send(records, &parts).await;
+            queued.push(sent.acks);
+            let Some(rest) = sent.rest else { return Some(Acks::join(queued)) };
+            if !self.may_retry(&rest.error, "queueing results failed; retrying", &mut wait).await {
+                return None;
+            }
+            parts = rest.parts;
+        }
+    }
+
+    /// Sends again what Kafka did not acknowledge until it does, retrying with backoff;
+    /// gives up only when the partition is let go (then nothing is committed and the
+    /// records come again) or the failure is permanent.
+    async fn publish_until_acked(&self, records: &[(&OwnedMessage, &Processed)], mut not_taken: NotTaken) -> bool {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            if !self
+                .may_retry(
+                    &not_taken.error,
+                    "publishing results failed; sending again what was not acknowledged",
+                    &mut wait,
+                )
+                .await
+            {
+                return false;
+            }
+            let Some(mut acks) = self.send_until_queued(records, not_taken.parts).await else { return false };
+            match acks.acknowledged().await {
+                Ok(()) => return true,
+                Err(again) => not_taken = again,
             }
         }
     }
 
-    /// Publishes until Kafka acknowledges, retrying with backoff; gives up only when the
-    /// partition is let go (then nothing is committed and the records come again).
-    async fn publish_until_acked(&self, done: &[(&OwnedMessage, &Processed)]) -> bool {
-        let mut wait = Duration::from_millis(100);
-        loop {
-            match self.shared.publisher.publish(done).await {
-                Ok(()) => return true,
-                Err(e) if super::publish::is_permanent(&e) => {
-                    self.stop_for_good(&e);
-                    return false;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "publishing results failed; retrying");
-                    if !self.back_off(&mut wait).await {
-                        return false;
-                    }
-                }
-            }
+    /// After a publishing failure: false (stop) when retrying cannot fix it or the
+    /// partition is let go while backing off; true to retry.
+    async fn may_retry(&self, error: &rdkafka::error::KafkaError, message: &str, wait: &mut Duration) -> bool {
+        if super::publish::is_permanent(error) {
+            self.stop_for_good(error);
+            return false;
         }
+        tracing::warn!(error = %error, topic = %self.topic, partition = self.partition, "{message}");
+        self.back_off(wait).await
     }
 
     /// A publishing failure retrying cannot fix (see `publish::is_permanent`): stop the

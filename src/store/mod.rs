@@ -22,6 +22,7 @@ mod claims;
 mod compaction;
 mod config;
 mod fjall_backend;
+mod identity;
 mod index;
 mod journal;
 mod operator;

@@ -47,7 +47,7 @@ fn context(dir: &std::path::Path) -> PipelineContext {
 fn dispatch(ctx: &PipelineContext, fetch: &FakeFetching, tp: &Tp) -> Dispatched {
     let record = OwnedMessage::new(None, None, tp.0.clone(), Timestamp::NotAvailable, tp.1, 0, None);
     ctx.partitions.dispatch(fetch, tp, record, |_| {
-        let (tx, _rx) = mpsc::channel(8);
+        let (tx, _rx) = partition_queue(8, usize::MAX);
         WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }
     })
 }

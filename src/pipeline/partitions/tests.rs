@@ -6,6 +6,7 @@ use rdkafka::Timestamp;
 use rdkafka::message::Message;
 
 use super::*;
+use crate::pipeline::queue::{QueueReceiver, partition_queue};
 
 /// Which partitions Kafka would fetch, as pause and resume left them.
 #[derive(Default)]
@@ -43,8 +44,8 @@ fn record(tp: &Tp, offset: i64) -> OwnedMessage {
 }
 
 /// A worker whose queue takes `room` records; the test plays the worker through `rx`.
-fn worker(room: usize) -> (WorkerHandle, mpsc::Receiver<OwnedMessage>) {
-    let (tx, rx) = mpsc::channel(room);
+fn worker(room: usize) -> (WorkerHandle, QueueReceiver) {
+    let (tx, rx) = partition_queue(room, usize::MAX);
     (WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }, rx)
 }
 
@@ -54,7 +55,7 @@ fn dispatch(
     kafka: &FakeConsumer,
     tp: &Tp,
     offset: i64,
-    rx: &mut Option<mpsc::Receiver<OwnedMessage>>,
+    rx: &mut Option<QueueReceiver>,
 ) -> Dispatched {
     table.dispatch(kafka, tp, record(tp, offset), |_| {
         let (handle, r) = worker(1);
@@ -85,6 +86,31 @@ async fn a_full_queue_holds_records_in_order_and_pauses_until_they_are_released(
     assert_eq!(seen, [0, 1, 2]);
     assert!(!kafka.is_paused(&a));
     assert_eq!(table.may_run(&a), Ok(()));
+}
+
+/// A worker queue of room for 100 records but only 1,000 bytes: large records are held and
+/// the partition paused long before the count bound.
+#[tokio::test]
+async fn records_past_the_byte_budget_are_held_and_the_partition_paused() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    table.assign(&kafka, std::slice::from_ref(&a));
+    let large =
+        |offset| OwnedMessage::new(Some(vec![0; 600]), None, a.0.clone(), Timestamp::NotAvailable, a.1, offset, None);
+    let mut rx = None;
+    let start = |_: &Tp| {
+        let (tx, r) = partition_queue(100, 1_000);
+        rx = Some(r);
+        WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }
+    };
+    assert_eq!(table.dispatch(&kafka, &a, large(0), start), Dispatched::Queued);
+    assert_eq!(table.dispatch(&kafka, &a, large(1), |_| unreachable!("a worker runs")), Dispatched::Held);
+    assert!(kafka.is_paused(&a), "1,200 bytes would exceed the budget: paused");
+    let mut rx = rx.expect("worker");
+    assert!(table.release_held(&kafka), "still no room");
+    assert_eq!(rx.recv().await.map(|m| m.offset()), Some(0));
+    assert!(!table.release_held(&kafka), "room once the worker took the first");
+    assert!(!kafka.is_paused(&a));
+    assert_eq!(rx.recv().await.map(|m| m.offset()), Some(1));
 }
 
 #[tokio::test]
