@@ -31,6 +31,8 @@
 //!   shares; secrets from env or files, redacted; offline checks and a connect probe.
 //! - [`log`]: the `[log]` section and the tracing subscriber.
 //! - [`time`]: the clock and RFC 3339 instants.
+//! - [`crash`]: named crash points for the crash suite, compiled in only with the
+//!   `failpoints` feature.
 
 // Lint policy. No unsafe code of our own: the store, Kafka and TLS crates carry theirs.
 // Nothing that comes from outside may panic the process: `unwrap`/`expect` are refused
@@ -43,6 +45,7 @@
 pub mod cli;
 pub mod config;
 pub mod connection;
+pub mod crash;
 pub mod decide;
 pub mod demo;
 pub mod engine;

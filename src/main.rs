@@ -11,6 +11,9 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Crash points for the crash suite, only in test builds (src/crash.rs).
+    #[cfg(feature = "failpoints")]
+    let _crash_points = dedupd::crash::configure_from_env();
     let cli = dedupd::cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

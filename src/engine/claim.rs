@@ -60,7 +60,9 @@ impl Engine {
 /// when the key changed since it was read.
 fn claim_durably(store: &KeyStore, requests: Vec<ClaimRequest>) -> Result<Vec<Option<DurableClaim>>, StoreError> {
     let outcomes = store.claim_batch(requests)?;
+    crate::crash::point("claim.appended");
     let won: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
     let mut durable = store.flush_claims(outcomes.into_iter().filter_map(Result::ok).collect())?.into_iter();
+    crate::crash::point("claim.synced");
     Ok(won.into_iter().map(|w| if w { durable.next() } else { None }).collect())
 }

@@ -27,7 +27,9 @@ impl MeteredEffect {
 impl SinkEffect for MeteredEffect {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let started = Instant::now();
+        crate::crash::point("sink.call");
         let result = self.inner.execute(request).await;
+        crate::crash::point("sink.returned");
         let [ok, transient, permanent] = SINK_STATUSES;
         let status = match &result {
             Ok(_) => ok,

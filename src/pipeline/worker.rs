@@ -284,6 +284,7 @@ impl PartitionWorker {
         if records.is_empty() {
             return Ok((None, complete));
         }
+        crate::crash::point("completion.written");
         let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
         let Some(acks) = self.send_until_queued(&refs, all_parts(&refs)).await else { return Err(Stop::Drain) };
         Ok((Some(Unacked { records, acks, started }), complete))
@@ -304,6 +305,7 @@ impl PartitionWorker {
             }
         }
         let Some((m, _)) = u.records.last() else { return true };
+        crate::crash::point("result.published");
         if let Err(e) = self.control.store_offset(m.topic(), m.partition(), m.offset()) {
             tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "could not store offset (partition revoked?)");
         }

@@ -68,6 +68,9 @@ impl KeyStore {
         loop {
             let (n, last) = self.compact_chunk_from(now_ms, chunk, &from)?;
             total += n;
+            if n > 0 {
+                crate::crash::point("compaction.chunk");
+            }
             if n < chunk {
                 if from.is_empty() {
                     return Ok(total);

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod exposition;
 pub mod kafka;
 pub mod kill_check;
+pub mod kill_workload;
 pub mod orphan;
 pub mod process;
 pub mod records;

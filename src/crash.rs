@@ -1,0 +1,64 @@
+//! Crash points: the named places where the crash suite (tests/kafka_kill.rs) kills the
+//! process with a real SIGKILL, so that each step a crash can interrupt is interrupted on
+//! purpose, not only where random timing happens to land.
+//!
+//! They are failpoints of the `fail` crate, compiled in only with the `failpoints` feature
+//! (tests; a release build has none, and [`point`] is then empty). A process started with
+//! `FAILPOINTS="NAME=K*off->return"` in its environment passes point `NAME` K times and
+//! SIGKILLs itself the next time; `return(MS)` instead kills it MS milliseconds later from
+//! another thread, while the work at the point goes on (a kill *during* a sink call).
+//!
+//! The points, in the order a command meets them ([`POINTS`]):
+//! 1. `claim.appended`: the round's claims written (journal or backend), not yet synced;
+//! 2. `claim.synced`: the claims durable, no sink called yet;
+//! 3. `sink.call`: a sink call starting (with `return(MS)`: killed while it runs);
+//! 4. `sink.returned`: a sink answered, its completion not yet written;
+//! 5. `completion.written`: a batch's completions durable, its results not yet published;
+//! 6. `result.published`: a batch's results acknowledged, its offset not yet stored;
+//! 7. `journal.rewrite`: the claim journal being rewritten (its new file written, not yet
+//!    renamed over the old one);
+//! 8. `compaction.chunk`: compaction between two chunks of expired records.
+
+/// Every crash point, in the order of the module docs.
+pub const POINTS: [&str; 8] = [
+    "claim.appended",
+    "claim.synced",
+    "sink.call",
+    "sink.returned",
+    "completion.written",
+    "result.published",
+    "journal.rewrite",
+    "compaction.chunk",
+];
+
+/// Crash point `name` (one of [`POINTS`]): nothing unless the `failpoints` feature is on
+/// and the point is configured.
+#[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
+pub fn point(name: &str) {
+    fail::fail_point!(name, |delay_ms: Option<String>| kill_self(delay_ms.and_then(|ms| ms.parse().ok())));
+}
+
+/// SIGKILLs this process, now or after `delay_ms` (from a thread of its own).
+#[cfg(feature = "failpoints")]
+fn kill_self(delay_ms: Option<u64>) {
+    let kill = || {
+        // Nothing to do if it fails: the suite then sees the process survive and says so.
+        let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    };
+    match delay_ms {
+        None => kill(),
+        Some(ms) => {
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                kill();
+            });
+        }
+    }
+}
+
+/// Reads `FAILPOINTS` from the environment (the binary calls it once at start); the
+/// returned guard keeps the configuration for the process's life.
+#[cfg(feature = "failpoints")]
+pub fn configure_from_env() -> fail::FailScenario<'static> {
+    fail::FailScenario::setup()
+}
