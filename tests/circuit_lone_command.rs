@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const TTL: Duration = Duration::from_secs(3600);
-const MAX_ATTEMPTS: u32 = 3;
+const MAX_ATTEMPTS: u32 = 5;
 /// Far more than the failing command's retries take: a batch still running then is stuck.
 const STUCK: Duration = Duration::from_secs(600);
 
@@ -120,8 +120,15 @@ async fn a_lone_failing_command_ends_failed_and_the_sinks_other_commands_flow() 
     let engine = engine(&store, Arc::clone(&sink));
 
     let first = run(&engine, &batch(&["g1", "bad", "g2", "g3"], 0)).await;
-    assert_eq!(first, vec![Some(Outcome::Succeeded), Some(Outcome::Failed), Some(Outcome::Succeeded), Some(Outcome::Succeeded)]);
-    assert_eq!(effect.calls.lock().iter().filter(|(k, _)| k == "bad").count(), MAX_ATTEMPTS as usize, "its retry budget, no probing");
+    assert_eq!(
+        first,
+        vec![Some(Outcome::Succeeded), Some(Outcome::Failed), Some(Outcome::Succeeded), Some(Outcome::Succeeded)]
+    );
+    assert_eq!(
+        effect.calls.lock().iter().filter(|(k, _)| k == "bad").count(),
+        MAX_ATTEMPTS as usize,
+        "its retry budget, no probing"
+    );
     assert_failed_after_its_budget(&store, &effect);
     assert!(sink.circuit().expect("breaker").is_closed(), "one key never opened it");
 
@@ -138,15 +145,16 @@ async fn a_failing_command_caught_in_a_real_outage_does_not_probe_for_ever() {
     // then up for all but `bad`.
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(KeyStore::open(Default::default(), dir.path(), Default::default()).expect("store"));
-    let effect = Arc::new(OneBadKey {
-        others_up_at: Instant::now() + Duration::from_secs(1),
-        calls: Mutex::new(Vec::new()),
-    });
+    let effect =
+        Arc::new(OneBadKey { others_up_at: Instant::now() + Duration::from_secs(1), calls: Mutex::new(Vec::new()) });
     let sink = sink(&effect);
     let engine = engine(&store, Arc::clone(&sink));
 
     let results = run(&engine, &batch(&["bad", "g1", "g2", "g3"], 0)).await;
-    assert_eq!(results, vec![Some(Outcome::Failed), Some(Outcome::Succeeded), Some(Outcome::Succeeded), Some(Outcome::Succeeded)]);
+    assert_eq!(
+        results,
+        vec![Some(Outcome::Failed), Some(Outcome::Succeeded), Some(Outcome::Succeeded), Some(Outcome::Succeeded)]
+    );
     assert_failed_after_its_budget(&store, &effect);
     for key in ["g1", "g2", "g3"] {
         let effects = effect.calls.lock().iter().filter(|(k, ok)| k == key && *ok).count();

@@ -280,9 +280,9 @@ impl PipelineContext {
 /// `bound` in all; returns the partitions whose worker had not finished by then.
 async fn drain_all(joins: Vec<(Tp, tokio::task::JoinHandle<()>)>, bound: Duration) -> Vec<Tp> {
     let deadline = tokio::time::Instant::now() + bound;
-    let waits = joins.into_iter().map(|(tp, join)| async move {
-        tokio::time::timeout_at(deadline, join).await.is_err().then_some(tp)
-    });
+    let waits = joins
+        .into_iter()
+        .map(|(tp, join)| async move { tokio::time::timeout_at(deadline, join).await.is_err().then_some(tp) });
     futures::future::join_all(waits).await.into_iter().flatten().collect()
 }
 

@@ -103,10 +103,19 @@ fn key_id(key: &str) -> KeyId {
 enum State {
     /// `failing`: the different keys that failed since the last answer (fewer than the
     /// threshold).
-    Closed { failing: Vec<KeyId> },
+    Closed {
+        failing: Vec<KeyId>,
+    },
     /// `last_probe`: the key whose probe failed last, if one did since opening.
-    Open { until: Instant, backoff: Duration, last_probe: Option<KeyId> },
-    HalfOpen { backoff: Duration, last_probe: Option<KeyId> },
+    Open {
+        until: Instant,
+        backoff: Duration,
+        last_probe: Option<KeyId>,
+    },
+    HalfOpen {
+        backoff: Duration,
+        last_probe: Option<KeyId>,
+    },
 }
 
 impl State {
