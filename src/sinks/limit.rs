@@ -9,7 +9,8 @@
 //! Order inside [`LimitedEffect::execute`]: a concurrency permit first, then a token, then
 //! the call. Taking the token while already holding the permit means tokens are never
 //! spent by calls that then queue for a permit and would all start at once when permits
-//! free up: calls leave at most at the bucket's pace.
+//! free up: calls leave at most at the bucket's pace. A caller that gives up while waiting
+//! (a drain, see [`super::SinkRequest::given_up`]) takes neither and its call never begins.
 //!
 //! Time is tokio's, so that tests can run with `tokio::time::pause()`.
 
