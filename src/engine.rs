@@ -24,10 +24,12 @@
 //! only awaited after the round's own claims are completed and released, so two batches
 //! can never wait on each other.
 //!
-//! Letting go. When `cancel` fires, no sink call is started any more. A claim whose sink
-//! never ran is released (its previous record restored), so the next owner runs it as if
-//! nothing happened; a claim whose sink ran at least once without an answer stays
-//! `in_progress` for the crash rules of docs/contract.md §4. Such records come back as
+//! Letting go. When `cancel` fires, no sink call is started any more (also none waiting for
+//! a permit, a token or a circuit). A claim none of whose calls can have reached the sink
+//! (never called, or every call refused before its request left, as the sink tells through
+//! [`crate::sinks::CallWatch`]) is released (its previous record restored), so the next
+//! owner runs it as if nothing happened; a claim whose request may have arrived without an
+//! answer stays `in_progress` for the crash rules of docs/contract.md §4. Such records come back as
 //! [`ItemResult::Abandoned`]: the pipeline must not commit past them.
 
 mod batch;

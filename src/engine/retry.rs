@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
-use crate::sinks::{Sink, SinkError, SinkRequest};
+use crate::sinks::{CallWatch, Sink, SinkError, SinkRequest};
 use crate::store::DurableClaim;
 
 /// How a sink run ended.
@@ -22,9 +22,11 @@ pub(super) enum RunEnd {
     Succeeded { result: Value, attempts: u32 },
     /// Permanent failure, or transient failures until `retry.max_attempts`.
     Failed { result: Value, error: String, attempts: u32 },
-    /// Cancelled before the first call: the sink never ran.
+    /// Cancelled, and no call certainly reached the sink: none was made, or every one was
+    /// refused before its request left (see [`crate::sinks::CallWatch`]). The claim can be
+    /// released.
     NeverRan,
-    /// Cancelled after at least one call without a definite answer.
+    /// Cancelled after at least one call that may have reached the sink, without an answer.
     Interrupted { attempts: u32 },
 }
 
@@ -38,14 +40,34 @@ pub(super) fn backoff(retry: &RetryConfig, next: u32, retry_after: Option<Durati
     (half + jitter).max(retry_after.unwrap_or(Duration::ZERO).min(retry.max_backoff))
 }
 
+/// The calls of one run so far.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Sink calls made.
+    calls: u32,
+    /// Those that count toward `retry.max_attempts`.
+    counted: u32,
+    /// Those that may have reached the sink (not certainly refused before sending).
+    reached: u32,
+}
+
+impl Tally {
+    /// How the run ends when cancelled now.
+    fn stopped(&self) -> RunEnd {
+        if self.reached == 0 { RunEnd::NeverRan } else { RunEnd::Interrupted { attempts: self.calls } }
+    }
+}
+
 /// Calls `sink` for `claim` until it succeeds, fails permanently, runs out of attempts, or
-/// `cancel` fires (no call starts after that).
+/// `cancel` fires: no call starts after that, also not one already waiting for a
+/// `max_in_flight` permit, the sink's circuit or the sink's limits.
 ///
 /// With a circuit breaker on the sink ([`Sink::circuit`]), every call first waits for the
 /// circuit; a transient failure while the circuit is open (or that opens it) does not count
-/// toward `retry.max_attempts`: the sink is down, not this command, so the command waits for
-/// the sink instead of being completed as `failed`. While waiting it gives its
-/// `max_in_flight` permit back, so commands for healthy sinks keep going.
+/// toward `retry.max_attempts` (the sink is down, not this command, so the command waits for
+/// the sink instead of being completed as `failed`), unless the circuit says this command
+/// alone keeps it open ([`Verdict::Counted`] for a repeated failed probe). While waiting it
+/// gives its `max_in_flight` permit back, so commands for healthy sinks keep going.
 pub(super) async fn run_with_retry(
     sink: &Sink,
     claim: &DurableClaim,
@@ -55,66 +77,65 @@ pub(super) async fn run_with_retry(
     cancel: &CancellationToken,
 ) -> RunEnd {
     let max = retry.max_attempts.get();
-    // Sink calls made, and those of them that count toward `max`.
-    let mut calls = 0u32;
-    let mut counted = 0u32;
-    let stopped = |calls: u32| if calls == 0 { RunEnd::NeverRan } else { RunEnd::Interrupted { attempts: calls } };
-    // The semaphore is never closed; if it were, going on unlimited beats stalling.
-    let mut permit = limiter.acquire().await.ok();
+    let mut tally = Tally::default();
+    let mut permit = None;
     loop {
         if cancel.is_cancelled() {
-            return stopped(calls);
+            return tally.stopped();
         }
-        let Turn::Go(admission) = take_turn(sink, claim, limiter, &mut permit, cancel).await else {
-            return stopped(calls);
+        let admission = match take_turn(sink, claim, limiter, &mut permit, cancel).await {
+            Turn::Go(admission) if !cancel.is_cancelled() => admission,
+            _ => return tally.stopped(),
         };
-        calls += 1;
-        let request = SinkRequest::new(
-            claim,
-            &command.kind,
-            &command.payload,
-            claim.record().attempts.saturating_sub(1) + calls,
-            command.traceparent.as_deref(),
-        );
-        tracing::debug!(
-            sink = sink.name(),
-            attempt = calls,
-            probe = admission.as_ref().is_some_and(|a| a.is_probe()),
-            "sink call"
-        );
-        let (message, retry_after) = match sink.execute(request).await {
+        let watch = CallWatch::new(cancel);
+        let attempt = claim.record().attempts.saturating_sub(1) + tally.calls + 1;
+        let request = SinkRequest::new(claim, &command.kind, &command.payload, attempt, command.traceparent.as_deref())
+            .watched_by(&watch);
+        let probe = admission.as_ref().is_some_and(Admission::is_probe);
+        tracing::debug!(sink = sink.name(), attempt = tally.calls + 1, probe, "sink call");
+        let outcome = sink.execute(request).await;
+        if watch.never_sent() && cancel.is_cancelled() {
+            // Given up before the call began (waiting for the sink's limits): no call, and
+            // nothing for the circuit to learn.
+            return tally.stopped();
+        }
+        tally.calls += 1;
+        if !watch.never_sent() {
+            tally.reached += 1;
+        }
+        let (message, retry_after) = match outcome {
             Ok(result) => {
                 if let Some(a) = admission {
                     a.answered();
                 }
-                return RunEnd::Succeeded { result, attempts: calls };
+                return RunEnd::Succeeded { result, attempts: tally.calls };
             }
             Err(SinkError::Permanent { message, result }) => {
                 if let Some(a) = admission {
                     a.answered();
                 }
-                return RunEnd::Failed { result, error: message, attempts: calls };
+                return RunEnd::Failed { result, error: message, attempts: tally.calls };
             }
             Err(SinkError::Transient { message, retry_after }) => (message, retry_after),
         };
         if admission.map(Admission::failed_transiently) == Some(Verdict::SinkDown) {
-            tracing::warn!(key = claim.key(), attempt = calls, error = %message,
+            tracing::warn!(key = claim.key(), attempt = tally.calls, error = %message,
                 "transient sink failure with the sink's circuit open; waiting for the sink, not spending a retry");
             continue;
         }
-        counted += 1;
-        if counted >= max {
+        tally.counted += 1;
+        if tally.counted >= max {
             return RunEnd::Failed {
                 result: Value::Object(Default::default()),
-                error: format!("gave up after {counted} attempts: {message}"),
-                attempts: calls,
+                error: format!("gave up after {} attempts: {message}", tally.counted),
+                attempts: tally.calls,
             };
         }
-        tracing::warn!(key = claim.key(), attempt = calls, error = %message, "transient sink failure, retrying");
-        let wait = backoff(retry, counted + 1, retry_after);
+        tracing::warn!(key = claim.key(), attempt = tally.calls, error = %message, "transient sink failure, retrying");
+        let wait = backoff(retry, tally.counted + 1, retry_after);
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            () = cancel.cancelled() => return RunEnd::Interrupted { attempts: calls },
+            () = cancel.cancelled() => return tally.stopped(),
         }
     }
 }
@@ -145,15 +166,17 @@ async fn take_turn<'c, 'l>(
                 tracing::debug!(key = claim.key(), sink = sink.name(), "waiting for the sink's circuit");
             }
             tokio::select! {
-                a = c.admit() => Some(a),
+                biased;
                 () = cancel.cancelled() => return Turn::Cancelled,
+                a = c.admit(claim.key()) => Some(a),
             }
         }
     };
     if permit.is_none() {
         *permit = tokio::select! {
-            p = limiter.acquire() => p.ok(),
+            biased;
             () = cancel.cancelled() => return Turn::Cancelled,
+            p = limiter.acquire() => p.ok(),
         };
     }
     Turn::Go(admission)

@@ -257,19 +257,33 @@ impl PipelineContext {
         self.check_watermarks(consumer, &tps, read_committed(consumer, &tps));
     }
 
-    /// Cancels `workers` (no new sink calls), waits for each one's current batch to finish
-    /// publishing, and drops them. Called outside the table's lock: a draining worker may
-    /// still ask for a circuit pause.
+    /// Cancels every one of `workers` at once (no new sink calls: a call still waiting for a
+    /// permit, a token or a circuit never starts), waits for all of them to finish
+    /// publishing their current batch within one [`DRAIN_TIMEOUT`], and drops them. Called
+    /// outside the table's lock: a draining worker may still ask for a circuit pause.
     fn stop_workers(&self, workers: Vec<(Tp, WorkerHandle)>) {
-        for (tp, h) in workers {
-            h.cancel.cancel();
-            drop(h.tx);
-            let joined = self.runtime.block_on(async { tokio::time::timeout(DRAIN_TIMEOUT, h.join).await });
-            if joined.is_err() {
-                tracing::error!(topic = %tp.0, partition = tp.1, "worker did not drain in time; its uncommitted records will be redelivered");
-            }
+        let joins = workers
+            .into_iter()
+            .map(|(tp, h)| {
+                h.cancel.cancel();
+                drop(h.tx);
+                (tp, h.join)
+            })
+            .collect();
+        for tp in self.runtime.block_on(drain_all(joins, DRAIN_TIMEOUT)) {
+            tracing::error!(topic = %tp.0, partition = tp.1, "worker did not drain in time; its uncommitted records will be redelivered");
         }
     }
+}
+
+/// Waits for the cancelled workers behind `joins`, all at the same time, for at most
+/// `bound` in all; returns the partitions whose worker had not finished by then.
+async fn drain_all(joins: Vec<(Tp, tokio::task::JoinHandle<()>)>, bound: Duration) -> Vec<Tp> {
+    let deadline = tokio::time::Instant::now() + bound;
+    let waits = joins
+        .into_iter()
+        .map(|(tp, join)| async move { tokio::time::timeout_at(deadline, join).await.is_err().then_some(tp) });
+    futures::future::join_all(waits).await.into_iter().flatten().collect()
 }
 
 /// The consumer settings dedupd chooses; `[kafka.connection]` and then `kafka.consumer.*`

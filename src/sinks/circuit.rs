@@ -3,12 +3,21 @@
 //! at a time probes it with a growing backoff.
 //!
 //! States:
-//! - closed: calls go; `failure_threshold` transient failures in a row (any keys) open it.
-//! - open: no call goes until `until`; then the first caller to ask becomes the probe.
+//! - closed: transient failures of `failure_threshold` DIFFERENT keys, with no answer in
+//!   between, open it. One key failing again and again counts once: a lone bad command
+//!   spends its own `retry.max_attempts` and ends `failed`, it never opens the circuit.
+//! - open: no call goes until `until`; then the first caller to ask becomes the probe,
+//!   except that the key whose probe failed last lets any other waiter go first (it gets
+//!   its turn one backoff later), so probes rotate over the waiting commands.
 //! - half-open: exactly one call (the probe) is out; everyone else waits for its answer.
 //!   An answer (success or a permanent refusal: the sink is reachable) closes the circuit;
 //!   a transient failure opens it again with the backoff doubled, capped at
 //!   `max_probe_backoff`.
+//!
+//! A failed probe does not count toward its command's attempts (the sink is down, not the
+//! command) unless the same key also failed the probe before it: then nothing but that one
+//! command shows the sink failing (no other waiter took a turn), so the failure counts and
+//! the command ends `failed` when its budget is spent instead of probing for ever.
 //!
 //! Any answer closes the circuit, also from a call admitted before it opened: the sink
 //! answered, so it is up. The probe is a real pending command's call with its own durable
@@ -19,6 +28,7 @@
 //! [`Circuit::subscribe`] to pause partitions and set a gauge. Time is tokio's, so tests
 //! run with `tokio::time::pause()`.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -34,9 +44,9 @@ pub struct CircuitConfig {
     /// Whether the breaker is on. Off: every transient failure counts toward
     /// `retry.max_attempts`, as if the sink were never down for long.
     pub enabled: bool,
-    /// Transient failures in a row (across all keys) that open the circuit. Keep it at most
-    /// `retry.max_attempts`, so that a lone command's last retry opens the circuit rather
-    /// than completing as `failed`.
+    /// Different keys whose calls failed transiently, with no answer from the sink in
+    /// between, that open the circuit. A key failing several times counts once, so one
+    /// failing command never opens the circuit by itself.
     pub failure_threshold: NonZeroU32,
     /// Wait from opening to the first probe; doubles after each failed probe.
     #[serde(with = "humantime_serde")]
@@ -80,17 +90,45 @@ impl CircuitConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A key as the circuit remembers it: a hash, so that remembering costs no allocation.
+type KeyId = u64;
+
+fn key_id(key: &str) -> KeyId {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    Closed { failures: u32 },
-    Open { until: Instant, backoff: Duration },
-    HalfOpen { backoff: Duration },
+    /// `failing`: the different keys that failed since the last answer (fewer than the
+    /// threshold).
+    Closed {
+        failing: Vec<KeyId>,
+    },
+    /// `last_probe`: the key whose probe failed last, if one did since opening.
+    Open {
+        until: Instant,
+        backoff: Duration,
+        last_probe: Option<KeyId>,
+    },
+    HalfOpen {
+        backoff: Duration,
+        last_probe: Option<KeyId>,
+    },
+}
+
+impl State {
+    fn closed() -> State {
+        State::Closed { failing: Vec::new() }
+    }
 }
 
 /// What a transient failure means for the caller's retry budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// The circuit is closed: the failure counts toward the caller's attempts.
+    /// The failure counts toward the caller's attempts: the circuit is closed, or the
+    /// caller's key failed the last probe too.
     Counted,
     /// The circuit is open (this failure may have opened it): the sink is down, so the
     /// caller waits for the circuit instead of spending an attempt.
@@ -107,15 +145,22 @@ pub struct Circuit {
     open: watch::Sender<bool>,
 }
 
-/// Permission for one call; report how it ended with [`Admission::answered`] or
+/// Permission for one call of one key; report how it ended with [`Admission::answered`] or
 /// [`Admission::failed_transiently`]. Dropped unreported (the caller was cancelled), a
 /// probe lets the next waiter probe at once.
 #[derive(Debug)]
 #[must_use = "report the call's end on the admission"]
 pub struct Admission<'a> {
     circuit: &'a Circuit,
+    key: KeyId,
     probe: bool,
     reported: bool,
+}
+
+/// What a caller of [`Circuit::admit`] does next.
+enum Wait {
+    Until(Instant),
+    ForTheProbe,
 }
 
 impl Circuit {
@@ -124,7 +169,7 @@ impl Circuit {
         Circuit {
             sink: sink.to_string(),
             config: config.clone(),
-            state: Mutex::new(State::Closed { failures: 0 }),
+            state: Mutex::new(State::closed()),
             open: watch::channel(false).0,
         }
     }
@@ -144,33 +189,40 @@ impl Circuit {
         self.open.subscribe()
     }
 
-    /// Waits until a call may go: at once when closed; when open, until the probe time,
-    /// then as the probe if first; while a probe is out, until it reports. Cancel-safe:
-    /// dropping the future holds nothing.
-    pub async fn admit(&self) -> Admission<'_> {
+    /// Waits until a call for `key` may go: at once when closed; when open, until the probe
+    /// time, then as the probe if first (the key that failed the last probe one backoff
+    /// later, so that another waiter probes first); while a probe is out, until it reports.
+    /// Cancel-safe: dropping the future holds nothing.
+    pub async fn admit(&self, key: &str) -> Admission<'_> {
+        let key = key_id(key);
+        let admitted = |probe| Admission { circuit: self, key, probe, reported: false };
         loop {
             // Subscribed before reading the state, so no transition after the read is missed.
             let mut changed = self.open.subscribe();
-            let wait_until = {
+            let wait = {
                 let mut state = self.state.lock();
                 match *state {
-                    State::Closed { .. } => return Admission { circuit: self, probe: false, reported: false },
-                    State::Open { until, backoff } if Instant::now() >= until => {
-                        *state = State::HalfOpen { backoff };
-                        tracing::info!(sink = %self.sink, "sink circuit half-open: probing with one call");
-                        return Admission { circuit: self, probe: true, reported: false };
+                    State::Closed { .. } => return admitted(false),
+                    State::Open { until, backoff, last_probe } => {
+                        let turn = if last_probe == Some(key) { until + backoff } else { until };
+                        if Instant::now() < turn {
+                            Wait::Until(turn)
+                        } else {
+                            *state = State::HalfOpen { backoff, last_probe };
+                            tracing::info!(sink = %self.sink, "sink circuit half-open: probing with one call");
+                            return admitted(true);
+                        }
                     }
-                    State::Open { until, .. } => Some(until),
-                    State::HalfOpen { .. } => None,
+                    State::HalfOpen { .. } => Wait::ForTheProbe,
                 }
             };
-            match wait_until {
-                Some(until) => tokio::select! {
+            match wait {
+                Wait::Until(until) => tokio::select! {
                     () = tokio::time::sleep_until(until) => {}
                     _ = changed.changed() => {}
                 },
                 // The sender lives as long as `self`: `changed` cannot fail while we borrow it.
-                None => {
+                Wait::ForTheProbe => {
                     let _ = changed.changed().await;
                 }
             }
@@ -178,36 +230,41 @@ impl Circuit {
     }
 
     fn close(&self, state: &mut State) {
-        let was = *state;
-        *state = State::Closed { failures: 0 };
-        if !matches!(was, State::Closed { .. }) {
+        let was_closed = matches!(state, State::Closed { .. });
+        *state = State::closed();
+        if !was_closed {
             tracing::info!(sink = %self.sink, "sink circuit closed: the sink answered; calls go again");
             self.open.send_replace(false);
         }
     }
 
-    fn failed(&self, probe: bool) -> Verdict {
+    fn failed(&self, key: KeyId, probe: bool) -> Verdict {
         let mut state = self.state.lock();
-        match *state {
-            State::Closed { failures } => {
-                let failures = failures.saturating_add(1);
-                if failures < self.config.failure_threshold.get() {
-                    *state = State::Closed { failures };
+        match &mut *state {
+            State::Closed { failing } => {
+                if !failing.contains(&key) {
+                    failing.push(key);
+                }
+                let keys = failing.len();
+                if keys < self.config.failure_threshold.get() as usize {
                     return Verdict::Counted;
                 }
                 let backoff = self.config.probe_backoff;
-                *state = State::Open { until: Instant::now() + backoff, backoff };
-                tracing::warn!(sink = %self.sink, failures, next_probe_in = ?backoff,
-                    "sink circuit OPEN: transient failures in a row; commands wait for the sink instead of spending retries");
+                *state = State::Open { until: Instant::now() + backoff, backoff, last_probe: None };
+                tracing::warn!(sink = %self.sink, keys, next_probe_in = ?backoff,
+                    "sink circuit OPEN: calls of different commands failed transiently with no answer in between; commands wait for the sink instead of spending retries");
                 self.open.send_replace(true);
                 Verdict::SinkDown
             }
-            State::HalfOpen { backoff } if probe => {
+            State::HalfOpen { backoff, last_probe } if probe => {
+                let repeated = *last_probe == Some(key);
                 let backoff = backoff.saturating_mul(2).min(self.config.max_probe_backoff);
-                *state = State::Open { until: Instant::now() + backoff, backoff };
-                tracing::info!(sink = %self.sink, next_probe_in = ?backoff, "sink circuit stays open: the probe failed");
+                *state = State::Open { until: Instant::now() + backoff, backoff, last_probe: Some(key) };
+                tracing::info!(sink = %self.sink, next_probe_in = ?backoff, repeated, "sink circuit stays open: the probe failed");
                 self.open.send_replace(true);
-                Verdict::SinkDown
+                // The same command failed the probe before this one, and no other took a
+                // turn: only it shows the sink failing, so it spends its own attempts.
+                if repeated { Verdict::Counted } else { Verdict::SinkDown }
             }
             // A call admitted before the circuit opened, failing after: the sink is down.
             State::Open { .. } | State::HalfOpen { .. } => Verdict::SinkDown,
@@ -232,7 +289,7 @@ impl Admission<'_> {
     /// a probe). Tells the caller whether to count the failure against its attempts.
     pub fn failed_transiently(mut self) -> Verdict {
         self.reported = true;
-        self.circuit.failed(self.probe)
+        self.circuit.failed(self.key, self.probe)
     }
 }
 
@@ -242,9 +299,9 @@ impl Drop for Admission<'_> {
             return;
         }
         let mut state = self.circuit.state.lock();
-        if let State::HalfOpen { backoff } = *state {
+        if let State::HalfOpen { backoff, last_probe } = *state {
             // The probe was abandoned without an answer: let the next waiter probe now.
-            *state = State::Open { until: Instant::now(), backoff };
+            *state = State::Open { until: Instant::now(), backoff, last_probe };
             self.circuit.open.send_replace(true);
         }
     }
@@ -268,49 +325,92 @@ mod tests {
     }
 
     /// Whether `admit` would admit right now, without waiting.
-    fn admits_now(c: &Circuit) -> Option<Admission<'_>> {
-        let mut fut = pin!(c.admit());
+    fn admits_now<'c>(c: &'c Circuit, key: &str) -> Option<Admission<'c>> {
+        let mut fut = pin!(c.admit(key));
         match fut.as_mut().poll(&mut Context::from_waker(std::task::Waker::noop())) {
             Poll::Ready(a) => Some(a),
             Poll::Pending => None,
         }
     }
 
-    async fn fail_once(c: &Circuit) -> Verdict {
-        c.admit().await.failed_transiently()
+    async fn fail_as(c: &Circuit, key: &str) -> Verdict {
+        c.admit(key).await.failed_transiently()
     }
 
     #[tokio::test(start_paused = true)]
-    async fn opens_after_threshold_failures_in_a_row_and_success_resets_the_count() {
+    async fn opens_after_threshold_keys_failing_in_a_row_and_an_answer_resets_the_count() {
         let c = Circuit::new("s", &config(3, 1000, 8000));
         let mut rx = c.subscribe();
-        assert_eq!(fail_once(&c).await, Verdict::Counted);
-        assert_eq!(fail_once(&c).await, Verdict::Counted);
-        c.admit().await.answered();
+        assert_eq!(fail_as(&c, "a").await, Verdict::Counted);
+        assert_eq!(fail_as(&c, "b").await, Verdict::Counted);
+        c.admit("c").await.answered();
         assert!(c.is_closed() && !*rx.borrow_and_update(), "an answer resets the count");
-        assert_eq!(fail_once(&c).await, Verdict::Counted);
-        assert_eq!(fail_once(&c).await, Verdict::Counted);
-        assert_eq!(fail_once(&c).await, Verdict::SinkDown, "the third in a row opens it");
+        assert_eq!(fail_as(&c, "a").await, Verdict::Counted);
+        assert_eq!(fail_as(&c, "b").await, Verdict::Counted);
+        assert_eq!(fail_as(&c, "c").await, Verdict::SinkDown, "the third key in a row opens it");
         assert!(!c.is_closed());
         assert!(rx.has_changed().unwrap() && *rx.borrow_and_update(), "opening is announced");
-        assert!(admits_now(&c).is_none(), "no call goes while open");
+        assert!(admits_now(&c, "d").is_none(), "no call goes while open");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_key_failing_again_and_again_never_opens_it() {
+        let c = Circuit::new("s", &config(3, 1000, 8000));
+        for _ in 0..100 {
+            assert_eq!(fail_as(&c, "bad").await, Verdict::Counted);
+        }
+        assert!(c.is_closed());
+        assert_eq!(fail_as(&c, "b").await, Verdict::Counted);
+        assert_eq!(fail_as(&c, "c").await, Verdict::SinkDown, "three different keys do");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probes_rotate_and_a_key_failing_probes_alone_spends_its_attempts() {
+        let c = Arc::new(Circuit::new("s", &config(2, 100, 100)));
+        assert_eq!(fail_as(&c, "bad").await, Verdict::Counted);
+        assert_eq!(fail_as(&c, "x").await, Verdict::SinkDown);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let probe = admits_now(&c, "bad").expect("the first to ask probes");
+        assert_eq!(probe.failed_transiently(), Verdict::SinkDown, "a first failed probe is the sink's");
+        // At the next probe time another waiter goes first; the key that failed waits.
+        let other = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move { c.admit("good").await.answered() })
+        };
+        let bad = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move {
+                let a = c.admit("bad").await;
+                (a.is_probe(), a.failed_transiently())
+            })
+        };
+        other.await.unwrap();
+        assert!(c.is_closed() || bad.is_finished(), "the other waiter probed and closed it");
+        assert_eq!(bad.await.unwrap(), (false, Verdict::Counted), "then it retries as an ordinary call");
+        // Alone, the failing key probes again and again: from the second time it counts.
+        let c = Circuit::new("s", &config(1, 100, 100));
+        assert_eq!(fail_as(&c, "bad").await, Verdict::SinkDown);
+        assert_eq!(fail_as(&c, "bad").await, Verdict::SinkDown, "the first probe");
+        let start = Instant::now();
+        assert_eq!(fail_as(&c, "bad").await, Verdict::Counted, "the second probe in a row");
+        assert_eq!(start.elapsed(), Duration::from_millis(200), "after letting others go first");
     }
 
     #[tokio::test(start_paused = true)]
     async fn half_open_lets_exactly_one_probe_and_its_answer_closes() {
         let c = Arc::new(Circuit::new("s", &config(1, 1000, 8000)));
-        assert_eq!(fail_once(&c).await, Verdict::SinkDown);
+        assert_eq!(fail_as(&c, "a").await, Verdict::SinkDown);
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert!(admits_now(&c).is_none(), "before the backoff no probe");
+        assert!(admits_now(&c, "a").is_none(), "before the backoff no probe");
         tokio::time::advance(Duration::from_millis(1)).await;
-        let probe = admits_now(&c).expect("the probe goes at the backoff");
+        let probe = admits_now(&c, "a").expect("the probe goes at the backoff");
         assert!(probe.is_probe());
         // Everyone else waits while the probe is out, however long it takes.
         let waiters: Vec<_> = (0..3)
-            .map(|_| {
+            .map(|i| {
                 let c = Arc::clone(&c);
                 tokio::spawn(async move {
-                    let a = c.admit().await;
+                    let a = c.admit(&format!("w{i}")).await;
                     let probe = a.is_probe();
                     a.answered();
                     probe
@@ -330,12 +430,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_abandoned_probe_hands_probing_to_the_next_waiter() {
         let c = Arc::new(Circuit::new("s", &config(1, 1000, 8000)));
-        assert_eq!(fail_once(&c).await, Verdict::SinkDown);
+        assert_eq!(fail_as(&c, "a").await, Verdict::SinkDown);
         tokio::time::advance(Duration::from_millis(1000)).await;
-        let probe = admits_now(&c).expect("probe");
+        let probe = admits_now(&c, "a").expect("probe");
         let waiter = {
             let c = Arc::clone(&c);
-            tokio::spawn(async move { c.admit().await.is_probe() })
+            tokio::spawn(async move { c.admit("b").await.is_probe() })
         };
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
@@ -346,34 +446,34 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn failed_probes_double_the_backoff_up_to_the_cap() {
         let c = Circuit::new("s", &config(1, 100, 350));
-        assert_eq!(fail_once(&c).await, Verdict::SinkDown);
+        assert_eq!(fail_as(&c, "a").await, Verdict::SinkDown);
         let mut waited = Vec::new();
-        for _ in 0..4 {
+        for i in 0..4 {
             let start = Instant::now();
-            let probe = c.admit().await;
+            let probe = c.admit(&format!("p{i}")).await;
             waited.push(start.elapsed());
             assert!(probe.is_probe());
             assert_eq!(probe.failed_transiently(), Verdict::SinkDown);
         }
         let ms: Vec<u128> = waited.iter().map(Duration::as_millis).collect();
         assert_eq!(ms, vec![100, 200, 350, 350]);
-        let probe = c.admit().await;
+        let probe = c.admit("p").await;
         probe.answered();
         assert!(c.is_closed());
         // Closed again: the next opening starts from the initial backoff.
-        assert_eq!(fail_once(&c).await, Verdict::SinkDown);
+        assert_eq!(fail_as(&c, "a").await, Verdict::SinkDown);
         let start = Instant::now();
-        c.admit().await.answered();
+        c.admit("b").await.answered();
         assert_eq!(start.elapsed().as_millis(), 100);
     }
 
     #[tokio::test(start_paused = true)]
     async fn failures_of_calls_admitted_before_opening_do_not_count_and_an_answer_closes() {
         let c = Circuit::new("s", &config(2, 1000, 8000));
-        let late = c.admit().await;
-        let late_ok = c.admit().await;
-        assert_eq!(fail_once(&c).await, Verdict::Counted);
-        assert_eq!(fail_once(&c).await, Verdict::SinkDown);
+        let late = c.admit("late").await;
+        let late_ok = c.admit("late_ok").await;
+        assert_eq!(fail_as(&c, "a").await, Verdict::Counted);
+        assert_eq!(fail_as(&c, "b").await, Verdict::SinkDown);
         assert_eq!(late.failed_transiently(), Verdict::SinkDown, "failing while open: not the caller's fault");
         assert!(!c.is_closed());
         late_ok.answered();

@@ -337,6 +337,9 @@ impl SinkEffect for HttpSink {
         let mut response = match sent {
             Ok(response) => response,
             Err(err) => {
+                if never_sent(&err) {
+                    request.never_sent();
+                }
                 let failure = self.send_failure(err);
                 tracing::debug!(sink = %self.name, key = request.key(), attempt = request.attempt(), error = %failure, "http sink: no response");
                 return Err(failure);
@@ -371,6 +374,15 @@ impl SinkEffect for HttpSink {
             }
         }
     }
+}
+
+/// Whether a failed send certainly never reached the receiver: the connection was never
+/// made (refused, unreachable, the name did not resolve, the TLS handshake or the connect
+/// timeout failed). The request is only written once a connection is made, so nothing of it
+/// left. Any later failure (a timeout after connecting, a reset while sending or waiting)
+/// may follow bytes that arrived, and is not claimed to be unsent.
+fn never_sent(err: &reqwest::Error) -> bool {
+    err.is_connect()
 }
 
 /// A failure that retrying cannot fix, before anything was sent.

@@ -9,7 +9,8 @@
 //! Order inside [`LimitedEffect::execute`]: a concurrency permit first, then a token, then
 //! the call. Taking the token while already holding the permit means tokens are never
 //! spent by calls that then queue for a permit and would all start at once when permits
-//! free up: calls leave at most at the bucket's pace.
+//! free up: calls leave at most at the bucket's pace. A caller that gives up while waiting
+//! (a drain, see [`super::SinkRequest::given_up`]) takes neither and its call never begins.
 //!
 //! Time is tokio's, so that tests can run with `tokio::time::pause()`.
 
@@ -148,23 +149,34 @@ impl LimitedEffect {
 #[async_trait::async_trait]
 impl SinkEffect for LimitedEffect {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
-        // The semaphore is never closed, so acquire cannot fail; if it ever did, running
-        // unthrottled would break the provider's limit, so fail transiently instead.
-        let _permit = match &self.permits {
-            Some(permits) => match permits.acquire().await {
-                Ok(permit) => Some(permit),
-                Err(_) => {
-                    return Err(SinkError::Transient {
-                        message: "sink concurrency limiter closed".into(),
-                        retry_after: None,
-                    });
-                }
-            },
-            None => None,
+        // Waiting for a permit or a token ends when the caller gives up (a drain): the call
+        // then never begins, and says so.
+        let limits = async {
+            // The semaphore is never closed, so acquire cannot fail; if it ever did, running
+            // unthrottled would break the provider's limit, so fail transiently instead.
+            let permit = match &self.permits {
+                Some(permits) => Some(permits.acquire().await.map_err(|_| SinkError::Transient {
+                    message: "sink concurrency limiter closed".into(),
+                    retry_after: None,
+                })?),
+                None => None,
+            };
+            if let Some(bucket) = &self.bucket {
+                bucket.acquire().await;
+            }
+            Ok(permit)
         };
-        if let Some(bucket) = &self.bucket {
-            bucket.acquire().await;
-        }
+        let _permit = tokio::select! {
+            biased;
+            () = request.given_up() => {
+                request.never_sent();
+                return Err(SinkError::Transient {
+                    message: "given up while waiting for the sink's limits; not sent".into(),
+                    retry_after: None,
+                });
+            }
+            permit = limits => permit?,
+        };
         self.inner.execute(request).await
     }
 }

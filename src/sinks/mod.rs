@@ -23,10 +23,12 @@ pub mod template;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use self::circuit::{Circuit, CircuitConfig};
 use self::limit::{LimitedEffect, SinkLimits};
@@ -122,6 +124,33 @@ pub struct SinkRequest<'a> {
     payload: &'a Value,
     attempt: u32,
     traceparent: Option<&'a str>,
+    watch: Option<&'a CallWatch>,
+}
+
+/// The caller's side of one sink call: its cancellation, which the call observes while it
+/// waits for the sink's limits, and what the sink learnt of whether the request left.
+///
+/// A sink that can tell its request certainly never reached the receiver (the connection
+/// was refused, the name did not resolve, the caller gave up before the call began) says
+/// so with [`SinkRequest::never_sent`]; saying nothing means "it may have arrived". The
+/// engine releases a claim all of whose calls certainly never arrived, so a sink must
+/// never say it after any byte of the request may have gone out.
+#[derive(Debug, Default)]
+pub struct CallWatch {
+    cancel: CancellationToken,
+    never_sent: AtomicBool,
+}
+
+impl CallWatch {
+    /// A watch for one call made on behalf of a caller that gives up when `cancel` fires.
+    pub fn new(cancel: &CancellationToken) -> CallWatch {
+        CallWatch { cancel: cancel.clone(), never_sent: AtomicBool::new(false) }
+    }
+
+    /// Whether the sink said this call certainly never reached the receiver.
+    pub fn never_sent(&self) -> bool {
+        self.never_sent.load(Ordering::Acquire)
+    }
 }
 
 impl<'a> SinkRequest<'a> {
@@ -133,7 +162,28 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest { key: claim.key(), kind, payload, attempt, traceparent }
+        SinkRequest { key: claim.key(), kind, payload, attempt, traceparent, watch: None }
+    }
+
+    /// The same request, watched by `watch` (see [`CallWatch`]).
+    pub fn watched_by(self, watch: &'a CallWatch) -> SinkRequest<'a> {
+        SinkRequest { watch: Some(watch), ..self }
+    }
+
+    /// Resolves once the caller has given up on this call; never for an unwatched request.
+    /// For waits before the call begins (limits): a call under way is left to end.
+    pub async fn given_up(&self) {
+        match self.watch {
+            Some(watch) => watch.cancel.cancelled().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Tells the caller that this call certainly never reached the receiver.
+    pub fn never_sent(&self) {
+        if let Some(watch) = self.watch {
+            watch.never_sent.store(true, Ordering::Release);
+        }
     }
 
     /// A request without a claim, for the sinks' unit tests (which have no store).
@@ -145,7 +195,7 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest { key, kind, payload, attempt, traceparent }
+        SinkRequest { key, kind, payload, attempt, traceparent, watch: None }
     }
 
     /// The idempotency key.

@@ -108,3 +108,22 @@ async fn a_retry_that_finds_the_store_behind_refuses_the_partition() {
     assert_eq!(ctx.partitions.refused_count(), 1);
     assert_eq!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs);
 }
+
+#[tokio::test(start_paused = true)]
+async fn workers_drain_all_at_once_within_one_bound() {
+    let bound = Duration::from_secs(30);
+    let started = tokio::time::Instant::now();
+    // Three partitions whose batches take 20 s each to settle: one after another they would
+    // need 60 s, past the bound.
+    let slow = |p: i32| (("in".to_string(), p), tokio::spawn(tokio::time::sleep(Duration::from_secs(20))));
+    let late = drain_all((0..3).map(slow).collect(), bound).await;
+    assert!(late.is_empty(), "{late:?}");
+    assert_eq!(started.elapsed(), Duration::from_secs(20));
+    // One that never settles costs the bound once, not once per partition.
+    let started = tokio::time::Instant::now();
+    let stuck = tokio::spawn(std::future::pending::<()>());
+    let joins = vec![(("in".to_string(), 0), stuck), slow(1), slow(2)];
+    let late = drain_all(joins, bound).await;
+    assert_eq!(late, vec![("in".to_string(), 0)]);
+    assert_eq!(started.elapsed(), bound);
+}
