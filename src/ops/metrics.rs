@@ -301,6 +301,16 @@ mod tests {
     }
 
     #[test]
+    fn store_write_errors_are_counted_by_kind_from_zero() {
+        let m = Metrics::new().unwrap();
+        assert!(m.render().contains(r#"dedupd_store_write_errors_total{kind="disk_full"} 0"#), "{}", m.render());
+        m.store_write_failed("disk_full");
+        let text = m.render();
+        assert!(text.contains(r#"dedupd_store_write_errors_total{kind="disk_full"} 1"#), "{text}");
+        assert!(text.contains(r#"dedupd_store_write_errors_total{kind="io"} 0"#), "{text}");
+    }
+
+    #[test]
     fn known_series_render_at_zero_before_any_event() {
         let m = Metrics::new().unwrap();
         m.init_known(&["mail"], &["smtp"]);

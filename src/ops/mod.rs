@@ -157,3 +157,23 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
         (StatusCode::SERVICE_UNAVAILABLE, why)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_failure_makes_readyz_503_naming_it() {
+        let health = Arc::new(Health::default());
+        health.set_joined(true);
+        health.set_store_failed("claim journal store: disk full: no space left on device for /data/j");
+        health.set_store_failed("a later failure is not the one reported");
+        assert!(!health.is_ready());
+        let state = AppState { metrics: Arc::new(Metrics::new().expect("metrics")), health };
+        let response = readyz(State(state)).await.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.expect("body");
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("store failed") && body.contains("no space left on device for /data/j"), "{body}");
+    }
+}

@@ -367,8 +367,8 @@ impl PartitionWorker {
     /// A store failure, which stops the process: logged saying what failed (a full disk
     /// names its path), counted in `dedupd_store_write_errors_total{kind}`, and `/readyz` 503.
     fn store_failed(&self, e: &crate::store::StoreError, doing: &str) {
-        let disk_full = e.is_disk_full();
-        tracing::error!(error = %e, disk_full, topic = %self.topic, partition = self.partition, "store failed {doing}; stopping (exit non-zero: restart once the cause is fixed)");
+        tracing::error!(error = %e, disk_full = e.is_disk_full(), topic = %self.topic, partition = self.partition,
+            "store failed {doing}; stopping (exit non-zero: restart once the cause is fixed)");
         if let Some(kind) = e.write_error_kind() {
             self.shared.metrics.store_write_failed(kind);
         }
