@@ -142,7 +142,7 @@ async fn a_full_disk_stops_dedupd_and_loses_nothing() {
     kafka::produce_all_to(&bootstrap, &topics[0], (BEFORE..BEFORE + AFTER).map(command).collect()).await;
     let status = wait_for_exit(&mut child, Duration::from_secs(30)).await;
     let log = std::fs::read_to_string(&log1).unwrap_or_default();
-    if !status.is_some_and(|s| !s.success()) {
+    if status.is_none_or(|s| s.success()) {
         let kept = dir.keep();
         panic!(
             "dedupd did not exit non-zero on a full disk ({status:?}, kept {}):\n{}",
