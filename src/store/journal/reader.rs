@@ -22,7 +22,7 @@ const MIN_BODY: usize = 8;
 
 /// A frame that cannot be read although it is not a torn tail.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct BadFrame {
+pub(in crate::store) struct BadFrame {
     /// Where the frame starts in the file.
     pub offset: u64,
     /// What is wrong with it.
@@ -31,7 +31,7 @@ pub(crate) struct BadFrame {
 
 /// What a journal file holds.
 #[derive(Debug)]
-pub(crate) struct Decoded {
+pub(super) struct Decoded {
     /// The last claim of every key, in file order (keys whose last entry is a tombstone left out).
     pub claims: Vec<(String, InProgress)>,
     /// Where a torn last frame starts, if the file ends in one.
@@ -91,7 +91,7 @@ fn entries(body: &[u8], offset: usize) -> Result<Vec<(String, Option<InProgress>
 /// Decodes a journal file's bytes. A bad last frame is a torn tail (reported, not an
 /// error); a bad frame followed by a valid one, or a frame whose checksum holds but whose
 /// entries do not decode, is an error naming the frame's offset.
-pub(crate) fn decode_file(bytes: &[u8]) -> Result<Decoded, BadFrame> {
+pub(super) fn decode_file(bytes: &[u8]) -> Result<Decoded, BadFrame> {
     let mut last: HashMap<String, usize> = HashMap::new();
     let mut claims: Vec<(String, Option<InProgress>)> = Vec::new();
     let mut torn_at = None;

@@ -32,7 +32,7 @@ impl ClaimJournal {
     /// Reads what a journal at `path` holds (nothing if there is none): the last claim of
     /// every key, for recovery. A torn last frame is dropped with a warning; a bad frame
     /// followed by valid ones is [`StoreError::JournalCorrupt`].
-    pub(crate) fn read(path: &Path) -> Result<Vec<(String, InProgress)>, StoreError> {
+    pub(in crate::store) fn read(path: &Path) -> Result<Vec<(String, InProgress)>, StoreError> {
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -54,7 +54,7 @@ impl ClaimJournal {
     /// in the backend is written there as `in_progress` and flushed; then the journal starts
     /// empty. A crash in between repeats it: the claims written are then found in the backend.
     /// A corrupt file fails the open before anything is written, and stays in place.
-    pub(crate) fn recover(backend: &dyn Backend, path: &Path) -> Result<ClaimJournal, StoreError> {
+    pub(in crate::store) fn recover(backend: &dyn Backend, path: &Path) -> Result<ClaimJournal, StoreError> {
         let mut ops = Vec::new();
         for (key, claim) in ClaimJournal::read(path)? {
             if backend.get(Tree::Records, key.as_bytes())?.is_none() {
@@ -72,7 +72,7 @@ impl ClaimJournal {
 
     /// Starts an empty journal at `path`, replacing any file there. Call only once what
     /// the old one held is durable elsewhere (after recovery).
-    pub(crate) fn create_empty(path: &Path) -> Result<ClaimJournal, StoreError> {
+    pub(in crate::store) fn create_empty(path: &Path) -> Result<ClaimJournal, StoreError> {
         let file = match replace_file(path, &[]) {
             Ok(file) => file,
             // Not opened: nothing was acknowledged from it, and the next open starts over.

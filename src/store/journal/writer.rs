@@ -116,7 +116,7 @@ impl ClaimJournal {
     /// Returns once everything appended up to `position` is on disk (one fsync, shared by
     /// the callers waiting at the same time). A failed fsync poisons the journal
     /// (invariant 5): this and every later call fails.
-    pub(crate) fn sync(&self, position: u64) -> Result<(), StoreError> {
+    pub(in crate::store) fn sync(&self, position: u64) -> Result<(), StoreError> {
         let _one_at_a_time = self.sync_lock.lock();
         let (file, upto) = {
             let inner = self.inner.lock();
