@@ -176,3 +176,35 @@ fn a_full_disk_at_the_backend_is_reported_as_one_and_loses_no_claim() {
     }
     scenario.teardown();
 }
+
+#[test]
+fn journal_rewrite_at_makes_rewrites_frequent_and_keeps_every_claim() {
+    let scenario = fail::FailScenario::setup();
+    fail::cfg("journal.rewrite_at", "return(256)").expect("failpoint");
+    for &kind in StoreBackend::ALL {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(kind, dir.path());
+        let journal = dir.path().join("dedupd-claims.journal");
+        let mut largest = 0;
+        // Each claim completed once the next is out: the file holds one or two claims'
+        // worth once rewritten, and grows without bound if it never is.
+        let mut previous: Option<DurableClaim> = None;
+        for n in 0..40u8 {
+            let claim = claim_durably(&store, &format!("k{n}"), n).expect("claim");
+            if let Some(done) = previous.replace(claim) {
+                let completed = completion_of(&done);
+                store.complete(done, completed).expect("complete");
+            }
+            largest = largest.max(std::fs::metadata(&journal).expect("journal").len());
+        }
+        assert!(largest < 1024, "{kind}: the journal is rewritten past 256 bytes (largest {largest})");
+        drop(store);
+        let store = open(kind, dir.path());
+        for n in 0..39u8 {
+            assert!(matches!(store.get(&format!("k{n}")).expect("read"), Some(Record::Completed(_))), "{kind} k{n}");
+        }
+        assert_eq!(store.get("k39").expect("read"), Some(Record::InProgress(claim_of(39))), "{kind}");
+    }
+    fail::remove("journal.rewrite_at");
+    scenario.teardown();
+}

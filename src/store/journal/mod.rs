@@ -84,6 +84,16 @@ pub(super) fn decode_file(bytes: &[u8]) -> Result<(Vec<(String, super::InProgres
     reader::decode_file(bytes).map(|d| (d.claims, d.torn_at.is_some()))
 }
 
+/// The size past which the file is rewritten: [`REWRITE_AT_BYTES`], or (feature
+/// `failpoints`) what the failpoint `journal.rewrite_at` returns, `return(BYTES)`, so that a
+/// crash test can make rewrites happen all the time.
+fn rewrite_at_bytes() -> u64 {
+    fail::fail_point!("journal.rewrite_at", |bytes: Option<String>| {
+        bytes.and_then(|b| b.parse().ok()).unwrap_or(REWRITE_AT_BYTES)
+    });
+    REWRITE_AT_BYTES
+}
+
 /// Claims appended to a file, the ones still out kept in memory.
 pub(super) struct ClaimJournal {
     path: PathBuf,
@@ -131,7 +141,7 @@ impl ClaimJournal {
         inner.live.extend(claims);
         self.out.store(inner.live.len() as u64, Ordering::Release);
         let position = inner.position;
-        if inner.len > REWRITE_AT_BYTES {
+        if inner.len > rewrite_at_bytes() {
             self.rewrite_locked(&mut inner, flush_backend)?;
         }
         Ok(position)
