@@ -8,7 +8,7 @@ use prometheus::{
 
 use crate::envelope::RejectReason;
 use crate::outcome::Outcome;
-use crate::store::{State, StateCounts};
+use crate::store::{State, StateCounts, WRITE_ERROR_KINDS};
 
 /// The `status` values of `sink_requests_total`.
 pub const SINK_STATUSES: [&str; 3] = ["ok", "transient", "permanent"];
@@ -31,6 +31,7 @@ pub struct Metrics {
     refused_partitions: IntGauge,
     sink_circuit_open: IntGaugeVec,
     worker_panics: IntCounterVec,
+    store_write_errors: IntCounterVec,
 }
 
 /// A metric could not be registered (a programming error, reported, not panicked).
@@ -113,6 +114,13 @@ impl Metrics {
                 ),
                 &["topic", "partition"],
             )?,
+            store_write_errors: IntCounterVec::new(
+                Opts::new(
+                    "store_write_errors_total",
+                    "Store writes that failed, by kind (disk_full, io); each one stops the process (exit non-zero).",
+                ),
+                &["kind"],
+            )?,
             registry,
         };
         for c in [
@@ -131,6 +139,7 @@ impl Metrics {
             Box::new(m.refused_partitions.clone()),
             Box::new(m.sink_circuit_open.clone()),
             Box::new(m.worker_panics.clone()),
+            Box::new(m.store_write_errors.clone()),
         ] {
             m.registry.register(c)?;
         }
@@ -139,6 +148,9 @@ impl Metrics {
         }
         for r in RejectReason::ALL {
             m.dead_letter.with_label_values(&[r.as_str()]);
+        }
+        for kind in WRITE_ERROR_KINDS {
+            m.store_write_errors.with_label_values(&[kind]);
         }
         Ok(m)
     }
@@ -234,6 +246,11 @@ impl Metrics {
         self.worker_panics.with_label_values(&[topic, &partition.to_string()]).inc();
     }
 
+    /// A store write failed with an error of `kind` (one of `store::WRITE_ERROR_KINDS`).
+    pub fn store_write_failed(&self, kind: &str) {
+        self.store_write_errors.with_label_values(&[kind]).inc();
+    }
+
     /// Whether `sink`'s circuit breaker is open (or half-open) now.
     pub fn set_sink_circuit_open(&self, sink: &str, open: bool) {
         self.sink_circuit_open.with_label_values(&[sink]).set(i64::from(open));
@@ -281,6 +298,16 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn store_write_errors_are_counted_by_kind_from_zero() {
+        let m = Metrics::new().unwrap();
+        assert!(m.render().contains(r#"dedupd_store_write_errors_total{kind="disk_full"} 0"#), "{}", m.render());
+        m.store_write_failed("disk_full");
+        let text = m.render();
+        assert!(text.contains(r#"dedupd_store_write_errors_total{kind="disk_full"} 1"#), "{text}");
+        assert!(text.contains(r#"dedupd_store_write_errors_total{kind="io"} 0"#), "{text}");
     }
 
     #[test]

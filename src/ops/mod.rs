@@ -23,13 +23,16 @@ pub use metrics::Metrics;
 
 /// What `/readyz` reports: ready once the consumer joined its group, not ready while any
 /// partition is refused (store watermark behind the committed offset, or not checked yet
-/// because the committed offsets could not be read) or down (its worker panicked).
+/// because the committed offsets could not be read) or down (its worker panicked), nor
+/// once a store write failed (the process is stopping).
 #[derive(Default)]
 pub struct Health {
     joined: AtomicBool,
     refused: Mutex<BTreeSet<String>>,
     /// Partitions that cannot run now, each with why.
     down: Mutex<BTreeMap<String, String>>,
+    /// Why the store failed (a full disk names its path), once it has.
+    store_failure: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -66,9 +69,20 @@ impl Health {
     pub fn down(&self) -> Vec<(String, String)> {
         self.down.lock().iter().map(|(p, r)| (p.clone(), r.clone())).collect()
     }
+    /// A store write failed: not ready from now on (the first failure is the one reported).
+    pub fn set_store_failed(&self, why: &str) {
+        self.store_failure.lock().get_or_insert_with(|| why.to_string());
+    }
+    /// Why the store failed, if it has.
+    pub fn store_failure(&self) -> Option<String> {
+        self.store_failure.lock().clone()
+    }
     /// Ready to do its job.
     pub fn is_ready(&self) -> bool {
-        self.joined.load(Ordering::SeqCst) && self.refused.lock().is_empty() && self.down.lock().is_empty()
+        self.joined.load(Ordering::SeqCst)
+            && self.refused.lock().is_empty()
+            && self.down.lock().is_empty()
+            && self.store_failure.lock().is_none()
     }
 }
 
@@ -130,7 +144,9 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
         (StatusCode::OK, "ready\n".to_string())
     } else {
         let (refused, down) = (s.health.refused(), s.health.down());
-        let why = if !down.is_empty() {
+        let why = if let Some(failure) = s.health.store_failure() {
+            format!("not ready: store failed, stopping: {failure}\n")
+        } else if !down.is_empty() {
             let each: Vec<String> = down.iter().map(|(p, r)| format!("{p} ({r})")).collect();
             format!("not ready: partitions down: {}\n", each.join(", "))
         } else if refused.is_empty() {
@@ -139,5 +155,25 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
             format!("not ready: partitions refused (store watermark behind committed offset): {}\n", refused.join(", "))
         };
         (StatusCode::SERVICE_UNAVAILABLE, why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_failure_makes_readyz_503_naming_it() {
+        let health = Arc::new(Health::default());
+        health.set_joined(true);
+        health.set_store_failed("claim journal store: disk full: no space left on device for /data/j");
+        health.set_store_failed("a later failure is not the one reported");
+        assert!(!health.is_ready());
+        let state = AppState { metrics: Arc::new(Metrics::new().expect("metrics")), health };
+        let response = readyz(State(state)).await.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.expect("body");
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("store failed") && body.contains("no space left on device for /data/j"), "{body}");
     }
 }

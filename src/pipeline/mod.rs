@@ -273,6 +273,7 @@ fn start_consumer(
         batch_size: config.pipeline.batch_size.get(),
         batch_linger: config.pipeline.batch_linger,
         fatal: fatal.clone(),
+        health: Arc::clone(&core.health),
     });
     consumer::spawn(consumer::ConsumerParts {
         kafka: config.kafka.clone(),

@@ -53,6 +53,8 @@ pub(crate) struct WorkerShared {
     pub batch_linger: Duration,
     /// Fired when the process must stop (a store failure).
     pub fatal: CancellationToken,
+    /// Told when a store write fails (`/readyz` 503 while the process stops).
+    pub health: Arc<Health>,
 }
 
 /// One partition's worker.
@@ -236,7 +238,7 @@ impl PartitionWorker {
             .await
             .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
         {
-            tracing::error!(error = %e, "store failed raising the watermark; stopping");
+            self.store_failed(&e, "raising the watermark");
             return Err(Stop::Fatal);
         }
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
@@ -251,6 +253,10 @@ impl PartitionWorker {
         .await
         {
             Ok(r) => r,
+            Err(crate::engine::EngineError::Store(e)) => {
+                self.store_failed(&e, "running a batch");
+                return Err(Stop::Fatal);
+            }
             Err(e) => {
                 tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");
                 return Err(Stop::Fatal);
@@ -265,7 +271,7 @@ impl PartitionWorker {
                 .await
                 .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
             {
-                tracing::error!(error = %e, "store flush failed; stopping");
+                self.store_failed(&e, "flushing");
                 return Err(Stop::Fatal);
             }
         }
@@ -376,6 +382,17 @@ impl PartitionWorker {
     fn stop_for_good(&self, e: &rdkafka::error::KafkaError) {
         tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "publishing results failed for a reason retrying cannot fix (missing topic, no permission, record too large); stopping");
         self.shared.fatal.cancel();
+    }
+
+    /// A store failure, which stops the process: logged saying what failed (a full disk
+    /// names its path), counted in `dedupd_store_write_errors_total{kind}`, and `/readyz` 503.
+    fn store_failed(&self, e: &crate::store::StoreError, doing: &str) {
+        tracing::error!(error = %e, disk_full = e.is_disk_full(), topic = %self.topic, partition = self.partition,
+            "store failed {doing}; stopping (exit non-zero: restart once the cause is fixed)");
+        if let Some(kind) = e.write_error_kind() {
+            self.shared.metrics.store_write_failed(kind);
+        }
+        self.shared.health.set_store_failed(&e.to_string());
     }
 
     /// Sleeps `wait` (doubling it, up to 5 s); false when cancelled first.

@@ -27,10 +27,11 @@
 //! - Block cache: 64 MiB (default 32 MiB): the working set of a dedup store is the recent
 //!   keys; more does not help lookups of fresh keys, which the blooms answer.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
+use super::fault::{engine_write_error, failpoint, io_error};
 use super::{Backend, Op, StoreError, Tree};
 
 pub struct FjallBackend {
@@ -38,6 +39,8 @@ pub struct FjallBackend {
     records: Keyspace,
     expiry: Keyspace,
     meta: Keyspace,
+    /// The store directory, named by write errors (a full disk).
+    path: PathBuf,
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
@@ -114,7 +117,7 @@ impl FjallBackend {
         let expiry =
             db.keyspace("expiry", || KeyspaceCreateOptions::default().max_memtable_size(8 * MIB)).map_err(err)?;
         let meta = db.keyspace("meta", || KeyspaceCreateOptions::default().max_memtable_size(MIB)).map_err(err)?;
-        Ok(FjallBackend { db, records, expiry, meta })
+        Ok(FjallBackend { db, records, expiry, meta, path: path.to_path_buf() })
     }
 
     fn keyspace(&self, tree: Tree) -> &Keyspace {
@@ -143,11 +146,12 @@ impl Backend for FjallBackend {
                 Op::Delete(t, k) => batch.remove(self.keyspace(t), k),
             }
         }
-        batch.commit().map_err(err)
+        failpoint("backend.apply").map_err(|e| io_error("fjall", &self.path, e))?;
+        batch.commit().map_err(|e| engine_write_error("fjall", &self.path, &e))
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.persist(PersistMode::SyncAll).map_err(err)
+        self.db.persist(PersistMode::SyncAll).map_err(|e| engine_write_error("fjall", &self.path, &e))
     }
 
     /// A round's completions in one or two entries: an LSM tree stores a 45 KiB value in

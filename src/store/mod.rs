@@ -21,6 +21,8 @@ mod backends;
 mod claims;
 mod compaction;
 mod config;
+mod error;
+mod fault;
 mod fjall_backend;
 mod identity;
 mod index;
@@ -42,28 +44,11 @@ use backends::store_backends;
 pub use backends::UnknownBackend;
 pub use claims::{ClaimRequest, DurableClaim, PendingClaim, ReadStamp};
 pub use config::{StoreConfig, SyncMode};
+pub use error::{StoreError, WRITE_ERROR_KINDS};
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
 pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
-
-/// A store failure.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The backend reported an I/O or corruption error.
-    #[error("{backend} store: {message}")]
-    Backend { backend: &'static str, message: String },
-    /// A stored value could not be decoded.
-    #[error("key {key:?}: {source}")]
-    Corrupt { key: String, source: record::DecodeError },
-    /// Another process (or another open handle in this one) holds the store's lock: each
-    /// backend reports it from its engine's error type, not from message text.
-    #[error("{backend} store at {}: locked (held by another process or handle)", path.display())]
-    Locked { backend: &'static str, path: std::path::PathBuf },
-    /// A completion found its claim gone or replaced (an operator forgot the key meanwhile).
-    #[error("key {0:?}: the claim was replaced before completion")]
-    ClaimLost(String),
-}
 
 /// A key and its value, as a scan returns them.
 pub type KeyValue = (Vec<u8>, Vec<u8>);

@@ -21,11 +21,12 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::fault::{failpoint, io_error};
 use super::{Backend, Op, StoreError, Tree};
 
 /// Full key (with the keyspace prefix) → `Some(value)` for a put, `None` for a delete.
@@ -47,10 +48,20 @@ pub struct SledBackend {
     /// Serializes write-outs (so batches reach sled in order) and keeps sled still while a
     /// scan merges it with the overlay.
     write_lock: Mutex<()>,
+    /// The store directory, named by write errors (a full disk).
+    path: PathBuf,
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend { backend: "sled", message: e.to_string() }
+}
+
+/// A write error, a full disk told by its I/O error's kind.
+fn write_err(path: &Path, e: sled::Error) -> StoreError {
+    match e {
+        sled::Error::Io(io) => io_error("sled", path, io),
+        e => err(e),
+    }
 }
 
 fn prefix(tree: Tree) -> u8 {
@@ -72,7 +83,13 @@ impl SledBackend {
     pub fn open(path: &Path) -> Result<SledBackend, StoreError> {
         let db = open_db(path)?;
         let tree = db.open_tree("dedupd").map_err(err)?;
-        Ok(SledBackend { db, tree, pending: Mutex::new(Pending::default()), write_lock: Mutex::new(()) })
+        Ok(SledBackend {
+            db,
+            tree,
+            pending: Mutex::new(Pending::default()),
+            write_lock: Mutex::new(()),
+            path: path.to_path_buf(),
+        })
     }
 
     /// Hands the overlay to sled as one atomic batch (no sync).
@@ -94,7 +111,9 @@ impl SledBackend {
                 None => batch.remove(k.as_slice()),
             }
         }
-        let result = self.tree.apply_batch(batch).map_err(err);
+        let result = failpoint("backend.apply")
+            .map_err(|e| io_error("sled", &self.path, e))
+            .and_then(|()| self.tree.apply_batch(batch).map_err(|e| write_err(&self.path, e)));
         let mut p = self.pending.lock();
         p.writing = None;
         if result.is_err() {
@@ -140,7 +159,7 @@ impl Backend for SledBackend {
 
     fn flush(&self) -> Result<(), StoreError> {
         self.write_pending()?;
-        self.tree.flush().map(|_| ()).map_err(err)
+        self.tree.flush().map(|_| ()).map_err(|e| write_err(&self.path, e))
     }
 
     fn write_out(&self) -> Result<(), StoreError> {

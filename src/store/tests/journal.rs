@@ -11,6 +11,8 @@ each_backend!(
     completed_forgotten_and_compacted_claims_stay_gone,
     the_file_is_rewritten_past_its_bound,
     a_rewrite_cut_short_leaves_nothing_behind,
+    a_bad_frame_before_valid_ones_refuses_the_open_and_keeps_the_file,
+    a_torn_tail_is_dropped_at_open,
 );
 
 /// Claims of absent keys, made durable together; returns them in key order.
@@ -236,4 +238,57 @@ fn a_rewrite_cut_short_leaves_nothing_behind(kind: StoreBackend) {
         assert_eq!(f.store.get(k).unwrap(), Some(Record::InProgress(in_progress(1, 1))), "{k} recovered");
     }
     check_invariants(&f.store);
+}
+
+/// Flips a byte inside the first frame of the journal in `dir`, whose later frames stay
+/// valid; returns the file's bytes as corrupted.
+fn corrupt_first_frame(dir: &std::path::Path) -> Vec<u8> {
+    let path = dir.join(journal::FILE_NAME);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[12] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    bytes
+}
+
+/// Recovery drops only a torn tail: a bad frame followed by valid ones is corruption. The
+/// open fails naming the file and the frame's offset, and the file is kept byte for byte
+/// (not replaced by an empty journal), for the operator.
+fn a_bad_frame_before_valid_ones_refuses_the_open_and_keeps_the_file(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let _first = claim_all(&f.store, &keys("first", 2), 1);
+    let _later = claim_all(&f.store, &keys("later", 2), 2);
+    let Fixture { dir, kind, store } = f;
+    drop(store);
+    let corrupted = corrupt_first_frame(dir.path());
+    let path = dir.path().join(journal::FILE_NAME);
+    let err = match KeyStore::open(kind, dir.path(), SyncMode::Batch) {
+        Ok(_) => panic!("a store whose journal is corrupt must not open"),
+        Err(e) => e,
+    };
+    let message = err.to_string();
+    assert!(matches!(err, StoreError::JournalCorrupt { offset: 0, .. }), "{message}");
+    assert!(message.contains(&path.display().to_string()) && message.contains("byte 0"), "{message}");
+    assert_eq!(std::fs::read(&path).unwrap(), corrupted, "the file is kept as it was");
+    let backend = open_backend(kind, dir.path()).unwrap();
+    for k in keys("later", 2) {
+        assert_eq!(backend.get(Tree::Records, k.as_bytes()).unwrap(), None, "{k}: nothing written past the bad frame");
+    }
+}
+
+/// A frame cut short at the end of the file (a crash mid-append) is dropped and the open
+/// goes on with every earlier claim.
+fn a_torn_tail_is_dropped_at_open(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let _first = claim_all(&f.store, &keys("first", 2), 1);
+    let _torn = claim_all(&f.store, &keys("torn", 1), 2);
+    let Fixture { dir, kind, store } = f;
+    drop(store);
+    let path = dir.path().join(journal::FILE_NAME);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+    let store = KeyStore::open(kind, dir.path(), SyncMode::Batch).expect("a torn tail opens");
+    for k in keys("first", 2) {
+        assert_eq!(store.get(&k).unwrap(), Some(Record::InProgress(in_progress(1, 1))), "{k} recovered");
+    }
+    assert_eq!(store.get("torn00000").unwrap(), None, "the torn claim was never acknowledged");
 }
