@@ -13,7 +13,7 @@
 //! fodder commands (a route whose records expire after a second). Every incarnation ends in
 //! a SIGKILL, in one of two ways, shuffled:
 //! - **at a crash point** (src/crash.rs), 25 times per point: the process kills itself the
-//!   K-th time (K = 1–4) it reaches the point: claims written but not synced, synced but no
+//!   first or second time it reaches the point: claims written but not synced, synced but no
 //!   sink called, during a sink call, after the sink before its completion, completions
 //!   durable but results not published, results acknowledged but the offset not stored,
 //!   during a claim journal rewrite, during compaction. Each one must be reached;
@@ -79,7 +79,7 @@ const RESULTS_BOUND: Duration = Duration::from_secs(150);
 const FODDER_PER_CHUNK: usize = 2;
 /// The claim journal is rewritten past this many bytes (`journal.rewrite_at`), instead of
 /// 4 MiB, so that rewrites happen all the time and a crash can land in one.
-const JOURNAL_REWRITE_AT: u64 = 1024;
+const JOURNAL_REWRITE_AT: u64 = 256;
 
 /// How one incarnation ends.
 #[derive(Debug, Clone, Copy)]
@@ -115,7 +115,11 @@ fn schedule(rng: &mut SplitMix, point_kills: usize, random_kills: usize) -> Vec<
     for point in dedupd::crash::POINTS {
         for _ in 0..point_kills {
             let delay_ms = (point == "sink.call").then(|| rng.between(DURING_CALL_MS.0, DURING_CALL_MS.1));
-            endings.push(Ending::At { point, skip: rng.between(0, 3), delay_ms });
+            // Compaction meets only the fodder that expired (two records a chunk); every
+            // other point is met a few times by each incarnation's chunk (one claim round,
+            // sink call, batch... per partition), so passing it once still lands in work.
+            let skip = if point == "compaction.chunk" { 0 } else { rng.between(0, 1) };
+            endings.push(Ending::At { point, skip, delay_ms });
         }
     }
     for k in 0..random_kills {
@@ -482,9 +486,22 @@ async fn check_after_final_run(
                 .map_or(true, |r| !fodder_pos.contains(&(r.source.partition, r.source.offset)))
         })
         .collect();
-    let dead_letters = kafka::count_records(&lane.bootstrap, &lane.dlq_topic).await;
-    if dead_letters != 0 {
-        failures.push(format!("{dead_letters} dead letter(s), but every input is a valid command"));
+    // A fodder command redelivered after a kill, more than its TTL after it was produced,
+    // is `stale` (dead-lettered, not run): the only dead letters there may be.
+    let dead_letters = kafka::count_records(&lane.bootstrap, &lane.dlq_topic).await as usize;
+    let letters = kafka::read_all(&lane.bootstrap, &lane.dlq_topic, dead_letters, Duration::from_secs(60)).await;
+    let not_stale_fodder = letters
+        .iter()
+        .filter(|m| {
+            !(m.key().is_some_and(|k| k.starts_with(b"fodder-"))
+                && kafka::header(m, "dedupd-reason").as_deref() == Some("stale"))
+        })
+        .count();
+    if letters.len() != dead_letters || not_stale_fodder > 0 {
+        failures.push(format!(
+            "{not_stale_fodder} of {dead_letters} dead letter(s) ({} read) are not stale fodder, but every other input is a valid command",
+            letters.len()
+        ));
     }
     let sink_published = kafka::count_records(&lane.bootstrap, &lane.sink_topic).await as usize;
     let sunk = caught_up(&lane.sink_tail, sink_published).await;

@@ -39,6 +39,18 @@ pub struct Metrics {
 #[error("metrics: {0}")]
 pub struct MetricsError(#[from] prometheus::Error);
 
+/// One sink call: sub-millisecond (log, a local receiver) to the http sink's request
+/// timeout (10 s by default).
+const LATENCY_BUCKETS: [f64; 15] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// One batch takes the sink call's buckets and these: minutes when a transient failure is
+/// retried with backoff (up to `retry.max_backoff`, 30 s, per attempt).
+const BATCH_EXTRA_BUCKETS: [f64; 3] = [60.0, 120.0, 300.0];
+/// Repeats come from within the same batch or an agent's quick retry (well under a second)
+/// to days later, and never later than `store.max_ttl` (7 d by default): 0.1 s to 7 d.
+const AGE_BUCKETS: [f64; 11] =
+    [0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
+
 impl Metrics {
     /// Creates and registers every metric.
     // Over 80 lines on purpose: it is the metric catalogue, one registration per metric
@@ -46,18 +58,6 @@ impl Metrics {
     // splitting it would only scatter the catalogue.
     pub fn new() -> Result<Metrics, MetricsError> {
         let registry = Registry::new_custom(Some("dedupd".into()), None)?;
-        // One sink call: sub-millisecond (log, a local receiver) to the http sink's
-        // request timeout (10 s by default).
-        let latency = vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-        // One batch: as fast as one sink call, or minutes when a transient failure is retried
-        // with backoff (up to `retry.max_backoff`, 30 s, per attempt).
-        let mut batch = latency.clone();
-        batch.extend([60.0, 120.0, 300.0]);
-        // Repeats come from within the same batch or an agent's quick retry (well under a
-        // second) to days later, and never later than `store.max_ttl` (7 d by default):
-        // buckets span 0.1 s to 7 d.
-        let ages =
-            vec![0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -68,12 +68,13 @@ impl Metrics {
                 &["sink", "status"],
             )?,
             sink_duration: HistogramVec::new(
-                HistogramOpts::new("sink_duration_seconds", "Duration of one sink call.").buckets(latency.clone()),
+                HistogramOpts::new("sink_duration_seconds", "Duration of one sink call.")
+                    .buckets(LATENCY_BUCKETS.to_vec()),
                 &["sink"],
             )?,
             process_duration: Histogram::with_opts(
                 HistogramOpts::new("process_duration_seconds", "Time from batch start to results acknowledged.")
-                    .buckets(batch),
+                    .buckets([&LATENCY_BUCKETS[..], &BATCH_EXTRA_BUCKETS[..]].concat()),
             )?,
             store_records: IntGaugeVec::new(Opts::new("store_records", "Stored records by state."), &["state"])?,
             store_disk_bytes: IntGauge::new("store_disk_bytes", "Bytes the store occupies on disk.")?,
@@ -93,7 +94,7 @@ impl Metrics {
                     "duplicate_age_seconds",
                     "How long after the first sighting a repeat arrived (evidence for choosing a TTL).",
                 )
-                .buckets(ages),
+                .buckets(AGE_BUCKETS.to_vec()),
                 &["route"],
             )?,
             refused_partitions: IntGauge::new(
@@ -123,36 +124,48 @@ impl Metrics {
             )?,
             registry,
         };
+        m.register_all()?;
+        m.zero_fixed_series();
+        Ok(m)
+    }
+
+    /// Registers every metric with the registry.
+    fn register_all(&self) -> Result<(), MetricsError> {
         for c in [
-            Box::new(m.commands.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(m.sink_requests.clone()),
-            Box::new(m.sink_duration.clone()),
-            Box::new(m.process_duration.clone()),
-            Box::new(m.store_records.clone()),
-            Box::new(m.store_disk_bytes.clone()),
-            Box::new(m.compaction_removed.clone()),
-            Box::new(m.consumer_lag.clone()),
-            Box::new(m.in_flight.clone()),
-            Box::new(m.dead_letter.clone()),
-            Box::new(m.rebalances.clone()),
-            Box::new(m.duplicate_age.clone()),
-            Box::new(m.refused_partitions.clone()),
-            Box::new(m.sink_circuit_open.clone()),
-            Box::new(m.worker_panics.clone()),
-            Box::new(m.store_write_errors.clone()),
+            Box::new(self.commands.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(self.sink_requests.clone()),
+            Box::new(self.sink_duration.clone()),
+            Box::new(self.process_duration.clone()),
+            Box::new(self.store_records.clone()),
+            Box::new(self.store_disk_bytes.clone()),
+            Box::new(self.compaction_removed.clone()),
+            Box::new(self.consumer_lag.clone()),
+            Box::new(self.in_flight.clone()),
+            Box::new(self.dead_letter.clone()),
+            Box::new(self.rebalances.clone()),
+            Box::new(self.duplicate_age.clone()),
+            Box::new(self.refused_partitions.clone()),
+            Box::new(self.sink_circuit_open.clone()),
+            Box::new(self.worker_panics.clone()),
+            Box::new(self.store_write_errors.clone()),
         ] {
-            m.registry.register(c)?;
+            self.registry.register(c)?;
         }
+        Ok(())
+    }
+
+    /// Creates, at 0, the series whose labels are known without the config: every store
+    /// state, every rejection reason, every kind of store write error.
+    fn zero_fixed_series(&self) {
         for s in State::ALL {
-            m.store_records.with_label_values(&[s.as_str()]).set(0);
+            self.store_records.with_label_values(&[s.as_str()]).set(0);
         }
         for r in RejectReason::ALL {
-            m.dead_letter.with_label_values(&[r.as_str()]);
+            self.dead_letter.with_label_values(&[r.as_str()]);
         }
         for kind in WRITE_ERROR_KINDS {
-            m.store_write_errors.with_label_values(&[kind]);
+            self.store_write_errors.with_label_values(&[kind]);
         }
-        Ok(m)
     }
 
     /// Creates, at 0, every series that the configured `routes` and `sinks` can have, so

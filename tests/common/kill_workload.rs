@@ -126,7 +126,14 @@ pub fn sinks_toml(d: &Downstreams<'_>) -> String {
     out
 }
 
-pub fn config_toml(bootstrap: &str, group: &str, topics: [&str; 3], backend: &str, store: &Path, sinks: &str) -> String {
+pub fn config_toml(
+    bootstrap: &str,
+    group: &str,
+    topics: [&str; 3],
+    backend: &str,
+    store: &Path,
+    sinks: &str,
+) -> String {
     let store = store.to_str().expect("utf-8 path");
     let [input, results, dlq] = topics;
     format!(
@@ -166,4 +173,3 @@ ttl = "{fodder_ttl}"
         kafka_table = kafka::kafka_table(bootstrap, group, input, results, dlq)
     )
 }
-
