@@ -44,7 +44,7 @@ fn member_ids(log: &Path) -> Vec<String> {
         .collect()
 }
 
-fn config_toml(bootstrap: &str, topics: [&str; 3], store: &Path, receiver: &str) -> String {
+fn config_toml(bootstrap: &str, group: &str, topics: [&str; 3], store: &Path, receiver: &str) -> String {
     let [input, results, dlq] = topics;
     format!(
         r#"{kafka_table}
@@ -69,7 +69,7 @@ name = "all"
 types = ["*"]
 sink = "effects"
 "#,
-        kafka_table = kafka::kafka_table(bootstrap, &kafka::unique("restart-dedupd"), input, results, dlq),
+        kafka_table = kafka::kafka_table(bootstrap, group, input, results, dlq),
         session_ms = SESSION_TIMEOUT.as_millis(),
         store = store.to_str().expect("utf-8 path"),
     )
@@ -133,7 +133,8 @@ async fn a_killed_instance_is_back_before_its_old_session_would_expire() {
     let receiver = Receiver::start().await;
     let dir = KeptOnFailure::new();
     let (config, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
-    let toml = config_toml(&bootstrap, [&input, &results, &dlq], &dir.path().join("store"), &receiver.url());
+    let group = kafka::unique("restart-dedupd");
+    let toml = config_toml(&bootstrap, &group, [&input, &results, &dlq], &dir.path().join("store"), &receiver.url());
     std::fs::write(&config, toml).expect("write config");
     let tail = TopicTail::start(&bootstrap, &results, 1);
 
@@ -162,5 +163,49 @@ async fn a_killed_instance_is_back_before_its_old_session_would_expire() {
     let counts = receiver.counts();
     assert_eq!(counts.len(), 20, "every command reached the sink: {counts:?}");
     assert!(counts.values().all(|&c| c == 1), "no command ran twice: {counts:?}");
+    receiver.stop().await;
+}
+
+/// Two processes given the same `group.instance.id` (a copied store, a misconfigured
+/// StatefulSet): the broker fences the older member, librdkafka makes that fatal, and the
+/// fenced process stops with a non-zero exit naming the cause instead of polling a dead
+/// consumer with its partitions silently stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_fenced_by_another_with_its_member_id_stops_non_zero() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results, dlq) = (kafka::unique("fence-in"), kafka::unique("fence-out"), kafka::unique("fence-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results, 1), (&dlq, 1)]).await;
+    let receiver = Receiver::start().await;
+    let dir = KeptOnFailure::new();
+    let group = kafka::unique("fence-dedupd");
+    let config = |n: usize| {
+        let store = dir.path().join(format!("store-{n}"));
+        let toml = config_toml(&bootstrap, &group, [&input, &results, &dlq], &store, &receiver.url())
+            .replace("\"session.timeout.ms\"", "\"group.instance.id\" = \"the-same-member\"\n\"session.timeout.ms\"");
+        let path = dir.path().join(format!("dedupd-{n}.toml"));
+        std::fs::write(&path, toml).expect("write config");
+        path
+    };
+    let (first_config, second_config) = (config(1), config(2));
+    let (first_log, second_log) = (dir.path().join("first.log"), dir.path().join("second.log"));
+    let mut first = DedupdProcess::run(&first_config, &first_log);
+    wait_for_line(&first_log, 0, "partitions assigned", Duration::from_secs(30), || first.exited().is_some())
+        .await
+        .unwrap_or_else(|| panic!("the first process got no partitions; log:\n{}", tail_of_file(&first_log, 30)));
+    let mut second = DedupdProcess::run(&second_config, &second_log);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while first.exited().is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = first.exited();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the fenced process stops non-zero (got {status:?}); log:\n{}",
+        tail_of_file(&first_log, 30)
+    );
+    let log = std::fs::read_to_string(&first_log).expect("read log");
+    assert!(log.contains("the Kafka consumer failed for good"), "the log names why:\n{}", tail_of_file(&first_log, 30));
+    assert!(second.exited().is_none(), "the newer member goes on");
+    second.terminate(Duration::from_secs(30));
     receiver.stop().await;
 }

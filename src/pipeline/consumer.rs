@@ -158,8 +158,13 @@ impl PipelineContext {
         for (topic, partition) in revoked {
             self.metrics.forget_lag(topic, *partition);
         }
-        // Commit what the drained workers stored before the partitions move on.
-        if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+        // Commit what the drained workers stored before the partitions move on; unless the
+        // assignment was lost (the session expired, e.g. while the broker was away): its
+        // generation is gone, and a static member's commit would be fenced, which librdkafka
+        // makes fatal. What was stored comes again after the rejoin, replayed as duplicates.
+        if consumer.assignment_lost() {
+            tracing::warn!(partitions = ?revoked, "assignment lost (group session expired): nothing committed; uncommitted records come again");
+        } else if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
             tracing::debug!(error = %e, "commit on revoke (nothing stored is fine)");
         }
         let still_refused = self.partitions.forget(revoked);
@@ -370,6 +375,14 @@ fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts)
         let msg = match consumer.poll(Duration::from_millis(if holding { 10 } else { 100 })) {
             None => continue,
             Some(Err(e)) => {
+                // A fatal error (e.g. fenced by another process with the same
+                // group.instance.id) ends the consumer for good: stop the process rather
+                // than poll a dead consumer and leave every partition silently stopped.
+                if let Some((code, reason)) = consumer.client().fatal_error() {
+                    tracing::error!(?code, %reason, "the Kafka consumer failed for good; stopping");
+                    parts.shared.fatal.cancel();
+                    break;
+                }
                 tracing::warn!(error = %e, "consumer error");
                 continue;
             }

@@ -1,34 +1,11 @@
 //! Tests of `pipeline::consumer`.
 
-use std::collections::HashSet;
-use std::convert::Infallible;
-
 use rdkafka::Timestamp;
 use rdkafka::message::OwnedMessage;
 
 use super::*;
+use crate::pipeline::partitions::fake::FakeFetching;
 use crate::store::{StoreBackend, SyncMode};
-
-/// Which partitions Kafka would fetch, as pause and resume left them.
-#[derive(Default)]
-struct FakeFetching {
-    paused: parking_lot::Mutex<HashSet<Tp>>,
-}
-
-impl Fetching for FakeFetching {
-    type Error = Infallible;
-    fn pause(&self, tps: &[Tp]) -> Result<(), Infallible> {
-        self.paused.lock().extend(tps.iter().cloned());
-        Ok(())
-    }
-    fn resume(&self, tps: &[Tp]) -> Result<(), Infallible> {
-        let mut paused = self.paused.lock();
-        for tp in tps {
-            paused.remove(tp);
-        }
-        Ok(())
-    }
-}
 
 fn context(dir: &std::path::Path) -> PipelineContext {
     let store = KeyStore::open(StoreBackend::ALL[0], dir, SyncMode::Batch).expect("store");
@@ -66,7 +43,7 @@ async fn committed_offsets_that_cannot_be_read_keep_the_partition_paused_until_a
         parts,
         Err(KafkaError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure)),
     );
-    assert!(kafka.paused.lock().contains(&tp), "not fetched while unchecked");
+    assert!(kafka.is_paused(&tp), "not fetched while unchecked");
     assert_eq!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs, "never processed unchecked");
     assert!(!ctx.health.is_ready());
     assert_eq!(ctx.health.down().len(), 1);
@@ -84,7 +61,7 @@ async fn committed_offsets_that_cannot_be_read_keep_the_partition_paused_until_a
 
     // The retry reads them (nothing committed yet): the partition runs.
     ctx.check_watermarks(&kafka, parts, Ok(vec![(tp.clone(), Offset::Invalid)]));
-    assert!(!kafka.paused.lock().contains(&tp));
+    assert!(!kafka.is_paused(&tp));
     assert!(ctx.check_retry.lock().is_none());
     assert!(ctx.health.is_ready());
     // Handed to a worker (the test's worker is gone at once, hence not `Queued`).
@@ -104,7 +81,7 @@ async fn a_retry_that_finds_the_store_behind_refuses_the_partition() {
         Err(KafkaError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::RequestTimedOut)),
     );
     ctx.check_watermarks(&kafka, parts, Ok(vec![(tp.clone(), Offset::Offset(42))]));
-    assert!(kafka.paused.lock().contains(&tp), "a refused partition stays paused");
+    assert!(kafka.is_paused(&tp), "a refused partition stays paused");
     assert_eq!(ctx.partitions.refused_count(), 1);
     assert_eq!(dispatch(&ctx, &kafka, &tp), Dispatched::NotOurs);
 }

@@ -1,39 +1,11 @@
 //! Tests of `pipeline::partitions`.
 
-use std::convert::Infallible;
-
 use rdkafka::Timestamp;
 use rdkafka::message::Message;
 
+use super::fake::FakeFetching;
 use super::*;
 use crate::pipeline::queue::{QueueReceiver, partition_queue};
-
-/// Which partitions Kafka would fetch, as pause and resume left them.
-#[derive(Default)]
-struct FakeConsumer {
-    paused: Mutex<HashSet<Tp>>,
-}
-
-impl FakeConsumer {
-    fn is_paused(&self, tp: &Tp) -> bool {
-        self.paused.lock().contains(tp)
-    }
-}
-
-impl Fetching for FakeConsumer {
-    type Error = Infallible;
-    fn pause(&self, tps: &[Tp]) -> Result<(), Infallible> {
-        self.paused.lock().extend(tps.iter().cloned());
-        Ok(())
-    }
-    fn resume(&self, tps: &[Tp]) -> Result<(), Infallible> {
-        let mut paused = self.paused.lock();
-        for tp in tps {
-            paused.remove(tp);
-        }
-        Ok(())
-    }
-}
 
 fn tp(partition: i32) -> Tp {
     ("in".to_string(), partition)
@@ -52,7 +24,7 @@ fn worker(room: usize) -> (WorkerHandle, QueueReceiver) {
 /// Dispatches `offset` of `tp`, starting a worker with one record of room if needed.
 fn dispatch(
     table: &PartitionTable,
-    kafka: &FakeConsumer,
+    kafka: &FakeFetching,
     tp: &Tp,
     offset: i64,
     rx: &mut Option<QueueReceiver>,
@@ -66,7 +38,7 @@ fn dispatch(
 
 #[tokio::test]
 async fn a_full_queue_holds_records_in_order_and_pauses_until_they_are_released() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     table.assign(&kafka, std::slice::from_ref(&a));
     let mut rx = None;
     assert_eq!(dispatch(&table, &kafka, &a, 0, &mut rx), Dispatched::Queued);
@@ -92,7 +64,7 @@ async fn a_full_queue_holds_records_in_order_and_pauses_until_they_are_released(
 /// the partition paused long before the count bound.
 #[tokio::test]
 async fn records_past_the_byte_budget_are_held_and_the_partition_paused() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     table.assign(&kafka, std::slice::from_ref(&a));
     let large =
         |offset| OwnedMessage::new(Some(vec![0; 600]), None, a.0.clone(), Timestamp::NotAvailable, a.1, offset, None);
@@ -115,7 +87,7 @@ async fn records_past_the_byte_budget_are_held_and_the_partition_paused() {
 
 #[tokio::test]
 async fn a_partition_resumes_only_when_neither_circuit_nor_held_records_stop_it() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     table.assign(&kafka, std::slice::from_ref(&a));
     let mut rx = None;
     dispatch(&table, &kafka, &a, 0, &mut rx);
@@ -146,7 +118,7 @@ async fn a_partition_resumes_only_when_neither_circuit_nor_held_records_stop_it(
 
 #[tokio::test]
 async fn a_refused_partition_takes_no_records_and_is_never_resumed() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     table.assign(&kafka, std::slice::from_ref(&a));
     table.refuse(&kafka, &a);
     assert_eq!(table.refused_count(), 1);
@@ -159,7 +131,7 @@ async fn a_refused_partition_takes_no_records_and_is_never_resumed() {
 
 #[tokio::test]
 async fn an_unchecked_partition_takes_no_records_until_checked() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     table.assign(&kafka, std::slice::from_ref(&a));
     table.mark_unchecked(&kafka, std::slice::from_ref(&a));
     assert_eq!(table.unchecked(), std::slice::from_ref(&a));
@@ -177,7 +149,7 @@ async fn an_unchecked_partition_takes_no_records_until_checked() {
 
 #[tokio::test]
 async fn an_unassigned_partition_takes_no_records_and_no_circuit_pause() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
     table.pause_for_circuit(&kafka, &a, &["http"]);
     assert!(!kafka.is_paused(&a));
@@ -186,7 +158,7 @@ async fn an_unassigned_partition_takes_no_records_and_no_circuit_pause() {
 
 #[tokio::test]
 async fn a_revoke_drops_held_records_takes_the_worker_and_forgets_the_partition() {
-    let (table, kafka) = (PartitionTable::default(), FakeConsumer::default());
+    let (table, kafka) = (PartitionTable::default(), FakeFetching::default());
     let (a, b) = (tp(0), tp(1));
     table.assign(&kafka, &[a.clone(), b.clone()]);
     table.refuse(&kafka, &b);
@@ -211,7 +183,7 @@ async fn a_revoke_drops_held_records_takes_the_worker_and_forgets_the_partition(
 
 #[tokio::test]
 async fn a_record_for_a_stopped_worker_is_dropped() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeConsumer::default(), tp(0));
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     table.assign(&kafka, std::slice::from_ref(&a));
     let mut rx = None;
     dispatch(&table, &kafka, &a, 0, &mut rx);
