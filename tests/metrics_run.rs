@@ -38,9 +38,10 @@ const BRIEF_TTL: &str = "15s";
 const FAILING_KEY: &str = "main-0";
 /// The key the receiver answers 503 once, then 200 (`transient`, then `ok`).
 const FLAKY_KEY: &str = "main-1";
-/// Every docs/contract.md §10 metric with its type (`refused_partitions` of §3 included, and
-/// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md).
-const CATALOGUE: [(&str, &str); 14] = [
+/// Every docs/contract.md §10 metric with its type (`refused_partitions` of §3 included,
+/// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md, and
+/// `store_write_errors_total`, at 0 unless a store write failed).
+const CATALOGUE: [(&str, &str); 15] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -55,6 +56,7 @@ const CATALOGUE: [(&str, &str); 14] = [
     ("dedupd_duplicate_age_seconds", "histogram"),
     ("dedupd_refused_partitions", "gauge"),
     ("dedupd_sink_circuit_open", "gauge"),
+    ("dedupd_store_write_errors_total", "counter"),
 ];
 
 /// One input record and what its result must be.

@@ -24,7 +24,7 @@ use crate::connection::ConnectionError;
 use crate::outcome::Processed;
 
 /// How long `send` waits for room in a full producer queue before giving up (the
-/// caller retries the batch).
+/// caller sends again what was not queued).
 const QUEUE_FULL_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Which of an input's records: its result, or its dead-letter copy.
