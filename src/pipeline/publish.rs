@@ -61,6 +61,16 @@ pub struct NotTaken {
     pub error: KafkaError,
 }
 
+impl NotTaken {
+    /// Adds `more` to what `failed` holds, keeping the first error.
+    fn add(failed: &mut Option<NotTaken>, more: NotTaken) {
+        match failed {
+            Some(f) => f.parts.extend(more.parts),
+            None => *failed = Some(more),
+        }
+    }
+}
+
 /// What [`Publisher::send`] queued, and what it could not.
 pub struct Queued {
     /// The acknowledgements of what was queued.
@@ -89,7 +99,7 @@ impl Acks {
             let mut failed: Option<NotTaken> = None;
             for (part, ack) in pending {
                 if let Err(error) = ack.settled(&producer, &dead_letter_topic).await {
-                    failed.get_or_insert_with(|| NotTaken { parts: Vec::new(), error }).parts.push(part);
+                    NotTaken::add(&mut failed, NotTaken { parts: vec![part], error });
                 }
             }
             failed.map_or(Ok(()), Err)
@@ -102,10 +112,7 @@ impl Acks {
             let mut failed: Option<NotTaken> = None;
             for mut acks in all {
                 if let Err(not_taken) = acks.acknowledged().await {
-                    match &mut failed {
-                        Some(f) => f.parts.extend(not_taken.parts),
-                        None => failed = Some(not_taken),
-                    }
+                    NotTaken::add(&mut failed, not_taken);
                 }
             }
             failed.map_or(Ok(()), Err)
