@@ -1,5 +1,5 @@
-//! The crash suite: `dedupd run` on a real broker, SIGKILLed 400 times on fjall (20 times on
-//! sled, see `run`) while it works, then checked from the outside only.
+//! The crash suite: `dedupd run` on a real broker, SIGKILLed 400 times per store backend while it
+//! works, then checked from the outside only.
 //!
 //! Seven sinks, one route each (tests/common/kill_workload.rs): HTTP, SMTP and a program,
 //! each once forwarding the key and once not, and a Kafka topic:
@@ -332,14 +332,10 @@ async fn four_hundred_kills_on_each_backend_at_every_crash_point_and_at_random()
 async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
     let started = Instant::now();
     let mut rng = SplitMix(seed);
-    // sled 0.34 corrupts its own store under repeated SIGKILL ("empty/corrupt snapshot file
-    // found", then it will not open: docs/decisions.md), seen here at the 45th of 400 kills;
-    // it is kept only for existing stores, so it gets the 20 random kills it survives.
-    let (point_kills, random_kills) = if kind == StoreBackend::Sled { (0, 20) } else { (POINT_KILLS, RANDOM_KILLS) };
     let endings = schedule(
         &mut rng,
-        count_from_env("KAFKA_KILL_POINT_KILLS", point_kills),
-        count_from_env("KAFKA_KILL_RANDOM_KILLS", random_kills),
+        count_from_env("KAFKA_KILL_POINT_KILLS", POINT_KILLS),
+        count_from_env("KAFKA_KILL_RANDOM_KILLS", RANDOM_KILLS),
     );
     let Some(mut lane) = Lane::start(kind, bootstrap, &mut rng).await else { return };
     let backend = lane.backend;

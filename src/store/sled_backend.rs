@@ -81,6 +81,7 @@ fn full_key(tree: Tree, key: &[u8]) -> Vec<u8> {
 
 impl SledBackend {
     pub fn open(path: &Path) -> Result<SledBackend, StoreError> {
+        remove_unfinished_snapshots(path)?;
         let db = open_db(path)?;
         let tree = db.open_tree("dedupd").map_err(err)?;
         Ok(SledBackend {
@@ -268,6 +269,35 @@ fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     }
 }
 
+/// Removes the snapshot files sled was still writing when its process died.
+///
+/// sled 0.34 writes a snapshot to `snap.<lsn>.generating`, syncs it, then renames it to
+/// `snap.<lsn>`; but when it opens it reads whichever `snap.*` file sorts last, an
+/// unfinished `.generating` one included, and refuses to open on its torn contents
+/// ("empty/corrupt snapshot file found": spacejam/sled#1387, #1527, #1533). A
+/// `.generating` file was never renamed, so sled never relied on it: the previous snapshot
+/// and the log it was built from are still there, and recovery replays that log as after
+/// any crash. The files are removed only while this process holds sled's lock on `db`,
+/// so a live sled elsewhere is never writing the file being removed.
+fn remove_unfinished_snapshots(path: &Path) -> Result<(), StoreError> {
+    let Ok(db_file) = std::fs::OpenOptions::new().read(true).write(true).open(path.join("db")) else {
+        return Ok(()); // a new store: nothing written yet
+    };
+    if db_file.try_lock().is_err() {
+        return Ok(()); // held elsewhere: `open_db` waits for it, or reports it
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| io_error("sled", path, e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(file = %entry.path().display(), "removing a sled snapshot its process did not finish writing");
+            std::fs::remove_file(entry.path()).map_err(|e| io_error("sled", path, e))?;
+        }
+    }
+    Ok(()) // the probe's lock is released as `db_file` closes
+}
+
 /// Whether another handle holds sled's lock on the store at `path`. sled takes an exclusive
 /// `flock` on the `db` file and reports failing to get it only as an `ErrorKind::Other` I/O
 /// error, so the lock is probed the same way and the answer comes from the probe's error
@@ -277,5 +307,30 @@ fn lock_is_held(path: &Path) -> bool {
     match std::fs::OpenOptions::new().read(true).write(true).open(path.join("db")) {
         Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Backend;
+
+    /// A process killed while sled wrote a snapshot leaves a torn `snap.*.generating` file,
+    /// which sled 0.34 alone refuses to open on; the store opens with its data.
+    #[test]
+    fn opens_over_an_unfinished_snapshot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sled");
+        {
+            let backend = SledBackend::open(&path).expect("open");
+            backend.apply(vec![Op::Put(Tree::Records, b"k".to_vec(), b"v".to_vec())]).expect("apply");
+            backend.flush().expect("flush");
+        }
+        let torn = path.join("snap.FFFFFFFFFFFFFFFF.generating");
+        std::fs::write(&torn, b"torn").expect("write torn snapshot");
+
+        let backend = SledBackend::open(&path).expect("reopen over a torn snapshot");
+        assert_eq!(backend.get(Tree::Records, b"k").expect("get"), Some(b"v".to_vec()));
+        assert!(!torn.exists(), "the unfinished snapshot is removed");
     }
 }
