@@ -22,12 +22,14 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::kafka::{self, header};
 use common::process::{SlowReceiver, TopicTail, seed_from_env};
 use dedupd::config::Config;
 use dedupd::outcome::{Outcome, ResultRecord};
+use dedupd::pipeline::Running;
 use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::http::HttpSinkConfig;
@@ -141,9 +143,14 @@ async fn broker_restart_mid_run() {
         fingerprint_exclude: vec![],
     });
     let stop = CancellationToken::new();
+    let metrics = Arc::new(std::sync::Mutex::new(None));
     let pipeline = {
         let stop = stop.clone();
-        tokio::spawn(dedupd::pipeline::run(config, Default::default(), stop.cancelled_owned(), |_| {}))
+        let metrics = Arc::clone(&metrics);
+        let on_start = move |running: &Running| {
+            *metrics.lock().expect("metrics slot") = Some(Arc::clone(&running.metrics));
+        };
+        tokio::spawn(dedupd::pipeline::run(config, Default::default(), stop.cancelled_owned(), on_start))
     };
     let tail = TopicTail::start(&bootstrap, &results_topic, RESULT_PARTITIONS);
 
@@ -302,6 +309,11 @@ async fn broker_restart_mid_run() {
         extra.len(),
         if extra.is_empty() { String::new() } else { format!(", e.g. inputs {:?}", &extra[..extra.len().min(5)]) }
     );
+    // A static member (the default) whose session ran out during an outage fences itself as
+    // it rejoins; dedupd replaces its consumer (docs/runbook.md) rather than stop.
+    let rendered = metrics.lock().expect("metrics slot").as_ref().map(|m| m.render()).unwrap_or_default();
+    let restarts = rendered.lines().find(|l| l.starts_with("dedupd_consumer_restarts_total")).unwrap_or("-");
+    println!("consumers replaced after fencing themselves: {restarts}");
     println!(
         "receiver: {} requests for {} keys; total {:.1} s",
         seen.len(),

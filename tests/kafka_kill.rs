@@ -22,7 +22,7 @@
 //!   open, group join).
 //!
 //! A restarted incarnation rejoins the group as the same static member at once
-//! (`kafka.static_membership = true` in its config). The last one
+//! (static membership, the default). The last one
 //! runs until every input has a result and is stopped with SIGTERM. Then, from the outside
 //! only (the downstreams, the results topic, the store opened directly), every sink is held
 //! to the same rules (tests/common/kill_check.rs: every input has a result; at most one

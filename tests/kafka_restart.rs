@@ -47,8 +47,7 @@ fn member_ids(log: &Path) -> Vec<String> {
 fn config_toml(bootstrap: &str, group: &str, topics: [&str; 3], store: &Path, receiver: &str) -> String {
     let [input, results, dlq] = topics;
     format!(
-        r#"{kafka_table}static_membership = true
-[kafka.consumer]
+        r#"{kafka_table}[kafka.consumer]
 "session.timeout.ms" = "{session_ms}"
 
 [store]

@@ -41,7 +41,7 @@ const FLAKY_KEY: &str = "main-1";
 /// Every docs/contract.md §10 metric with its type (`refused_partitions` of §3 included,
 /// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md, and
 /// `store_write_errors_total`, at 0 unless a store write failed).
-const CATALOGUE: [(&str, &str); 15] = [
+const CATALOGUE: [(&str, &str); 16] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -53,6 +53,7 @@ const CATALOGUE: [(&str, &str); 15] = [
     ("dedupd_in_flight", "gauge"),
     ("dedupd_dead_letter_total", "counter"),
     ("dedupd_rebalances_total", "counter"),
+    ("dedupd_consumer_restarts_total", "counter"),
     ("dedupd_duplicate_age_seconds", "histogram"),
     ("dedupd_refused_partitions", "gauge"),
     ("dedupd_sink_circuit_open", "gauge"),
@@ -441,6 +442,8 @@ fn check_scrape(e: &Exposition, truth: &Truth, input: &str) {
     assert_eq!(e.series("dedupd_consumer_lag").len(), PARTITIONS as usize, "consumer_lag series");
     assert_eq!(e.value("dedupd_in_flight", &[]), Some(0.0), "in_flight at rest");
     assert!(e.value("dedupd_rebalances_total", &[]).is_some_and(|n| n >= 1.0), "rebalances_total");
+    // No broker outage here: the consumer was never fenced, so never replaced.
+    assert_eq!(e.value("dedupd_consumer_restarts_total", &[]), Some(0.0), "consumer_restarts_total");
     assert_eq!(e.value("dedupd_refused_partitions", &[]), Some(0.0), "refused_partitions");
     // One 503 among answers is no outage: the receiver's circuit never stayed open.
     assert_eq!(e.value("dedupd_sink_circuit_open", &[("sink", "receiver")]), Some(0.0), "sink_circuit_open");

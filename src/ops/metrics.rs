@@ -27,6 +27,7 @@ pub struct Metrics {
     in_flight: IntGauge,
     dead_letter: IntCounterVec,
     rebalances: IntCounter,
+    consumer_restarts: IntCounter,
     duplicate_age: HistogramVec,
     refused_partitions: IntGauge,
     sink_circuit_open: IntGaugeVec,
@@ -88,6 +89,10 @@ impl Metrics {
                 &["reason"],
             )?,
             rebalances: IntCounter::new("rebalances_total", "Consumer group rebalances seen.")?,
+            consumer_restarts: IntCounter::new(
+                "consumer_restarts_total",
+                "Kafka consumers replaced in process after librdkafka fenced them following their own lost group session.",
+            )?,
             duplicate_age: HistogramVec::new(
                 HistogramOpts::new(
                     "duplicate_age_seconds",
@@ -142,6 +147,7 @@ impl Metrics {
             Box::new(self.in_flight.clone()),
             Box::new(self.dead_letter.clone()),
             Box::new(self.rebalances.clone()),
+            Box::new(self.consumer_restarts.clone()),
             Box::new(self.duplicate_age.clone()),
             Box::new(self.refused_partitions.clone()),
             Box::new(self.sink_circuit_open.clone()),
@@ -241,6 +247,11 @@ impl Metrics {
     /// A rebalance happened.
     pub fn rebalance(&self) {
         self.rebalances.inc();
+    }
+
+    /// The Kafka consumer was replaced after it fenced itself (see `pipeline::consumer`).
+    pub fn consumer_restarted(&self) {
+        self.consumer_restarts.inc();
     }
 
     /// A repeat arrived `seconds` after the first sighting.

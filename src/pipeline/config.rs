@@ -42,8 +42,8 @@ pub struct KafkaConfig {
     pub connect_timeout: Duration,
     /// Static group membership: the consumer joins as `group.instance.id = "dedupd-<store
     /// identity>"` unless `kafka.consumer` names one, so a restarted process gets its
-    /// partitions back at once instead of after the dead member's session timeout. Off by
-    /// default until a broker restart can no longer fence it (docs/config.md).
+    /// partitions back at once instead of after the dead member's session timeout (on by
+    /// default; docs/config.md).
     pub static_membership: bool,
     /// Extra librdkafka consumer properties, passed through verbatim.
     pub consumer: BTreeMap<String, String>,
@@ -62,7 +62,7 @@ impl Default for KafkaConfig {
             transactional_results: false,
             connection: ConnectionConfig::default(),
             connect_timeout: Duration::from_secs(30),
-            static_membership: false,
+            static_membership: true,
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
         }

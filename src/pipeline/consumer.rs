@@ -5,6 +5,9 @@
 //! Offsets: `enable.auto.offset.store=false`; a worker stores an offset only after the
 //! results up to it are acknowledged, and auto-commit (plus a synchronous commit on revoke
 //! and shutdown) commits only stored offsets.
+//!
+//! A consumer that librdkafka fenced after losing its own group session is replaced by a new
+//! one in the same process; any other fatal consumer error stops the process (see `fence`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +19,7 @@ use rdkafka::message::Message;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use self::fence::{RestartBudget, Session, Verdict};
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Dispatched, Fetching, PartitionTable, WorkerHandle};
 use super::queue::partition_queue;
@@ -25,6 +29,8 @@ use crate::connection::ConnectionError;
 use crate::connection::probe::ConnectError;
 use crate::ops::{Health, Metrics};
 use crate::store::KeyStore;
+
+mod fence;
 
 /// How long a revoke or shutdown waits for a partition's in-flight batch.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -57,6 +63,8 @@ pub struct PipelineContext {
     /// Set while some partitions await the store check (their committed offsets could not
     /// be read): they stay paused and it is retried with backoff from the poll loop.
     check_retry: Mutex<Option<CheckRetry>>,
+    /// Whether the group session was lost (and taken back), to judge a fence.
+    session: Mutex<Session>,
 }
 
 impl ClientContext for PipelineContext {
@@ -98,6 +106,8 @@ impl ConsumerContext for PipelineContext {
             self.partitions.assign(consumer, &parts);
             self.check_watermarks(consumer, &parts, read_committed(consumer, &parts));
             self.health.set_joined(true);
+            let mut session = self.session.lock();
+            *session = session.assigned(Instant::now());
         }
     }
 }
@@ -162,7 +172,12 @@ impl PipelineContext {
         // assignment was lost (the session expired, e.g. while the broker was away): its
         // generation is gone, and a static member's commit would be fenced, which librdkafka
         // makes fatal. What was stored comes again after the rejoin, replayed as duplicates.
-        if consumer.assignment_lost() {
+        let lost = consumer.assignment_lost();
+        {
+            let mut session = self.session.lock();
+            *session = session.revoked(lost);
+        }
+        if lost {
             tracing::warn!(partitions = ?revoked, "assignment lost (group session expired): nothing committed; uncommitted records come again");
         } else if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
             tracing::debug!(error = %e, "commit on revoke (nothing stored is fine)");
@@ -338,14 +353,37 @@ pub(crate) struct ConsumerParts {
 
 /// Creates the consumer and runs it on a thread until `stop`; returns the thread's handle.
 pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>, PipelineError> {
+    let runtime = tokio::runtime::Handle::current();
+    let consumer = create_consumer(&parts, &runtime)?;
+    std::thread::Builder::new()
+        .name("dedupd-consumer".into())
+        .spawn(move || {
+            let fatal = parts.shared.fatal.clone();
+            // The consumer thread is the only one polling: if it panicked, every partition
+            // would stop silently. Stop the process instead (exit non-zero).
+            let run = std::panic::AssertUnwindSafe(|| run_consumers(consumer, parts, &runtime));
+            if std::panic::catch_unwind(run).is_err() {
+                tracing::error!("the consumer thread panicked; stopping");
+                fatal.cancel();
+            }
+        })
+        .map_err(|e| PipelineError::Kafka(KafkaError::Subscription(e.to_string())))
+}
+
+/// A new consumer, subscribed to the input topics, with its own empty partition table.
+fn create_consumer(
+    parts: &ConsumerParts,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Arc<BaseConsumer<PipelineContext>>, PipelineError> {
     let ctx = PipelineContext {
         partitions: PartitionTable::default(),
-        runtime: tokio::runtime::Handle::current(),
+        runtime: runtime.clone(),
         store: Arc::clone(parts.shared.engine.store()),
         metrics: Arc::clone(&parts.shared.metrics),
         health: Arc::clone(&parts.health),
         accept_empty_store: parts.accept_empty_store,
         check_retry: Mutex::new(None),
+        session: Mutex::new(Session::default()),
     };
     let mut config = consumer_config(&parts.kafka)?;
     if let Some(member) = static_member_id(&parts.kafka, &ctx.store)? {
@@ -359,28 +397,64 @@ pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>,
         })?;
     let topics: Vec<&str> = parts.kafka.input_topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
-    let consumer = Arc::new(consumer);
-    std::thread::Builder::new()
-        .name("dedupd-consumer".into())
-        .spawn(move || poll_loop(consumer, parts))
-        .map_err(|e| PipelineError::Kafka(KafkaError::Subscription(e.to_string())))
+    Ok(Arc::new(consumer))
 }
 
-fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts) {
+/// How a consumer's poll loop ended.
+enum PollEnd {
+    /// `stop` was cancelled.
+    Stopped,
+    /// librdkafka failed the consumer for good; its session stood at `session`.
+    Failed { reason: String, session: Session },
+}
+
+/// Polls `consumer` until `stop`, replacing it when librdkafka fenced it after its own lost
+/// session (see `fence`); any other fatal error fires `fatal`.
+fn run_consumers(
+    mut consumer: Arc<BaseConsumer<PipelineContext>>,
+    parts: ConsumerParts,
+    runtime: &tokio::runtime::Handle,
+) {
+    let mut budget = RestartBudget::default();
+    while let PollEnd::Failed { reason, session } = poll_loop(&consumer, &parts) {
+        match budget.judge(session, Instant::now()) {
+            Verdict::Replace => {
+                tracing::warn!(%reason, "the Kafka consumer fenced itself while rejoining after its group session was lost; replacing it");
+                parts.shared.metrics.consumer_restarted();
+            }
+            Verdict::Stop(why) => {
+                tracing::error!(%reason, why, "the Kafka consumer failed for good; stopping");
+                parts.shared.fatal.cancel();
+                return;
+            }
+        }
+        // The fenced consumer is closed before its successor joins with the same id.
+        drop(consumer);
+        consumer = match create_consumer(&parts, runtime) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "could not create a new Kafka consumer; stopping");
+                parts.shared.fatal.cancel();
+                return;
+            }
+        };
+    }
+}
+
+fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerParts) -> PollEnd {
     let ctx = consumer.context();
+    let mut end = PollEnd::Stopped;
     while !parts.stop.is_cancelled() {
         // Held records go on as soon as their queue has room; poll briefly meanwhile.
-        ctx.retry_check_if_due(&consumer);
-        let holding = ctx.partitions.release_held(&*consumer);
+        ctx.retry_check_if_due(consumer);
+        let holding = ctx.partitions.release_held(&**consumer);
         let msg = match consumer.poll(Duration::from_millis(if holding { 10 } else { 100 })) {
             None => continue,
             Some(Err(e)) => {
-                // A fatal error (e.g. fenced by another process with the same
-                // group.instance.id) ends the consumer for good: stop the process rather
-                // than poll a dead consumer and leave every partition silently stopped.
+                // A fatal error ends this consumer for good: never poll a dead consumer and
+                // leave every partition silently stopped.
                 if let Some((code, reason)) = consumer.client().fatal_error() {
-                    tracing::error!(?code, %reason, "the Kafka consumer failed for good; stopping");
-                    parts.shared.fatal.cancel();
+                    end = PollEnd::Failed { reason: format!("{code:?}: {reason}"), session: *ctx.session.lock() };
                     break;
                 }
                 tracing::warn!(error = %e, "consumer error");
@@ -391,20 +465,24 @@ fn poll_loop(consumer: Arc<BaseConsumer<PipelineContext>>, parts: ConsumerParts)
         let tp = (msg.topic().to_string(), msg.partition());
         let offset = msg.offset();
         // Backpressure without blocking the poll thread (see `partitions`).
-        let start_worker = |tp: &Tp| start_worker(&consumer, &parts, tp);
-        if ctx.partitions.dispatch(&*consumer, &tp, msg, start_worker) == Dispatched::NotOurs {
+        let start_worker = |tp: &Tp| start_worker(consumer, parts, tp);
+        if ctx.partitions.dispatch(&**consumer, &tp, msg, start_worker) == Dispatched::NotOurs {
             // Prefetched before a revoke or pause: not ours to process; nothing is stored,
             // so it comes again to whoever owns the partition.
             tracing::debug!(topic = %tp.0, partition = tp.1, offset, "dropping a record of a partition not ours");
         }
     }
-    // Shutdown: stop taking records, drain every worker, commit, then leave the group.
+    // Stop taking records and drain every worker; then commit and leave the group, which a
+    // failed consumer can no longer do (what its workers stored comes again).
     ctx.stop_workers(ctx.partitions.take_all_workers());
-    if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
-        tracing::debug!(error = %e, "final commit (nothing stored is fine)");
+    if matches!(end, PollEnd::Stopped) {
+        if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+            tracing::debug!(error = %e, "final commit (nothing stored is fine)");
+        }
+        consumer.unsubscribe();
+        tracing::info!("consumer stopped");
     }
-    consumer.unsubscribe();
-    tracing::info!("consumer stopped");
+    end
 }
 
 /// Starts the worker of `tp` on the runtime, with a queue of `queue_per_partition` records

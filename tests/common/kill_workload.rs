@@ -137,8 +137,7 @@ pub fn config_toml(
     let store = store.to_str().expect("utf-8 path");
     let [input, results, dlq] = topics;
     format!(
-        r#"{kafka_table}static_membership = true
-
+        r#"{kafka_table}
 [store]
 backend = "{backend}"
 path = {store:?}

@@ -17,6 +17,7 @@ fn context(dir: &std::path::Path) -> PipelineContext {
         health: Arc::new(Health::default()),
         accept_empty_store: false,
         check_retry: Mutex::new(None),
+        session: Mutex::new(Session::default()),
     }
 }
 
