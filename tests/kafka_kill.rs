@@ -296,6 +296,9 @@ fn producer(
 ) -> tokio::task::JoinHandle<(Positions, Positions)> {
     let (bootstrap, topic) = (lane.bootstrap.clone(), lane.input_topic.clone());
     tokio::spawn(async move {
+        // One producer for the whole run: the suite already makes a few idempotent
+        // producers per incarnation (dedupd's own), and each takes a producer id.
+        let kafka_producer = kafka::idempotent_producer(&bootstrap);
         let (mut positions, mut fodder) = (Vec::with_capacity(inputs.len()), Vec::new());
         while let Some(j) = go.recv().await {
             let records = inputs[chunks[j].clone()]
@@ -305,7 +308,7 @@ fn producer(
                 let (key, value) = workload::fodder_command(j * FODDER_PER_CHUNK + f);
                 (key, value, Vec::new(), Some(((j + f) % PARTITIONS as usize) as i32))
             });
-            let produced = kafka::produce_all_to(&bootstrap, &topic, records.chain(extra).collect()).await;
+            let produced = kafka::produce_all_with(&kafka_producer, &topic, records.chain(extra).collect()).await;
             let (ours, theirs) = produced.split_at(chunks[j].len());
             positions.extend_from_slice(ours);
             fodder.extend_from_slice(theirs);

@@ -111,14 +111,25 @@ pub type OutgoingTo = (String, Vec<u8>, Vec<(String, String)>, Option<i32>);
 /// Like [`produce_all`], with an optional explicit partition per record. Order within a
 /// partition is the input order (idempotent producer).
 pub async fn produce_all_to(bootstrap: &str, topic: &str, records: Vec<OutgoingTo>) -> Vec<(i32, i64)> {
-    let producer: FutureProducer = ClientConfig::new()
+    produce_all_with(&idempotent_producer(bootstrap), topic, records).await
+}
+
+/// An idempotent producer with acks from all replicas, to keep for many
+/// [`produce_all_with`] calls: each new idempotent producer takes a producer id from the
+/// broker, and a test that makes them by the thousand can run the broker's block of ids dry.
+pub fn idempotent_producer(bootstrap: &str) -> FutureProducer {
+    ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")
         .set("message.timeout.ms", "60000")
         .create()
-        .expect("producer");
+        .expect("producer")
+}
+
+/// [`produce_all_to`] through `producer`.
+pub async fn produce_all_with(producer: &FutureProducer, topic: &str, records: Vec<OutgoingTo>) -> Vec<(i32, i64)> {
     let mut acks = Vec::with_capacity(records.len());
     for (key, value, headers, partition) in &records {
         let mut h = OwnedHeaders::new_with_capacity(headers.len());

@@ -267,8 +267,11 @@ pub fn check(
             fail(format!("non-forwarding key {key} was never received and has no `indeterminate` result"));
         }
     }
-    if records.len() != plans.len() {
-        fail(format!("the store holds {} records, expected {}", records.len(), plans.len()));
+    // Compaction fodder (its own route, a TTL of a second) may still be there, unexpired or
+    // not compacted yet when the final run stopped: every other record is a planned key's.
+    let planned_records = records.keys().filter(|k| !k.starts_with("fodder-")).count();
+    if planned_records != plans.len() {
+        fail(format!("the store holds {planned_records} records besides fodder, expected {}", plans.len()));
     }
     println!(
         "[{label}] results: {} records for {n} inputs ({repeated_results} inputs with more than one), outcomes {outcomes:?}; \

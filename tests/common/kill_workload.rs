@@ -14,8 +14,11 @@ use super::effects::{self, Downstreams, SinkKind};
 use super::kafka;
 use super::kill_check::Plan;
 
-/// The TTL of the fodder route.
-pub const FODDER_TTL: Duration = Duration::from_secs(1);
+/// The TTL of the fodder route. Fodder read more than this after it was produced (its
+/// incarnation died first) is `stale`, dead-lettered and never stored, so an incarnation
+/// meant to die at `compaction.chunk` needs its own chunk's fodder fresh: two seconds cover
+/// its start (store open, group join), one second did not always.
+pub const FODDER_TTL: Duration = Duration::from_secs(2);
 
 /// A fodder command: its own key, never repeated on purpose (a redelivery after its record
 /// expired runs it again, at the `log` sink: no effect to check).
