@@ -8,6 +8,8 @@
 //! - `queue`: queue by key (each key's records in arrival order, rejections done at once);
 //! - `start`: start the heads (decide each key's oldest record: done without a sink, to
 //!   claim, or wait for another batch);
+//! - `ticket`: take what each claim's first sink call needs to start at once (a
+//!   `max_in_flight` permit, the sink's circuit and limits) before the claim is written;
 //! - `claim`: write the round's claims and make them durable in one flush;
 //! - `run`: run the sinks of the durable claims (with `retry`: backoff, circuits, limits);
 //! - `complete`: turn each run's end into its result and completion, and make the round's
@@ -40,6 +42,7 @@ mod queue;
 mod retry;
 mod run;
 mod start;
+mod ticket;
 pub use retry::RetryConfig;
 
 use std::collections::HashMap;

@@ -40,10 +40,11 @@ impl Engine {
         Ok(BatchReport { results: queues.into_results(), flushed })
     }
 
-    /// One round over `heads`: start, claim, run sinks, complete, then release the round's
-    /// keys and wait for the keys other batches hold. Returns whether it flushed the store.
+    /// One round over `heads`: start, take tickets, claim, run sinks, complete, then release
+    /// the round's keys and wait for the keys other batches hold. Returns whether it flushed
+    /// the store.
     async fn round<'a>(
-        &self,
+        &'a self,
         queues: &mut KeyQueues<'a>,
         heads: Vec<Head<'a>>,
         cancel: &CancellationToken,
@@ -52,8 +53,9 @@ impl Engine {
         // Where a round's time goes, for `RUST_LOG=dedupd::engine=trace`.
         let mut marks = RoundMarks::new();
         let started = self.start_heads(queues, heads, now)?;
+        let ticketed = self.take_tickets(started.to_claim, cancel).await;
         marks.mark();
-        let claimed = self.claim(started.to_claim).await?;
+        let claimed = self.claim(ticketed).await?;
         marks.mark();
         let mut flushed = !claimed.is_empty();
         let ran = self.run_sinks(queues.items(), claimed, cancel).await;
@@ -64,7 +66,7 @@ impl Engine {
         flushed |= must_flush;
         self.complete(done.to_write, must_flush).await?;
         marks.mark();
-        tracing::trace!(records = done.keys.len(), waits = started.waits.len(), ms = ?marks.ms, "round: ms for starts, claims + flush, sinks, results, completions + flush");
+        tracing::trace!(records = done.keys.len(), waits = started.waits.len(), ms = ?marks.ms, "round: ms for starts and tickets, claims + flush, sinks, results, completions + flush");
         // Release the keys only once their completions are durable: a waiter must not
         // replay a result that a crash could still take back.
         self.release(&done.keys);

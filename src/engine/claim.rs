@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::queue::Head;
 use super::start::ToClaim;
+use super::ticket::Ticket;
 use super::{Engine, EngineError};
 use crate::store::{ClaimRequest, DurableClaim, KeyStore, Record, StoreError};
 
@@ -18,15 +19,27 @@ pub(super) struct Claimed<'a> {
     pub(super) claim: DurableClaim,
     /// What the claim replaced: put back if the sink never runs.
     pub(super) previous: Option<Record>,
+    /// What its first call needs to start, taken before the claim was written; handed to
+    /// that call (so `None` once it ran).
+    pub(super) ticket: Option<Ticket<'a>>,
 }
 
 impl Engine {
     /// Writes and flushes the claims of `to_claim`. A claim that lost a race (the key
     /// changed since it was read) has its key let go and its head left at the front of its
     /// queue, to be decided again next round. On failure every key of `to_claim` is let go.
-    pub(super) async fn claim<'a>(&self, to_claim: Vec<ToClaim<'a>>) -> Result<Vec<Claimed<'a>>, EngineError> {
-        let (heads, requests): (Vec<Head<'a>>, Vec<ClaimRequest>) =
-            to_claim.into_iter().map(|t| (t.head, t.request)).unzip();
+    pub(super) async fn claim<'a>(
+        &self,
+        to_claim: Vec<(ToClaim<'a>, Ticket<'a>)>,
+    ) -> Result<Vec<Claimed<'a>>, EngineError> {
+        let mut tickets = Vec::with_capacity(to_claim.len());
+        let (heads, requests): (Vec<Head<'a>>, Vec<ClaimRequest>) = to_claim
+            .into_iter()
+            .map(|(t, ticket)| {
+                tickets.push(ticket);
+                (t.head, t.request)
+            })
+            .unzip();
         let previous: Vec<Option<Record>> = requests.iter().map(|r| r.expected.clone()).collect();
         let store = Arc::clone(&self.store);
         let written = tokio::task::spawn_blocking(move || claim_durably(&store, requests))
@@ -44,9 +57,9 @@ impl Engine {
             }
         };
         let mut claimed = Vec::with_capacity(outcomes.len());
-        for ((outcome, head), previous) in outcomes.into_iter().zip(heads).zip(previous) {
+        for (((outcome, head), previous), ticket) in outcomes.into_iter().zip(heads).zip(previous).zip(tickets) {
             match outcome {
-                Some(claim) => claimed.push(Claimed { head, claim, previous }),
+                Some(claim) => claimed.push(Claimed { head, claim, previous, ticket: Some(ticket) }),
                 None => {
                     self.inflight.lock().remove(&head.command.key);
                 }

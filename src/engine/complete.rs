@@ -31,7 +31,7 @@ impl Engine {
         ran: Vec<Ran<'a>>,
     ) -> Result<Completions, EngineError> {
         let mut done = Completions { to_write: Vec::with_capacity(ran.len()), keys: Vec::with_capacity(ran.len()) };
-        for Ran { claimed: Claimed { head, claim, previous }, end } in ran {
+        for Ran { claimed: Claimed { head, claim, previous, .. }, end } in ran {
             let cmd = head.command;
             let completed_at_ms = self.clock.now_ms();
             let first_seen_ms = claim.record().claimed_at_ms;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
+use super::ticket::Ticket;
 use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
 use crate::sinks::{CallWatch, Sink, SinkError, SinkRequest};
@@ -58,24 +59,33 @@ impl Tally {
     }
 }
 
+/// One durable claim to run through its sink.
+pub(super) struct SinkRun<'a> {
+    pub(super) sink: &'a Sink,
+    pub(super) claim: &'a DurableClaim,
+    pub(super) command: &'a Command,
+    /// What the first call needs to start, taken before the claim (see `ticket`).
+    pub(super) ticket: Option<Ticket<'a>>,
+}
+
 /// Calls `sink` for `claim` until it succeeds, fails permanently, runs out of attempts, or
 /// `cancel` fires: no call starts after that, also not one already waiting for a
 /// `max_in_flight` permit, the sink's circuit or the sink's limits.
 ///
-/// With a circuit breaker on the sink ([`Sink::circuit`]), every call first waits for the
-/// circuit; a transient failure while the circuit is open (or that opens it) does not count
-/// toward `retry.max_attempts` (the sink is down, not this command, so the command waits for
+/// The first call goes on the ticket taken before the claim (`ticket`); each later call
+/// waits for its own turn. With a circuit breaker on the sink ([`Sink::circuit`]), every
+/// call first waits for the circuit; a transient failure while the circuit is open (or
+/// that opens it) does not count toward `retry.max_attempts` (the sink is down, not this command, so the command waits for
 /// the sink instead of being completed as `failed`), unless the circuit says this command
 /// alone keeps it open ([`Verdict::Counted`] for a repeated failed probe). While waiting it
 /// gives its `max_in_flight` permit back, so commands for healthy sinks keep going.
-pub(super) async fn run_with_retry(
-    sink: &Sink,
-    claim: &DurableClaim,
-    command: &Command,
+pub(super) async fn run_with_retry<'a>(
+    run: SinkRun<'a>,
     retry: &RetryConfig,
-    limiter: &Semaphore,
+    limiter: &'a Semaphore,
     cancel: &CancellationToken,
 ) -> RunEnd {
+    let SinkRun { sink, claim, command, mut ticket } = run;
     let max = retry.max_attempts.get();
     let mut tally = Tally::default();
     let mut permit = None;
@@ -83,17 +93,30 @@ pub(super) async fn run_with_retry(
         if cancel.is_cancelled() {
             return tally.stopped();
         }
-        let admission = match take_turn(sink, claim, limiter, &mut permit, cancel).await {
-            Turn::Go(admission) if !cancel.is_cancelled() => admission,
-            _ => return tally.stopped(),
+        // The first call goes on the ticket taken before the claim; a retry waits its turn.
+        let (admission, limits) = match ticket.take() {
+            Some(Ticket { permit: taken, reservation }) => {
+                permit = Some(taken);
+                (reservation.admission, reservation.limits)
+            }
+            None => match take_turn(sink, claim, limiter, &mut permit, cancel).await {
+                Turn::Go(admission) if !cancel.is_cancelled() => (admission, None),
+                _ => return tally.stopped(),
+            },
         };
         let watch = CallWatch::new(cancel);
         let attempt = claim.record().attempts.saturating_sub(1) + tally.calls + 1;
-        let request = SinkRequest::new(claim, &command.kind, &command.payload, attempt, command.traceparent.as_deref())
-            .watched_by(&watch);
+        let mut request =
+            SinkRequest::new(claim, &command.kind, &command.payload, attempt, command.traceparent.as_deref())
+                .watched_by(&watch);
+        if limits.is_some() {
+            request = request.with_limits_taken();
+        }
         let probe = admission.as_ref().is_some_and(Admission::is_probe);
         tracing::debug!(sink = sink.name(), attempt = tally.calls + 1, probe, "sink call");
         let outcome = sink.execute(request).await;
+        // The sink's concurrency permit (if taken ahead) is held for the call only.
+        drop(limits);
         if watch.never_sent() && cancel.is_cancelled() {
             // Given up before the call began (waiting for the sink's limits): no call, and
             // nothing for the circuit to learn.

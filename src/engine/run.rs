@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::claim::Claimed;
-use super::retry::{RunEnd, run_with_retry};
+use super::retry::{RunEnd, SinkRun, run_with_retry};
 use super::{Engine, Item};
 
 /// A claim whose sink run ended.
@@ -26,7 +26,7 @@ impl Engine {
         claimed: Vec<Claimed<'a>>,
         cancel: &CancellationToken,
     ) -> Vec<Ran<'a>> {
-        let runs = claimed.into_iter().map(|claimed| {
+        let runs = claimed.into_iter().map(|mut claimed| {
             let cmd = claimed.head.command;
             // Everything the sink run logs (retries, the sink's own events) carries the
             // command's identity.
@@ -39,9 +39,11 @@ impl Engine {
                 partition = source.partition,
                 offset = source.offset,
             );
+            let ticket = claimed.ticket.take();
             async move {
                 let sink = &self.route_sinks[cmd.route];
-                let end = run_with_retry(sink.as_ref(), &claimed.claim, cmd, &self.retry, &self.limiter, cancel).await;
+                let run = SinkRun { sink: sink.as_ref(), claim: &claimed.claim, command: cmd, ticket };
+                let end = run_with_retry(run, &self.retry, &self.limiter, cancel).await;
                 Ran { claimed, end }
             }
             .instrument(span)

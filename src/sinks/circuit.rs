@@ -189,6 +189,13 @@ impl Circuit {
         self.open.subscribe()
     }
 
+    /// Admits a call for `key` only if it may go at once: the circuit is closed. Never
+    /// waits and never makes a probe.
+    pub fn try_admit(&self, key: &str) -> Option<Admission<'_>> {
+        let closed = matches!(*self.state.lock(), State::Closed { .. });
+        closed.then(|| Admission { circuit: self, key: key_id(key), probe: false, reported: false })
+    }
+
     /// Waits until a call for `key` may go: at once when closed; when open, until the probe
     /// time, then as the probe if first (the key that failed the last probe one backoff
     /// later, so that another waiter probes first); while a probe is out, until it reports.

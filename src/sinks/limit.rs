@@ -3,10 +3,11 @@
 //! the pipeline's own concurrency is.
 //!
 //! Every kind's config carries a `limits` sub-table (`[sinks.NAME.limits]`, unlimited when
-//! absent); [`super::SinkConfig::build`] puts each built effect behind a [`LimitedEffect`]
-//! when any limit is set.
+//! absent); [`super::Sink::build`] puts each built effect behind a [`LimitedEffect`] when any
+//! limit is set, sharing its [`SinkLimiter`] with the [`super::Sink`], whose caller (the
+//! engine) takes the limits of a command's first call before it claims the command.
 //!
-//! Order inside [`LimitedEffect::execute`]: a concurrency permit first, then a token, then
+//! Order in [`SinkLimiter::acquire`]: a concurrency permit first, then a token, then
 //! the call. Taking the token while already holding the permit means tokens are never
 //! spent by calls that then queue for a permit and would all start at once when permits
 //! free up: calls leave at most at the bucket's pace. A caller that gives up while waiting
@@ -22,7 +23,7 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::{Duration, Instant};
 
 use super::{SinkEffect, SinkError, SinkOutput, SinkRequest};
@@ -122,50 +123,100 @@ impl TokenBucket {
             tokio::time::sleep(not_until.wait_time_from(self.clock.now())).await;
         }
     }
+
+    /// Takes a token if one is there now and nobody is waiting in line for one.
+    pub fn try_acquire(&self) -> bool {
+        match self.turn.try_lock() {
+            Ok(_turn) => self.limiter.check().is_ok(),
+            Err(_) => false,
+        }
+    }
 }
 
-/// A sink's effect behind its limits.
-pub struct LimitedEffect {
-    inner: Arc<dyn SinkEffect>,
+/// A sink's limits, shared by its [`LimitedEffect`] and the engine: the engine takes them
+/// before it claims a command, so that a durable claim is a call that can start at once.
+#[derive(Debug)]
+pub struct SinkLimiter {
     bucket: Option<TokenBucket>,
     permits: Option<Semaphore>,
 }
 
-impl LimitedEffect {
-    /// Wraps `inner`; returns it unchanged when `limits` sets nothing.
-    pub fn wrap(inner: Arc<dyn SinkEffect>, limits: &SinkLimits) -> Arc<dyn SinkEffect> {
+/// What one call took from its sink's limits: a concurrency permit, given back when this is
+/// dropped (its token is spent).
+#[derive(Debug)]
+pub struct LimitPermit<'a> {
+    _permit: Option<SemaphorePermit<'a>>,
+}
+
+impl SinkLimiter {
+    /// The limiter `limits` describe; `None` when they set nothing.
+    pub fn new(limits: &SinkLimits) -> Option<SinkLimiter> {
         if limits.is_unlimited() {
-            return inner;
+            return None;
         }
         let bucket = limits
             .rate_per_second
             .filter(|rate| rate.is_finite() && *rate > 0.0)
             .map(|rate| TokenBucket::new(rate, limits.burst.unwrap_or(NonZeroU32::MIN)));
         let permits = limits.max_concurrency.map(|n| Semaphore::new(n.get().min(Semaphore::MAX_PERMITS)));
-        Arc::new(LimitedEffect { inner, bucket, permits })
+        Some(SinkLimiter { bucket, permits })
+    }
+
+    /// Waits for a concurrency permit, then for a token (see the module doc for the order).
+    /// Cancel-safe: dropping the future before it is ready holds nothing and takes no token.
+    pub async fn acquire(&self) -> Result<LimitPermit<'_>, SinkError> {
+        // The semaphore is never closed, so acquire cannot fail; if it ever did, running
+        // unthrottled would break the provider's limit, so fail transiently instead.
+        let permit = match &self.permits {
+            Some(permits) => Some(permits.acquire().await.map_err(|_| SinkError::Transient {
+                message: "sink concurrency limiter closed".into(),
+                retry_after: None,
+            })?),
+            None => None,
+        };
+        if let Some(bucket) = &self.bucket {
+            bucket.acquire().await;
+        }
+        Ok(LimitPermit { _permit: permit })
+    }
+
+    /// A permit and a token if both are there now; never waits.
+    pub fn try_acquire(&self) -> Option<LimitPermit<'_>> {
+        let permit = match &self.permits {
+            Some(permits) => Some(permits.try_acquire().ok()?),
+            None => None,
+        };
+        if let Some(bucket) = &self.bucket
+            && !bucket.try_acquire()
+        {
+            return None;
+        }
+        Some(LimitPermit { _permit: permit })
+    }
+}
+
+/// A sink's effect behind its limits. A request whose caller took the limits already
+/// ([`SinkRequest::limits_taken`]) goes straight through.
+pub struct LimitedEffect {
+    inner: Arc<dyn SinkEffect>,
+    limiter: Arc<SinkLimiter>,
+}
+
+impl LimitedEffect {
+    /// Wraps `inner` behind `limiter`.
+    pub fn wrap(inner: Arc<dyn SinkEffect>, limiter: Arc<SinkLimiter>) -> Arc<dyn SinkEffect> {
+        Arc::new(LimitedEffect { inner, limiter })
     }
 }
 
 #[async_trait::async_trait]
 impl SinkEffect for LimitedEffect {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
+        if request.limits_taken() {
+            return self.inner.execute(request).await;
+        }
         // Waiting for a permit or a token ends when the caller gives up (a drain): the call
         // then never begins, and says so.
-        let limits = async {
-            // The semaphore is never closed, so acquire cannot fail; if it ever did, running
-            // unthrottled would break the provider's limit, so fail transiently instead.
-            let permit = match &self.permits {
-                Some(permits) => Some(permits.acquire().await.map_err(|_| SinkError::Transient {
-                    message: "sink concurrency limiter closed".into(),
-                    retry_after: None,
-                })?),
-                None => None,
-            };
-            if let Some(bucket) = &self.bucket {
-                bucket.acquire().await;
-            }
-            Ok(permit)
-        };
         let _permit = tokio::select! {
             biased;
             () = request.given_up() => {
@@ -175,7 +226,7 @@ impl SinkEffect for LimitedEffect {
                     retry_after: None,
                 });
             }
-            permit = limits => permit?,
+            permit = self.limiter.acquire() => permit?,
         };
         self.inner.execute(request).await
     }
@@ -187,6 +238,11 @@ mod tests {
     use parking_lot::Mutex;
     use serde_json::json;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// `inner` behind the limiter `limits` describe (they set something).
+    fn limited(inner: Arc<dyn SinkEffect>, limits: &SinkLimits) -> Arc<dyn SinkEffect> {
+        LimitedEffect::wrap(inner, Arc::new(SinkLimiter::new(limits).expect("limits set")))
+    }
 
     /// Records when each call started and how many ran at once; each call takes `busy`.
     struct Recorder {
@@ -237,7 +293,7 @@ mod tests {
         let inner = recorder(Duration::ZERO);
         let limits = SinkLimits { rate_per_second: Some(10.0), burst: NonZeroU32::new(3), max_concurrency: None };
         let t0 = Instant::now();
-        run_many(LimitedEffect::wrap(inner.clone(), &limits), 33).await;
+        run_many(limited(inner.clone(), &limits), 33).await;
         let starts: Vec<Duration> = inner.starts.lock().iter().map(|t| *t - t0).collect();
         assert_eq!(starts.len(), 33);
         // The burst goes at once, then one call every 100 ms: the 33rd at 3.0 s.
@@ -254,7 +310,7 @@ mod tests {
     async fn the_bucket_refills_after_a_quiet_period_but_not_beyond_burst() {
         let inner = recorder(Duration::ZERO);
         let limits = SinkLimits { rate_per_second: Some(2.0), burst: NonZeroU32::new(2), max_concurrency: None };
-        let sink = LimitedEffect::wrap(inner.clone(), &limits);
+        let sink = limited(inner.clone(), &limits);
         run_many(Arc::clone(&sink), 2).await;
         tokio::time::sleep(Duration::from_secs(60)).await;
         let t1 = Instant::now();
@@ -280,7 +336,7 @@ mod tests {
     async fn max_concurrency_caps_calls_in_flight() {
         let inner = recorder(Duration::from_millis(100));
         let limits = SinkLimits { rate_per_second: None, burst: None, max_concurrency: NonZeroUsize::new(4) };
-        run_many(LimitedEffect::wrap(inner.clone(), &limits), 40).await;
+        run_many(limited(inner.clone(), &limits), 40).await;
         assert_eq!(inner.starts.lock().len(), 40);
         assert_eq!(inner.max_in_flight.load(Ordering::SeqCst), 4);
     }

@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use self::circuit::{Circuit, CircuitConfig};
-use self::limit::{LimitedEffect, SinkLimits};
+use self::circuit::{Admission, Circuit, CircuitConfig};
+use self::limit::{LimitPermit, LimitedEffect, SinkLimiter, SinkLimits};
 use crate::store::DurableClaim;
 
 /// What a kind's config provides; the `sink_kinds!` registration dispatches to it.
@@ -125,6 +125,8 @@ pub struct SinkRequest<'a> {
     attempt: u32,
     traceparent: Option<&'a str>,
     watch: Option<&'a CallWatch>,
+    /// The caller holds what the sink's limits ask for this call (see [`Sink::try_reserve`]).
+    limits_taken: bool,
 }
 
 /// The caller's side of one sink call: its cancellation, which the call observes while it
@@ -162,12 +164,23 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest { key: claim.key(), kind, payload, attempt, traceparent, watch: None }
+        SinkRequest { key: claim.key(), kind, payload, attempt, traceparent, watch: None, limits_taken: false }
     }
 
     /// The same request, watched by `watch` (see [`CallWatch`]).
     pub fn watched_by(self, watch: &'a CallWatch) -> SinkRequest<'a> {
         SinkRequest { watch: Some(watch), ..self }
+    }
+
+    /// The same request, for a call whose caller holds a [`Reservation`] of the sink's
+    /// limits: it does not wait for them again.
+    pub fn with_limits_taken(self) -> SinkRequest<'a> {
+        SinkRequest { limits_taken: true, ..self }
+    }
+
+    /// Whether the caller took the sink's limits for this call already.
+    pub fn limits_taken(&self) -> bool {
+        self.limits_taken
     }
 
     /// Resolves once the caller has given up on this call; never for an unwatched request.
@@ -195,7 +208,7 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest { key, kind, payload, attempt, traceparent, watch: None }
+        SinkRequest { key, kind, payload, attempt, traceparent, watch: None, limits_taken: false }
     }
 
     /// The idempotency key.
@@ -262,7 +275,21 @@ pub struct Sink {
     name: String,
     forwards_key: bool,
     circuit: Option<Circuit>,
+    /// The limits the effect waits for, also taken ahead by [`Sink::try_reserve`].
+    limiter: Option<Arc<SinkLimiter>>,
     effect: Arc<dyn SinkEffect>,
+}
+
+/// What one call of a sink needs to start at once: its circuit's admission (when it has a
+/// circuit) and its limits' permit and token (when it has limits). Dropping it unused gives
+/// everything back (the token excepted).
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    /// The circuit's admission, to report the call's end on.
+    pub admission: Option<Admission<'a>>,
+    /// The limits taken: the call is made with [`SinkRequest::with_limits_taken`] and this
+    /// is held until it ends.
+    pub limits: Option<LimitPermit<'a>>,
 }
 
 impl Sink {
@@ -278,12 +305,18 @@ impl Sink {
 
     /// The instance `name` performing `effect`, without limits or circuit breaker.
     pub fn new(name: &str, forwards_key: bool, effect: Arc<dyn SinkEffect>) -> Sink {
-        Sink { name: name.to_string(), forwards_key, circuit: None, effect }
+        Sink { name: name.to_string(), forwards_key, circuit: None, limiter: None, effect }
     }
 
     /// The same instance with its effect behind `limits` (unchanged when they set nothing).
     pub fn with_limits(self, limits: &SinkLimits) -> Sink {
-        Sink { effect: LimitedEffect::wrap(self.effect, limits), ..self }
+        match SinkLimiter::new(limits) {
+            None => self,
+            Some(limiter) => {
+                let limiter = Arc::new(limiter);
+                Sink { effect: LimitedEffect::wrap(self.effect, Arc::clone(&limiter)), limiter: Some(limiter), ..self }
+            }
+        }
     }
 
     /// The same instance with the circuit breaker `config` describes (none when disabled).
@@ -311,6 +344,40 @@ impl Sink {
     /// and reports every call's end to it.
     pub fn circuit(&self) -> Option<&Circuit> {
         self.circuit.as_ref()
+    }
+
+    /// What a call for `key` needs to start now, if all of it is there without waiting: the
+    /// circuit closed, a concurrency permit and a token.
+    pub fn try_reserve(&self, key: &str) -> Option<Reservation<'_>> {
+        let admission = match &self.circuit {
+            Some(circuit) => Some(circuit.try_admit(key)?),
+            None => None,
+        };
+        let limits = match &self.limiter {
+            Some(limiter) => Some(limiter.try_acquire()?),
+            None => None,
+        };
+        Some(Reservation { admission, limits })
+    }
+
+    /// Waits for what a call for `key` needs to start, in two steps between which the
+    /// caller takes its own turn (the engine's `max_in_flight` permit): first the circuit
+    /// (as its probe when it is open and it is this key's turn; `None` without a circuit),
+    /// which holds nothing while it waits ...
+    pub async fn admit(&self, key: &str) -> Option<Admission<'_>> {
+        match &self.circuit {
+            Some(circuit) => Some(circuit.admit(key).await),
+            None => None,
+        }
+    }
+
+    /// ... then the limits. Both are cancel-safe.
+    pub async fn reserve_limits<'s>(&'s self, admission: Option<Admission<'s>>) -> Result<Reservation<'s>, SinkError> {
+        let limits = match &self.limiter {
+            Some(limiter) => Some(limiter.acquire().await?),
+            None => None,
+        };
+        Ok(Reservation { admission, limits })
     }
 
     /// Performs the effect once (after waiting for the limits, if any).

@@ -1,0 +1,136 @@
+//! Claims only for work that can start (src/engine/ticket.rs): a command's claim is written
+//! once it holds what its first sink call needs (a `max_in_flight` permit, the sink's
+//! circuit and limits). Six partitions backed up behind `max_in_flight = 4` and a sink whose
+//! calls hang: four claims are out, one per running call, where each partition's round used
+//! to claim its four keys before it waited for a permit (24 claims out, 20 of them for calls
+//! that could not start: `indeterminate` keys after a crash, for a sink that does not forward
+//! the key).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::engine::{ManualClock, item, router, test_retry};
+use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
+use dedupd::outcome::Outcome;
+use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
+use dedupd::store::{KeyStore, StoreBackend, SyncMode};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const PARTITIONS: usize = 6;
+const KEYS_PER_PARTITION: usize = 12;
+const MAX_IN_FLIGHT: usize = 4;
+
+/// A sink whose calls wait until the gate opens; counts calls running and records keys.
+struct GatedSink {
+    gate: watch::Receiver<bool>,
+    running: AtomicUsize,
+    most_running: AtomicUsize,
+    keys: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl SinkEffect for GatedSink {
+    async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_running.fetch_max(now, Ordering::SeqCst);
+        let mut gate = self.gate.clone();
+        // The sender lives until the test ends: an error means the test is over anyway.
+        let _ = gate.wait_for(|open| *open).await;
+        self.keys.lock().push(request.key().to_string());
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(serde_json::json!({}))
+    }
+}
+
+/// Polls `done` every millisecond until it holds or `bound` passes; returns whether it held.
+async fn poll_until(bound: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    true
+}
+
+async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store"));
+    let (open, gate) = watch::channel(false);
+    let sink = Arc::new(GatedSink {
+        gate,
+        running: AtomicUsize::new(0),
+        most_running: AtomicUsize::new(0),
+        keys: Mutex::new(Vec::new()),
+    });
+    // Does not forward the key: the sink whose unstarted claims a crash turns indeterminate.
+    let sinks = HashMap::from([("s".to_string(), Arc::new(Sink::new("s", false, sink.clone())))]);
+    let engine = Arc::new(
+        Engine::new(EngineParts {
+            store: Arc::clone(&store),
+            router: Arc::new(router(Duration::from_secs(3600))),
+            sinks,
+            max_in_flight: MAX_IN_FLIGHT,
+            retry: test_retry(),
+            stale_guard: true,
+            clock: Arc::new(ManualClock::new(1_000_000)),
+        })
+        .expect("engine"),
+    );
+    let ttl = Duration::from_secs(3600);
+    let batches: Vec<tokio::task::JoinHandle<Vec<ItemResult>>> = (0..PARTITIONS)
+        .map(|p| {
+            let items: Vec<Item> =
+                (0..KEYS_PER_PARTITION).map(|i| item(&format!("p{p}-k{i}"), 1, 1_000_000, ttl, i as i64)).collect();
+            let engine = Arc::clone(&engine);
+            tokio::spawn(async move { engine.process_batch(&items, &CancellationToken::new()).await.expect("batch") })
+        })
+        .collect();
+
+    // Every partition has started its first round: its heads are marked in flight.
+    let all_started = poll_until(Duration::from_secs(10), || engine.in_flight() >= PARTITIONS * MAX_IN_FLIGHT).await;
+    assert!(all_started, "only {} keys in flight", engine.in_flight());
+    assert!(poll_until(Duration::from_secs(10), || sink.running.load(Ordering::SeqCst) == MAX_IN_FLIGHT).await);
+    // Nothing more may be claimed while the calls hang. A claim made before its ticket would
+    // be written within milliseconds of the marks; give it a whole second to show up.
+    let more_claimed = poll_until(Duration::from_secs(1), || store.counts().in_progress > MAX_IN_FLIGHT as i64).await;
+    assert!(
+        !more_claimed,
+        "{} claims out for {} calls that can run",
+        store.counts().in_progress,
+        sink.running.load(Ordering::SeqCst)
+    );
+    assert_eq!(store.counts().in_progress, MAX_IN_FLIGHT as i64, "one claim per running call");
+
+    open.send_replace(true);
+    for batch in batches {
+        let results = batch.await.expect("batch task");
+        for r in results {
+            match r {
+                ItemResult::Done(p) => assert_eq!(p.result.outcome, Outcome::Succeeded),
+                ItemResult::Abandoned => panic!("abandoned"),
+            }
+        }
+    }
+    let mut keys = sink.keys.lock().clone();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), PARTITIONS * KEYS_PER_PARTITION, "every key ran once");
+    assert_eq!(sink.keys.lock().len(), PARTITIONS * KEYS_PER_PARTITION, "and only once");
+    assert!(sink.most_running.load(Ordering::SeqCst) <= MAX_IN_FLIGHT, "max_in_flight holds");
+    assert_eq!(store.counts().in_progress, 0, "no claim left out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_wait_for_the_calls_that_can_start_on_every_backend() {
+    for backend in StoreBackend::ALL {
+        claims_wait_for_the_calls_that_can_start(*backend).await;
+    }
+}
