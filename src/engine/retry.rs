@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::ticket::Ticket;
 use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
+use crate::sinks::limit::LimitPermit;
 use crate::sinks::{CallWatch, Sink, SinkError, SinkRequest};
 use crate::store::DurableClaim;
 
@@ -93,16 +94,8 @@ pub(super) async fn run_with_retry<'a>(
         if cancel.is_cancelled() {
             return tally.stopped();
         }
-        // The first call goes on the ticket taken before the claim; a retry waits its turn.
-        let (admission, limits) = match ticket.take() {
-            Some(Ticket { permit: taken, reservation }) => {
-                permit = Some(taken);
-                (reservation.admission, reservation.limits)
-            }
-            None => match take_turn(sink, claim, limiter, &mut permit, cancel).await {
-                Turn::Go(admission) if !cancel.is_cancelled() => (admission, None),
-                _ => return tally.stopped(),
-            },
+        let Some((admission, limits)) = next_turn(&mut ticket, sink, claim, limiter, &mut permit, cancel).await else {
+            return tally.stopped();
         };
         let watch = CallWatch::new(cancel);
         let attempt = claim.record().attempts.saturating_sub(1) + tally.calls + 1;
@@ -160,6 +153,28 @@ pub(super) async fn run_with_retry<'a>(
             () = tokio::time::sleep(wait) => {}
             () = cancel.cancelled() => return tally.stopped(),
         }
+    }
+}
+
+/// What the next call goes on: the ticket taken before the claim for the first call, its
+/// own turn for a retry (see [`take_turn`]). `None` when `cancel` fired.
+async fn next_turn<'a>(
+    ticket: &mut Option<Ticket<'a>>,
+    sink: &'a Sink,
+    claim: &DurableClaim,
+    limiter: &'a Semaphore,
+    permit: &mut Option<SemaphorePermit<'a>>,
+    cancel: &CancellationToken,
+) -> Option<(Option<Admission<'a>>, Option<LimitPermit<'a>>)> {
+    match ticket.take() {
+        Some(Ticket { permit: taken, reservation }) => {
+            *permit = Some(taken);
+            Some((reservation.admission, reservation.limits))
+        }
+        None => match take_turn(sink, claim, limiter, permit, cancel).await {
+            Turn::Go(admission) if !cancel.is_cancelled() => Some((admission, None)),
+            _ => None,
+        },
     }
 }
 
