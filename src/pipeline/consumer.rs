@@ -428,7 +428,8 @@ fn run_consumers(
                 return;
             }
         }
-        // The fenced consumer is closed before its successor joins with the same id.
+        // The fenced consumer closes here, before its successor joins with the same id (or
+        // later, once a worker that did not drain in time lets go of it).
         drop(consumer);
         consumer = match create_consumer(&parts, runtime) {
             Ok(c) => c,
