@@ -10,18 +10,21 @@
 //!
 //! The points, in the order a command meets them ([`POINTS`]):
 //! 1. `claim.appended`: the round's claims written (journal or backend), not yet synced;
-//! 2. `claim.synced`: the claims durable, no sink called yet;
-//! 3. `sink.call`: a sink call starting (with `return(MS)`: killed while it runs);
-//! 4. `sink.returned`: a sink answered, its completion not yet written;
-//! 5. `completion.written`: a batch's completions durable, its results not yet published;
-//! 6. `result.published`: a batch's results acknowledged, its offset not yet stored;
-//! 7. `journal.rewrite`: the claim journal being rewritten (its new file written, not yet
+//! 2. `claim.appended_with_completions`: the same, in a round whose durability point also
+//!    carries the previous round's completions (written, not yet synced, keys still held);
+//! 3. `claim.synced`: the claims durable, no sink called yet;
+//! 4. `sink.call`: a sink call starting (with `return(MS)`: killed while it runs);
+//! 5. `sink.returned`: a sink answered, its completion not yet written;
+//! 6. `completion.written`: a batch's completions durable, its results not yet published;
+//! 7. `result.published`: a batch's results acknowledged, its offset not yet stored;
+//! 8. `journal.rewrite`: the claim journal being rewritten (its new file written, not yet
 //!    renamed over the old one);
-//! 8. `compaction.chunk`: compaction between two chunks of expired records.
+//! 9. `compaction.chunk`: compaction between two chunks of expired records.
 
 /// Every crash point, in the order of the module docs.
-pub const POINTS: [&str; 8] = [
+pub const POINTS: [&str; 9] = [
     "claim.appended",
+    "claim.appended_with_completions",
     "claim.synced",
     "sink.call",
     "sink.returned",

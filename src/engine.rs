@@ -1,30 +1,36 @@
 //! The engine: one batch of parsed records through decide → claim → one flush → sinks →
-//! complete → one flush. No Kafka here: the pipeline feeds batches in and publishes what
-//! comes out; tests drive it directly.
+//! complete, in rounds whose durability points overlap. No Kafka here: the pipeline feeds
+//! batches in and publishes what comes out; tests drive it directly.
 //!
 //! A batch, step by step, one file per step:
-//! - `batch`: the entry points and the round loop, which runs the steps below in order
-//!   and ends each round by releasing its keys and waiting for other batches' keys;
+//! - `batch`: the entry points and the round loop, which runs the steps below in order;
+//!   a round's completions are made durable by the next round's claim flush (one
+//!   durability point for both, the two files synced at the same time), or by the batch's
+//!   last flush, and only then are its keys released;
 //! - `queue`: queue by key (each key's records in arrival order, rejections done at once);
 //! - `start`: start the heads (decide each key's oldest record: done without a sink, to
 //!   claim, or wait for another batch);
 //! - `ticket`: take what each claim's first sink call needs to start at once (a
 //!   `max_in_flight` permit, the sink's circuit and limits) before the claim is written;
-//! - `claim`: write the round's claims and make them durable in one flush;
+//! - `claim`: write the round's claims and make them durable in one flush, with the
+//!   previous round's completions;
 //! - `run`: run the sinks of the durable claims (with `retry`: backoff, circuits, limits);
-//! - `complete`: turn each run's end into its result and completion, and make the round's
-//!   completions durable in one flush;
+//! - `complete`: turn each run's end into its result and completion, and write the round's
+//!   completions at once;
 //! - `processed`: the result record of every outcome.
 //!
 //! Two rules hold throughout: no sink is called before its claim is durable (a sink request
 //! can only be built from a durable claim), and a round's completions are durable before
-//! its keys are released and its results returned for publishing.
+//! its keys are released and before the batch's results are returned for publishing. A
+//! round that carries completions takes no ticket it would have to wait for (another
+//! partition's sink calls must not hold up their durability): without one at once it
+//! flushes them alone.
 //!
 //! Ordering and waiting. Records of one key run one at a time in arrival order: a batch is
 //! worked in rounds, each round taking the oldest unfinished record of every key. A key
 //! being executed by another batch (another partition) makes its record *wait*; waits are
-//! only awaited after the round's own claims are completed and released, so two batches
-//! can never wait on each other.
+//! only awaited after the batch's completions are durable and its keys released, so two
+//! batches can never wait on each other.
 //!
 //! Letting go. When `cancel` fires, no sink call is started any more (also none waiting for
 //! a permit, a token or a circuit). A claim none of whose calls can have reached the sink

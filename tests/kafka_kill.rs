@@ -13,11 +13,12 @@
 //! fodder commands (a route whose records expire after a second). Every incarnation ends in
 //! a SIGKILL, in one of two ways, shuffled:
 //! - **at a crash point** (src/crash.rs), 25 times per point: the process kills itself the
-//!   first or second time it reaches the point: claims written but not synced, synced but no
+//!   first or second time it reaches the point: claims written but not synced (also while
+//!   the same durability point carries the previous round's completions), synced but no
 //!   sink called, during a sink call, after the sink before its completion, completions
 //!   durable but results not published, results acknowledged but the offset not stored,
 //!   during a claim journal rewrite, during compaction. Each one must be reached;
-//! - **at random**, 200 times: 50–600 ms after it started working (its first request or
+//! - **at random**, 175 times: 50–600 ms after it started working (its first request or
 //!   result once it has its partitions), every fifth instead 50–600 ms after spawn (store
 //!   open, group join).
 //!
@@ -60,7 +61,7 @@ use rdkafka::message::Message;
 /// Kills at each crash point, per backend.
 const POINT_KILLS: usize = 25;
 /// Kills at random moments, per backend.
-const RANDOM_KILLS: usize = 200;
+const RANDOM_KILLS: usize = 175;
 /// Kill this long (ms, uniform) after an incarnation started working (or was spawned).
 const KILL_DELAY_MS: (u64, u64) = (50, 600);
 /// A `sink.call` kill comes this long (ms, uniform) after the call started: the receivers

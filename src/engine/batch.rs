@@ -27,6 +27,9 @@ impl Engine {
     ) -> Result<BatchReport, EngineError> {
         let mut queues = KeyQueues::new(items);
         let mut flushed = false;
+        // Keys of the last round whose completions are written but not yet durable: the
+        // next round's claims make them durable (overlapping rounds), or the batch's end.
+        let mut carried: Vec<String> = Vec::new();
         loop {
             // At most `max_in_flight` records per round: claims are made for sinks about to
             // run, so a crash leaves no more unsent claims (future `indeterminate` keys for
@@ -35,43 +38,78 @@ impl Engine {
             if heads.is_empty() || cancel.is_cancelled() {
                 break;
             }
-            flushed |= self.round(&mut queues, heads, cancel).await?;
+            let end = self.round(&mut queues, heads, std::mem::take(&mut carried), cancel).await?;
+            flushed |= end.flushed;
+            carried = end.unsynced;
+            if !end.waits.is_empty() {
+                // Another batch holds keys this one needs: make this batch's completions
+                // durable and let go of its keys before waiting, so two batches never wait
+                // on each other.
+                flushed |= self.sync_and_release(std::mem::take(&mut carried)).await?;
+                wait_for_others(end.waits, cancel).await;
+            }
         }
+        flushed |= self.sync_and_release(carried).await?;
         Ok(BatchReport { results: queues.into_results(), flushed })
     }
 
-    /// One round over `heads`: start, take tickets, claim, run sinks, complete, then release
-    /// the round's keys and wait for the keys other batches hold. Returns whether it flushed
-    /// the store.
+    /// One round over `heads`: start, take tickets, claim, run sinks, write the completions.
+    /// The claims' durability point also makes durable the completions of the keys `before`
+    /// carries (the previous round's), whose keys are then let go. Returns what the round
+    /// leaves (see [`RoundEnd`]).
     async fn round<'a>(
         &'a self,
         queues: &mut KeyQueues<'a>,
         heads: Vec<Head<'a>>,
+        before: Vec<String>,
         cancel: &CancellationToken,
-    ) -> Result<bool, EngineError> {
+    ) -> Result<RoundEnd, EngineError> {
         let now = self.clock.now_ms();
         // Where a round's time goes, for `RUST_LOG=dedupd::engine=trace`.
         let mut marks = RoundMarks::new();
         let started = self.start_heads(queues, heads, now)?;
-        let ticketed = self.take_tickets(started.to_claim, cancel).await;
+        let waits = started.waits;
+        let to_claim = started.to_claim.len();
+        // Carried completions wait for no ticket (so never for another partition's sink
+        // calls to free a permit): without a ticket at once they are made durable alone,
+        // and the next round waits for its tickets.
+        let ticketed = self.take_tickets(started.to_claim, before.is_empty(), cancel).await;
         marks.mark();
-        let claimed = self.claim(ticketed).await?;
+        if ticketed.is_empty() {
+            if to_claim == 0 {
+                // Nothing to claim (replays, waits): the carried keys stay carried.
+                return Ok(RoundEnd { flushed: false, unsynced: before, waits });
+            }
+            let flushed = self.sync_and_release(before).await?;
+            return Ok(RoundEnd { flushed, unsynced: Vec::new(), waits });
+        }
+        let carrying = !before.is_empty();
+        let claimed = self.claim(ticketed, carrying).await?;
+        // Their completions are durable with the claims: a waiter may replay them now.
+        self.release(&before);
         marks.mark();
-        let mut flushed = !claimed.is_empty();
         let ran = self.run_sinks(queues.items(), claimed, cancel).await;
         marks.mark();
         let done = self.settle_runs(queues, ran)?;
         marks.mark();
-        let must_flush = !done.keys.is_empty();
-        flushed |= must_flush;
-        self.complete(done.to_write, must_flush).await?;
+        self.complete(done.to_write).await?;
         marks.mark();
-        tracing::trace!(records = done.keys.len(), waits = started.waits.len(), ms = ?marks.ms, "round: ms for starts and tickets, claims + flush, sinks, results, completions + flush");
+        tracing::trace!(records = done.keys.len(), carried = before.len(), waits = waits.len(), ms = ?marks.ms, "round: ms for starts and tickets, claims + flush, sinks, results, completions written");
+        Ok(RoundEnd { flushed: carrying, unsynced: done.keys, waits })
+    }
+
+    /// Makes every completion written so far durable (one flush, shared with other
+    /// batches flushing at the same moment), then lets go of `keys`. Returns whether it
+    /// flushed (not when `keys` is empty: nothing to make durable).
+    async fn sync_and_release(&self, keys: Vec<String>) -> Result<bool, EngineError> {
+        if keys.is_empty() {
+            return Ok(false);
+        }
+        self.flush_store().await?;
         // Release the keys only once their completions are durable: a waiter must not
         // replay a result that a crash could still take back.
-        self.release(&done.keys);
-        wait_for_others(started.waits, cancel).await;
-        Ok(flushed)
+        self.release(&keys);
+        Ok(true)
     }
 
     /// Lets go of `keys`, waking the batches waiting for them.
@@ -81,6 +119,17 @@ impl Engine {
             map.remove(key);
         }
     }
+}
+
+/// What a round leaves to the next.
+struct RoundEnd {
+    /// Whether it flushed the store.
+    flushed: bool,
+    /// Keys whose completions (or put-back records) are written but not yet durable: still
+    /// held, to be let go once they are.
+    unsynced: Vec<String>,
+    /// Keys other batches are executing: awaited once this batch's keys are let go.
+    waits: Vec<watch::Receiver<()>>,
 }
 
 /// Waits until the other batches executing the keys behind `waits` let go of them, or

@@ -1,7 +1,9 @@
-//! Claim: the round's claims in one write, then one flush (group commit) that makes them
-//! durable; only then does the engine hold [`DurableClaim`]s, and only those can build a
-//! sink request. Both on the blocking pool: a write waits while another thread's flush
-//! holds the backend's journal (fjall), and must not hold up a runtime thread.
+//! Claim: the round's claims in one write, then one durability point (group commit) that
+//! makes them durable, together with the previous round's completions when the round
+//! carries them (`batch`); only then does the engine hold [`DurableClaim`]s, and only
+//! those can build a sink request. Both on the blocking pool: a write waits while another
+//! thread's flush holds the backend's journal (fjall), and must not hold up a runtime
+//! thread.
 
 use std::sync::Arc;
 
@@ -25,24 +27,22 @@ pub(super) struct Claimed<'a> {
 }
 
 impl Engine {
-    /// Writes and flushes the claims of `to_claim`. A claim that lost a race (the key
-    /// changed since it was read) has its key let go and its head left at the front of its
-    /// queue, to be decided again next round. On failure every key of `to_claim` is let go.
+    /// Writes and flushes the claims of `to_claim`; with `backend`, the same durability
+    /// point flushes the backend too (the previous round's completions are written there).
+    /// A claim that lost a race (the key changed since it was read) has its key let go and
+    /// its head left at the front of its queue, to be decided again next round. On failure
+    /// every key of `to_claim` is let go.
     pub(super) async fn claim<'a>(
         &self,
         to_claim: Vec<(ToClaim<'a>, Ticket<'a>)>,
+        backend: bool,
     ) -> Result<Vec<Claimed<'a>>, EngineError> {
-        let mut tickets = Vec::with_capacity(to_claim.len());
-        let (heads, requests): (Vec<Head<'a>>, Vec<ClaimRequest>) = to_claim
-            .into_iter()
-            .map(|(t, ticket)| {
-                tickets.push(ticket);
-                (t.head, t.request)
-            })
-            .unzip();
+        let (claims, tickets): (Vec<ToClaim<'a>>, Vec<Ticket<'a>>) = to_claim.into_iter().unzip();
+        let (heads, requests): (Vec<Head<'a>>, Vec<ClaimRequest>) =
+            claims.into_iter().map(|t| (t.head, t.request)).unzip();
         let previous: Vec<Option<Record>> = requests.iter().map(|r| r.expected.clone()).collect();
         let store = Arc::clone(&self.store);
-        let written = tokio::task::spawn_blocking(move || claim_durably(&store, requests))
+        let written = tokio::task::spawn_blocking(move || claim_durably(&store, requests, backend))
             .await
             .map_err(|e| EngineError::Join(e.to_string()))
             .and_then(|r| r.map_err(EngineError::from));
@@ -69,13 +69,21 @@ impl Engine {
     }
 }
 
-/// Writes a round's claims and flushes them: per request, the durable claim, or `None`
-/// when the key changed since it was read.
-fn claim_durably(store: &KeyStore, requests: Vec<ClaimRequest>) -> Result<Vec<Option<DurableClaim>>, StoreError> {
+/// Writes a round's claims and flushes them (and the backend, with `backend`): per
+/// request, the durable claim, or `None` when the key changed since it was read.
+fn claim_durably(
+    store: &KeyStore,
+    requests: Vec<ClaimRequest>,
+    backend: bool,
+) -> Result<Vec<Option<DurableClaim>>, StoreError> {
     let outcomes = store.claim_batch(requests)?;
     crate::crash::point("claim.appended");
+    if backend {
+        crate::crash::point("claim.appended_with_completions");
+    }
     let won: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
-    let mut durable = store.flush_claims(outcomes.into_iter().filter_map(Result::ok).collect())?.into_iter();
+    let pending = outcomes.into_iter().filter_map(Result::ok).collect();
+    let mut durable = store.flush_claims_and_backend(pending, backend)?.into_iter();
     crate::crash::point("claim.synced");
     Ok(won.into_iter().map(|w| if w { durable.next() } else { None }).collect())
 }

@@ -1,6 +1,7 @@
 //! Complete: each sink run's end becomes its record's result and, when the sink answered,
 //! a completion; then the round's completions are written at once (one write, one
-//! expiry-index entry) and flushed. A claim whose sink never ran is put back instead.
+//! expiry-index entry), durable with the next round's claims or the batch's last flush
+//! (`batch`). A claim whose sink never ran is put back instead.
 
 use std::sync::Arc;
 
@@ -75,15 +76,14 @@ impl Engine {
         Ok(done)
     }
 
-    /// Writes `completions` and, when asked, flushes; on the blocking pool for the same
-    /// reason as the claims (see `claim`).
-    pub(super) async fn complete(
-        &self,
-        completions: Vec<(DurableClaim, Completed)>,
-        flush: bool,
-    ) -> Result<(), EngineError> {
+    /// Writes `completions` (durable with the next flush); on the blocking pool for the
+    /// same reason as the claims (see `claim`).
+    pub(super) async fn complete(&self, completions: Vec<(DurableClaim, Completed)>) -> Result<(), EngineError> {
+        if completions.is_empty() {
+            return Ok(());
+        }
         let store = Arc::clone(&self.store);
-        let lost = tokio::task::spawn_blocking(move || complete_durably(&store, completions, flush))
+        let lost = tokio::task::spawn_blocking(move || write_completions(&store, completions))
             .await
             .map_err(|e| EngineError::Join(e.to_string()))??;
         if let Some(key) = lost {
@@ -92,6 +92,13 @@ impl Engine {
             // operator asked for. Not a reason to stop the partition.
             tracing::warn!(%key, "the claim was removed by an operator while its sink ran; result published, not stored");
         }
+        Ok(())
+    }
+
+    /// Flushes the store: every completion written so far becomes durable.
+    pub(super) async fn flush_store(&self) -> Result<(), EngineError> {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || store.flush()).await.map_err(|e| EngineError::Join(e.to_string()))??;
         Ok(())
     }
 }
@@ -111,24 +118,15 @@ fn completion(cmd: &Command, answer: &Answer) -> Completed {
     }
 }
 
-/// Writes a round's completions and, when asked, flushes. Returns the key of a claim an
-/// operator removed meanwhile (its completion is not stored).
-fn complete_durably(
+/// Writes a round's completions. Returns the key of a claim an operator removed meanwhile
+/// (its completion is not stored).
+fn write_completions(
     store: &KeyStore,
     completions: Vec<(DurableClaim, Completed)>,
-    flush: bool,
 ) -> Result<Option<String>, StoreError> {
-    let lost = if completions.is_empty() {
-        None
-    } else {
-        match store.complete_batch(completions) {
-            Ok(_) => None,
-            Err(StoreError::ClaimLost(key)) => Some(key),
-            Err(e) => return Err(e),
-        }
-    };
-    if flush {
-        store.flush()?;
+    match store.complete_batch(completions) {
+        Ok(_) => Ok(None),
+        Err(StoreError::ClaimLost(key)) => Ok(Some(key)),
+        Err(e) => Err(e),
     }
-    Ok(lost)
 }

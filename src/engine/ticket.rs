@@ -8,7 +8,9 @@
 //! A round takes a ticket for each head to claim, in order: it waits for the first, and
 //! takes each other one only if it is there at once; heads without a ticket are let go and
 //! decided again next round. Only the first is waited for, while the round holds no ticket,
-//! so partitions never wait on each other's tickets.
+//! so partitions never wait on each other's tickets. A round that carries the previous
+//! round's completions waits for none (those completions must not wait for other
+//! partitions' sink calls to free a permit).
 
 use tokio::sync::SemaphorePermit;
 use tokio_util::sync::CancellationToken;
@@ -26,18 +28,20 @@ pub(super) struct Ticket<'e> {
 }
 
 impl Engine {
-    /// A ticket for each head of `to_claim` that can have one (see the module doc); the
-    /// keys of the others are let go. Empty when `cancel` fires while waiting.
+    /// A ticket for each head of `to_claim` that can have one (see the module doc), waiting
+    /// for the first with `wait_first`; the keys of the others are let go. Empty when
+    /// `cancel` fires while waiting.
     pub(super) async fn take_tickets<'a>(
         &'a self,
         to_claim: Vec<ToClaim<'a>>,
+        wait_first: bool,
         cancel: &CancellationToken,
     ) -> Vec<(ToClaim<'a>, Ticket<'a>)> {
         let mut ready: Vec<(ToClaim<'a>, Ticket<'a>)> = Vec::with_capacity(to_claim.len());
         for t in to_claim {
             let sink = self.route_sinks[t.head.command.route].as_ref();
             let key = t.head.command.key.as_str();
-            let ticket = match ready.is_empty() {
+            let ticket = match wait_first && ready.is_empty() {
                 true => self.wait_ticket(sink, key, cancel).await,
                 false => self.try_ticket(sink, key),
             };
