@@ -111,6 +111,31 @@ fn count_from_env(var: &str, default: usize) -> usize {
     std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// The inputs `0..n` split into one chunk per incarnation (one more than `endings`). An
+/// incarnation meant to die at `claim.appended_with_completions` needs batches of several
+/// rounds (a round's claims carrying the previous round's completions), so its chunk is
+/// six times the others: a few records per partition do not make a second round.
+fn chunks(endings: &[Ending], n: usize) -> Vec<Range<usize>> {
+    let weights: Vec<usize> = endings
+        .iter()
+        .map(|e| match e {
+            Ending::At { point: "claim.appended_with_completions", .. } => 6,
+            _ => 1,
+        })
+        .chain([1])
+        .collect();
+    let total: usize = weights.iter().sum();
+    let mut before = 0;
+    weights
+        .iter()
+        .map(|w| {
+            let start = before * n / total;
+            before += w;
+            start..before * n / total
+        })
+        .collect()
+}
+
 /// Every point `point_kills` times and `random_kills` random kills, shuffled.
 fn schedule(rng: &mut SplitMix, point_kills: usize, random_kills: usize) -> Vec<Ending> {
     let mut endings = Vec::new();
@@ -345,9 +370,8 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
     let backend = lane.backend;
     let inputs = Arc::new(workload::workload());
     let n = inputs.len();
-    let parts = endings.len() + 1;
-    let chunks: Vec<Range<usize>> = (0..parts).map(|j| j * n / parts..(j + 1) * n / parts).collect();
-    println!("[{backend}] {n} inputs in {parts} chunks, {} kills", endings.len());
+    let chunks = chunks(&endings, n);
+    println!("[{backend}] {n} inputs in {} chunks, {} kills", chunks.len(), endings.len());
     let (go, go_rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
     let producing = producer(&lane, Arc::clone(&inputs), chunks, go_rx);
 
