@@ -1,11 +1,13 @@
 //! Where a command's CPU goes inside dedupd, without Kafka: envelope parsing, the engine
 //! (decision, claim, sink, completion, with durable group commits, a `log` sink), and
 //! result serialisation, each timed on its own over the same commands, next to the store
-//! floor (the store calls alone, as in `benches/pipeline.rs`).
+//! floor (the store calls alone, `support/floor.rs`, as in `benches/pipeline.rs`), measured
+//! right after the engine in the same run.
 //!
 //! Run: `cargo bench --bench engine -- [--records N] [--batch B] [--partitions P]
-//! [--backend NAME]` (P batches through the engine at once, as P partitions would; NAME a
-//! registered store backend, the store's default if not given).
+//! [--backend NAME] [--max-in-flight N]` (P batches through the engine at once, as P
+//! partitions would; NAME a registered store backend, the store's default if not given; N
+//! `pipeline.max_in_flight`, its default if not given).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -20,6 +22,9 @@ use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::{KeyStore, SourcePos};
 use dedupd::store::{StoreBackend, SyncMode};
 use tokio_util::sync::CancellationToken;
+
+#[path = "support/floor.rs"]
+mod floor;
 
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
@@ -37,10 +42,19 @@ fn command(i: usize) -> Vec<u8> {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    if std::env::var("RUST_LOG").is_ok() {
+        // Where a round's time goes: `RUST_LOG=dedupd::engine=trace`.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let records: usize = arg("--records", "100000").parse().expect("--records N");
     let batch: usize = arg("--batch", "500").parse().expect("--batch B");
     let partitions: usize = arg("--partitions", "1").parse().expect("--partitions P");
     let backend: StoreBackend = arg("--backend", StoreBackend::default().name()).parse().expect("--backend NAME");
+    let default_in_flight = Config::default().pipeline.max_in_flight.get().to_string();
+    let max_in_flight: usize = arg("--max-in-flight", &default_in_flight).parse().expect("--max-in-flight N");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = Config::default();
     config.sinks.insert("noop".into(), SinkConfig::Log(LogSinkConfig::default()));
@@ -63,7 +77,7 @@ async fn main() {
         store: Arc::clone(&store),
         router: Arc::clone(&router),
         sinks,
-        max_in_flight: config.pipeline.max_in_flight.get(),
+        max_in_flight,
         retry: config.retry.clone(),
         stale_guard: config.envelope.stale_guard,
         clock: Arc::new(SystemClock),
@@ -133,9 +147,15 @@ async fn main() {
     assert_eq!(store.counts().completed as usize, records, "every command completed");
 
     println!(
-        "{backend:?}, {records} fresh commands, batches of {batch}, {partitions} partition(s) at once, per command:"
+        "{backend:?}, {records} fresh commands, batches of {batch}, {partitions} partition(s) at once, max_in_flight {max_in_flight}, per command:"
     );
     println!("  envelope parse + fingerprint : {parse_us:8.2} µs");
     println!("  engine (log sink, durable)   : {engine_us:8.2} µs  ({:.0} commands/s)", 1e6 / engine_us);
+    // The same store work alone, on a fresh store, right after (same machine state).
+    let floor = floor::store_floor(backend, records);
+    println!(
+        "  store floor (claim + complete, batches of 500): {floor:.0} commands/s; engine / floor = {:.2}",
+        1e6 / engine_us / floor
+    );
     println!("  result serialisation         : {serialise_us:8.2} µs  ({} B/result)", bytes / records.max(1));
 }
