@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use dedupd::config::Config;
 use dedupd::ops::Metrics;
 use dedupd::outcome::Outcome;
-use dedupd::store::StateCounts;
+use dedupd::store::{Fsyncs, StateCounts};
 use serde::Deserialize;
 use serde_norway::Value;
 
@@ -70,7 +70,7 @@ fn exported_metrics() -> BTreeSet<String> {
     m.command(Outcome::Succeeded, Some("r"));
     m.sink_request("s", "ok", 0.01);
     m.batch_processed(0.01);
-    m.store(StateCounts { in_progress: 1, completed: 1, indeterminate: 1 }, 1);
+    m.store(StateCounts { in_progress: 1, completed: 1, indeterminate: 1 }, 1, Fsyncs { journal: 1, store: 1 });
     m.compacted(1);
     m.lag("t", 0, 1);
     m.set_in_flight(1);

@@ -41,7 +41,7 @@ const FLAKY_KEY: &str = "main-1";
 /// Every docs/contract.md §10 metric with its type (`refused_partitions` of §3 included,
 /// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md, and
 /// `store_write_errors_total`, at 0 unless a store write failed).
-const CATALOGUE: [(&str, &str); 16] = [
+const CATALOGUE: [(&str, &str); 17] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -58,6 +58,7 @@ const CATALOGUE: [(&str, &str); 16] = [
     ("dedupd_refused_partitions", "gauge"),
     ("dedupd_sink_circuit_open", "gauge"),
     ("dedupd_store_write_errors_total", "counter"),
+    ("dedupd_store_fsyncs_total", "counter"),
 ];
 
 /// One input record and what its result must be.
@@ -489,6 +490,12 @@ fn check_store(path: &Path, e: &Exposition) {
     for state in ["in_progress", "completed", "indeterminate"] {
         let gauge = e.value("dedupd_store_records", &[("state", state)]);
         assert_eq!(gauge, Some(by_state.get(state).copied().unwrap_or(0.0)), "store_records{{{state}}} vs the store");
+    }
+    // Fresh keys' claims went through journal fsyncs, completions through store flushes
+    // (the same refresh that set `store_records` set these).
+    for file in ["journal", "store"] {
+        let fsyncs = e.value("dedupd_store_fsyncs_total", &[("file", file)]).unwrap_or(0.0);
+        assert!(fsyncs >= 1.0, "store_fsyncs_total{{{file}}} = {fsyncs}");
     }
     completed_keys.sort();
     let expected: Vec<String> = (0..DISTINCT).map(|i| format!("main-{i}")).collect();

@@ -8,7 +8,7 @@ use prometheus::{
 
 use crate::envelope::RejectReason;
 use crate::outcome::Outcome;
-use crate::store::{State, StateCounts, WRITE_ERROR_KINDS};
+use crate::store::{Fsyncs, State, StateCounts, WRITE_ERROR_KINDS};
 
 /// The `status` values of `sink_requests_total`.
 pub const SINK_STATUSES: [&str; 3] = ["ok", "transient", "permanent"];
@@ -33,6 +33,7 @@ pub struct Metrics {
     sink_circuit_open: IntGaugeVec,
     worker_panics: IntCounterVec,
     store_write_errors: IntCounterVec,
+    store_fsyncs: IntCounterVec,
 }
 
 /// A metric could not be registered (a programming error, reported, not panicked).
@@ -126,6 +127,13 @@ impl Metrics {
                 ),
                 &["kind"],
             )?,
+            store_fsyncs: IntCounterVec::new(
+                Opts::new(
+                    "store_fsyncs_total",
+                    "Group commits by file (journal: the claim journal, store: the backend); each covers every partition waiting at that moment.",
+                ),
+                &["file"],
+            )?,
             registry,
         };
         m.register_all()?;
@@ -153,6 +161,7 @@ impl Metrics {
             Box::new(self.sink_circuit_open.clone()),
             Box::new(self.worker_panics.clone()),
             Box::new(self.store_write_errors.clone()),
+            Box::new(self.store_fsyncs.clone()),
         ] {
             self.registry.register(c)?;
         }
@@ -170,6 +179,9 @@ impl Metrics {
         }
         for kind in WRITE_ERROR_KINDS {
             self.store_write_errors.with_label_values(&[kind]);
+        }
+        for file in ["journal", "store"] {
+            self.store_fsyncs.with_label_values(&[file]);
         }
     }
 
@@ -210,8 +222,13 @@ impl Metrics {
         self.process_duration.observe(seconds);
     }
 
-    /// The store's state counts and size.
-    pub fn store(&self, counts: StateCounts, disk_bytes: u64) {
+    /// The store's state counts, size and group commits so far.
+    pub fn store(&self, counts: StateCounts, disk_bytes: u64, fsyncs: Fsyncs) {
+        for (file, total) in [("journal", fsyncs.journal), ("store", fsyncs.store)] {
+            // The store counts; the counter follows it (never backwards).
+            let counter = self.store_fsyncs.with_label_values(&[file]);
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         self.store_records.with_label_values(&[State::InProgress.as_str()]).set(counts.in_progress);
         self.store_records.with_label_values(&[State::Completed.as_str()]).set(counts.completed);
         self.store_records.with_label_values(&[State::Indeterminate.as_str()]).set(counts.indeterminate);

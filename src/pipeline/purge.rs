@@ -33,7 +33,7 @@ pub(super) async fn run(
             Ok(Err(e)) => tracing::error!(error = %e, "compaction failed"),
             Err(e) => tracing::error!(error = %e, "compaction task failed"),
         }
-        metrics.store(store.counts(), store.disk_bytes().unwrap_or(0));
+        metrics.store(store.counts(), store.disk_bytes().unwrap_or(0), store.fsyncs());
         metrics.set_in_flight(engine.in_flight());
         // Sleep until the next record expires, but wake at least every interval (new
         // records with earlier expiries may arrive) and refresh gauges every few seconds.

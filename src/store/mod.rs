@@ -250,6 +250,15 @@ impl KeyStore {
         }
     }
 
+    /// Group commits made so far: fsyncs of the claim journal and flushes of the backend
+    /// (each shared by every caller waiting for it at that moment).
+    pub fn fsyncs(&self) -> Fsyncs {
+        Fsyncs {
+            journal: self.journal.as_ref().map_or(0, |j| j.fsyncs()),
+            store: self.flushes_started.load(Ordering::Relaxed),
+        }
+    }
+
     /// Bytes on disk: the backend's and the claim journal's.
     pub fn disk_bytes(&self) -> Result<u64, StoreError> {
         Ok(self.backend.disk_bytes()? + self.journal.as_ref().map_or(0, |j| j.len()))
@@ -409,6 +418,8 @@ impl KeyStore {
             return Ok(());
         }
         let number = self.flushes_started.fetch_add(1, Ordering::SeqCst) + 1;
+        fault::failpoint("store.flush")
+            .map_err(|e| StoreError::Backend { backend: self.backend.name(), message: e.to_string() })?;
         self.backend.flush()?;
         *last_done = number;
         Ok(())
@@ -460,6 +471,15 @@ impl KeyStore {
 fn decode(key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
     Record::decode(value)
         .map_err(|source| StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source })
+}
+
+/// Durable writes made by a [`KeyStore`], see [`KeyStore::fsyncs`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fsyncs {
+    /// fsyncs of the claim journal.
+    pub journal: u64,
+    /// Flushes (fsyncs) of the backend.
+    pub store: u64,
 }
 
 #[cfg(test)]

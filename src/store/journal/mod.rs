@@ -102,6 +102,8 @@ pub(super) struct ClaimJournal {
     sync_lock: Mutex<()>,
     /// Journal position (bytes ever appended, over all files) known to be on disk.
     synced: AtomicU64,
+    /// fsyncs of appended claims made so far (each shared by the callers it covered).
+    fsyncs: AtomicU64,
     /// How many claims are out (`Inner::live.len()`), readable without the lock.
     out: AtomicU64,
 }

@@ -91,6 +91,7 @@ impl ClaimJournal {
             }),
             sync_lock: Mutex::new(()),
             synced: AtomicU64::new(0),
+            fsyncs: AtomicU64::new(0),
             out: AtomicU64::new(0),
         })
     }

@@ -133,7 +133,13 @@ impl ClaimJournal {
             return Err(e);
         }
         self.synced.fetch_max(upto, Ordering::AcqRel);
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// fsyncs of appended claims made so far.
+    pub(in crate::store) fn fsyncs(&self) -> u64 {
+        self.fsyncs.load(Ordering::Relaxed)
     }
 
     /// From now on every append, sync and rewrite fails, naming `cause`.
