@@ -108,12 +108,14 @@ public final class StreamsDedup {
     static void run(KafkaStreams streams, String guarantee) throws InterruptedException {
         CountDownLatch stopped = new CountDownLatch(1);
         AtomicBoolean signalled = new AtomicBoolean(false);
+        AtomicBoolean announced = new AtomicBoolean(false);
         streams.setUncaughtExceptionHandler(e -> {
             System.err.println("streams-dedup: stream thread failed: " + e);
             return StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
         });
         streams.setStateListener((now, before) -> {
-            if (now == KafkaStreams.State.RUNNING) {
+            // A rebalance leaves RUNNING and comes back: say it once.
+            if (now == KafkaStreams.State.RUNNING && !announced.getAndSet(true)) {
                 System.err.println("streams-dedup: running (" + guarantee + ")");
             }
             if (now == KafkaStreams.State.ERROR || now == KafkaStreams.State.NOT_RUNNING) {
