@@ -14,8 +14,16 @@
 //!    latency = result record timestamp (when dedupd handed it to its producer, after the
 //!    completion was flushed) minus the input's produce time; p50/p99.
 //!
+//! With `--streams`, once after the relay: Kafka Streams' own dedup recipe (the Java program
+//! in `benches/streams-dedup`: a persistent RocksDB store with its changelog, commands
+//! repartitioned by their idempotency key, two stream threads) draining the same backlog,
+//! under `at_least_once` and under `exactly_once_v2`; commands/s as for `dedupd run`, from
+//! the first result's timestamp to the last. It needs Java 17+ (the broker's) and, for its
+//! first build, Maven.
+//!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
-//! [--rate R] [--seconds S] [--backends NAME,NAME]` (default: every registered backend).
+//! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams]` (default: every registered
+//! backend, no Kafka Streams).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +43,9 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
+#[path = "pipeline/streams.rs"]
+mod streams;
+
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -44,10 +55,12 @@ struct Args {
     rate: usize,
     seconds: u64,
     backends: Vec<StoreBackend>,
+    streams: bool,
 }
 
 fn args() -> Args {
-    let mut a = Args { records: 200_000, rate: 5_000, seconds: 10, backends: StoreBackend::ALL.to_vec() };
+    let mut a =
+        Args { records: 200_000, rate: 5_000, seconds: 10, backends: StoreBackend::ALL.to_vec(), streams: false };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < argv.len() {
@@ -58,6 +71,11 @@ fn args() -> Args {
             "--seconds" => a.seconds = next.parse().expect("--seconds S"),
             "--backends" => {
                 a.backends = next.split(',').map(|b| b.parse().unwrap_or_else(|e| panic!("--backends: {e}"))).collect()
+            }
+            "--streams" => {
+                a.streams = true;
+                i += 1;
+                continue;
             }
             _ => {
                 i += 1;
@@ -308,6 +326,13 @@ fn read_results(bootstrap: &str, topic: &str, n: usize, bound: Duration) -> Hash
     out
 }
 
+/// Commands/s from the first result's timestamp to the last (so the time to join the group
+/// and start is not counted).
+fn drain_rate(seen: &HashMap<(i32, i64), i64>) -> f64 {
+    let (lo, hi) = seen.values().fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+    (seen.len() as f64 - 1.0) / ((hi - lo).max(1) as f64 / 1000.0)
+}
+
 async fn start_pipeline(config: Config) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<dedupd::ops::Health>) {
     let stop = CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -358,6 +383,9 @@ async fn main() {
     create_topic(&bootstrap, &relay_out, 6).await;
     let relay = plain_relay(&bootstrap, &input, &relay_out, a.records).await;
     println!("plain relay (consume + produce a result each, no dedupd): {relay:.0} records/s");
+    if a.streams {
+        streams::measure(&bootstrap, &input, a.records).await;
+    }
 
     println!(
         "\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain relay | p50 ms | p99 ms | at rate |"
@@ -382,8 +410,7 @@ async fn main() {
             tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(600))).await.expect("read");
         stop.cancel();
         let _ = task.await;
-        let (lo, hi) = seen.values().fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
-        let rate = (seen.len() as f64 - 1.0) / ((hi - lo).max(1) as f64 / 1000.0);
+        let rate = drain_rate(&seen);
 
         // Latency at a fixed rate.
         let lat_in = unique("bench-lat-in");
