@@ -30,12 +30,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupd::config::Config;
-use dedupd::fingerprint::Fingerprint;
 use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
-use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SourcePos};
-use dedupd::store::{StoreBackend, SyncMode};
+use dedupd::store::StoreBackend;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -43,6 +41,8 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
+#[path = "support/floor.rs"]
+mod floor;
 #[path = "pipeline/streams.rs"]
 mod streams;
 
@@ -221,52 +221,6 @@ async fn plain_relay(bootstrap: &str, input: &str, output: &str, n: usize) -> f6
     got as f64 / first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64())
 }
 
-/// The store floor: claim + flush + complete_batch + flush in batches of 500, as the engine does.
-fn store_floor(backend: StoreBackend, n: usize) -> f64 {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store");
-    let t = Instant::now();
-    let mut i = 0;
-    while i < n {
-        let end = (i + 500).min(n);
-        let mut pending = Vec::with_capacity(500);
-        for k in i..end {
-            let key = format!("bench-{k}");
-            let claim = InProgress {
-                fingerprint: Fingerprint([7; 32]),
-                claimed_at_ms: 1,
-                attempts: 1,
-                source: SourcePos { topic: "in".into(), partition: 0, offset: k as i64 },
-            };
-            let (expected, stamp) = store.get_stamped(&key).expect("read");
-            pending.push(ClaimRequest { key, expected, stamp, claim });
-        }
-        let claimed = store.claim_batch(pending).expect("claim").into_iter().map(|r| r.expect("won")).collect();
-        let durable = store.flush_claims(claimed).expect("flush");
-        // As the engine does for a round: one complete_batch, then one flush.
-        let done = durable
-            .into_iter()
-            .map(|d| {
-                let c = Completed {
-                    fingerprint: Fingerprint([7; 32]),
-                    outcome: Completion::Succeeded,
-                    result: b"{}".to_vec(),
-                    error: None,
-                    first_seen_at_ms: 1,
-                    completed_at_ms: 2,
-                    expires_at_ms: 86_400_000,
-                    attempts: 1,
-                };
-                (d, c)
-            })
-            .collect();
-        store.complete_batch(done).expect("complete");
-        store.flush().expect("flush");
-        i = end;
-    }
-    n as f64 / t.elapsed().as_secs_f64()
-}
-
 fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, dir: &std::path::Path) -> Config {
     let mut c = Config::default();
     c.kafka.bootstrap_servers = bootstrap.into();
@@ -395,7 +349,7 @@ async fn main() {
         let floor_n = a.records.min(100_000);
         let floor = tokio::task::spawn_blocking({
             let backend = *backend;
-            move || store_floor(backend, floor_n)
+            move || floor::store_floor(backend, floor_n)
         })
         .await
         .expect("floor");
