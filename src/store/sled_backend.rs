@@ -82,6 +82,7 @@ fn full_key(tree: Tree, key: &[u8]) -> Vec<u8> {
 impl SledBackend {
     pub fn open(path: &Path) -> Result<SledBackend, StoreError> {
         remove_unfinished_snapshots(path)?;
+        remove_torn_config(path)?;
         let db = open_db(path)?;
         let tree = db.open_tree("dedupd").map_err(err)?;
         Ok(SledBackend {
@@ -298,6 +299,33 @@ fn remove_unfinished_snapshots(path: &Path) -> Result<(), StoreError> {
     Ok(()) // the probe's lock is released as `db_file` closes
 }
 
+/// Removes a `conf` file that a process killed while creating the store left torn.
+///
+/// sled 0.34 writes `conf` (its storage parameters, then their CRC-32) when it is absent,
+/// before it creates `db`, without syncing it; and on open it refuses a `conf` whose text
+/// does not parse ("Read corrupted data at file offset None"), so a kill during the first
+/// open of a store leaves one that never opens again. A `conf` whose CRC fails while `db`
+/// is absent or empty belongs to a store that holds nothing yet: removed, sled writes it
+/// again from the same parameters (dedupd always opens sled with the same ones). A torn
+/// `conf` beside data is left for sled to report: that is not what a creation leaves.
+fn remove_torn_config(path: &Path) -> Result<(), StoreError> {
+    let conf = path.join("conf");
+    let Ok(bytes) = std::fs::read(&conf) else { return Ok(()) }; // absent: sled writes it
+    let holds_data = std::fs::metadata(path.join("db")).is_ok_and(|m| m.len() > 0);
+    if holds_data || config_is_whole(&bytes) {
+        return Ok(());
+    }
+    tracing::warn!(file = %conf.display(), "removing the torn sled config of a store whose creation was interrupted");
+    std::fs::remove_file(&conf).map_err(|e| io_error("sled", path, e))
+}
+
+/// Whether `bytes` are a `conf` as sled writes it: text, then the CRC-32 of that text as
+/// four little-endian bytes.
+fn config_is_whole(bytes: &[u8]) -> bool {
+    let Some((text, crc)) = bytes.split_last_chunk::<4>() else { return false };
+    !text.is_empty() && crc32fast::hash(text) == u32::from_le_bytes(*crc)
+}
+
 /// Whether another handle holds sled's lock on the store at `path`. sled takes an exclusive
 /// `flock` on the `db` file and reports failing to get it only as an `ErrorKind::Other` I/O
 /// error, so the lock is probed the same way and the answer comes from the probe's error
@@ -332,5 +360,29 @@ mod tests {
         let backend = SledBackend::open(&path).expect("reopen over a torn snapshot");
         assert_eq!(backend.get(Tree::Records, b"k").expect("get"), Some(b"v".to_vec()));
         assert!(!torn.exists(), "the unfinished snapshot is removed");
+    }
+
+    /// A process killed while sled wrote `conf` during the store's first open leaves it torn
+    /// (text without its CRC); sled 0.34 alone refuses to open it. The store opens, and
+    /// the `conf` sled writes again is whole.
+    #[test]
+    fn opens_over_a_config_torn_during_creation() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let whole = {
+            let path = dir.path().join("whole");
+            drop(SledBackend::open(&path).expect("open"));
+            std::fs::read(path.join("conf")).expect("conf")
+        };
+        assert!(config_is_whole(&whole), "sled's own conf passes the check");
+        let path = dir.path().join("torn");
+        std::fs::create_dir_all(&path).expect("dir");
+        // The text written, the CRC not yet: sled reads the last four bytes as the CRC and
+        // fails on the truncated text.
+        std::fs::write(path.join("conf"), &whole[..whole.len() - 4]).expect("write torn conf");
+        assert!(sled::Config::new().path(&path).open().is_err(), "sled alone refuses it");
+
+        let backend = SledBackend::open(&path).expect("open over a torn conf");
+        backend.apply(vec![Op::Put(Tree::Records, b"k".to_vec(), b"v".to_vec())]).expect("apply");
+        assert_eq!(std::fs::read(path.join("conf")).expect("conf"), whole, "rewritten whole");
     }
 }
