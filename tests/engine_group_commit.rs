@@ -13,67 +13,34 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::engine::{ManualClock, ScriptedSink, item, router, test_retry};
-use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
+use common::engine::{ScriptedSink, engine_with, poll_until, spawn_partition_batches};
+use dedupd::engine::ItemResult;
 use dedupd::outcome::Outcome;
 use dedupd::store::{Fsyncs, KeyStore, StoreBackend, SyncMode};
-use tokio_util::sync::CancellationToken;
 
 const PARTITIONS: usize = 6;
 const KEYS_PER_PARTITION: usize = 4;
-
-/// Polls `done` every millisecond until it holds or ten seconds pass; returns whether it held.
-async fn poll_until(done: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    true
-}
 
 async fn one_fsync_carries_every_partition(backend: StoreBackend) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store"));
     let sink = Arc::new(ScriptedSink::new("s", false));
-    let engine = Arc::new(
-        Engine::new(EngineParts {
-            store: Arc::clone(&store),
-            router: Arc::new(router(Duration::from_secs(3600))),
-            sinks: HashMap::from([("s".to_string(), sink.as_sink())]),
-            max_in_flight: PARTITIONS * KEYS_PER_PARTITION,
-            retry: test_retry(),
-            stale_guard: true,
-            clock: Arc::new(ManualClock::new(1_000_000)),
-        })
-        .expect("engine"),
-    );
+    let engine = Arc::new(engine_with(Arc::clone(&store), sink.as_sink(), PARTITIONS * KEYS_PER_PARTITION));
     let before = store.fsyncs();
     fail::cfg("journal.fsync", "pause").expect("failpoint");
     fail::cfg("store.flush", "pause").expect("failpoint");
-    let ttl = Duration::from_secs(3600);
-    let batches: Vec<tokio::task::JoinHandle<Vec<ItemResult>>> = (0..PARTITIONS)
-        .map(|p| {
-            let items: Vec<Item> =
-                (0..KEYS_PER_PARTITION).map(|i| item(&format!("p{p}-k{i}"), 1, 1_000_000, ttl, i as i64)).collect();
-            let engine = Arc::clone(&engine);
-            tokio::spawn(async move { engine.process_batch(&items, &CancellationToken::new()).await.expect("batch") })
-        })
-        .collect();
+    let batches = spawn_partition_batches(&engine, PARTITIONS, KEYS_PER_PARTITION);
     let all = (PARTITIONS * KEYS_PER_PARTITION) as i64;
 
     // Every partition's claims are written while the first fsync is held.
-    let claimed = poll_until(|| store.counts().in_progress == all).await;
+    let claimed = poll_until(Duration::from_secs(10), || store.counts().in_progress == all).await;
     fail::remove("journal.fsync");
     assert!(claimed, "{backend:?}: only {} claims written", store.counts().in_progress);
     // Every partition's completions are written while the first store flush is held.
-    let completed = poll_until(|| store.counts().completed == all).await;
+    let completed = poll_until(Duration::from_secs(10), || store.counts().completed == all).await;
     fail::remove("store.flush");
     assert!(completed, "{backend:?}: only {} completions written", store.counts().completed);
 

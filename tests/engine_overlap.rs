@@ -12,8 +12,8 @@ mod common;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use common::engine::{ManualClock, ScriptedSink, item, router, test_retry};
-use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
+use common::engine::{ScriptedSink, engine_with, item};
+use dedupd::engine::{Engine, Item, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::store::{KeyStore, StoreBackend, SyncMode};
 use parking_lot::Mutex;
@@ -34,19 +34,7 @@ async fn claims_carry_the_previous_rounds_completions(backend: StoreBackend) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store"));
     let sink = Arc::new(ScriptedSink::new("s", false));
-    let sinks = std::collections::HashMap::from([("s".to_string(), sink.as_sink())]);
-    let engine = Arc::new(
-        Engine::new(EngineParts {
-            store: Arc::clone(&store),
-            router: Arc::new(router(Duration::from_secs(3600))),
-            sinks,
-            max_in_flight: MAX_IN_FLIGHT,
-            retry: test_retry(),
-            stale_guard: true,
-            clock: Arc::new(ManualClock::new(1_000_000)),
-        })
-        .expect("engine"),
-    );
+    let engine = Arc::new(engine_with(Arc::clone(&store), sink.as_sink(), MAX_IN_FLIGHT));
     let seen: Arc<Mutex<Vec<AtTheDurabilityPoint>>> = Arc::new(Mutex::new(Vec::new()));
     let for_callback: Arc<OnceLock<Arc<Engine>>> = Arc::new(OnceLock::new());
     let _ = for_callback.set(Arc::clone(&engine));

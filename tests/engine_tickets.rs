@@ -11,16 +11,15 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::engine::{ManualClock, item, router, test_retry};
-use dedupd::engine::{Engine, EngineParts, Item, ItemResult};
+use common::engine::{ManualClock, poll_until, router, spawn_partition_batches, test_retry};
+use dedupd::engine::{Engine, EngineParts, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::{KeyStore, StoreBackend, SyncMode};
 use parking_lot::Mutex;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 const PARTITIONS: usize = 6;
 const KEYS_PER_PARTITION: usize = 12;
@@ -48,18 +47,6 @@ impl SinkEffect for GatedSink {
     }
 }
 
-/// Polls `done` every millisecond until it holds or `bound` passes; returns whether it held.
-async fn poll_until(bound: Duration, done: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + bound;
-    while !done() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    true
-}
-
 async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store"));
@@ -84,15 +71,7 @@ async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
         })
         .expect("engine"),
     );
-    let ttl = Duration::from_secs(3600);
-    let batches: Vec<tokio::task::JoinHandle<Vec<ItemResult>>> = (0..PARTITIONS)
-        .map(|p| {
-            let items: Vec<Item> =
-                (0..KEYS_PER_PARTITION).map(|i| item(&format!("p{p}-k{i}"), 1, 1_000_000, ttl, i as i64)).collect();
-            let engine = Arc::clone(&engine);
-            tokio::spawn(async move { engine.process_batch(&items, &CancellationToken::new()).await.expect("batch") })
-        })
-        .collect();
+    let batches = spawn_partition_batches(&engine, PARTITIONS, KEYS_PER_PARTITION);
 
     // Every partition has started its first round: its heads are marked in flight.
     let all_started = poll_until(Duration::from_secs(10), || engine.in_flight() >= PARTITIONS * MAX_IN_FLIGHT).await;

@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use dedupd::engine::RetryConfig;
-use dedupd::engine::{Clock, Item};
+use dedupd::engine::{Clock, Engine, EngineParts, Item};
 use dedupd::envelope::{Command, Shape};
 use dedupd::fingerprint::fingerprint;
 use dedupd::routes::RouteConfig;
 use dedupd::routes::Router;
 use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
-use dedupd::store::SourcePos;
+use dedupd::store::{KeyStore, SourcePos};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -193,4 +193,49 @@ pub fn item(key: &str, payload: u8, produced_at_ms: i64, ttl: Duration, offset: 
         parsed: Ok(command(key, payload, produced_at_ms, ttl)),
         traceparent: None,
     }
+}
+
+/// An engine over `store` with one sink `s` (route `*`, a one-hour TTL), the test retry
+/// policy and a manual clock at 1,000,000 ms.
+pub fn engine_with(store: Arc<KeyStore>, sink: Arc<Sink>, max_in_flight: usize) -> Engine {
+    Engine::new(EngineParts {
+        store,
+        router: Arc::new(router(Duration::from_secs(3600))),
+        sinks: std::collections::HashMap::from([("s".to_string(), sink)]),
+        max_in_flight,
+        retry: test_retry(),
+        stale_guard: true,
+        clock: Arc::new(ManualClock::new(1_000_000)),
+    })
+    .expect("engine")
+}
+
+/// Polls `done` every millisecond until it holds or `bound` passes; returns whether it held.
+pub async fn poll_until(bound: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + bound;
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    true
+}
+
+/// One batch per partition, all at once, as partition workers run them: partition `p`'s
+/// batch holds `keys` fresh keys `p{p}-k{i}`. Each task returns its batch's results.
+pub fn spawn_partition_batches(
+    engine: &Arc<Engine>,
+    partitions: usize,
+    keys: usize,
+) -> Vec<tokio::task::JoinHandle<Vec<dedupd::engine::ItemResult>>> {
+    let ttl = Duration::from_secs(3600);
+    (0..partitions)
+        .map(|p| {
+            let items: Vec<Item> =
+                (0..keys).map(|i| item(&format!("p{p}-k{i}"), 1, 1_000_000, ttl, i as i64)).collect();
+            let engine = Arc::clone(engine);
+            tokio::spawn(async move { engine.process_batch(&items, &CancellationToken::new()).await.expect("batch") })
+        })
+        .collect()
 }
