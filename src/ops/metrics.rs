@@ -53,6 +53,11 @@ const BATCH_EXTRA_BUCKETS: [f64; 3] = [60.0, 120.0, 300.0];
 const AGE_BUCKETS: [f64; 11] =
     [0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
 
+/// A counter with labels (registered with the others by [`Metrics::new`]).
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
 impl Metrics {
     /// Creates and registers every metric.
     // The metric catalogue: one definition per metric with its name, help text and labels,
@@ -113,25 +118,19 @@ impl Metrics {
                 ),
                 &["sink"],
             )?,
-            worker_panics: IntCounterVec::new(
-                Opts::new(
-                    "worker_panics_total",
-                    "Partition workers that panicked (the process then stops, exiting non-zero).",
-                ),
+            worker_panics: counter_vec(
+                "worker_panics_total",
+                "Partition workers that panicked (the process then stops, exiting non-zero).",
                 &["topic", "partition"],
             )?,
-            store_write_errors: IntCounterVec::new(
-                Opts::new(
-                    "store_write_errors_total",
-                    "Store writes that failed, by kind (disk_full, io); each one stops the process (exit non-zero).",
-                ),
+            store_write_errors: counter_vec(
+                "store_write_errors_total",
+                "Store writes that failed, by kind (disk_full, io); each one stops the process (exit non-zero).",
                 &["kind"],
             )?,
-            store_fsyncs: IntCounterVec::new(
-                Opts::new(
-                    "store_fsyncs_total",
-                    "Group commits by file (journal: the claim journal, store: the backend); each covers every partition waiting at that moment.",
-                ),
+            store_fsyncs: counter_vec(
+                "store_fsyncs_total",
+                "Group commits by file (journal: the claim journal, store: the backend); each covers every partition waiting at that moment.",
                 &["file"],
             )?,
             registry,
