@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{KeyStore, Record, Tree, decode_index_entry, open_backend};
-use dedupd::store::{StoreBackend, SyncMode};
+use dedupd::store::{CacheSize, StoreBackend, SyncMode};
 
 const RUN_STRIDE: i64 = 10_000_000;
 const FAR: i64 = 4_000_000_000_000;
@@ -237,7 +237,7 @@ fn check(kind: StoreBackend, path: &Path, runs: &[Run]) -> Result<(), String> {
     }
     // The store opens; opening also turns the claims the claim journal held into records.
     drop(KeyStore::open(kind, path, SyncMode::Batch).map_err(|e| format!("reopen failed: {e}"))?);
-    let backend = open_backend(kind, path).map_err(|e| format!("backend reopen failed: {e}"))?;
+    let backend = open_backend(kind, path, CacheSize::default()).map_err(|e| format!("backend reopen failed: {e}"))?;
 
     // Every record, decoded.
     let mut records: BTreeMap<String, Record> = BTreeMap::new();

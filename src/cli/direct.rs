@@ -21,7 +21,7 @@ fn is_lock_error(e: &StoreError) -> bool {
 impl Direct {
     /// Opens the configured store; a store held by a running instance is a [`CliError::Locked`].
     pub fn open(config: Config) -> Result<Direct, CliError> {
-        match KeyStore::open(config.store.backend, &config.store.path, config.store.sync) {
+        match KeyStore::open_configured(&config.store) {
             Ok(store) => Ok(Direct { store, config }),
             Err(e) if is_lock_error(&e) => {
                 Err(CliError::Locked { path: config.store.path.display().to_string(), source: e })
@@ -81,7 +81,7 @@ mod tests {
         let mut config = Config::default();
         config.store.backend = StoreBackend::Fjall;
         config.store.path = dir.path().join("store");
-        let _held = KeyStore::open(config.store.backend, &config.store.path, config.store.sync).unwrap();
+        let _held = KeyStore::open_configured(&config.store).unwrap();
         match Direct::open(config) {
             Err(e @ CliError::Locked { .. }) => assert!(e.to_string().contains("--admin"), "{e}"),
             Err(other) => panic!("expected Locked, got {other}"),

@@ -124,6 +124,20 @@ mod unit {
     }
 
     #[test]
+    fn store_cache_bytes_is_positive_and_opens_every_backend() {
+        let err = Config::from_toml_str("[store]\ncache_bytes = 0\n", no_env()).unwrap_err();
+        assert!(err.to_string().contains("cache_bytes"), "{err}");
+        for &backend in crate::store::StoreBackend::ALL {
+            let dir = tempfile::tempdir().unwrap();
+            let text = format!("[store]\nbackend = \"{backend}\"\ncache_bytes = 8388608\npath = {:?}\n", dir.path());
+            let c = Config::from_toml_str(&text, no_env()).unwrap();
+            assert_eq!(crate::store::CacheSize(c.store.cache_bytes).or(1), 8 << 20);
+            let store = crate::store::KeyStore::open_configured(&c.store).unwrap();
+            assert_eq!(store.counts().completed, 0, "{backend}");
+        }
+    }
+
+    #[test]
     fn max_ttl_below_default_is_refused() {
         let err = Config::from_toml_str("[store]\nmax_ttl = \"1h\"\n", no_env()).unwrap_err();
         assert!(err.to_string().contains("store.max_ttl"), "{err}");

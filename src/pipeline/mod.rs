@@ -172,7 +172,7 @@ impl Core {
     /// Opens the store and builds the metered sinks, the engine and the producer. Returns
     /// the sinks by name too, for the circuit gauges.
     fn build(config: &Config) -> Result<(Core, SinksByName), PipelineError> {
-        let store = Arc::new(KeyStore::open(config.store.backend, &config.store.path, config.store.sync)?);
+        let store = Arc::new(KeyStore::open_configured(&config.store)?);
         let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
         let router = Arc::new(config.router()?);
         {

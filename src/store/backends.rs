@@ -29,10 +29,10 @@ macro_rules! store_backends {
             }
         }
 
-        /// Opens a backend of `kind` at `path`.
-        pub fn open_backend(kind: StoreBackend, path: &Path) -> Result<Box<dyn Backend>, StoreError> {
+        /// Opens a backend of `kind` at `path`, its cache sized `cache`.
+        pub fn open_backend(kind: StoreBackend, path: &Path, cache: CacheSize) -> Result<Box<dyn Backend>, StoreError> {
             match kind {
-                $(StoreBackend::$variant => Ok(Box::new($module::$backend::open(path)?)),)+
+                $(StoreBackend::$variant => Ok(Box::new($module::$backend::open(path, cache)?)),)+
             }
         }
     };

@@ -1,6 +1,6 @@
 //! The `[store]` section: which backend, where, how durable, and how long keys live.
 
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -40,6 +40,28 @@ pub struct StoreConfig {
     pub compaction_interval: Duration,
     /// Most records removed per compaction chunk (one write batch).
     pub compaction_chunk: NonZeroUsize,
+    /// Bytes of the backend's block (fjall) or page (sled) cache; unset: the backend's
+    /// default ([`CacheSize`]).
+    pub cache_bytes: Option<NonZeroU64>,
+}
+
+/// How large a backend's cache is: the memory a store takes beyond its own per-key
+/// structures (the presence filter) and the backend's write buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheSize(pub Option<NonZeroU64>);
+
+impl CacheSize {
+    /// fjall's block cache when none is configured: a dedup store's reads are the recent
+    /// keys (repeats) and claims of fresh keys, which the presence filter answers without a
+    /// read, so a large cache buys little.
+    pub const FJALL_DEFAULT: u64 = 64 << 20;
+    /// sled's page cache when none is configured: sled's own default.
+    pub const SLED_DEFAULT: u64 = 1 << 30;
+
+    /// The configured size, or `default`.
+    pub fn or(self, default: u64) -> u64 {
+        self.0.map_or(default, NonZeroU64::get)
+    }
 }
 
 impl Default for StoreConfig {
@@ -52,6 +74,7 @@ impl Default for StoreConfig {
             max_ttl: Duration::from_secs(7 * 24 * 3600),
             compaction_interval: Duration::from_secs(60),
             compaction_chunk: NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN),
+            cache_bytes: None,
         }
     }
 }

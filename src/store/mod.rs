@@ -43,7 +43,7 @@ use backends::store_backends;
 
 pub use backends::UnknownBackend;
 pub use claims::{ClaimRequest, DurableClaim, PendingClaim, ReadStamp};
-pub use config::{StoreConfig, SyncMode};
+pub use config::{CacheSize, StoreConfig, SyncMode};
 pub use error::{StoreError, WRITE_ERROR_KINDS};
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
@@ -195,7 +195,22 @@ impl KeyStore {
     /// Opens (or creates) a store at `path`: the backend, then the claim journal in the same
     /// directory, whose claims left out by a crash become `in_progress` records.
     pub fn open(kind: StoreBackend, path: &Path, sync: SyncMode) -> Result<KeyStore, StoreError> {
-        let backend = open_backend(kind, path)?;
+        Self::open_with_cache(kind, path, sync, CacheSize::default())
+    }
+
+    /// Opens the store `[store]` configures.
+    pub fn open_configured(config: &StoreConfig) -> Result<KeyStore, StoreError> {
+        Self::open_with_cache(config.backend, &config.path, config.sync, CacheSize(config.cache_bytes))
+    }
+
+    /// [`KeyStore::open`] with the backend's cache sized `cache`.
+    pub fn open_with_cache(
+        kind: StoreBackend,
+        path: &Path,
+        sync: SyncMode,
+        cache: CacheSize,
+    ) -> Result<KeyStore, StoreError> {
+        let backend = open_backend(kind, path, cache)?;
         let journal = journal::ClaimJournal::recover(backend.as_ref(), &path.join(journal::FILE_NAME))?;
         Self::build(backend, Some(journal), sync)
     }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::fault::{failpoint, io_error};
-use super::{Backend, Op, StoreError, Tree};
+use super::{Backend, CacheSize, Op, StoreError, Tree};
 
 /// Full key (with the keyspace prefix) → `Some(value)` for a put, `None` for a delete.
 type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
@@ -80,10 +80,10 @@ fn full_key(tree: Tree, key: &[u8]) -> Vec<u8> {
 }
 
 impl SledBackend {
-    pub fn open(path: &Path) -> Result<SledBackend, StoreError> {
+    pub fn open(path: &Path, cache: CacheSize) -> Result<SledBackend, StoreError> {
         remove_unfinished_snapshots(path)?;
         remove_torn_config(path)?;
-        let db = open_db(path)?;
+        let db = open_db(path, cache.or(CacheSize::SLED_DEFAULT))?;
         let tree = db.open_tree("dedupd").map_err(err)?;
         Ok(SledBackend {
             db,
@@ -247,13 +247,13 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(if cfg!(te
 /// shortly after the drop, so reopening right away (a restart in process, tests) can find
 /// it still held. Another process holding it makes this fail after `LOCK_WAIT` with
 /// [`StoreError::Locked`].
-fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+fn open_db(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     // An `Other` error while the lock was free: retried once, in case the lock was
     // released between sled's attempt and the probe.
     let mut retried_while_free = false;
     loop {
-        match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open() {
+        match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).cache_capacity(cache_bytes).open() {
             Ok(db) => return Ok(db),
             // sled reports a held lock only as an `Other` I/O error (with text): see
             // `lock_is_held`.
@@ -350,14 +350,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("sled");
         {
-            let backend = SledBackend::open(&path).expect("open");
+            let backend = SledBackend::open(&path, CacheSize::default()).expect("open");
             backend.apply(vec![Op::Put(Tree::Records, b"k".to_vec(), b"v".to_vec())]).expect("apply");
             backend.flush().expect("flush");
         }
         let torn = path.join("snap.FFFFFFFFFFFFFFFF.generating");
         std::fs::write(&torn, b"torn").expect("write torn snapshot");
 
-        let backend = SledBackend::open(&path).expect("reopen over a torn snapshot");
+        let backend = SledBackend::open(&path, CacheSize::default()).expect("reopen over a torn snapshot");
         assert_eq!(backend.get(Tree::Records, b"k").expect("get"), Some(b"v".to_vec()));
         assert!(!torn.exists(), "the unfinished snapshot is removed");
     }
@@ -370,7 +370,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let whole = {
             let path = dir.path().join("whole");
-            drop(SledBackend::open(&path).expect("open"));
+            drop(SledBackend::open(&path, CacheSize::default()).expect("open"));
             std::fs::read(path.join("conf")).expect("conf")
         };
         assert!(config_is_whole(&whole), "sled's own conf passes the check");
@@ -381,7 +381,7 @@ mod tests {
         std::fs::write(path.join("conf"), &whole[..whole.len() - 4]).expect("write torn conf");
         assert!(sled::Config::new().path(&path).open().is_err(), "sled alone refuses it");
 
-        let backend = SledBackend::open(&path).expect("open over a torn conf");
+        let backend = SledBackend::open(&path, CacheSize::default()).expect("open over a torn conf");
         backend.apply(vec![Op::Put(Tree::Records, b"k".to_vec(), b"v".to_vec())]).expect("apply");
         assert_eq!(std::fs::read(path.join("conf")).expect("conf"), whole, "rewritten whole");
     }

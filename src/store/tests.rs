@@ -633,7 +633,7 @@ fn empty_and_reversed_scans(kind: StoreBackend) {
 /// (puts shadow, deletes hide), page by page, in every keyspace.
 fn reads_see_unflushed_writes(kind: StoreBackend) {
     let dir = tempfile::tempdir().unwrap();
-    let b = open_backend(kind, dir.path()).unwrap();
+    let b = open_backend(kind, dir.path(), CacheSize::default()).unwrap();
     let put = |t: Tree, k: &str, v: &str| Op::Put(t, k.as_bytes().to_vec(), v.as_bytes().to_vec());
     let del = |t: Tree, k: &str| Op::Delete(t, k.as_bytes().to_vec());
     b.apply(vec![put(Tree::Records, "a", "1"), put(Tree::Records, "c", "1"), put(Tree::Records, "e", "1")]).unwrap();
@@ -656,7 +656,7 @@ fn reads_see_unflushed_writes(kind: StoreBackend) {
     b.flush().unwrap();
     assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
     drop(b);
-    let b = open_backend(kind, dir.path()).unwrap();
+    let b = open_backend(kind, dir.path(), CacheSize::default()).unwrap();
     assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
     assert_eq!(b.scan(Tree::Expiry, b"", None, 100).unwrap(), vec![]);
 }

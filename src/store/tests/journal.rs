@@ -269,7 +269,7 @@ fn a_bad_frame_before_valid_ones_refuses_the_open_and_keeps_the_file(kind: Store
     assert!(matches!(err, StoreError::JournalCorrupt { offset: 0, .. }), "{message}");
     assert!(message.contains(&path.display().to_string()) && message.contains("byte 0"), "{message}");
     assert_eq!(std::fs::read(&path).unwrap(), corrupted, "the file is kept as it was");
-    let backend = open_backend(kind, dir.path()).unwrap();
+    let backend = open_backend(kind, dir.path(), CacheSize::default()).unwrap();
     for k in keys("later", 2) {
         assert_eq!(backend.get(Tree::Records, k.as_bytes()).unwrap(), None, "{k}: nothing written past the bad frame");
     }
