@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench store -- [--keys N[,N...]] [--backend NAME|all] [--lookups N]
-//!                              [--pairs N] [--dir DIR]
+//!                              [--only raw|store] [--pairs N] [--dir DIR]
 //! ```
 //!
 //! For each backend and size, `--pairs` (default 3) pairs of child processes, run back to
@@ -411,7 +411,9 @@ fn run_child(mode: &str, backend: StoreBackend, n: u64, lookups: u64, base: &Pat
 }
 
 fn human(v: f64) -> String {
-    if v >= 1e6 {
+    if v.is_nan() {
+        "–".into() // a side not run (`--only`)
+    } else if v >= 1e6 {
         format!("{:.2} M", v / 1e6)
     } else if v >= 1e3 {
         format!("{:.1} k", v / 1e3)
@@ -443,14 +445,24 @@ struct Args {
     scales: Vec<u64>,
     /// Keys read by the lookup phase (default `DEFAULT_LOOKUPS`, at most all of them).
     lookups: Option<u64>,
+    /// Run only this side of each pair (`raw` or `store`): a size where the other side
+    /// would take too long, or is not needed.
+    only: Option<String>,
     dir: Option<PathBuf>,
     pairs: usize,
 }
 
 fn parse_args() -> Args {
     let mut args = std::env::args().skip(1);
-    let mut a =
-        Args { child: None, backend: "all".into(), scales: vec![1_000_000], lookups: None, dir: None, pairs: 3 };
+    let mut a = Args {
+        child: None,
+        backend: "all".into(),
+        scales: vec![1_000_000],
+        lookups: None,
+        only: None,
+        dir: None,
+        pairs: 3,
+    };
     let count = |v: Option<String>, what: &str| -> u64 {
         v.and_then(|v| v.replace('_', "").parse().ok()).filter(|&n| n > 0).unwrap_or_else(|| panic!("{what} N (>= 1)"))
     };
@@ -464,11 +476,14 @@ fn parse_args() -> Args {
                 a.scales.sort_unstable();
             }
             "--lookups" => a.lookups = Some(count(args.next(), "--lookups")),
+            "--only" => {
+                a.only = args.next().filter(|s| s == "raw" || s == "store").or_else(|| panic!("--only raw|store"))
+            }
             "--dir" => a.dir = args.next().map(PathBuf::from),
             "--pairs" => a.pairs = count(args.next(), "--pairs") as usize,
             "--bench" => {} // added by `cargo bench`
             other => panic!(
-                "unknown argument {other}; use --keys N[,N...] --backend NAME|all [--lookups N] [--pairs N] [--dir DIR]"
+                "unknown argument {other}; use --keys N[,N...] --backend NAME|all [--lookups N] [--only raw|store] [--pairs N] [--dir DIR]"
             ),
         }
     }
@@ -509,9 +524,11 @@ fn main() {
             // Alternating pairs, so that a busy minute on a shared machine hits one pair, not
             // the whole comparison; every figure is the median over the pairs and every ratio
             // the median of the per-pair ratios (the two children of a pair run back to back).
-            let pairs: Vec<(Figures, Figures)> = (0..a.pairs)
-                .map(|_| (run_child("raw", b, n, lookups(n), &base), run_child("store", b, n, lookups(n), &base)))
-                .collect();
+            let side = |mode: &str| match a.only.as_deref() {
+                Some(only) if only != mode => Figures::new(),
+                _ => run_child(mode, b, n, lookups(n), &base),
+            };
+            let pairs: Vec<(Figures, Figures)> = (0..a.pairs).map(|_| (side("raw"), side("store"))).collect();
             println!();
             println!(
                 "## {b}, {n} keys, {} lookups ({} pairs in {:.0?}; load average now {})",

@@ -27,8 +27,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dedupd::fingerprint::Fingerprint;
-use dedupd::store::{KeyStore, Record, Tree, decode_index_entry, open_backend};
 use dedupd::store::{CacheSize, StoreBackend, SyncMode};
+use dedupd::store::{KeyStore, Record, Tree, decode_index_entry, open_backend};
 
 const RUN_STRIDE: i64 = 10_000_000;
 const FAR: i64 = 4_000_000_000_000;
