@@ -610,6 +610,8 @@ fn print_comparison(n: u64, pairs: &[(Figures, Figures)]) {
         let ratios: Vec<f64> = raws.iter().zip(&sts).map(|(r, s)| s / r).collect();
         let ratio = median(&ratios);
         let (t, met) = match target {
+            // No ratio when one side was not run (`--only`).
+            Some((t, _)) if ratio.is_nan() => (t.to_string(), "–".into()),
             Some((t, ok)) => (t.to_string(), if ok(ratio) { "yes" } else { "**no**" }.to_string()),
             None => ("–".into(), "–".into()),
         };
