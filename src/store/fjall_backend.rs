@@ -22,9 +22,13 @@
 //!   time after a crash and the disk the journals take (each command is journaled twice,
 //!   claim and completion: at 128 MiB the journals alone were ~130 B/key of a 1M-key store,
 //!   at 64 MiB the store settles at ~1.25× the raw floor's disk); fjall flushes the
-//!   memtables holding the oldest journal when it is exceeded. Journal writes go to the OS on every commit (`manual_journal_persist` stays
-//!   `false`), so a process crash (not a power loss) loses nothing even with
-//!   `store.sync = "none"`; [`Backend::flush`] is `persist(SyncAll)`, an fsync.
+//!   memtables holding the oldest journal when it is exceeded.
+//! - Durability: a committed batch waits in the journal's 8 KiB buffer inside this
+//!   process; [`Backend::write_out`] hands it to the OS (`persist(Buffer)`), which a process
+//!   crash keeps (`store.sync = "none"`), and [`Backend::flush`] is `persist(SyncAll)`, an
+//!   fsync. fjall holds its journal's lock during that fsync, so writes of other threads
+//!   wait for it; syncing the file from a handle of our own instead measured no gain
+//!   (docs/decisions.md).
 //! - Block cache: `store.cache_bytes`, 64 MiB when unset (fjall's default is 32 MiB): the
 //!   working set of a dedup store is the recent keys; more does not help claims of fresh
 //!   keys, which the presence filter answers without a read.
@@ -168,6 +172,13 @@ impl Backend for FjallBackend {
         self.db.persist(PersistMode::SyncAll).map_err(|e| engine_write_error("fjall", &self.path, &e))
     }
 
+    /// A batch's commit leaves it in the journal's 8 KiB buffer inside this process (only
+    /// single-key writes are handed to the OS at once): handed over here, so that a process
+    /// crash keeps it with `store.sync = "none"`.
+    fn write_out(&self) -> Result<(), StoreError> {
+        self.db.persist(PersistMode::Buffer).map_err(|e| engine_write_error("fjall", &self.path, &e))
+    }
+
     /// A round's completions in one or two entries: an LSM tree stores a 45 KiB value in
     /// its journal and blocks like any other, and fewer entries mean fewer index writes and
     /// fewer index tombstones for compaction to step over.
@@ -200,5 +211,24 @@ impl Backend for FjallBackend {
 
     fn disk_bytes(&self) -> Result<u64, StoreError> {
         self.db.disk_space().map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FjallBackend;
+    use crate::store::{Backend, CacheSize, Op, Tree};
+
+    /// `write_out` hands a committed batch to the OS (what a process crash keeps), not
+    /// only to fjall's buffer: its bytes are in the journal file.
+    #[test]
+    fn write_out_puts_a_small_batch_in_the_journal_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = FjallBackend::open(dir.path(), CacheSize::default()).unwrap();
+        db.apply(vec![Op::Put(Tree::Records, b"small".to_vec(), b"small-value".to_vec())]).unwrap();
+        db.write_out().unwrap();
+        // A new store has one journal, `0.jnl`.
+        let journal = std::fs::read(dir.path().join("0.jnl")).unwrap();
+        assert!(journal.windows(11).any(|w| w == b"small-value"));
     }
 }
