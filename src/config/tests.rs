@@ -131,7 +131,7 @@ mod unit {
             let dir = tempfile::tempdir().unwrap();
             let text = format!("[store]\nbackend = \"{backend}\"\ncache_bytes = 8388608\npath = {:?}\n", dir.path());
             let c = Config::from_toml_str(&text, no_env()).unwrap();
-            assert_eq!(crate::store::CacheSize(c.store.cache_bytes).or(1), 8 << 20);
+            assert_eq!(c.store.cache_bytes.or(1), 8 << 20);
             let store = crate::store::KeyStore::open_configured(&c.store).unwrap();
             assert_eq!(store.counts().completed, 0, "{backend}");
         }

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use self::fence::{RestartBudget, Session, Verdict};
@@ -25,12 +25,15 @@ use super::partitions::{Dispatched, Fetching, PartitionTable, WorkerHandle};
 use super::queue::partition_queue;
 use super::worker::{BatchOffsets, PanicWatch, PartitionWorker, WorkerShared, supervise};
 use super::{KafkaConfig, PipelineError};
-use crate::connection::ConnectionError;
 use crate::connection::probe::ConnectError;
 use crate::ops::{Health, Metrics};
 use crate::store::KeyStore;
 
 mod fence;
+mod settings;
+
+pub use settings::consumer_config;
+use settings::static_member_id;
 
 /// How long a revoke or shutdown waits for a partition's in-flight batch.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -304,39 +307,6 @@ async fn drain_all(joins: Vec<(Tp, tokio::task::JoinHandle<()>)>, bound: Duratio
         .into_iter()
         .map(|(tp, join)| async move { tokio::time::timeout_at(deadline, join).await.is_err().then_some(tp) });
     futures::future::join_all(waits).await.into_iter().flatten().collect()
-}
-
-/// The consumer settings dedupd chooses; `[kafka.connection]` and then `kafka.consumer.*`
-/// override them (see [`KafkaConfig::client_config`]).
-pub fn consumer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionError> {
-    let mut c = kafka.client_config(
-        &[
-            ("enable.auto.commit", "true"),
-            ("auto.commit.interval.ms", "1000"),
-            ("auto.offset.reset", "earliest"),
-            // librdkafka's default of 1000 ms stalls a consumer draining a backlog for a
-            // second each time its prefetch queue fills; 10 ms drained 5x faster here.
-            ("fetch.queue.backoff.ms", "10"),
-            // Statistics feed `dedupd_consumer_lag`; every 5 s is cheap and fresh enough.
-            ("statistics.interval.ms", "5000"),
-        ],
-        &kafka.consumer,
-    )?;
-    // The offset is stored only after the record's result is acknowledged (validation
-    // refuses these keys in `kafka.consumer`).
-    c.set("group.id", &kafka.group_id).set("enable.auto.offset.store", "false");
-    Ok(c)
-}
-
-/// The `group.instance.id` dedupd gives the consumer: none when `kafka.static_membership`
-/// is off or `kafka.consumer` names one itself (a StatefulSet's pod name), else one made
-/// from the store's identity, which a restart on the same store keeps (see
-/// `store::identity`).
-fn static_member_id(kafka: &KafkaConfig, store: &KeyStore) -> Result<Option<String>, PipelineError> {
-    if !kafka.static_membership || kafka.consumer.contains_key("group.instance.id") {
-        return Ok(None);
-    }
-    Ok(Some(format!("dedupd-{}", store.identity()?)))
 }
 
 /// Everything the consumer thread needs.

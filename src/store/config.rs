@@ -42,12 +42,14 @@ pub struct StoreConfig {
     pub compaction_chunk: NonZeroUsize,
     /// Bytes of the backend's block (fjall) or page (sled) cache; unset: the backend's
     /// default ([`CacheSize`]).
-    pub cache_bytes: Option<NonZeroU64>,
+    pub cache_bytes: CacheSize,
 }
 
 /// How large a backend's cache is: the memory a store takes beyond its own per-key
-/// structures (the presence filter) and the backend's write buffers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// structures (the presence filter) and the backend's write buffers. In a config file, a
+/// positive number of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(transparent)]
 pub struct CacheSize(pub Option<NonZeroU64>);
 
 impl CacheSize {
@@ -74,7 +76,7 @@ impl Default for StoreConfig {
             max_ttl: Duration::from_secs(7 * 24 * 3600),
             compaction_interval: Duration::from_secs(60),
             compaction_chunk: NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN),
-            cache_bytes: None,
+            cache_bytes: CacheSize::default(),
         }
     }
 }

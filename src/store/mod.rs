@@ -192,27 +192,19 @@ fn watermark_key(topic: &str, partition: i32) -> Vec<u8> {
 }
 
 impl KeyStore {
-    /// Opens (or creates) a store at `path`: the backend, then the claim journal in the same
-    /// directory, whose claims left out by a crash become `in_progress` records.
+    /// Opens (or creates) a store at `path` with the backend's default cache: see
+    /// [`KeyStore::open_configured`].
     pub fn open(kind: StoreBackend, path: &Path, sync: SyncMode) -> Result<KeyStore, StoreError> {
-        Self::open_with_cache(kind, path, sync, CacheSize::default())
+        Self::open_configured(&StoreConfig { backend: kind, path: path.to_path_buf(), sync, ..StoreConfig::default() })
     }
 
-    /// Opens the store `[store]` configures.
+    /// Opens (or creates) the store `[store]` configures: the backend, then the claim
+    /// journal in the same directory, whose claims left out by a crash become
+    /// `in_progress` records.
     pub fn open_configured(config: &StoreConfig) -> Result<KeyStore, StoreError> {
-        Self::open_with_cache(config.backend, &config.path, config.sync, CacheSize(config.cache_bytes))
-    }
-
-    /// [`KeyStore::open`] with the backend's cache sized `cache`.
-    pub fn open_with_cache(
-        kind: StoreBackend,
-        path: &Path,
-        sync: SyncMode,
-        cache: CacheSize,
-    ) -> Result<KeyStore, StoreError> {
-        let backend = open_backend(kind, path, cache)?;
-        let journal = journal::ClaimJournal::recover(backend.as_ref(), &path.join(journal::FILE_NAME))?;
-        Self::build(backend, Some(journal), sync)
+        let backend = open_backend(config.backend, &config.path, config.cache_bytes)?;
+        let journal = journal::ClaimJournal::recover(backend.as_ref(), &config.path.join(journal::FILE_NAME))?;
+        Self::build(backend, Some(journal), config.sync)
     }
 
     /// Wraps an open backend without a claim journal (every claim goes to the backend).
