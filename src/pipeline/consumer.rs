@@ -6,10 +6,14 @@
 //! results up to it are acknowledged, and auto-commit (plus a synchronous commit on revoke
 //! and shutdown) commits only stored offsets.
 //!
+//! Records: each assigned partition's records go to a queue of its own that its worker
+//! reads (see `split`); the poll thread serves rebalances, errors and statistics, and
+//! dispatches any record that still comes through the consumer's queue.
+//!
 //! A consumer that librdkafka fenced after losing its own group session is replaced by a new
 //! one in the same process; any other fatal consumer error stops the process (see `fence`).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -22,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use self::fence::{RestartBudget, Session, Verdict};
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Dispatched, Fetching, PartitionTable, WorkerHandle};
-use super::queue::partition_queue;
+use super::queue::{SplitQueue, partition_queue};
 use super::worker::{BatchOffsets, PanicWatch, PartitionWorker, WorkerShared, supervise};
 use super::{KafkaConfig, PipelineError};
 use crate::connection::probe::ConnectError;
@@ -31,9 +35,10 @@ use crate::store::KeyStore;
 
 mod fence;
 mod settings;
+mod split;
 
 pub use settings::consumer_config;
-use settings::static_member_id;
+use settings::{bound_prefetch, static_member_id};
 
 /// How long a revoke or shutdown waits for a partition's in-flight batch.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -68,6 +73,9 @@ pub struct PipelineContext {
     check_retry: Mutex<Option<CheckRetry>>,
     /// Whether the group session was lost (and taken back), to judge a fence.
     session: Mutex<Session>,
+    /// The consumer itself, to split partition queues from the rebalance callback (which
+    /// gets only a reference); weak, as the consumer owns this context.
+    consumer: OnceLock<Weak<BaseConsumer<PipelineContext>>>,
 }
 
 impl ClientContext for PipelineContext {
@@ -92,8 +100,13 @@ impl ConsumerContext for PipelineContext {
         // Every rebalance ends in an assignment (possibly empty) for every member, while a
         // revoke comes only before some of them: counting assignments counts rebalances
         // once each, not twice when partitions move.
-        if let Rebalance::Assign(_) = rebalance {
+        if let Rebalance::Assign(tpl) = rebalance {
             self.metrics.rebalance();
+            // Before the assignment takes effect, so nothing is fetched into the consumer's
+            // queue first (see `split`).
+            if let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) {
+                self.partitions.add_splits(split::split_queues(&consumer, &partitions_of(tpl)));
+            }
         }
         if let Rebalance::Revoke(tpl) = rebalance {
             self.revoke(consumer, &partitions_of(tpl));
@@ -354,8 +367,10 @@ fn create_consumer(
         accept_empty_store: parts.accept_empty_store,
         check_retry: Mutex::new(None),
         session: Mutex::new(Session::default()),
+        consumer: OnceLock::new(),
     };
     let mut config = consumer_config(&parts.kafka)?;
+    bound_prefetch(&mut config, &parts.kafka, parts.queue_per_partition, parts.queue_bytes_per_partition);
     if let Some(member) = static_member_id(&parts.kafka, &ctx.store)? {
         tracing::info!(group_instance_id = %member, "joining the consumer group as a static member");
         config.set("group.instance.id", member);
@@ -365,9 +380,12 @@ fn create_consumer(
             client: "consumer".into(),
             reason: crate::connection::check::redact_all(&config, &e.to_string()),
         })?;
+    let consumer = Arc::new(consumer);
+    // Before the first poll, where rebalance callbacks run.
+    let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
     let topics: Vec<&str> = parts.kafka.input_topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
-    Ok(Arc::new(consumer))
+    Ok(consumer)
 }
 
 /// How a consumer's poll loop ended.
@@ -418,6 +436,8 @@ fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerPart
     while !parts.stop.is_cancelled() {
         // Held records go on as soon as their queue has room; poll briefly meanwhile.
         ctx.retry_check_if_due(consumer);
+        // Partitions assigned (or checked) since the last turn start reading their queues.
+        ctx.partitions.start_split_workers(|tp, split| start_worker(consumer, parts, tp, split));
         let holding = ctx.partitions.release_held(&**consumer);
         let msg = match consumer.poll(Duration::from_millis(if holding { 10 } else { 100 })) {
             None => continue,
@@ -436,7 +456,7 @@ fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerPart
         let tp = (msg.topic().to_string(), msg.partition());
         let offset = msg.offset();
         // Backpressure without blocking the poll thread (see `partitions`).
-        let start_worker = |tp: &Tp| start_worker(consumer, parts, tp);
+        let start_worker = |tp: &Tp, split| start_worker(consumer, parts, tp, split);
         if ctx.partitions.dispatch(&**consumer, &tp, msg, start_worker) == Dispatched::NotOurs {
             // Prefetched before a revoke or pause: not ours to process; nothing is stored,
             // so it comes again to whoever owns the partition.
@@ -456,10 +476,17 @@ fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerPart
     end
 }
 
-/// Starts the worker of `tp` on the runtime, with a queue of `queue_per_partition` records
-/// and `queue_bytes_per_partition` bytes.
-fn start_worker(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerParts, tp: &Tp) -> WorkerHandle {
+/// Starts the worker of `tp` on the runtime, reading `split` (its own queue) and a channel
+/// of `queue_per_partition` records and `queue_bytes_per_partition` bytes for records that
+/// come through the consumer's queue.
+fn start_worker(
+    consumer: &Arc<BaseConsumer<PipelineContext>>,
+    parts: &ConsumerParts,
+    tp: &Tp,
+    split: Option<SplitQueue>,
+) -> WorkerHandle {
     let (tx, rx) = partition_queue(parts.queue_per_partition, parts.queue_bytes_per_partition);
+    let rx = rx.with_split(split);
     let cancel = CancellationToken::new();
     let control: Arc<dyn PartitionControl> = Arc::clone(consumer) as Arc<dyn PartitionControl>;
     let in_batch = Arc::new(BatchOffsets::default());

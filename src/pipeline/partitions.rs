@@ -6,8 +6,12 @@
 //! same lock, so a worker resuming after a circuit cannot race the poll thread pausing for
 //! a full queue.
 //!
-//! The poll thread never blocks on a partition: a record whose worker queue is full is held
-//! here, in offset order, and its partition paused until the queue has room again.
+//! Each partition's records normally reach its worker through librdkafka's own queue for
+//! it, split from the consumer's before the partition is assigned (see `queue`); the table
+//! keeps that split queue until the partition may run and then starts its worker with it.
+//! Records that come through the consumer's queue instead are dispatched here, and the poll
+//! thread never blocks on a partition: a record whose worker queue is full is held here, in
+//! offset order, and its partition paused until the queue has room again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Display;
@@ -20,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::control::Tp;
-use super::queue::QueueSender;
+use super::queue::{QueueSender, SplitQueue};
 
 /// Switches the fetching of partitions off and on: the consumer, or a fake in tests.
 pub(super) trait Fetching {
@@ -88,6 +92,9 @@ struct State {
     /// Records polled for a partition whose worker queue was full, in offset order; a key
     /// is present only while it has records (so the poll loop's check is one `is_empty`).
     held: HashMap<Tp, VecDeque<OwnedMessage>>,
+    /// Split queues of partitions whose worker has not started yet. Each holds the
+    /// consumer, so the table must let go of them before the consumer can close.
+    splits: HashMap<Tp, SplitQueue>,
 }
 
 impl State {
@@ -211,9 +218,42 @@ impl PartitionTable {
             .collect()
     }
 
-    /// Takes every worker out of the table (shutdown).
+    /// Keeps the split queues of partitions about to be assigned until their workers start.
+    pub(super) fn add_splits(&self, splits: Vec<(Tp, SplitQueue)>) {
+        self.state.lock().splits.extend(splits);
+    }
+
+    /// Starts, with `start_worker`, the worker of every assigned partition that has a split
+    /// queue waiting and may run (a refused or unchecked one waits). Returns how many.
+    pub(super) fn start_split_workers(
+        &self,
+        mut start_worker: impl FnMut(&Tp, Option<SplitQueue>) -> WorkerHandle,
+    ) -> usize {
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        if state.splits.is_empty() {
+            return 0;
+        }
+        let ready: Vec<Tp> = state
+            .splits
+            .keys()
+            .filter(|tp| state.may_run(tp).is_ok() && state.assigned.get(*tp).is_some_and(|p| p.worker.is_none()))
+            .cloned()
+            .collect();
+        for tp in &ready {
+            let split = state.splits.remove(tp);
+            if let Some(p) = state.assigned.get_mut(tp) {
+                p.worker = Some(start_worker(tp, split));
+            }
+        }
+        ready.len()
+    }
+
+    /// Takes every worker out of the table (shutdown), and drops the split queues of
+    /// partitions that never started one (they hold the consumer).
     pub(super) fn take_all_workers(&self) -> Vec<(Tp, WorkerHandle)> {
         let mut state = self.state.lock();
+        state.splits.clear();
         state.assigned.iter_mut().filter_map(|(tp, p)| p.worker.take().map(|w| (tp.clone(), w))).collect()
     }
 
@@ -223,6 +263,7 @@ impl PartitionTable {
         for tp in parts {
             state.assigned.remove(tp);
             state.held.remove(tp);
+            state.splits.remove(tp);
         }
         state.assigned.values().filter(|p| p.refused).count()
     }
@@ -235,7 +276,7 @@ impl PartitionTable {
         fetch: &F,
         tp: &Tp,
         msg: OwnedMessage,
-        start_worker: impl FnOnce(&Tp) -> WorkerHandle,
+        start_worker: impl FnOnce(&Tp, Option<SplitQueue>) -> WorkerHandle,
     ) -> Dispatched {
         let mut state = self.state.lock();
         let state = &mut *state;
@@ -246,7 +287,7 @@ impl PartitionTable {
             q.push_back(msg);
             return Dispatched::Held;
         }
-        let worker = p.worker.get_or_insert_with(|| start_worker(tp));
+        let worker = p.worker.get_or_insert_with(|| start_worker(tp, state.splits.remove(tp)));
         match worker.tx.try_send(msg) {
             Ok(()) => Dispatched::Queued,
             Err(TrySendError::Full(m)) => {

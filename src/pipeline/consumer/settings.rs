@@ -28,6 +28,20 @@ pub fn consumer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionEr
     Ok(c)
 }
 
+/// Bounds what librdkafka prefetches for each partition to what the partition's worker may
+/// have waiting: `queued.min.messages` = `records` and `queued.max.messages.kbytes` =
+/// `bytes` (in KiB, at least 1), unless `kafka.consumer` sets them. With split partition
+/// queues (see `split`) librdkafka applies both per partition and stops fetching a
+/// partition once its queue holds that much, which is the consumer's backpressure.
+pub(super) fn bound_prefetch(config: &mut ClientConfig, kafka: &KafkaConfig, records: usize, bytes: usize) {
+    if !kafka.consumer.contains_key("queued.min.messages") {
+        config.set("queued.min.messages", records.clamp(1, 10_000_000).to_string());
+    }
+    if !kafka.consumer.contains_key("queued.max.messages.kbytes") {
+        config.set("queued.max.messages.kbytes", (bytes / 1024).clamp(1, 2_097_151).to_string());
+    }
+}
+
 /// The `group.instance.id` dedupd gives the consumer: none when `kafka.static_membership`
 /// is off or `kafka.consumer` names one itself (a StatefulSet's pod name), else one made
 /// from the store's identity, which a restart on the same store keeps (see

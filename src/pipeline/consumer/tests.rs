@@ -18,13 +18,14 @@ fn context(dir: &std::path::Path) -> PipelineContext {
         accept_empty_store: false,
         check_retry: Mutex::new(None),
         session: Mutex::new(Session::default()),
+        consumer: OnceLock::new(),
     }
 }
 
 /// Dispatches a record of `tp` to a worker that is never run.
 fn dispatch(ctx: &PipelineContext, fetch: &FakeFetching, tp: &Tp) -> Dispatched {
     let record = OwnedMessage::new(None, None, tp.0.clone(), Timestamp::NotAvailable, tp.1, 0, None);
-    ctx.partitions.dispatch(fetch, tp, record, |_| {
+    ctx.partitions.dispatch(fetch, tp, record, |_, _| {
         let (tx, _rx) = partition_queue(8, usize::MAX);
         WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }
     })
@@ -104,4 +105,24 @@ async fn workers_drain_all_at_once_within_one_bound() {
     let late = drain_all(joins, bound).await;
     assert_eq!(late, vec![("in".to_string(), 0)]);
     assert_eq!(started.elapsed(), bound);
+}
+
+#[test]
+fn prefetch_is_bounded_per_partition_by_the_pipeline_unless_kafka_consumer_sets_it() {
+    let mut kafka = KafkaConfig::default();
+    let mut c = consumer_config(&kafka).expect("config");
+    bound_prefetch(&mut c, &kafka, 2_000, 16 << 20);
+    assert_eq!(c.get("queued.min.messages"), Some("2000"));
+    assert_eq!(c.get("queued.max.messages.kbytes"), Some("16384"));
+
+    kafka.consumer.insert("queued.min.messages".into(), "50".into());
+    kafka.consumer.insert("queued.max.messages.kbytes".into(), "1024".into());
+    let mut c = consumer_config(&kafka).expect("config");
+    bound_prefetch(&mut c, &kafka, 2_000, 100);
+    assert_eq!(c.get("queued.min.messages"), Some("50"), "the operator's value stands");
+    assert_eq!(c.get("queued.max.messages.kbytes"), Some("1024"));
+
+    let mut c = consumer_config(&KafkaConfig::default()).expect("config");
+    bound_prefetch(&mut c, &KafkaConfig::default(), 1, 100);
+    assert_eq!(c.get("queued.max.messages.kbytes"), Some("1"), "librdkafka's least, not 0");
 }

@@ -1,5 +1,7 @@
 //! Tests of `pipeline::partitions`.
 
+use std::sync::Arc;
+
 use rdkafka::Timestamp;
 use rdkafka::message::Message;
 
@@ -29,7 +31,7 @@ fn dispatch(
     offset: i64,
     rx: &mut Option<QueueReceiver>,
 ) -> Dispatched {
-    table.dispatch(kafka, tp, record(tp, offset), |_| {
+    table.dispatch(kafka, tp, record(tp, offset), |_, _| {
         let (handle, r) = worker(1);
         *rx = Some(r);
         handle
@@ -69,13 +71,13 @@ async fn records_past_the_byte_budget_are_held_and_the_partition_paused() {
     let large =
         |offset| OwnedMessage::new(Some(vec![0; 600]), None, a.0.clone(), Timestamp::NotAvailable, a.1, offset, None);
     let mut rx = None;
-    let start = |_: &Tp| {
+    let start = |_: &Tp, _| {
         let (tx, r) = partition_queue(100, 1_000);
         rx = Some(r);
         WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }
     };
     assert_eq!(table.dispatch(&kafka, &a, large(0), start), Dispatched::Queued);
-    assert_eq!(table.dispatch(&kafka, &a, large(1), |_| unreachable!("a worker runs")), Dispatched::Held);
+    assert_eq!(table.dispatch(&kafka, &a, large(1), |_, _| unreachable!("a worker runs")), Dispatched::Held);
     assert!(kafka.is_paused(&a), "1,200 bytes would exceed the budget: paused");
     let mut rx = rx.expect("worker");
     assert!(table.release_held(&kafka), "still no room");
@@ -190,4 +192,86 @@ async fn a_record_for_a_stopped_worker_is_dropped() {
     drop(rx);
     assert_eq!(dispatch(&table, &kafka, &a, 1, &mut None), Dispatched::WorkerGone);
     assert_eq!(table.take_all_workers().len(), 1);
+}
+
+/// A split queue with nothing fetched; `alive` counts the table's copy while it keeps one.
+struct EmptySplit(#[allow(dead_code)] Arc<()>);
+
+impl crate::pipeline::queue::Prefetched for EmptySplit {
+    fn take(&self) -> Option<OwnedMessage> {
+        None
+    }
+}
+
+fn split_of(alive: &Arc<()>) -> SplitQueue {
+    SplitQueue { records: Box::new(EmptySplit(Arc::clone(alive))), ready: Arc::new(tokio::sync::Notify::new()) }
+}
+
+/// Starts the split workers of `table`, returning the partitions started and whether each
+/// got its split queue; the test plays the workers through `running`.
+fn start_split(table: &PartitionTable, running: &mut Vec<QueueReceiver>) -> Vec<(Tp, bool)> {
+    let mut started = Vec::new();
+    table.start_split_workers(|tp, split| {
+        started.push((tp.clone(), split.is_some()));
+        let (handle, rx) = worker(1);
+        running.push(rx.with_split(split));
+        handle
+    });
+    started
+}
+
+#[tokio::test]
+async fn a_split_partition_starts_its_worker_with_its_queue_once_it_may_run() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
+    let (alive, mut running) = (Arc::new(()), Vec::new());
+    table.add_splits(vec![(a.clone(), split_of(&alive))]);
+    assert!(start_split(&table, &mut running).is_empty(), "split before the assignment takes effect: not assigned yet");
+    table.assign(&kafka, std::slice::from_ref(&a));
+    table.mark_unchecked(&kafka, std::slice::from_ref(&a));
+    assert!(start_split(&table, &mut running).is_empty(), "never read unchecked");
+    table.checked(&kafka, &a);
+    assert_eq!(start_split(&table, &mut running), vec![(a.clone(), true)]);
+    assert_eq!(Arc::strong_count(&alive), 2, "the worker holds the split queue now");
+    assert!(start_split(&table, &mut running).is_empty(), "one worker per partition");
+}
+
+#[tokio::test]
+async fn a_refused_partition_never_reads_its_split_queue_and_forgetting_it_lets_go() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
+    let (alive, mut running) = (Arc::new(()), Vec::new());
+    table.add_splits(vec![(a.clone(), split_of(&alive))]);
+    table.assign(&kafka, std::slice::from_ref(&a));
+    table.refuse(&kafka, &a);
+    assert!(start_split(&table, &mut running).is_empty());
+    table.forget(std::slice::from_ref(&a));
+    assert_eq!(Arc::strong_count(&alive), 1, "the split queue (which holds the consumer) is dropped");
+}
+
+#[tokio::test]
+async fn shutdown_drops_split_queues_that_never_started_a_worker() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
+    let alive = Arc::new(());
+    table.add_splits(vec![(a.clone(), split_of(&alive))]);
+    table.assign(&kafka, std::slice::from_ref(&a));
+    table.refuse(&kafka, &a);
+    assert!(table.take_all_workers().is_empty());
+    assert_eq!(Arc::strong_count(&alive), 1, "else the consumer could never close");
+}
+
+#[tokio::test]
+async fn a_record_from_the_consumer_queue_starts_the_worker_with_the_split_queue() {
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
+    let (alive, mut running) = (Arc::new(()), Vec::new());
+    table.add_splits(vec![(a.clone(), split_of(&alive))]);
+    table.assign(&kafka, std::slice::from_ref(&a));
+    let mut got_split = None;
+    let dispatched = table.dispatch(&kafka, &a, record(&a, 0), |_, split| {
+        got_split = Some(split.is_some());
+        let (handle, rx) = worker(1);
+        running.push(rx.with_split(split));
+        handle
+    });
+    assert_eq!(dispatched, Dispatched::Queued);
+    assert_eq!(got_split, Some(true), "one worker reads both, the channel first");
+    assert!(start_split(&table, &mut running).is_empty());
 }
