@@ -225,14 +225,11 @@ impl PartitionTable {
 
     /// Starts, with `start_worker`, the worker of every assigned partition that has a split
     /// queue waiting and may run (a refused or unchecked one waits). Returns how many.
-    pub(super) fn start_split_workers(
-        &self,
-        mut start_worker: impl FnMut(&Tp, Option<SplitQueue>) -> WorkerHandle,
-    ) -> usize {
+    pub(super) fn start_split_workers(&self, mut start_worker: impl FnMut(&Tp, Option<SplitQueue>) -> WorkerHandle) {
         let mut state = self.state.lock();
         let state = &mut *state;
         if state.splits.is_empty() {
-            return 0;
+            return;
         }
         let ready: Vec<Tp> = state
             .splits
@@ -246,7 +243,6 @@ impl PartitionTable {
                 p.worker = Some(start_worker(tp, split));
             }
         }
-        ready.len()
     }
 
     /// Takes every worker out of the table (shutdown), and drops the split queues of

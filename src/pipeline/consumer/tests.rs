@@ -2,9 +2,14 @@
 
 use rdkafka::Timestamp;
 use rdkafka::message::OwnedMessage;
+use tokio_util::sync::CancellationToken;
 
+use super::settings::bound_prefetch;
 use super::*;
+use crate::pipeline::KafkaConfig;
+use crate::pipeline::partitions::Dispatched;
 use crate::pipeline::partitions::fake::FakeFetching;
+use crate::pipeline::queue::partition_queue;
 use crate::store::{StoreBackend, SyncMode};
 
 fn context(dir: &std::path::Path) -> PipelineContext {

@@ -220,6 +220,15 @@ fn start_split(table: &PartitionTable, running: &mut Vec<QueueReceiver>) -> Vec<
     started
 }
 
+/// A table holding partition 0's split queue (kept `alive`), assigned and then refused.
+fn refused_with_split(alive: &Arc<()>) -> (PartitionTable, Tp) {
+    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
+    table.add_splits(vec![(a.clone(), split_of(alive))]);
+    table.assign(&kafka, std::slice::from_ref(&a));
+    table.refuse(&kafka, &a);
+    (table, a)
+}
+
 #[tokio::test]
 async fn a_split_partition_starts_its_worker_with_its_queue_once_it_may_run() {
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
@@ -237,11 +246,8 @@ async fn a_split_partition_starts_its_worker_with_its_queue_once_it_may_run() {
 
 #[tokio::test]
 async fn a_refused_partition_never_reads_its_split_queue_and_forgetting_it_lets_go() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     let (alive, mut running) = (Arc::new(()), Vec::new());
-    table.add_splits(vec![(a.clone(), split_of(&alive))]);
-    table.assign(&kafka, std::slice::from_ref(&a));
-    table.refuse(&kafka, &a);
+    let (table, a) = refused_with_split(&alive);
     assert!(start_split(&table, &mut running).is_empty());
     table.forget(std::slice::from_ref(&a));
     assert_eq!(Arc::strong_count(&alive), 1, "the split queue (which holds the consumer) is dropped");
@@ -249,11 +255,8 @@ async fn a_refused_partition_never_reads_its_split_queue_and_forgetting_it_lets_
 
 #[tokio::test]
 async fn shutdown_drops_split_queues_that_never_started_a_worker() {
-    let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     let alive = Arc::new(());
-    table.add_splits(vec![(a.clone(), split_of(&alive))]);
-    table.assign(&kafka, std::slice::from_ref(&a));
-    table.refuse(&kafka, &a);
+    let (table, _) = refused_with_split(&alive);
     assert!(table.take_all_workers().is_empty());
     assert_eq!(Arc::strong_count(&alive), 1, "else the consumer could never close");
 }
