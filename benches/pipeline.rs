@@ -22,8 +22,8 @@
 //! first build, Maven.
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
-//! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams]` (default: every registered
-//! backend, no Kafka Streams).
+//! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--drain-only]` (default: every
+//! registered backend, no Kafka Streams; `--drain-only` runs only step 3, e.g. under `perf`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,11 +56,19 @@ struct Args {
     seconds: u64,
     backends: Vec<StoreBackend>,
     streams: bool,
+    /// Only the backlog drain (to profile it): no plain consumer, relay, floor or latency.
+    drain_only: bool,
 }
 
 fn args() -> Args {
-    let mut a =
-        Args { records: 200_000, rate: 5_000, seconds: 10, backends: StoreBackend::ALL.to_vec(), streams: false };
+    let mut a = Args {
+        records: 200_000,
+        rate: 5_000,
+        seconds: 10,
+        backends: StoreBackend::ALL.to_vec(),
+        streams: false,
+        drain_only: false,
+    };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < argv.len() {
@@ -72,8 +80,12 @@ fn args() -> Args {
             "--backends" => {
                 a.backends = next.split(',').map(|b| b.parse().unwrap_or_else(|e| panic!("--backends: {e}"))).collect()
             }
-            "--streams" => {
-                a.streams = true;
+            "--streams" | "--drain-only" => {
+                if argv[i] == "--streams" {
+                    a.streams = true;
+                } else {
+                    a.drain_only = true;
+                }
                 i += 1;
                 continue;
             }
@@ -312,6 +324,21 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[i]
 }
 
+/// `dedupd run` draining the backlog of `n` commands in `input`: commands/s.
+async fn measure_drain(bootstrap: &str, input: &str, backend: StoreBackend, n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let results = unique("bench-results");
+    create_topic(bootstrap, &results, 6).await;
+    let (stop, task, _) = start_pipeline(config(bootstrap, input, &results, backend, dir.path())).await;
+    let b = bootstrap.to_string();
+    let seen = tokio::task::spawn_blocking(move || read_results(&b, &results, n, Duration::from_secs(600)))
+        .await
+        .expect("read");
+    stop.cancel();
+    let _ = task.await;
+    drain_rate(&seen)
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     if std::env::var("RUST_LOG").is_ok() {
@@ -330,6 +357,13 @@ async fn main() {
     let t = Instant::now();
     produce_backlog(&bootstrap, &input, a.records).await;
     println!("produced {} commands in {:.1} s", a.records, t.elapsed().as_secs_f64());
+    if a.drain_only {
+        for backend in &a.backends {
+            let rate = measure_drain(&bootstrap, &input, *backend, a.records).await;
+            println!("dedupd run, {backend:?}, draining the backlog: {rate:.0} commands/s");
+        }
+        return;
+    }
     let (b, i, n) = (bootstrap.clone(), input.clone(), a.records);
     let plain = tokio::task::spawn_blocking(move || plain_consume(&b, &i, n)).await.expect("plain");
     println!("plain rdkafka consumer: {plain:.0} msgs/s");
@@ -354,17 +388,7 @@ async fn main() {
         .await
         .expect("floor");
 
-        // Throughput: drain the backlog.
-        let dir = tempfile::tempdir().expect("tempdir");
-        let results = unique("bench-results");
-        create_topic(&bootstrap, &results, 6).await;
-        let (stop, task, _) = start_pipeline(config(&bootstrap, &input, &results, *backend, dir.path())).await;
-        let (b, r, n) = (bootstrap.clone(), results.clone(), a.records);
-        let seen =
-            tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(600))).await.expect("read");
-        stop.cancel();
-        let _ = task.await;
-        let rate = drain_rate(&seen);
+        let rate = measure_drain(&bootstrap, &input, *backend, a.records).await;
 
         // Latency at a fixed rate.
         let lat_in = unique("bench-lat-in");

@@ -25,17 +25,31 @@ const PARTITIONS: usize = 6;
 const KEYS_PER_PARTITION: usize = 12;
 const MAX_IN_FLIGHT: usize = 4;
 
-/// A sink whose calls wait until the gate opens; counts calls running and records keys.
+/// A sink whose calls wait until the gate opens; counts calls running and records keys
+/// (`started` as calls begin, `keys` as they end).
 struct GatedSink {
     gate: watch::Receiver<bool>,
     running: AtomicUsize,
     most_running: AtomicUsize,
+    started: Mutex<Vec<String>>,
     keys: Mutex<Vec<String>>,
+}
+
+impl GatedSink {
+    /// How many partitions (`p{p}-k{i}` keys) have a call running or done.
+    fn partitions_called(&self) -> usize {
+        let mut partitions: Vec<String> =
+            self.started.lock().iter().filter_map(|k| k.split_once('-').map(|(p, _)| p.to_string())).collect();
+        partitions.sort();
+        partitions.dedup();
+        partitions.len()
+    }
 }
 
 #[async_trait::async_trait]
 impl SinkEffect for GatedSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
+        self.started.lock().push(request.key().to_string());
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_running.fetch_max(now, Ordering::SeqCst);
         let mut gate = self.gate.clone();
@@ -55,6 +69,7 @@ async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
         gate,
         running: AtomicUsize::new(0),
         most_running: AtomicUsize::new(0),
+        started: Mutex::new(Vec::new()),
         keys: Mutex::new(Vec::new()),
     });
     // Does not forward the key: the sink whose unstarted claims a crash turns indeterminate.
@@ -73,10 +88,13 @@ async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
     );
     let batches = spawn_partition_batches(&engine, PARTITIONS, KEYS_PER_PARTITION);
 
-    // Every partition has started its first round: its heads are marked in flight.
-    let all_started = poll_until(Duration::from_secs(10), || engine.in_flight() >= PARTITIONS * MAX_IN_FLIGHT).await;
-    assert!(all_started, "only {} keys in flight", engine.in_flight());
+    // Every permit is at a call, and every partition without one has started its first
+    // round: it waits for a ticket with only the head it waits for marked in flight (a
+    // round decides no head past the first that finds no ticket).
     assert!(poll_until(Duration::from_secs(10), || sink.running.load(Ordering::SeqCst) == MAX_IN_FLIGHT).await);
+    let waiting = || PARTITIONS - sink.partitions_called();
+    let all_started = poll_until(Duration::from_secs(10), || engine.in_flight() == MAX_IN_FLIGHT + waiting()).await;
+    assert!(all_started, "{} keys in flight, {} partitions waiting", engine.in_flight(), waiting());
     // Nothing more may be claimed while the calls hang. A claim made before its ticket would
     // be written within milliseconds of the marks; give it a whole second to show up.
     let more_claimed = poll_until(Duration::from_secs(1), || store.counts().in_progress > MAX_IN_FLIGHT as i64).await;

@@ -67,16 +67,14 @@ impl Engine {
         let now = self.clock.now_ms();
         // Where a round's time goes, for `RUST_LOG=dedupd::engine=trace`.
         let mut marks = RoundMarks::new();
-        let started = self.start_heads(queues, heads, now)?;
-        let waits = started.waits;
-        let to_claim = started.to_claim.len();
         // Carried completions wait for no ticket (so never for another partition's sink
         // calls to free a permit): without a ticket at once they are made durable alone,
         // and the next round waits for its tickets.
-        let ticketed = self.take_tickets(started.to_claim, before.is_empty(), cancel).await;
+        let started = self.start_heads(queues, heads, now, before.is_empty(), cancel).await?;
+        let (ticketed, waits) = (started.to_claim, started.waits);
         marks.mark();
         if ticketed.is_empty() {
-            if to_claim == 0 {
+            if !started.short_of_tickets {
                 // Nothing to claim (replays, waits): the carried keys stay carried.
                 return Ok(RoundEnd { flushed: false, unsynced: before, waits });
             }

@@ -1,11 +1,20 @@
 //! Start the heads: decide each key's oldest unfinished record. It is done without a sink
 //! (a replay, a conflict, a stale or rejected command, an orphan marked indeterminate), or
-//! its key is marked in flight and a claim is to be written, or it waits for another batch
-//! of this process that is executing the key.
+//! its key is marked in flight and a claim is to be written once it holds a ticket (see
+//! `ticket`), or it waits for another batch of this process that is executing the key.
+//!
+//! Heads are started in order and a claim takes its ticket as soon as it is decided; at the
+//! first claim without a ticket the round stops starting heads, and that head and the ones
+//! after it are decided next round. Deciding them now would be undone: a claim without a
+//! ticket lets go of its key, and with several partitions sharing `max_in_flight` most heads
+//! of a round found no ticket and were decided again and again (a third of the engine's CPU
+//! in a drain of six partitions, BENCHMARKS.md).
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::queue::{Head, KeyQueues};
+use super::ticket::Ticket;
 use super::{Engine, EngineError, Item, ItemResult};
 use crate::decide::{Action, Arrival, Context, decide};
 use crate::envelope::{Command, Rejection};
@@ -34,26 +43,43 @@ pub(super) struct ToClaim<'a> {
 /// What starting a round's heads leaves to do (the heads decided without a sink are
 /// finished in the queues).
 pub(super) struct Started<'a> {
-    /// The claims to write.
-    pub(super) to_claim: Vec<ToClaim<'a>>,
+    /// The claims to write, each with the ticket its first call will use.
+    pub(super) to_claim: Vec<(ToClaim<'a>, Ticket<'a>)>,
+    /// Whether a head to claim found no ticket (it and the heads after it are left for the
+    /// next round).
+    pub(super) short_of_tickets: bool,
     /// Keys other batches are executing: awaited once this round's keys are released.
     pub(super) waits: Vec<watch::Receiver<()>>,
 }
 
 impl Engine {
-    /// Starts each of `heads` at time `now`.
-    pub(super) fn start_heads<'a>(
-        &self,
+    /// Starts `heads` in order at time `now`, taking a ticket for each claim (waiting for
+    /// the first with `wait_first`), until a claim finds no ticket (see the module doc).
+    pub(super) async fn start_heads<'a>(
+        &'a self,
         queues: &mut KeyQueues<'a>,
         heads: Vec<Head<'a>>,
         now: i64,
+        wait_first: bool,
+        cancel: &CancellationToken,
     ) -> Result<Started<'a>, EngineError> {
-        let mut started = Started { to_claim: Vec::new(), waits: Vec::new() };
+        let mut started = Started { to_claim: Vec::new(), short_of_tickets: false, waits: Vec::new() };
         for head in heads {
             match self.start(&queues.items()[head.index], head.command, now)? {
                 Start::Done(p) => queues.finish(head, ItemResult::Done(p)),
-                Start::Claim(request) => started.to_claim.push(ToClaim { head, request: *request }),
                 Start::Wait(rx) => started.waits.push(rx),
+                Start::Claim(request) => {
+                    let wait = wait_first && started.to_claim.is_empty();
+                    match self.ticket_for(head.command, wait, cancel).await {
+                        Some(ticket) => started.to_claim.push((ToClaim { head, request: *request }, ticket)),
+                        None => {
+                            // Not claimed: its head stays first in its queue for the next round.
+                            self.inflight.lock().remove(&head.command.key);
+                            started.short_of_tickets = true;
+                            break;
+                        }
+                    }
+                }
             }
         }
         Ok(started)

@@ -5,18 +5,19 @@
 //! a call (for a sink that does not forward the key, each is an `indeterminate` key for an
 //! operator), and claims out never exceed the calls that can run.
 //!
-//! A round takes a ticket for each head to claim, in order: it waits for the first, and
-//! takes each other one only if it is there at once; heads without a ticket are let go and
-//! decided again next round. Only the first is waited for, while the round holds no ticket,
-//! so partitions never wait on each other's tickets. A round that carries the previous
-//! round's completions waits for none (those completions must not wait for other
-//! partitions' sink calls to free a permit).
+//! A round takes a ticket for each head to claim as it decides it (`start`), in order: it
+//! waits for the first, and takes each other one only if it is there at once; at the first
+//! head without a ticket the round stops, and that head is let go and decided again next
+//! round. Only the first is waited for, while the round holds no ticket, so partitions never
+//! wait on each other's tickets. A round that carries the previous round's completions waits
+//! for none (those completions must not wait for other partitions' sink calls to free a
+//! permit).
 
 use tokio::sync::SemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
-use super::start::ToClaim;
+use crate::envelope::Command;
 use crate::sinks::{Reservation, Sink};
 
 /// What one call needs to start, held from before its claim until the call ends.
@@ -28,32 +29,19 @@ pub(super) struct Ticket<'e> {
 }
 
 impl Engine {
-    /// A ticket for each head of `to_claim` that can have one (see the module doc), waiting
-    /// for the first with `wait_first`; the keys of the others are let go. Empty when
-    /// `cancel` fires while waiting.
-    pub(super) async fn take_tickets<'a>(
-        &'a self,
-        to_claim: Vec<ToClaim<'a>>,
-        wait_first: bool,
+    /// A ticket for the first call of `command`, waiting for it with `wait`, else only if
+    /// it is there at once. `None` without one, or when `cancel` fires while waiting.
+    pub(super) async fn ticket_for(
+        &self,
+        command: &Command,
+        wait: bool,
         cancel: &CancellationToken,
-    ) -> Vec<(ToClaim<'a>, Ticket<'a>)> {
-        let mut ready: Vec<(ToClaim<'a>, Ticket<'a>)> = Vec::with_capacity(to_claim.len());
-        for t in to_claim {
-            let sink = self.route_sinks[t.head.command.route].as_ref();
-            let key = t.head.command.key.as_str();
-            let ticket = match wait_first && ready.is_empty() {
-                true => self.wait_ticket(sink, key, cancel).await,
-                false => self.try_ticket(sink, key),
-            };
-            match ticket {
-                Some(ticket) => ready.push((t, ticket)),
-                None => {
-                    // Not claimed: its head stays first in its queue for the next round.
-                    self.inflight.lock().remove(key);
-                }
-            }
+    ) -> Option<Ticket<'_>> {
+        let sink = self.route_sinks[command.route].as_ref();
+        match wait {
+            true => self.wait_ticket(sink, &command.key, cancel).await,
+            false => self.try_ticket(sink, &command.key),
         }
-        ready
     }
 
     /// A ticket for a call of `sink` for `key` if everything is there now.
