@@ -117,7 +117,7 @@ pub struct Engine {
     /// One per route index, resolved once.
     route_sinks: Vec<Arc<Sink>>,
     /// Keys being executed by this process, with a sender dropped when they finish.
-    inflight: Mutex<HashMap<String, watch::Sender<()>>>,
+    inflight: Mutex<foldhash::HashMap<String, watch::Sender<()>>>,
     limiter: Arc<Semaphore>,
     max_in_flight: usize,
     retry: RetryConfig,
@@ -158,7 +158,7 @@ impl Engine {
             store: parts.store,
             router: parts.router,
             route_sinks,
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(foldhash::HashMap::default()),
             limiter: Arc::new(Semaphore::new(parts.max_in_flight.max(1))),
             max_in_flight: parts.max_in_flight.max(1),
             retry: parts.retry,

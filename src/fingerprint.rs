@@ -19,7 +19,12 @@ pub struct Fingerprint(pub [u8; 32]);
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", hex::encode(self.0))
+        // On the stack: one is formatted per result, and `hex::encode` builds a String
+        // a char at a time.
+        let mut hex = [0u8; 64];
+        hex::encode_to_slice(self.0, &mut hex).map_err(|_| fmt::Error)?;
+        f.write_str("sha256:")?;
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Queue by key: a batch's commands in one queue per key, in arrival order, and a slot for
 //! every item's result. Rejected items (not commands) get their result at once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use super::processed::rejected;
 use super::{Item, ItemResult};
@@ -32,7 +32,7 @@ impl<'a> KeyQueues<'a> {
     pub(super) fn new(items: &'a [Item]) -> KeyQueues<'a> {
         let mut results: Vec<Option<ItemResult>> = vec![None; items.len()];
         let mut queues: Vec<VecDeque<Head<'a>>> = Vec::new();
-        let mut queue_of: HashMap<&str, usize> = HashMap::new();
+        let mut queue_of: foldhash::HashMap<&str, usize> = foldhash::HashMap::default();
         for (index, item) in items.iter().enumerate() {
             match &item.parsed {
                 Err(rejection) => results[index] = Some(ItemResult::Done(Box::new(rejected(item, rejection)))),

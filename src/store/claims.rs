@@ -16,7 +16,7 @@
 //! Every write to a record goes through these or `compare_and_swap`, under the stripe lock,
 //! and the store directory is locked to one process, so the stripe's view is exact.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::SyncMode;
@@ -28,7 +28,7 @@ pub(super) struct Stripe {
     /// Bumped by every mutation of a key in this stripe.
     version: u64,
     /// Claims out: key → its token and, for a claim held by the journal, its record.
-    claims: HashMap<String, OutClaim>,
+    claims: foldhash::HashMap<String, OutClaim>,
     /// The keys of this stripe that hold a record *in the backend* (see `presence`).
     pub(super) present: super::presence::Presence,
 }

@@ -53,7 +53,6 @@ mod reader;
 mod recovery;
 mod writer;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -117,7 +116,7 @@ struct Inner {
     /// The claims that are out: key → encoded record, what a rewrite keeps. The stripes
     /// know them too, but a rewrite runs under this lock while `claim_batch` holds stripe
     /// locks and waits for it, so it cannot read them from the stripes.
-    live: HashMap<String, Vec<u8>>,
+    live: foldhash::HashMap<String, Vec<u8>>,
     /// The file holds claims that were released since it was last rewritten.
     stale: bool,
     /// A failed write could not be cut off (see `write_locked`); a rewrite clears it.

@@ -2,7 +2,6 @@
 //! the backend, then the journal starts empty. A file that is corrupt (not merely torn at
 //! its end) stops the open and is kept as it is, for the operator (invariant 6).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
@@ -84,7 +83,7 @@ impl ClaimJournal {
                 file: std::sync::Arc::new(file),
                 len: 0,
                 position: 0,
-                live: HashMap::new(),
+                live: foldhash::HashMap::default(),
                 stale: false,
                 broken: false,
                 poisoned: None,
