@@ -7,8 +7,8 @@
 //! first claim without a ticket the round stops starting heads, and that head and the ones
 //! after it are decided next round. Deciding them now would be undone: a claim without a
 //! ticket lets go of its key, and with several partitions sharing `max_in_flight` most heads
-//! of a round found no ticket and were decided again and again (a third of the engine's CPU
-//! in a drain of six partitions, BENCHMARKS.md).
+//! of a round found no ticket and were decided again and again (about a sixth of the
+//! engine's CPU with six partitions, BENCHMARKS.md).
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
