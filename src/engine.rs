@@ -116,8 +116,11 @@ pub struct Engine {
     router: Arc<Router>,
     /// One per route index, resolved once.
     route_sinks: Vec<Arc<Sink>>,
-    /// Keys being executed by this process, with a sender dropped when they finish.
-    inflight: Mutex<foldhash::HashMap<String, watch::Sender<()>>>,
+    /// Keys being executed by this process, each with the sender its waiters subscribe to,
+    /// dropped (waking them) when the key is let go. The sender is made only when a first
+    /// waiter comes: most keys never have one, and a watch channel is an allocation of
+    /// eight `Notify`s, all notified on drop.
+    inflight: Mutex<foldhash::HashMap<String, Option<watch::Sender<()>>>>,
     limiter: Arc<Semaphore>,
     max_in_flight: usize,
     retry: RetryConfig,

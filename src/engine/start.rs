@@ -96,7 +96,11 @@ impl Engine {
         };
         loop {
             let (stored, stamp) = self.store.get_stamped(&cmd.key)?;
-            let waiter = self.inflight.lock().get(&cmd.key).map(watch::Sender::subscribe);
+            let waiter = self
+                .inflight
+                .lock()
+                .get_mut(&cmd.key)
+                .map(|waiters| waiters.get_or_insert_with(|| watch::channel(()).0).subscribe());
             let ctx = Context {
                 now_ms: now,
                 executing_here: waiter.is_some(),
@@ -148,7 +152,7 @@ impl Engine {
         if map.contains_key(key) {
             return false;
         }
-        map.insert(key.to_string(), watch::channel(()).0);
+        map.insert(key.to_string(), None);
         true
     }
 
