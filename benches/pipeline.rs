@@ -80,12 +80,13 @@ fn args() -> Args {
             "--backends" => {
                 a.backends = next.split(',').map(|b| b.parse().unwrap_or_else(|e| panic!("--backends: {e}"))).collect()
             }
-            "--streams" | "--drain-only" => {
-                if argv[i] == "--streams" {
-                    a.streams = true;
-                } else {
-                    a.drain_only = true;
-                }
+            "--streams" => {
+                a.streams = true;
+                i += 1;
+                continue;
+            }
+            "--drain-only" => {
+                a.drain_only = true;
                 i += 1;
                 continue;
             }

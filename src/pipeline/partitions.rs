@@ -224,7 +224,7 @@ impl PartitionTable {
     }
 
     /// Starts, with `start_worker`, the worker of every assigned partition that has a split
-    /// queue waiting and may run (a refused or unchecked one waits). Returns how many.
+    /// queue waiting and may run (a refused or unchecked one waits).
     pub(super) fn start_split_workers(&self, mut start_worker: impl FnMut(&Tp, Option<SplitQueue>) -> WorkerHandle) {
         let mut state = self.state.lock();
         let state = &mut *state;
