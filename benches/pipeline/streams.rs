@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 
-use super::{create_topic, drain_rate, read_results, unique};
+use super::{create_topic, drain_rate, read_after_drain, unique};
 
 const GUARANTEES: [&str; 2] = ["at_least_once", "exactly_once_v2"];
 
@@ -35,8 +35,9 @@ pub async fn measure(bootstrap: &str, input: &str, n: usize) {
             .spawn()
             .expect("start benches/streams-dedup/run.sh");
         let (b, o) = (bootstrap.to_string(), output.clone());
-        let seen =
-            tokio::task::spawn_blocking(move || read_results(&b, &o, n, Duration::from_secs(600))).await.expect("read");
+        let seen = tokio::task::spawn_blocking(move || read_after_drain(&b, &o, n, Duration::from_secs(600)))
+            .await
+            .expect("read");
         tokio::task::spawn_blocking(move || stop(child)).await.expect("stop");
         if seen.len() < n {
             println!("kafka streams dedup recipe ({guarantee}): only {} of {n} results", seen.len());
