@@ -145,14 +145,6 @@ fn validate_kafka(k: &KafkaConfig, errors: &mut Vec<ConfigError>) {
     if k.connect_timeout.is_zero() {
         errors.push(invalid("kafka.connect_timeout", "0s", "must be positive"));
     }
-    if k.transactional_results {
-        errors.push(invalid(
-            "kafka.transactional_results",
-            "true",
-            "transactional publishing is not implemented yet; results are published idempotently \
-         and offsets committed after their acknowledgement (leave it false)",
-        ));
-    }
 }
 
 /// `[store]` on its own: positive TTLs and intervals, the cap above the default.

@@ -93,10 +93,11 @@ mod unit {
     }
 
     #[test]
-    fn transactional_results_is_refused_until_it_exists() {
-        let err = Config::from_toml_str("[kafka]\ntransactional_results = true\n", no_env()).unwrap_err();
-        assert!(err.to_string().contains("kafka.transactional_results"), "{err}");
-        assert!(Config::from_toml_str("[kafka]\ntransactional_results = false\n", no_env()).is_ok());
+    fn transactional_results_is_a_boolean() {
+        let c = Config::from_toml_str("[kafka]\ntransactional_results = true\n", no_env()).expect("valid");
+        assert!(c.kafka.transactional_results);
+        let err = Config::from_toml_str("[kafka]\ntransactional_results = \"yes\"\n", no_env()).unwrap_err();
+        assert!(err.to_string().contains("transactional_results"), "{err}");
     }
 
     #[test]

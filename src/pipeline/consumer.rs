@@ -20,10 +20,12 @@ use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
 
 use self::fence::Session;
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Fetching, PartitionTable, WorkerHandle};
+use super::transactions::Transactions;
 use crate::ops::{Health, Metrics};
 use crate::store::KeyStore;
 
@@ -72,6 +74,10 @@ pub struct PipelineContext {
     /// The consumer itself, to split partition queues from the rebalance callback (which
     /// gets only a reference); weak, as the consumer owns this context.
     consumer: OnceLock<Weak<BaseConsumer<PipelineContext>>>,
+    /// Under `kafka.transactional_results`: where offsets are committed instead.
+    transactions: Option<Arc<Transactions>>,
+    /// Fired when the open transaction cannot commit (the process stops).
+    fatal: CancellationToken,
 }
 
 impl ClientContext for PipelineContext {
@@ -118,6 +124,10 @@ impl ConsumerContext for PipelineContext {
             self.partitions.assign(consumer, &parts);
             self.check_watermarks(consumer, &parts, read_committed(consumer, &parts));
             self.health.set_joined(true);
+            if let Some(transactions) = &self.transactions {
+                // Offsets from now on commit with this generation (transactions.rs, invariant 5).
+                transactions.set_group(consumer.group_metadata());
+            }
             let mut session = self.session.lock();
             *session = session.assigned(Instant::now());
         }
@@ -189,7 +199,9 @@ impl PipelineContext {
             let mut session = self.session.lock();
             *session = session.revoked(lost);
         }
-        if lost {
+        if let Some(transactions) = &self.transactions {
+            self.end_transaction(transactions, lost, "on revoke");
+        } else if lost {
             tracing::warn!(partitions = ?revoked, "assignment lost (group session expired): nothing committed; uncommitted records come again");
         } else if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
             tracing::debug!(error = %e, "commit on revoke (nothing stored is fine)");
@@ -201,6 +213,23 @@ impl PipelineContext {
             self.health.set_down(&name, None);
         }
         self.metrics.set_refused_partitions(still_refused);
+    }
+
+    /// Commits the open results transaction with what the drained workers recorded, or, when
+    /// the assignment was lost, aborts it: its generation can commit nothing more, and its
+    /// other partitions' results go with it, so the process stops and a restart reads them
+    /// again (transactions.rs, invariant 4).
+    pub(super) fn end_transaction(&self, transactions: &Transactions, lost: bool, when: &str) {
+        if lost {
+            tracing::error!(
+                "assignment lost (group session expired) with results in the open transaction: aborting it and stopping; a restart reads again from the committed offsets"
+            );
+            self.runtime.block_on(transactions.abort());
+            self.fatal.cancel();
+        } else if let Err(e) = self.runtime.block_on(transactions.commit()) {
+            tracing::error!(error = %e, when, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");
+            self.fatal.cancel();
+        }
     }
 
     /// Refuses partitions whose committed offset is beyond what the store recorded: the

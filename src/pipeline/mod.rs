@@ -1,6 +1,7 @@
 //! `dedupd run`: wires the store, sinks and engine to Kafka, serves HTTP, purges expired
 //! keys, and shuts down in order when `shutdown` resolves or a fatal error fires:
-//! stop taking records → drain workers (publish, store offsets) → commit → leave the group.
+//! stop taking records → drain workers (publish, store offsets) → commit (the consumer's
+//! offsets, or the results transaction) → leave the group.
 //!
 //! Map (imports run down it, never up):
 //! - this file: [`run`], built in named steps (core, background tasks, consumer, shutdown).
@@ -21,12 +22,16 @@
 //!   `kafka.connect_timeout`, or `run` stops naming why.
 //! - `publish`: the idempotent producer of results and dead letters; what Kafka did not
 //!   take is named, so that only it is sent again.
+//! - `transactions`: under `kafka.transactional_results`, the producer's one open
+//!   transaction, which carries the results and the offsets they settle, committed every
+//!   100 ms and on revoke and shutdown.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
 //!   gauges.
 //!
-//! Among them: `consumer` uses `partitions`, `queue`, `worker` and `control`; `worker` uses
-//! `circuits`, `publish`, `queue` and `control`; `partitions` uses `control` and `queue`,
-//! `circuits` only `control`.
+//! Among them: `consumer` uses `partitions`, `queue`, `worker`, `control` and
+//! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control` and
+//! `transactions`; `partitions` uses `control` and `queue`, `circuits` and `transactions`
+//! only `control`.
 
 mod circuits;
 pub mod config;
@@ -38,6 +43,7 @@ mod partitions;
 mod publish;
 mod purge;
 mod queue;
+mod transactions;
 mod worker;
 
 use std::collections::HashMap;
@@ -86,6 +92,9 @@ pub enum PipelineError {
     /// Metrics or the HTTP listener failed.
     #[error("{0}")]
     Ops(String),
+    /// Transactional publishing could not start.
+    #[error("kafka: {0}")]
+    Transactions(String),
     /// A worker hit a fatal error (logged); the process stopped after draining.
     #[error("stopped after a fatal error in a worker (see the log)")]
     Fatal,
@@ -125,6 +134,11 @@ pub async fn run(
     let background = Background::start(&config, &core, sinks, &stop).await?;
     let consumer_stop = CancellationToken::new();
     let consumer_thread = start_consumer(&config, &core, &options, &fatal, &consumer_stop)?;
+    let committer_stop = CancellationToken::new();
+    let committer = core
+        .transactions
+        .clone()
+        .map(|t| tokio::spawn(transactions::commit_every(t, committer_stop.clone(), fatal.clone())));
     on_start(&Running {
         http_addr: background.http_addr,
         metrics: Arc::clone(&core.metrics),
@@ -142,6 +156,11 @@ pub async fn run(
     consumer_stop.cancel();
     // The consumer thread blocks on the runtime while draining: wait for it off the runtime.
     let _ = tokio::task::spawn_blocking(move || consumer_thread.join()).await;
+    // The consumer thread made the last commit, after its workers drained.
+    committer_stop.cancel();
+    if let Some(committer) = committer {
+        let _ = committer.await;
+    }
     if let Err(e) = core.publisher.flush(Duration::from_secs(10)) {
         tracing::warn!(error = %e, "producer flush at shutdown");
     }
@@ -166,6 +185,8 @@ struct Core {
     engine: Arc<Engine>,
     publisher: Arc<Publisher>,
     clock: Arc<dyn Clock>,
+    /// Under `kafka.transactional_results`: the results producer's transactions.
+    transactions: Option<Arc<transactions::Transactions>>,
 }
 
 impl Core {
@@ -194,9 +215,32 @@ impl Core {
             stale_guard: config.envelope.stale_guard,
             clock: Arc::clone(&clock),
         })?);
-        let publisher = Arc::new(Publisher::new(&config.kafka)?);
+        let (publisher, transactions) = Self::publisher(config, &store)?;
         let health = Arc::new(Health::default());
-        Ok((Core { store, metrics, health, engine, publisher, clock }, metered_sinks))
+        Ok((Core { store, metrics, health, engine, publisher, clock, transactions }, metered_sinks))
+    }
+
+    /// The producer of results, and its transactions under `kafka.transactional_results`:
+    /// one `transactional.id` per store, so that a restart on the same store fences the
+    /// producer it replaces. Opening the first transaction waits for the coordinator (within
+    /// `kafka.connect_timeout`'s order of time), before the consumer starts.
+    fn publisher(
+        config: &Config,
+        store: &KeyStore,
+    ) -> Result<(Arc<Publisher>, Option<Arc<transactions::Transactions>>), PipelineError> {
+        if !config.kafka.transactional_results {
+            return Ok((Arc::new(Publisher::new(&config.kafka, None)?), None));
+        }
+        let id = format!("dedupd-{}", store.identity()?);
+        let publisher = Publisher::new(&config.kafka, Some(&id))?;
+        let transactions = transactions::Transactions::start(publisher.producer()).map_err(|e| {
+            PipelineError::Transactions(format!(
+                "could not open a transaction as `{id}` (kafka.transactional_results): {e}; the cluster must \
+                 support transactions (its transaction state log needs enough brokers)"
+            ))
+        })?;
+        tracing::info!(transactional_id = %id, "results are published in transactions");
+        Ok((Arc::new(publisher), Some(Arc::new(transactions))))
     }
 }
 
@@ -274,6 +318,7 @@ fn start_consumer(
         batch_linger: config.pipeline.batch_linger,
         fatal: fatal.clone(),
         health: Arc::clone(&core.health),
+        transactions: core.transactions.clone(),
     });
     consumer::spawn(consumer::ConsumerParts {
         kafka: config.kafka.clone(),

@@ -130,6 +130,11 @@ pub struct Publisher {
 /// The producer settings dedupd chooses; `[kafka.connection]` and then `kafka.producer.*`
 /// override them (see [`KafkaConfig::client_config`]).
 pub fn producer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionError> {
+    producer_config_with(kafka, None)
+}
+
+/// [`producer_config`], transactional under `transactional_id` when one is given.
+fn producer_config_with(kafka: &KafkaConfig, transactional_id: Option<&str>) -> Result<ClientConfig, ConnectionError> {
     let max_bytes = super::config::RESULTS_PRODUCER_MAX_BYTES.to_string();
     let mut c = kafka.client_config(
         &[("linger.ms", "2"), ("message.timeout.ms", "60000"), ("message.max.bytes", &max_bytes)],
@@ -137,14 +142,19 @@ pub fn producer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionEr
     )?;
     // Delivery rests on these (validation refuses them in `kafka.producer`).
     c.set("enable.idempotence", "true").set("acks", "all");
+    if let Some(id) = transactional_id {
+        c.set("transactional.id", id);
+    }
     Ok(c)
 }
 
 impl Publisher {
-    /// Creates the idempotent producer.
-    pub fn new(kafka: &KafkaConfig) -> Result<Publisher, PipelineError> {
+    /// Creates the idempotent producer, transactional under `transactional_id` when one is
+    /// given (its transactions are `transactions::Transactions`').
+    pub fn new(kafka: &KafkaConfig, transactional_id: Option<&str>) -> Result<Publisher, PipelineError> {
+        let config = producer_config_with(kafka, transactional_id)?;
         Ok(Publisher {
-            producer: crate::connection::probe::create(&producer_config(kafka)?, "results producer")?,
+            producer: crate::connection::probe::create(&config, "results producer")?,
             results_topic: kafka.results_topic.clone(),
             dead_letter_topic: kafka.dead_letter_topic.clone(),
         })
@@ -216,6 +226,11 @@ impl Publisher {
                 Err((e, _)) => return Err(e),
             }
         }
+    }
+
+    /// The producer itself (a handle to the same client), for its transactions.
+    pub(crate) fn producer(&self) -> FutureProducer {
+        self.producer.clone()
     }
 
     /// Waits for queued records (shutdown).

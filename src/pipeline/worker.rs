@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::control::PartitionControl;
 use super::publish::{Acks, NotTaken, Parts, Publisher, all_parts};
 use super::queue::QueueReceiver;
+use super::transactions::Transactions;
 use crate::engine::{BatchReport, Clock, Engine, Item, ItemResult, SystemClock};
 use crate::envelope::{EnvelopeConfig, LimitsConfig};
 use crate::envelope::{InputRecord, ReadHeaders, parse, read_headers};
@@ -54,6 +55,8 @@ pub(crate) struct WorkerShared {
     pub fatal: CancellationToken,
     /// Told when a store write fails (`/readyz` 503 while the process stops).
     pub health: Arc<Health>,
+    /// Under `kafka.transactional_results`: the transactions results go out in.
+    pub transactions: Option<Arc<Transactions>>,
 }
 
 /// One partition's worker.
@@ -237,14 +240,51 @@ impl PartitionWorker {
         }
         crate::crash::point("completion.written");
         let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
-        let Some(acks) = self.send_until_queued(&refs, all_parts(&refs)).await else { return Err(Stop::Drain) };
+        let acks = self.publish(&refs).await?;
         Ok((Some(Unacked { records, acks, started }), complete))
+    }
+
+    /// Hands a batch's results to the producer. Under transactional results, as a member of
+    /// the open transaction, with the batch's offset recorded in it (transactions.rs,
+    /// invariants 1–3); a batch that could not be queued whole then stops the process, as
+    /// its queued part would otherwise commit without its offset.
+    async fn publish(&self, refs: &[(&OwnedMessage, &Processed)]) -> Result<Acks, Stop> {
+        let Some(transactions) = &self.shared.transactions else {
+            return self.send_until_queued(refs, all_parts(refs)).await.ok_or(Stop::Drain);
+        };
+        let member = transactions.join().await.map_err(|e| {
+            tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "cannot publish results: no transaction is open");
+            Stop::Fatal
+        })?;
+        let Some(acks) = self.send_until_queued(refs, all_parts(refs)).await else {
+            tracing::error!(topic = %self.topic, partition = self.partition, "results only partly queued in the open transaction; aborting it and stopping");
+            transactions.fail();
+            return Err(Stop::Fatal);
+        };
+        if let Some((m, _)) = refs.last() {
+            // The consumer refuses the offset of a partition no longer assigned, and so does
+            // the transaction: its new owner commits it.
+            match self.control.store_offset(m.topic(), m.partition(), m.offset()) {
+                Ok(()) => transactions.settled(&member, (m.topic().to_string(), m.partition()), m.offset()),
+                Err(e) => {
+                    tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "offset not recorded (partition revoked?)")
+                }
+            }
+        }
+        Ok(acks)
     }
 
     /// Called in offset order with the outcome of `u`'s acknowledgements: sends again what
     /// Kafka did not take until it does (false when the partition is let go meanwhile), then
     /// stores the batch's offset.
     async fn settle(&self, u: Unacked, acked: Result<(), NotTaken>) -> bool {
+        if let (Err(not_taken), Some(transactions)) = (&acked, &self.shared.transactions) {
+            // The open transaction cannot commit without this record: abort it and stop.
+            tracing::error!(error = %not_taken.error, topic = %self.topic, partition = self.partition, "a result of the open transaction was not acknowledged; aborting it and stopping");
+            transactions.fail();
+            self.shared.fatal.cancel();
+            return false;
+        }
         if let Err(not_taken) = acked {
             if self.cancel.is_cancelled() {
                 tracing::warn!(error = %not_taken.error, topic = %self.topic, partition = self.partition, "results not acknowledged while letting the partition go; they come again");
@@ -257,7 +297,10 @@ impl PartitionWorker {
         }
         let Some((m, _)) = u.records.last() else { return true };
         crate::crash::point("result.published");
-        if let Err(e) = self.control.store_offset(m.topic(), m.partition(), m.offset()) {
+        // Under transactional results the offset is in the transaction already.
+        if self.shared.transactions.is_none()
+            && let Err(e) = self.control.store_offset(m.topic(), m.partition(), m.offset())
+        {
             tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "could not store offset (partition revoked?)");
         }
         for (m, p) in &u.records {

@@ -335,10 +335,21 @@ pub struct TopicTail {
 
 impl TopicTail {
     /// Starts reading partitions `0..partitions` of `topic` from the beginning (assigned,
-    /// no group membership, nothing committed).
+    /// no group membership, nothing committed), records of committed transactions only
+    /// (librdkafka's default `isolation.level`).
     pub fn start(bootstrap: &str, topic: &str, partitions: i32) -> TopicTail {
+        Self::start_with(bootstrap, topic, partitions, "read_committed")
+    }
+
+    /// As [`TopicTail::start`], with records of aborted and open transactions too.
+    pub fn start_uncommitted(bootstrap: &str, topic: &str, partitions: i32) -> TopicTail {
+        Self::start_with(bootstrap, topic, partitions, "read_uncommitted")
+    }
+
+    fn start_with(bootstrap: &str, topic: &str, partitions: i32, isolation: &str) -> TopicTail {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
+            .set("isolation.level", isolation)
             .set("group.id", super::kafka::unique("tail"))
             .set("enable.auto.commit", "false")
             .set("fetch.queue.backoff.ms", "10")

@@ -67,6 +67,8 @@ fn create_consumer(
         check_retry: Mutex::new(None),
         session: Mutex::new(Session::default()),
         consumer: OnceLock::new(),
+        transactions: parts.shared.transactions.clone(),
+        fatal: parts.shared.fatal.clone(),
     };
     let mut config = consumer_config(&parts.kafka)?;
     bound_prefetch(&mut config, &parts.kafka, parts.queue_per_partition, parts.queue_bytes_per_partition);
@@ -166,7 +168,9 @@ fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerPart
     // failed consumer can no longer do (what its workers stored comes again).
     ctx.stop_workers(ctx.partitions.take_all_workers());
     if matches!(end, PollEnd::Stopped) {
-        if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+        if let Some(transactions) = &ctx.transactions {
+            ctx.end_transaction(transactions, false, "at shutdown");
+        } else if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
             tracing::debug!(error = %e, "final commit (nothing stored is fine)");
         }
         consumer.unsubscribe();

@@ -25,6 +25,10 @@ pub fn consumer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionEr
     // The offset is stored only after the record's result is acknowledged (validation
     // refuses these keys in `kafka.consumer`).
     c.set("group.id", &kafka.group_id).set("enable.auto.offset.store", "false");
+    if kafka.transactional_results {
+        // Offsets are committed in the results transaction only (pipeline/transactions.rs).
+        c.set("enable.auto.commit", "false");
+    }
     Ok(c)
 }
 

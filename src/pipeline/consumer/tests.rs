@@ -24,6 +24,8 @@ fn context(dir: &std::path::Path) -> PipelineContext {
         check_retry: Mutex::new(None),
         session: Mutex::new(Session::default()),
         consumer: OnceLock::new(),
+        transactions: None,
+        fatal: CancellationToken::new(),
     }
 }
 

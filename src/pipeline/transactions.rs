@@ -1,0 +1,256 @@
+//! Transactional results (`kafka.transactional_results = true`): results and dead letters
+//! go out in a Kafka transaction together with the input offsets they settle, so a
+//! `read_committed` reader of the results topic sees a result only once its input offset is
+//! committed, and a result a crash cut off (its offset uncommitted) never. The input comes
+//! again after a restart and publishes its result in a later transaction.
+//!
+//! One transaction is open at a time for the whole process: one producer with one
+//! `transactional.id`, made from the store's identity, so a restarted instance fences the
+//! producer of the one it replaces (`init_transactions` aborts what that one left open).
+//! A commit every [`COMMIT_INTERVAL`] (Kafka Streams' default under exactly-once) carries
+//! what every partition sent meanwhile. Invariants, cited where they are kept:
+//! 1. A batch's results are queued and its offset recorded under one [`Member`]; a commit
+//!    holds the gate alone, so a batch's results and its offset are in the same
+//!    transaction, and nothing is queued while a commit is under way.
+//! 2. The offset is recorded once the results are queued, not acknowledged: a commit first
+//!    waits for every record of its transaction to be acknowledged and fails if one is not
+//!    (librdkafka's `commit_transaction`), so an offset is still committed only after its
+//!    results are acknowledged.
+//! 3. A [`Member`] is held only while queueing, never while waiting for an acknowledgement,
+//!    a sink or the gate, so a commit waits for the gate at most as long as a queueing.
+//! 4. A transaction that cannot commit is aborted, and the process stops (exit non-zero):
+//!    the aborted results are gone, and only reading again from the committed offsets brings
+//!    them back, which a restart does. No [`Member`] is handed out after that.
+//! 5. Offsets go with the consumer group metadata of the generation that owns them (set at
+//!    every assignment), so a commit for a generation that is gone is fenced by the broker.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+use tokio_util::sync::CancellationToken;
+
+use super::control::Tp;
+
+/// How often the open transaction commits while records flow.
+pub(crate) const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a commit waits for the gate: a queueing waits at most a minute for room in
+/// the producer's queue (`publish`), after which the worker gives up.
+const GATE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long each call to the transaction coordinator may take.
+const COORDINATOR_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a transaction did not commit. Every one of them stops the process (invariant 4).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TransactionError {
+    /// A worker held the gate too long (the producer's queue stayed full).
+    #[error("results could not be queued within {0:?}")]
+    GateTimeout(Duration),
+    /// Offsets to commit, but no group generation to commit them for.
+    #[error("no consumer group metadata to commit offsets with")]
+    NoGroup,
+    /// Kafka refused or failed the transaction; it was aborted when it could be.
+    #[error("transaction failed: {0}")]
+    Kafka(#[from] KafkaError),
+    /// An earlier transaction failed; nothing goes out any more.
+    #[error("an earlier transaction failed")]
+    Failed,
+}
+
+/// Leave to queue records in the open transaction and record their offset.
+pub(crate) struct Member(#[allow(dead_code)] OwnedRwLockReadGuard<()>);
+
+/// What the open transaction carries besides its records.
+#[derive(Default)]
+struct Pending {
+    /// Next offset to commit (the settled offset + 1), per partition.
+    offsets: HashMap<Tp, i64>,
+    /// Whether any member joined since the last commit (records may have been sent).
+    joined: bool,
+}
+
+/// The process's one transactional producer and its open transaction.
+pub(crate) struct Transactions {
+    producer: FutureProducer,
+    gate: Arc<RwLock<()>>,
+    pending: Mutex<Pending>,
+    group: Mutex<Option<Arc<ConsumerGroupMetadata>>>,
+    failed: AtomicBool,
+    /// Set once the open transaction was aborted (after a failure nothing opens another).
+    aborted: AtomicBool,
+}
+
+impl Transactions {
+    /// Takes over `producer`'s `transactional.id` (fencing any earlier holder) and opens the
+    /// first transaction. Blocking: call it before the consumer starts.
+    pub(crate) fn start(producer: FutureProducer) -> Result<Transactions, KafkaError> {
+        producer.init_transactions(COORDINATOR_TIMEOUT)?;
+        producer.begin_transaction()?;
+        Ok(Transactions {
+            producer,
+            gate: Arc::new(RwLock::new(())),
+            pending: Mutex::new(Pending::default()),
+            group: Mutex::new(None),
+            failed: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
+        })
+    }
+
+    /// A [`Member`] once no commit holds the gate; drop it as soon as the batch's results
+    /// are queued and its offset recorded (invariant 3).
+    pub(crate) async fn join(&self) -> Result<Member, TransactionError> {
+        let guard = Arc::clone(&self.gate).read_owned().await;
+        self.member(guard)
+    }
+
+    fn member(&self, guard: OwnedRwLockReadGuard<()>) -> Result<Member, TransactionError> {
+        // Invariant 4: after a failure, nothing more is sent.
+        if self.failed.load(Ordering::Acquire) {
+            return Err(TransactionError::Failed);
+        }
+        self.pending.lock().joined = true;
+        Ok(Member(guard))
+    }
+
+    /// Records `offset` of `tp` for the next commit, under the member its results were
+    /// queued with (invariants 1 and 2).
+    pub(crate) fn settled(&self, _sent_with: &Member, tp: Tp, offset: i64) {
+        self.pending.lock().offsets.insert(tp, offset + 1);
+    }
+
+    /// The consumer group generation that owns the partitions from now on (invariant 5).
+    pub(crate) fn set_group(&self, group: Option<ConsumerGroupMetadata>) {
+        *self.group.lock() = group.map(Arc::new);
+    }
+
+    /// Whether the open transaction failed (the process is stopping).
+    pub(crate) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// The open transaction must not commit (a worker could not queue or publish all of a
+    /// batch in it): the next commit aborts it instead (invariant 4).
+    pub(crate) fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Commits the open transaction with every offset settled in it and opens the next;
+    /// does nothing when nothing was sent or settled. On failure the transaction is aborted
+    /// and no member is handed out any more (invariant 4).
+    pub(crate) async fn commit(&self) -> Result<(), TransactionError> {
+        // Invariant 1: alone at the gate, nothing is being sent.
+        let _alone = tokio::time::timeout(GATE_TIMEOUT, self.gate.write())
+            .await
+            .map_err(|_| TransactionError::GateTimeout(GATE_TIMEOUT))?;
+        if self.has_failed() {
+            self.abort_open().await;
+            return Err(TransactionError::Failed);
+        }
+        let pending = std::mem::take(&mut *self.pending.lock());
+        if pending.offsets.is_empty() && !pending.joined {
+            return Ok(());
+        }
+        let group = self.group.lock().clone();
+        let producer = self.producer.clone();
+        let outcome = tokio::task::spawn_blocking(move || commit_and_begin(&producer, &pending.offsets, group))
+            .await
+            .unwrap_or(Err(TransactionError::Kafka(KafkaError::Canceled)));
+        if outcome.is_err() {
+            // `commit_and_begin` aborted it.
+            self.failed.store(true, Ordering::Release);
+            self.aborted.store(true, Ordering::Release);
+        }
+        outcome
+    }
+
+    /// Aborts the open transaction (a lost generation cannot commit it) and hands out no
+    /// member any more (invariant 4).
+    pub(crate) async fn abort(&self) {
+        let _alone = tokio::time::timeout(GATE_TIMEOUT, self.gate.write()).await;
+        self.fail();
+        self.abort_open().await;
+    }
+
+    /// Aborts the open transaction, once.
+    async fn abort_open(&self) {
+        if self.aborted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let producer = self.producer.clone();
+        let aborted = tokio::task::spawn_blocking(move || producer.abort_transaction(COORDINATOR_TIMEOUT)).await;
+        if let Ok(Err(e)) = aborted {
+            tracing::warn!(error = %e, "aborting the open transaction failed; the broker aborts it when it times out");
+        }
+    }
+}
+
+/// Sends `offsets` to the open transaction, commits it and begins the next; a failure the
+/// transaction can survive only by aborting is aborted here.
+fn commit_and_begin(
+    producer: &FutureProducer,
+    offsets: &HashMap<Tp, i64>,
+    group: Option<Arc<ConsumerGroupMetadata>>,
+) -> Result<(), TransactionError> {
+    let committed = (|| {
+        if !offsets.is_empty() {
+            let group = group.ok_or(TransactionError::NoGroup)?;
+            let mut list = TopicPartitionList::with_capacity(offsets.len());
+            for ((topic, partition), next) in offsets {
+                list.add_partition_offset(topic, *partition, Offset::Offset(*next))?;
+            }
+            producer.send_offsets_to_transaction(&list, &group, COORDINATOR_TIMEOUT)?;
+        }
+        commit_retrying(producer)
+    })();
+    match committed {
+        Ok(()) => Ok(producer.begin_transaction()?),
+        Err(e) => {
+            if let Err(abort) = producer.abort_transaction(COORDINATOR_TIMEOUT) {
+                tracing::warn!(error = %abort, "aborting the failed transaction failed; the broker aborts it when it times out");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Commits, calling again while librdkafka says the commit may be retried (a coordinator
+/// moving, a timeout): a retried commit of the same transaction is safe.
+fn commit_retrying(producer: &FutureProducer) -> Result<(), TransactionError> {
+    let mut tries = 0;
+    loop {
+        match producer.commit_transaction(COORDINATOR_TIMEOUT) {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Transaction(e)) if e.is_retriable() && tries < 3 => {
+                tries += 1;
+                tracing::warn!(error = %e, tries, "committing the transaction: retrying");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Commits the open transaction every [`COMMIT_INTERVAL`] until `stop`; a failed commit
+/// fires `fatal` (invariant 4). The last commit, after the workers drained, is the
+/// consumer's (`consumer::run`).
+pub(crate) async fn commit_every(transactions: Arc<Transactions>, stop: CancellationToken, fatal: CancellationToken) {
+    let mut tick = tokio::time::interval(COMMIT_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = transactions.commit().await {
+            tracing::error!(error = %e, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");
+            fatal.cancel();
+            return;
+        }
+    }
+}
