@@ -8,10 +8,14 @@
 //! - An expired `completed` record counts as absent even before compaction removed it.
 //! - A different fingerprint is a `conflict` against any live record, including one being
 //!   executed right now (no point waiting for it).
+//! - The record that claimed a key, read again (a crash came before its offset was
+//!   committed), is not a repeat of itself: it gets its own outcome again, not `duplicate`.
+//!   Under transactional results its first result was aborted, so this is the only one a
+//!   `read_committed` reader sees.
 
 use crate::envelope::RejectReason;
 use crate::fingerprint::Fingerprint;
-use crate::store::Record;
+use crate::store::{Record, SourcePos};
 
 /// The facts of a valid arrival that the decision needs.
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +26,8 @@ pub struct Arrival<'a> {
     pub produced_at_ms: Option<i64>,
     /// Its effective TTL in ms.
     pub ttl_ms: i64,
+    /// Where it was read (input topic, partition, offset).
+    pub source: &'a SourcePos,
 }
 
 /// Facts about the world at decision time, gathered by the caller.
@@ -49,6 +55,10 @@ pub enum Action {
     MarkIndeterminate,
     /// Publish `duplicate`, replaying the stored result.
     Replay,
+    /// Publish the stored outcome (`succeeded`/`failed`) as this record's own result, not
+    /// a replay: the arriving record is the one that claimed the key, read again after a
+    /// crash (or an aborted results transaction) before its offset was committed.
+    Republish,
     /// Publish `conflict`: same key, other payload.
     Conflict,
     /// Wait until this process finishes the key, then decide again.
@@ -80,6 +90,7 @@ pub fn decide(input: Result<&Arrival<'_>, RejectReason>, stored: Option<&Record>
         return Action::Conflict;
     }
     match record {
+        Record::Completed(c) if c.source.as_ref() == Some(arrival.source) => Action::Republish,
         Record::Completed(_) => Action::Replay,
         Record::Indeterminate(_) => Action::ReportIndeterminate,
         Record::InProgress(_) if ctx.executing_here => Action::Wait,
@@ -101,9 +112,13 @@ mod tests {
     const HOUR: i64 = 3_600_000;
     const FP: Fingerprint = Fingerprint([1; 32]);
     const OTHER: Fingerprint = Fingerprint([2; 32]);
+    /// Where every arrival of these tests was read.
+    static HERE: SourcePos = SourcePos { topic: String::new(), partition: 1, offset: 7 };
+    /// Where the stored records' claims were read, unless a test says otherwise.
+    static ELSEWHERE: SourcePos = SourcePos { topic: String::new(), partition: 2, offset: 3 };
 
     fn arrival(fp: &Fingerprint) -> Arrival<'_> {
-        Arrival { fingerprint: fp, produced_at_ms: Some(NOW - 1000), ttl_ms: 24 * HOUR }
+        Arrival { fingerprint: fp, produced_at_ms: Some(NOW - 1000), ttl_ms: 24 * HOUR, source: &HERE }
     }
 
     fn ctx() -> Context {
@@ -120,6 +135,7 @@ mod tests {
             completed_at_ms: NOW - HOUR,
             expires_at_ms,
             attempts: 1,
+            source: Some(ELSEWHERE.clone()),
         })
     }
 
@@ -158,6 +174,20 @@ mod tests {
     fn row_completed_same_fingerprint_replays() {
         let rec = completed(FP, NOW + 1);
         assert_eq!(decide(Ok(&arrival(&FP)), Some(&rec), &ctx()), Action::Replay);
+        // A record written before completions kept their source: a replay too.
+        let Record::Completed(mut unknown) = rec else { unreachable!() };
+        unknown.source = None;
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&Record::Completed(unknown)), &ctx()), Action::Replay);
+    }
+
+    #[test]
+    fn row_completed_by_this_very_record_republishes_its_outcome() {
+        let Record::Completed(mut own) = completed(FP, NOW + 1) else { unreachable!() };
+        own.source = Some(HERE.clone());
+        let own = Record::Completed(own);
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&own), &ctx()), Action::Republish);
+        // Another payload under the key is still a conflict, whoever claimed it.
+        assert_eq!(decide(Ok(&arrival(&OTHER)), Some(&own), &ctx()), Action::Conflict);
     }
 
     #[test]
@@ -203,7 +233,7 @@ mod tests {
 
     #[test]
     fn row_produced_longer_ago_than_ttl_is_stale() {
-        let old = Arrival { fingerprint: &FP, produced_at_ms: Some(NOW - 25 * HOUR), ttl_ms: 24 * HOUR };
+        let old = Arrival { fingerprint: &FP, produced_at_ms: Some(NOW - 25 * HOUR), ttl_ms: 24 * HOUR, source: &HERE };
         assert_eq!(decide(Ok(&old), None, &ctx()), Action::Stale);
         // Exactly at the TTL is not yet stale.
         let edge = Arrival { produced_at_ms: Some(NOW - 24 * HOUR), ..old };

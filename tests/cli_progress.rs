@@ -24,6 +24,7 @@ fn fill(store: &Path, n: usize) {
             completed_at_ms: 2,
             expires_at_ms: later,
             attempts: 1,
+            source: None,
         });
         s.compare_and_swap(&format!("k{i:07}"), None, Some(&r)).unwrap().unwrap();
     }

@@ -54,7 +54,10 @@ fn trial(backend: StoreBackend) -> (Vec<(String, i64)>, Vec<Outcome>, Vec<Outcom
     );
     let ttl = Duration::from_secs(3600);
     let forward: Vec<Item> = (0..KEYS).map(|i| item(&format!("k{i}"), 1, 1_000_000, ttl, i as i64)).collect();
-    let backward: Vec<Item> = forward.iter().rev().cloned().collect();
+    // The same commands read a second time from other offsets (repeats, not one record
+    // read twice).
+    let backward: Vec<Item> =
+        (0..KEYS).rev().map(|i| item(&format!("k{i}"), 1, 1_000_000, ttl, (KEYS + i) as i64)).collect();
     // Each batch on its own thread and runtime, released together: tasks of one runtime
     // woken by each other would often run one after the other on the same worker.
     let barrier = Arc::new(std::sync::Barrier::new(2));

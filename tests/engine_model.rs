@@ -108,9 +108,11 @@ impl Model {
                         Outcome::Failed
                     }
                     Behaviour::CrashAfterComplete => {
+                        // Redelivered: the input that ran it is not a repeat of itself, so
+                        // it publishes its own outcome again.
                         self.effects.entry(key).or_default().push(now);
                         completed(self);
-                        Outcome::Duplicate
+                        Outcome::Succeeded
                     }
                     Behaviour::CrashBeforeEffect | Behaviour::CrashAfterEffect => {
                         if first == Behaviour::CrashAfterEffect {

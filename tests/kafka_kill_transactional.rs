@@ -7,7 +7,9 @@
 //! payload, on other input partitions), all produced at the start; one non-forwarding HTTP
 //! sink answering in 50–250 ms, 16 calls at a time, batches of 8. Twenty incarnations are each SIGKILLed at a random moment
 //! 0.2–1.2 s after their first request, then one runs until every input has a committed
-//! result and is stopped with SIGTERM. A `read_uncommitted` reader of the same topic shows
+//! result and is stopped with SIGTERM. The input that ran each key (the store's completed
+//! record names it) has its own `succeeded` as its one result, never a `duplicate` of
+//! itself, though its first result may have been aborted. A `read_uncommitted` reader of the same topic shows
 //! that the kills did cut transactions off: it sees more results than inputs, which is what
 //! the results topic would hold without transactions. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_kill_transactional -- --nocapture`.
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 use common::kafka;
 use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, seed_from_env, tail_of_file};
 use dedupd::outcome::{Outcome, ResultRecord};
+use dedupd::store::{Completed, KeyStore, Record, SourcePos, StoreBackend, SyncMode};
 use rdkafka::message::Message;
 
 const PARTITIONS: i32 = 6;
@@ -135,6 +138,16 @@ async fn wait_for_every_result(tail: &TopicTail, inputs: &[(i32, i64)], p: &mut 
     }
 }
 
+/// Keys whose committed result is `indeterminate`.
+fn indeterminate_keys(results: &[ResultRecord]) -> usize {
+    results
+        .iter()
+        .filter(|r| r.outcome == Outcome::Indeterminate)
+        .filter_map(|r| r.key.as_deref())
+        .collect::<HashSet<_>>()
+        .len()
+}
+
 /// The key each call to the sink was for (from its body).
 fn calls_per_key(receiver: &SlowReceiver) -> HashMap<String, usize> {
     let mut calls = HashMap::new();
@@ -212,6 +225,38 @@ async fn after_kills_a_read_committed_reader_sees_exactly_one_result_per_input()
         .filter(|k| !calls.contains_key(*k))
         .collect();
     assert!(uncalled.is_empty(), "succeeded without a call: {uncalled:?}");
+
+    // No replay caused by a crash: the input that ran each key says `succeeded` (its first
+    // result may have been aborted with a transaction; it was published again as it was).
+    let store =
+        KeyStore::open(StoreBackend::default(), &dir.path().join("store"), SyncMode::Batch).expect("open the store");
+    let mut ran_by: Vec<(String, SourcePos)> = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store.scan_records(after.as_deref(), 1000).expect("scan the store");
+        let Some((last, _)) = page.last() else { break };
+        after = Some(last.clone());
+        for (key, record) in page {
+            if let Record::Completed(Completed { source: Some(source), .. }) = record {
+                ran_by.push((key, source));
+            }
+        }
+    }
+    assert_eq!(
+        ran_by.len() + indeterminate_keys(&seen),
+        KEYS,
+        "every key is completed with its source, or indeterminate"
+    );
+    let replayed_own: Vec<_> = ran_by
+        .iter()
+        .filter(|(_, src)| {
+            per_input
+                .get(&(src.partition, src.offset))
+                .is_none_or(|rs| rs.iter().any(|r| r.outcome != Outcome::Succeeded))
+        })
+        .take(5)
+        .collect();
+    assert!(replayed_own.is_empty(), "inputs that ran their key without a committed `succeeded`: {replayed_own:?}");
 
     // The kills did cut transactions off: without them, their results would be on the topic.
     let all = results(&uncommitted);

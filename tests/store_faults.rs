@@ -32,6 +32,7 @@ fn completion_of(claim: &DurableClaim) -> Completed {
         completed_at_ms: 2_000,
         expires_at_ms: 4_000_000_000_000,
         attempts: 1,
+        source: None,
     }
 }
 

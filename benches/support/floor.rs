@@ -42,6 +42,8 @@ pub fn store_floor(backend: StoreBackend, n: usize) -> f64 {
                     completed_at_ms: 2,
                     expires_at_ms: 86_400_000,
                     attempts: 1,
+                    // As the engine stores it: the claim's source.
+                    source: Some(d.record().source.clone()),
                 };
                 (d, c)
             })

@@ -93,6 +93,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 completed_at_ms: 2_000 + i,
                 expires_at_ms: if expired { 1 } else { FAR },
                 attempts: 1,
+                source: None,
             };
             items.push((claim, done));
         }

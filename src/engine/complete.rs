@@ -12,7 +12,7 @@ use super::retry::RunEnd;
 use super::run::Ran;
 use super::{Engine, EngineError, ItemResult};
 use crate::envelope::Command;
-use crate::store::{Completed, Completion, DurableClaim, KeyStore, Record, StoreError};
+use crate::store::{Completed, Completion, DurableClaim, KeyStore, Record, SourcePos, StoreError};
 
 /// What a round's sink runs leave to store.
 pub(super) struct Completions {
@@ -48,12 +48,14 @@ impl Engine {
             let result = match end {
                 RunEnd::Succeeded { result, attempts } => {
                     let answer = answer(Completion::Succeeded, result, None, attempts);
-                    done.to_write.push((claim, completion(cmd, &answer)));
+                    let completed = completion(cmd, &answer, &claim.record().source);
+                    done.to_write.push((claim, completed));
                     ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer)))
                 }
                 RunEnd::Failed { result, error, attempts } => {
                     let answer = answer(Completion::Failed, result, Some(error), attempts);
-                    done.to_write.push((claim, completion(cmd, &answer)));
+                    let completed = completion(cmd, &answer, &claim.record().source);
+                    done.to_write.push((claim, completed));
                     ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer)))
                 }
                 RunEnd::NeverRan => {
@@ -103,8 +105,8 @@ impl Engine {
     }
 }
 
-/// The completion stored for `answer`.
-fn completion(cmd: &Command, answer: &Answer) -> Completed {
+/// The completion stored for `answer` to the claim made by the record at `source`.
+fn completion(cmd: &Command, answer: &Answer, source: &SourcePos) -> Completed {
     let ttl = i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX);
     Completed {
         fingerprint: cmd.fingerprint,
@@ -115,6 +117,7 @@ fn completion(cmd: &Command, answer: &Answer) -> Completed {
         completed_at_ms: answer.completed_at_ms,
         expires_at_ms: answer.completed_at_ms.saturating_add(ttl),
         attempts: answer.attempts,
+        source: Some(source.clone()),
     }
 }
 

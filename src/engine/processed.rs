@@ -6,7 +6,12 @@ use serde_json::Value;
 use super::{Engine, Item};
 use crate::envelope::{Command, Rejection};
 use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
-use crate::store::{Completion, Record};
+use crate::store::{Completed, Completion, Record};
+
+/// A stored sink result as JSON (as text, if it somehow is not JSON).
+fn stored_result(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+}
 
 /// A sink's definite answer for one claim: what is stored as its completion and published
 /// as its result.
@@ -70,14 +75,29 @@ impl Engine {
         p
     }
 
+    /// The record that claimed the key, read again before its offset was committed (after a
+    /// crash): its own result again, as its sink's answer made it, not a replay.
+    pub(super) fn republished(&self, item: &Item, cmd: &Command, c: &Completed) -> Processed {
+        let outcome = match c.outcome {
+            Completion::Succeeded => Outcome::Succeeded,
+            Completion::Failed => Outcome::Failed,
+        };
+        let mut p = self.base(item, Some(cmd), outcome);
+        p.result.result = stored_result(&c.result);
+        p.result.error = c.error.clone();
+        p.result.attempts = c.attempts;
+        p.result.first_seen_at = Some(rfc3339_ms(c.first_seen_at_ms));
+        p.result.completed_at = Some(rfc3339_ms(c.completed_at_ms));
+        p
+    }
+
     /// A result read from a stored record: a replay (`duplicate`) or `indeterminate`.
     pub(super) fn processed_from_record(&self, item: &Item, cmd: &Command, record: &Record, now: i64) -> Processed {
         match record {
             Record::Completed(c) => {
                 let mut p = self.base(item, Some(cmd), Outcome::Duplicate);
                 p.result.replay = true;
-                p.result.result = serde_json::from_slice(&c.result)
-                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&c.result).into_owned()));
+                p.result.result = stored_result(&c.result);
                 p.result.error = c.error.clone();
                 p.result.attempts = c.attempts;
                 p.result.first_seen_at = Some(rfc3339_ms(c.first_seen_at_ms));

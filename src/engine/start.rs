@@ -93,6 +93,7 @@ impl Engine {
             fingerprint: &cmd.fingerprint,
             produced_at_ms: cmd.produced_at_ms,
             ttl_ms: i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX),
+            source: &item.source,
         };
         loop {
             let (stored, stamp) = self.store.get_stamped(&cmd.key)?;
@@ -135,6 +136,11 @@ impl Engine {
                             self.processed_from_record(item, cmd, record, now)
                         };
                         return Ok(Start::Done(Box::new(p)));
+                    }
+                }
+                Action::Republish => {
+                    if let Some(Record::Completed(c)) = &stored {
+                        return Ok(Start::Done(Box::new(self.republished(item, cmd, c))));
                     }
                 }
                 Action::Stale => return Ok(Start::Done(Box::new(self.stale(item, cmd)))),

@@ -89,6 +89,8 @@ impl KeyStore {
                 completed_at_ms: now_ms,
                 expires_at_ms: now_ms.saturating_add(ttl_ms),
                 attempts: ind.attempts,
+                // An indeterminate record does not keep its claim's source.
+                source: None,
             });
             if self.compare_and_swap(key, current.as_ref(), Some(&new))?.is_ok() {
                 self.flush_always()?;
@@ -115,7 +117,7 @@ pub fn record_json(key: &str, record: &Record) -> serde_json::Value {
                 .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&r.result).into_owned())),
             "error": r.error, "first_seen_at": rfc3339_ms(r.first_seen_at_ms),
             "completed_at": rfc3339_ms(r.completed_at_ms), "expires_at": rfc3339_ms(r.expires_at_ms),
-            "attempts": r.attempts,
+            "attempts": r.attempts, "source": r.source,
         }),
         Record::Indeterminate(r) => json!({
             "key": key, "state": "indeterminate", "fingerprint": r.fingerprint.to_string(),

@@ -2,7 +2,9 @@
 //!
 //! Layout: `[version=1][state][fingerprint 32B][state fields...]`, integers little-endian,
 //! strings and blobs as LEB128 length + bytes. Decoding checks every length against the
-//! buffer, so a torn or foreign value is an error, never a panic.
+//! buffer, so a torn or foreign value is an error, never a panic. A completed record's
+//! `source` comes last and only when known (`[1][topic][partition][offset]`), so records
+//! written before it existed read as they were, with none.
 
 use crate::fingerprint::Fingerprint;
 
@@ -74,6 +76,10 @@ pub struct Completed {
     pub expires_at_ms: i64,
     /// Sink runs it took.
     pub attempts: u32,
+    /// The input record that claimed the key and whose sink run this is, when known: when
+    /// that same record is read again (after a crash), its result is published again as it
+    /// was, not as a replay (`decide`).
+    pub source: Option<SourcePos>,
 }
 
 /// A claim whose effect is unknown (orphaned by a crash, sink does not forward the key).
@@ -160,13 +166,17 @@ impl Record {
 
     /// The compact binary form.
     pub fn encode(&self) -> Vec<u8> {
-        // Fixed fields take at most 96 bytes (varints included): sized once, no regrowth.
+        // Fixed fields take at most 112 bytes (varints included): sized once, no regrowth.
         let variable = match self {
             Record::InProgress(r) => r.source.topic.len(),
-            Record::Completed(r) => r.result.len() + r.error.as_ref().map_or(0, String::len),
+            Record::Completed(r) => {
+                r.result.len()
+                    + r.error.as_ref().map_or(0, String::len)
+                    + r.source.as_ref().map_or(0, |s| s.topic.len())
+            }
             Record::Indeterminate(r) => r.why.len(),
         };
-        let mut out = Vec::with_capacity(96 + variable);
+        let mut out = Vec::with_capacity(112 + variable);
         out.push(VERSION);
         match self {
             Record::InProgress(r) => {
@@ -196,6 +206,12 @@ impl Record {
                         out.push(1);
                         put_bytes(&mut out, e.as_bytes());
                     }
+                }
+                if let Some(source) = &r.source {
+                    out.push(1);
+                    put_bytes(&mut out, source.topic.as_bytes());
+                    out.extend_from_slice(&source.partition.to_le_bytes());
+                    out.extend_from_slice(&source.offset.to_le_bytes());
                 }
             }
             Record::Indeterminate(r) => {
@@ -243,6 +259,14 @@ impl Record {
                         0 => None,
                         1 => Some(r.string()?),
                         other => return Err(DecodeError(format!("bad error flag {other}"))),
+                    },
+                    source: match r.buf.first() {
+                        None => None,
+                        Some(1) => {
+                            r.u8()?;
+                            Some(SourcePos { topic: r.string()?, partition: r.i32()?, offset: r.i64()? })
+                        }
+                        Some(other) => return Err(DecodeError(format!("bad source flag {other}"))),
                     },
                 })
             }
@@ -361,6 +385,18 @@ mod tests {
                 completed_at_ms: 2,
                 expires_at_ms: 3,
                 attempts: 300,
+                source: None,
+            }),
+            Record::Completed(Completed {
+                fingerprint: fp(4),
+                outcome: Completion::Succeeded,
+                result: b"{}".to_vec(),
+                error: None,
+                first_seen_at_ms: 1,
+                completed_at_ms: 2,
+                expires_at_ms: 3,
+                attempts: 1,
+                source: Some(SourcePos { topic: "commands".into(), partition: 3, offset: 1042 }),
             }),
             Record::Indeterminate(Indeterminate {
                 fingerprint: fp(3),
@@ -385,6 +421,7 @@ mod tests {
             completed_at_ms: 2,
             expires_at_ms: 3,
             attempts: 1,
+            source: None,
         });
         assert!(r.encode().len() <= 64, "{}", r.encode().len());
     }

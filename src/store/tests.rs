@@ -110,6 +110,7 @@ fn completed(b: u8, expires_at_ms: i64) -> Completed {
         completed_at_ms: 2_000,
         expires_at_ms,
         attempts: 1,
+        source: None,
     }
 }
 
@@ -817,6 +818,8 @@ fn assert_rebuilt_at_open(kind: StoreBackend, old_index: Vec<Op>) {
 
 fn stamped_claims_never_trust_a_stale_read(kind: StoreBackend) {
     let f = Fixture::new(kind);
+    // The losing side's record comes back by value, as `claim_batch` returns it.
+    #[allow(clippy::result_large_err)]
     let claim_one = |key: &str, expected: Option<Record>, stamp| {
         let req = ClaimRequest { key: key.into(), expected, stamp, claim: in_progress(1, 1) };
         f.store.claim_batch(vec![req]).unwrap().pop().unwrap()

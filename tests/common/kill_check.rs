@@ -4,7 +4,8 @@
 //! before the sink is called", §4 crash rows, §5 "nothing is lost":
 //! - every input record (partition/offset) has a result; every key has one; outcomes are
 //!   only `succeeded`, `duplicate`, `indeterminate`; a key never has both a
-//!   `succeeded`/`duplicate` and an `indeterminate`, nor two `succeeded`;
+//!   `succeeded`/`duplicate` and an `indeterminate`, nor `succeeded` results of two inputs
+//!   (the input that ran it, read again after a kill, publishes its `succeeded` again);
 //! - every effect carries its command's key and payload and reached the command's own sink;
 //! - non-forwarding sink: at most one effect per key; a key it never received ends
 //!   `indeterminate` (store and results);
@@ -13,6 +14,7 @@
 //!   where the kind passes them on;
 //! - every key stored or published as succeeded was received by its own sink, and its stored
 //!   and replayed result answers one of its own effects;
+//! - the input that ran a key (the completed record's source) has only `succeeded` results;
 //! - the store holds no `in_progress` record.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -198,7 +200,12 @@ pub fn check(
         if rs.is_empty() {
             fail(format!("key {key} has no result at all"));
         }
-        let succeeded = rs.iter().filter(|r| r.outcome == Outcome::Succeeded).count();
+        let succeeded = rs
+            .iter()
+            .filter(|r| r.outcome == Outcome::Succeeded)
+            .map(|r| (r.source.partition, r.source.offset))
+            .collect::<HashSet<_>>()
+            .len();
         let ok = rs.iter().filter(|r| matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate)).count();
         let ind = rs.iter().filter(|r| r.outcome == Outcome::Indeterminate).count();
         if let Some(r) =
@@ -207,7 +214,7 @@ pub fn check(
             fail(format!("key {key}: unexpected outcome {:?}: {r:?}", r.outcome));
         }
         if succeeded > 1 {
-            fail(format!("key {key}: {succeeded} `succeeded` results (one execution may publish only one)"));
+            fail(format!("key {key}: `succeeded` results of {succeeded} inputs (only the one that ran it may say so)"));
         }
         if ok > 0 && ind > 0 {
             fail(format!("key {key}: both succeeded/duplicate ({ok}) and indeterminate ({ind}) results"));
@@ -248,6 +255,14 @@ pub fn check(
                 }
                 if ind > 0 {
                     fail(format!("key {key} is stored completed but was published indeterminate"));
+                }
+                // The input that ran it is never told it is a repeat of itself, even when a
+                // kill made it come again.
+                if let Some(src) = &c.source
+                    && let Some(&seq) = o.by_pos.get(&(src.partition, src.offset))
+                    && let Some(r) = per_seq[seq].iter().find(|r| r.outcome != Outcome::Succeeded)
+                {
+                    fail(format!("key {key}: the input that ran it ({src:?}) was published as {:?}", r.outcome));
                 }
             }
             Some(Record::Indeterminate(r)) => {

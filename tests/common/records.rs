@@ -17,6 +17,7 @@ pub fn completed(fp: u8, expires_at_ms: i64) -> Record {
         completed_at_ms: 2_000,
         expires_at_ms,
         attempts: 1,
+        source: None,
     })
 }
 

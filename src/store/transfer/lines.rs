@@ -75,6 +75,9 @@ struct CompletedLine {
     completed_at_ms: i64,
     expires_at_ms: i64,
     attempts: u32,
+    /// The input record that claimed the key, when the store knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<SourcePos>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -175,6 +178,7 @@ pub fn record_line(key: &str, record: &Record) -> String {
                 completed_at_ms: r.completed_at_ms,
                 expires_at_ms: r.expires_at_ms,
                 attempts: r.attempts,
+                source: r.source.clone(),
             })
         }
         Record::Indeterminate(r) => serde_json::to_string(&IndeterminateLine {
@@ -246,6 +250,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
                 completed_at_ms: r.completed_at_ms,
                 expires_at_ms: r.expires_at_ms,
                 attempts: r.attempts,
+                source: r.source,
             });
             Ok(Entry::Record { key: checked_key(r.key)?, record })
         }

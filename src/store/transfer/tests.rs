@@ -44,6 +44,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                 completed_at_ms: 20,
                 expires_at_ms: now + 5_000,
                 attempts: 2,
+                source: Some(SourcePos { topic: "t".into(), partition: 1, offset: 5 }),
             }),
         ),
         (
@@ -57,6 +58,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                 completed_at_ms: 20,
                 expires_at_ms: now + 5_000,
                 attempts: 1,
+                source: None,
             }),
         ),
         (
@@ -70,6 +72,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                 completed_at_ms: 2,
                 expires_at_ms: now - 1,
                 attempts: 1,
+                source: None,
             }),
         ),
         (
@@ -168,6 +171,7 @@ fn a_stored_in_progress_claim_is_replaced_only_with_force() {
         completed_at_ms: 50,
         expires_at_ms: 10_000,
         attempts: 1,
+        source: None,
     });
     for overwrite in [false, true] {
         let options = ImportOptions { overwrite, force: false, now_ms: 100 };
