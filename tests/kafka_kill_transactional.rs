@@ -3,28 +3,28 @@
 //! input record, nothing is lost, and a sink that does not forward the key is called at most
 //! once per key.
 //!
-//! `dedupd run` on the real broker; 3,000 commands and 900 repeats of them (same key and
-//! payload, on other input partitions), all produced at the start; one non-forwarding HTTP
-//! sink answering in 50–250 ms, 16 calls at a time, batches of 8. Twenty incarnations are each SIGKILLed at a random moment
-//! 0.2–1.2 s after their first request, then one runs until every input has a committed
-//! result and is stopped with SIGTERM. The input that ran each key (the store's completed
-//! record names it) has its own `succeeded` as its one result, never a `duplicate` of
-//! itself, though its first result may have been aborted. A `read_uncommitted` reader of the same topic shows
-//! that the kills did cut transactions off: it sees more results than inputs, which is what
-//! the results topic would hold without transactions. Run with
+//! `dedupd run` on the real broker (tests/common/pay_kills.rs); 3,000 commands and 900
+//! repeats of them (same key and payload, on other input partitions), all produced at the
+//! start; one non-forwarding HTTP sink answering in 50–250 ms, 16 calls at a time, batches
+//! of 8. Twenty incarnations are each SIGKILLed at a random moment 0.2–1.2 s after their
+//! first request, then one runs until every input has a committed result and is stopped
+//! with SIGTERM. The input that ran each key (the store's completed record names it) has its
+//! own `succeeded` as its one result, never a `duplicate` of itself, though its first result
+//! may have been aborted. A `read_uncommitted` reader of the same topic shows that the kills
+//! did cut transactions off: it sees more results than inputs, which is what the results
+//! topic would hold without transactions. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_kill_transactional -- --nocapture`.
 
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::kafka;
+use common::pay_kills::{self, calls_per_key, kill_repeatedly, results, wait_for_every_result};
 use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, seed_from_env, tail_of_file};
 use dedupd::outcome::{Outcome, ResultRecord};
 use dedupd::store::{Completed, KeyStore, Record, SourcePos, StoreBackend, SyncMode};
-use rdkafka::message::Message;
 
 const PARTITIONS: i32 = 6;
 const KEYS: usize = 3_000;
@@ -41,101 +41,14 @@ const BATCH_SIZE: usize = 8;
 /// When a kill lands, after the incarnation's first request.
 const KILL_AFTER_MS: (u64, u64) = (200, 1_200);
 
-fn config_toml(bootstrap: &str, group: &str, topics: [&str; 3], store: &Path, sink_url: &str) -> String {
-    let [input, results, dlq] = topics;
-    format!(
-        r#"{kafka_table}transactional_results = true
-
-[store]
-path = {store:?}
-
-[pipeline]
-max_in_flight = {MAX_IN_FLIGHT}
-batch_size = {BATCH_SIZE}
-
-[http]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-
-[sinks.pay]
-kind = "http"
-url = "{sink_url}"
-forward_key = false
-request_timeout = "10s"
-
-[[routes]]
-name = "pay"
-types = ["*"]
-sink = "pay"
-"#,
-        kafka_table = kafka::kafka_table(bootstrap, group, input, results, dlq),
-        store = store.to_str().expect("utf-8 path"),
-    )
-}
-
-/// The idempotency key of command `i`; also in its payload, since a sink that does not
-/// forward the key sends no `Idempotency-Key` header.
-fn key(i: usize) -> String {
-    format!("pay-{i}")
-}
-
 /// Every key once, then `REPEATS` of them again on another partition.
 fn commands() -> Vec<kafka::OutgoingTo> {
-    let command = |i: usize, partition: i32| {
-        let value = serde_json::json!({"id": key(i), "type": "card.charge", "payload": {"key": key(i), "amount": i}});
-        (format!("k{i}"), value.to_string().into_bytes(), Vec::new(), Some(partition))
-    };
-    let firsts = (0..KEYS).map(|i| command(i, i as i32 % PARTITIONS));
+    let firsts = (0..KEYS).map(|i| pay_kills::command(i, i as i32 % PARTITIONS));
     let repeats = (0..REPEATS).map(|r| {
         let i = r * KEYS / REPEATS;
-        command(i, (i as i32 + 1) % PARTITIONS)
+        pay_kills::command(i, (i as i32 + 1) % PARTITIONS)
     });
     firsts.chain(repeats).collect()
-}
-
-/// Every result record in `tail`, parsed; an unreadable one fails the test.
-fn results(tail: &TopicTail) -> Vec<ResultRecord> {
-    tail.since(0)
-        .iter()
-        .map(|m| serde_json::from_slice::<ResultRecord>(m.payload().unwrap_or_default()).expect("a result record"))
-        .collect()
-}
-
-/// Waits until the receiver has seen more than `before` requests; fails with the log if the
-/// process exits or nothing arrives within a minute.
-async fn wait_for_a_request(receiver: &SlowReceiver, before: usize, p: &mut DedupdProcess, log: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while receiver.count() <= before {
-        let exited = p.exited();
-        assert!(
-            Instant::now() < deadline && exited.is_none(),
-            "no request within 60 s (exited: {exited:?}); log:\n{}",
-            tail_of_file(log, 40)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Waits until every input position has a committed result; fails with the log otherwise.
-async fn wait_for_every_result(tail: &TopicTail, inputs: &[(i32, i64)], p: &mut DedupdProcess, log: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let seen: HashSet<(i32, i64)> = results(tail).iter().map(|r| (r.source.partition, r.source.offset)).collect();
-        let done = inputs.iter().filter(|i| seen.contains(i)).count();
-        if done == inputs.len() {
-            return;
-        }
-        let exited = p.exited();
-        assert!(
-            Instant::now() < deadline && exited.is_none(),
-            "{done} of {} results (exited: {exited:?}); log:\n{}",
-            inputs.len(),
-            tail_of_file(log, 40)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Keys whose committed result is `indeterminate`.
@@ -146,16 +59,6 @@ fn indeterminate_keys(results: &[ResultRecord]) -> usize {
         .filter_map(|r| r.key.as_deref())
         .collect::<HashSet<_>>()
         .len()
-}
-
-/// The key each call to the sink was for (from its body).
-fn calls_per_key(receiver: &SlowReceiver) -> HashMap<String, usize> {
-    let mut calls = HashMap::new();
-    for s in receiver.seen() {
-        let body: serde_json::Value = serde_json::from_slice(&s.body).expect("json body");
-        *calls.entry(body["key"].as_str().expect("key in the body").to_string()).or_default() += 1;
-    }
-    calls
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,24 +73,21 @@ async fn after_kills_a_read_committed_reader_sees_exactly_one_result_per_input()
     let dir = KeptOnFailure::new();
     let (config, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
     let group = kafka::unique("txn-dedupd");
-    let toml = config_toml(
+    let toml = pay_kills::config_toml(
         &bootstrap,
         &group,
         [&input, &results_topic, &dlq],
         &dir.path().join("store"),
         &receiver.url("/pay"),
+        "transactional_results = true\n",
+        &format!("max_in_flight = {MAX_IN_FLIGHT}\nbatch_size = {BATCH_SIZE}"),
     );
     std::fs::write(&config, toml).expect("write config");
     let committed = TopicTail::start(&bootstrap, &results_topic, 3);
     let uncommitted = TopicTail::start_uncommitted(&bootstrap, &results_topic, 3);
     let inputs = kafka::produce_all_to(&bootstrap, &input, commands()).await;
 
-    for _ in 0..KILLS {
-        let mut p = DedupdProcess::run(&config, &log);
-        wait_for_a_request(&receiver, receiver.count(), &mut p, &log).await;
-        tokio::time::sleep(Duration::from_millis(rng.between(KILL_AFTER_MS.0, KILL_AFTER_MS.1))).await;
-        p.kill();
-    }
+    kill_repeatedly(&config, &log, &receiver, KILLS, KILL_AFTER_MS, &mut rng).await;
     let mut last = DedupdProcess::run(&config, &log);
     wait_for_every_result(&committed, &inputs, &mut last, &log).await;
     let status = last.terminate(Duration::from_secs(30));

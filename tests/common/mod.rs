@@ -9,6 +9,7 @@ pub mod kafka;
 pub mod kill_check;
 pub mod kill_workload;
 pub mod orphan;
+pub mod pay_kills;
 pub mod process;
 pub mod records;
 pub mod scripted;

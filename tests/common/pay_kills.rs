@@ -1,0 +1,138 @@
+//! `dedupd run` SIGKILLed again and again while it charges cards through one slow HTTP
+//! sink that does not forward the key (tests/kafka_kill_unsent.rs,
+//! tests/kafka_kill_transactional.rs): the config, the commands, the kill loop and what
+//! the results topic and the sink saw.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use dedupd::outcome::ResultRecord;
+use rdkafka::message::Message;
+
+use super::kafka;
+use super::process::{DedupdProcess, SlowReceiver, SplitMix, TopicTail, tail_of_file};
+
+/// The config: `kafka_extra` goes into `[kafka]`, `pipeline` into `[pipeline]` (TOML lines).
+pub fn config_toml(
+    bootstrap: &str,
+    group: &str,
+    topics: [&str; 3],
+    store: &Path,
+    sink_url: &str,
+    kafka_extra: &str,
+    pipeline: &str,
+) -> String {
+    let [input, results, dlq] = topics;
+    format!(
+        r#"{kafka_table}{kafka_extra}
+[store]
+path = {store:?}
+
+[pipeline]
+{pipeline}
+
+[http]
+listen = "127.0.0.1:0"
+
+[log]
+format = "json"
+
+[sinks.pay]
+kind = "http"
+url = "{sink_url}"
+forward_key = false
+request_timeout = "10s"
+
+[[routes]]
+name = "pay"
+types = ["*"]
+sink = "pay"
+"#,
+        kafka_table = kafka::kafka_table(bootstrap, group, input, results, dlq),
+        store = store.to_str().expect("utf-8 path"),
+    )
+}
+
+/// The idempotency key of command `i`; also in its payload, since a sink that does not
+/// forward the key sends no `Idempotency-Key` header.
+pub fn key(i: usize) -> String {
+    format!("pay-{i}")
+}
+
+/// Command `i`, to `partition`.
+pub fn command(i: usize, partition: i32) -> kafka::OutgoingTo {
+    let value = serde_json::json!({"id": key(i), "type": "card.charge", "payload": {"key": key(i), "amount": i}});
+    (format!("k{i}"), value.to_string().into_bytes(), Vec::new(), Some(partition))
+}
+
+/// Every result record in `tail`, parsed; an unreadable one fails the test.
+pub fn results(tail: &TopicTail) -> Vec<ResultRecord> {
+    tail.since(0)
+        .iter()
+        .map(|m| serde_json::from_slice::<ResultRecord>(m.payload().unwrap_or_default()).expect("a result record"))
+        .collect()
+}
+
+/// Runs `kills` incarnations of `dedupd run -c config`, each SIGKILLed at a random moment
+/// `kill_after_ms` after its first request to the sink.
+pub async fn kill_repeatedly(
+    config: &Path,
+    log: &Path,
+    receiver: &SlowReceiver,
+    kills: usize,
+    kill_after_ms: (u64, u64),
+    rng: &mut SplitMix,
+) {
+    for _ in 0..kills {
+        let mut p = DedupdProcess::run(config, log);
+        wait_for_a_request(receiver, receiver.count(), &mut p, log).await;
+        tokio::time::sleep(Duration::from_millis(rng.between(kill_after_ms.0, kill_after_ms.1))).await;
+        p.kill();
+    }
+}
+
+/// Waits until the receiver has seen more than `before` requests; fails with the log if the
+/// process exits or nothing arrives within a minute.
+async fn wait_for_a_request(receiver: &SlowReceiver, before: usize, p: &mut DedupdProcess, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while receiver.count() <= before {
+        let exited = p.exited();
+        assert!(
+            Instant::now() < deadline && exited.is_none(),
+            "no request within 60 s (exited: {exited:?}); log:\n{}",
+            tail_of_file(log, 40)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until every input position has a result in `tail`; fails with the log otherwise.
+pub async fn wait_for_every_result(tail: &TopicTail, inputs: &[(i32, i64)], p: &mut DedupdProcess, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let seen: HashSet<(i32, i64)> = results(tail).iter().map(|r| (r.source.partition, r.source.offset)).collect();
+        let done = inputs.iter().filter(|i| seen.contains(i)).count();
+        if done == inputs.len() {
+            return;
+        }
+        let exited = p.exited();
+        assert!(
+            Instant::now() < deadline && exited.is_none(),
+            "{done} of {} results (exited: {exited:?}); log:\n{}",
+            inputs.len(),
+            tail_of_file(log, 40)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How often the sink was called for each key (the key is in each request's body).
+pub fn calls_per_key(receiver: &SlowReceiver) -> HashMap<String, usize> {
+    let mut calls = HashMap::new();
+    for s in receiver.seen() {
+        let body: serde_json::Value = serde_json::from_slice(&s.body).expect("json body");
+        *calls.entry(body["key"].as_str().expect("key in the body").to_string()).or_default() += 1;
+    }
+    calls
+}
