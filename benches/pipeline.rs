@@ -252,6 +252,9 @@ fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, di
         ttl: None,
         fingerprint_exclude: vec![],
     });
+    // DEDUPD_BENCH_TRANSACTIONAL=1: `kafka.transactional_results = true` (a drain's rate
+    // comes from the result records' timestamps, so it does not count the last commit).
+    c.kafka.transactional_results = std::env::var("DEDUPD_BENCH_TRANSACTIONAL").is_ok_and(|v| v == "1");
     // DEDUPD_BENCH_MAX_IN_FLIGHT=N: `pipeline.max_in_flight` (also the most claims per round).
     if let Some(n) = std::env::var("DEDUPD_BENCH_MAX_IN_FLIGHT").ok().and_then(|v| v.parse().ok()) {
         c.pipeline.max_in_flight = n;
