@@ -145,6 +145,9 @@ fn validate_kafka(k: &KafkaConfig, errors: &mut Vec<ConfigError>) {
     if k.connect_timeout.is_zero() {
         errors.push(invalid("kafka.connect_timeout", "0s", "must be positive"));
     }
+    if k.transaction_interval.is_zero() {
+        errors.push(invalid("kafka.transaction_interval", "0s", "must be positive"));
+    }
 }
 
 /// `[store]` on its own: positive TTLs and intervals, the cap above the default.

@@ -93,6 +93,14 @@ mod unit {
     }
 
     #[test]
+    fn transaction_interval_is_a_positive_duration() {
+        let c = Config::from_toml_str("[kafka]\ntransaction_interval = \"500ms\"\n", no_env()).expect("valid");
+        assert_eq!(c.kafka.transaction_interval, std::time::Duration::from_millis(500));
+        let err = Config::from_toml_str("[kafka]\ntransaction_interval = \"0s\"\n", no_env()).unwrap_err();
+        assert!(err.to_string().contains("kafka.transaction_interval"), "{err}");
+    }
+
+    #[test]
     fn transactional_results_is_a_boolean() {
         let c = Config::from_toml_str("[kafka]\ntransactional_results = true\n", no_env()).expect("valid");
         assert!(c.kafka.transactional_results);

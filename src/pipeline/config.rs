@@ -30,9 +30,15 @@ pub struct KafkaConfig {
     pub results_topic: String,
     /// Topic receiving invalid and stale input, unchanged, with reason headers.
     pub dead_letter_topic: String,
-    /// Reserved for publishing results and committing offsets in one Kafka transaction;
-    /// `true` is refused at validation until that exists.
+    /// Publish results and dead letters in Kafka transactions that also commit their input
+    /// offsets (pipeline/transactions.rs), so a `read_committed` reader sees exactly one
+    /// result per input record, also across crashes.
     pub transactional_results: bool,
+    /// Under `transactional_results`: how often the open transaction commits. Longer means
+    /// fewer pauses (nothing is queued while a commit runs) and a longer wait before a
+    /// `read_committed` reader sees a result.
+    #[serde(with = "humantime_serde")]
+    pub transaction_interval: Duration,
     /// librdkafka properties every client of this cluster shares (security protocol, SASL,
     /// TLS, client id); `consumer`, `producer` and the kafka sinks' `producer` override them.
     pub connection: ConnectionConfig,
@@ -60,6 +66,7 @@ impl Default for KafkaConfig {
             results_topic: "dedupd.results".into(),
             dead_letter_topic: "dedupd.dead-letter".into(),
             transactional_results: false,
+            transaction_interval: Duration::from_millis(100),
             connection: ConnectionConfig::default(),
             connect_timeout: Duration::from_secs(30),
             static_membership: true,

@@ -24,7 +24,7 @@
 //!   take is named, so that only it is sent again.
 //! - `transactions`: under `kafka.transactional_results`, the producer's one open
 //!   transaction, which carries the results and the offsets they settle, committed every
-//!   100 ms and on revoke and shutdown.
+//!   `kafka.transaction_interval` and on revoke and shutdown.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
 //!   gauges.
 //!
@@ -135,10 +135,10 @@ pub async fn run(
     let consumer_stop = CancellationToken::new();
     let consumer_thread = start_consumer(&config, &core, &options, &fatal, &consumer_stop)?;
     let committer_stop = CancellationToken::new();
-    let committer = core
-        .transactions
-        .clone()
-        .map(|t| tokio::spawn(transactions::commit_every(t, committer_stop.clone(), fatal.clone())));
+    let committer = core.transactions.clone().map(|t| {
+        let interval = config.kafka.transaction_interval;
+        tokio::spawn(transactions::commit_every(t, interval, committer_stop.clone(), fatal.clone()))
+    });
     on_start(&Running {
         http_addr: background.http_addr,
         metrics: Arc::clone(&core.metrics),

@@ -7,8 +7,8 @@
 //! One transaction is open at a time for the whole process: one producer with one
 //! `transactional.id`, made from the store's identity, so a restarted instance fences the
 //! producer of the one it replaces (`init_transactions` aborts what that one left open).
-//! A commit every [`COMMIT_INTERVAL`] (Kafka Streams' default under exactly-once) carries
-//! what every partition sent meanwhile. Invariants, cited where they are kept:
+//! A commit every `kafka.transaction_interval` (100 ms by default, Kafka Streams' default
+//! under exactly-once) carries what every partition sent meanwhile. Invariants, cited where they are kept:
 //! 1. A batch's results are queued and its offset recorded under one [`Member`]; a commit
 //!    holds the gate alone, so a batch's results and its offset are in the same
 //!    transaction, and nothing is queued while a commit is under way.
@@ -39,8 +39,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::control::Tp;
 
-/// How often the open transaction commits while records flow.
-pub(crate) const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a commit waits for the gate: a queueing waits at most a minute for room in
 /// the producer's queue (`publish`), after which the worker gives up.
 const GATE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -236,11 +234,16 @@ fn commit_retrying(producer: &FutureProducer) -> Result<(), TransactionError> {
     }
 }
 
-/// Commits the open transaction every [`COMMIT_INTERVAL`] until `stop`; a failed commit
-/// fires `fatal` (invariant 4). The last commit, after the workers drained, is the
-/// consumer's (`consumer::run`).
-pub(crate) async fn commit_every(transactions: Arc<Transactions>, stop: CancellationToken, fatal: CancellationToken) {
-    let mut tick = tokio::time::interval(COMMIT_INTERVAL);
+/// Commits the open transaction every `interval` until `stop`; a failed commit fires
+/// `fatal` (invariant 4). The last commit, after the workers drained, is the consumer's
+/// (`consumer::run`).
+pub(crate) async fn commit_every(
+    transactions: Arc<Transactions>,
+    interval: Duration,
+    stop: CancellationToken,
+    fatal: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
