@@ -4,7 +4,8 @@
 //! dead-lettered, then 20 commands on the same partition all run. The dead-letter topic
 //! accepts at most 500,000 bytes per record: the small copy lands intact, the large one as
 //! a stand-in without key and value whose `dedupd-original-size` says how large it was.
-//! Every input gets exactly one result.
+//! Every input gets exactly one result. The same under `kafka.transactional_results`, where
+//! a copy the broker refused would abort the transaction.
 //!
 //! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test kafka_record_size`.
 
@@ -62,6 +63,17 @@ async fn produce_inputs(bootstrap: &str, topic: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_too_large_for_the_dead_letter_topic_stops_nothing() {
+    scenario(false).await;
+}
+
+/// In a transaction a copy the broker refused would abort it (and the input would come
+/// again and again): the copy is measured against the topic's limit before it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_for_the_dead_letter_topic_stops_nothing_under_transactional_results() {
+    scenario(true).await;
+}
+
+async fn scenario(transactional: bool) {
     let Some(bootstrap) = kafka::bootstrap() else { return };
     let (input, results, dlq) = (kafka::unique("size-in"), kafka::unique("size-results"), kafka::unique("size-dlq"));
     kafka::create_topics(&bootstrap, &[(&input, 1), (&results, 1), (&dlq, 1)]).await;
@@ -74,7 +86,7 @@ async fn a_record_too_large_for_the_dead_letter_topic_stops_nothing() {
     std::fs::write(
         &config,
         format!(
-            "{}\n[store]\npath = {:?}\n\n[sinks.log]\nkind = \"log\"\n\n[[routes]]\ntypes = [\"*\"]\nsink = \"log\"\n\n\
+            "{}transactional_results = {transactional}\n\n[store]\npath = {:?}\n\n[sinks.log]\nkind = \"log\"\n\n[[routes]]\ntypes = [\"*\"]\nsink = \"log\"\n\n\
              [http]\nlisten = \"127.0.0.1:0\"\n",
             kafka::kafka_table(&bootstrap, &kafka::unique("size-group"), &input, &results, &dlq),
             dir.path().join("store"),
@@ -100,7 +112,12 @@ async fn a_record_too_large_for_the_dead_letter_topic_stops_nothing() {
         got.iter().map(|m| serde_json::from_slice::<Value>(m.payload().expect("value")).expect("json")).collect();
     assert_eq!(outcomes.iter().filter(|r| r["outcome"] == "rejected").count(), 2, "{outcomes:?}");
     assert_eq!(outcomes.iter().filter(|r| r["outcome"] == "succeeded").count(), COMMANDS);
-    assert_eq!(kafka::count_records(&bootstrap, &results).await, inputs as i64, "one result per input, no more");
+    if transactional {
+        let all = kafka::read_all(&bootstrap, &results, inputs + 1, Duration::from_secs(5)).await;
+        assert_eq!(all.len(), inputs, "one committed result per input, no more");
+    } else {
+        assert_eq!(kafka::count_records(&bootstrap, &results).await, inputs as i64, "one result per input, no more");
+    }
 
     let letters = kafka::read_all(&bootstrap, &dlq, 3, Duration::from_secs(10)).await;
     assert_eq!(letters.len(), 2, "one dead letter per rejected record");

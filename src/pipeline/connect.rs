@@ -2,8 +2,17 @@
 //! the cluster within `kafka.connect_timeout`, or `run` stops with the cause (a refused
 //! login, an untrusted certificate, no answer) instead of retrying silently forever.
 
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+
+use super::publish::DeadLetterLimit;
 use super::{KafkaConfig, PipelineError, consumer_config, producer_config};
 use crate::connection::probe::{self, ConnectError};
+
+/// The broker's own default `max.message.bytes`, assumed when the topic's cannot be read.
+const BROKER_DEFAULT_MAX_MESSAGE_BYTES: usize = 1_048_588;
 
 /// Probes both clients at once, each on a blocking thread (librdkafka's calls block).
 pub(super) async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineError> {
@@ -18,4 +27,32 @@ pub(super) async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineErr
         tracing::info!(client, brokers = ?view.brokers, "connected to Kafka");
     }
     Ok(())
+}
+
+/// Under transactional results: the largest dead-letter copy the dead-letter topic takes
+/// (its `max.message.bytes`, read with DescribeConfigs), so that no copy aborts a
+/// transaction (`publish`). When it cannot be read (no permission, an old broker) the
+/// broker's default is assumed and the log says so.
+pub(super) async fn dead_letter_limit(kafka: &KafkaConfig) -> Result<DeadLetterLimit, PipelineError> {
+    let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
+    let topic = ResourceSpecifier::Topic(&kafka.dead_letter_topic);
+    let options = AdminOptions::new().request_timeout(Some(kafka.connect_timeout));
+    let read = tokio::time::timeout(
+        kafka.connect_timeout + Duration::from_secs(1),
+        admin.describe_configs([&topic], &options),
+    )
+    .await
+    .map_err(|_| "no answer in time".to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    .and_then(|mut all| all.pop().ok_or_else(|| "no answer".to_string())?.map_err(|e| format!("{e:?}")))
+    .and_then(|resource| {
+        let value = resource.get("max.message.bytes").and_then(|e| e.value.clone());
+        value.and_then(|v| v.parse::<usize>().ok()).ok_or_else(|| "no max.message.bytes".to_string())
+    });
+    let topic_max = read.unwrap_or_else(|why| {
+        tracing::warn!(topic = %kafka.dead_letter_topic, why, assumed = BROKER_DEFAULT_MAX_MESSAGE_BYTES,
+            "could not read the dead-letter topic's max.message.bytes; assuming the broker's default");
+        BROKER_DEFAULT_MAX_MESSAGE_BYTES
+    });
+    Ok(DeadLetterLimit::of_topic(topic_max))
 }

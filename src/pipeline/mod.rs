@@ -127,7 +127,11 @@ pub async fn run(
     on_start: impl FnOnce(&Running) + Send,
 ) -> Result<(), PipelineError> {
     connect::check_cluster(&config.kafka).await?;
-    let (core, sinks) = Core::build(&config)?;
+    let dead_letter_limit = match config.kafka.transactional_results {
+        true => Some(connect::dead_letter_limit(&config.kafka).await?),
+        false => None,
+    };
+    let (core, sinks) = Core::build(&config, dead_letter_limit)?;
     // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
@@ -192,7 +196,10 @@ struct Core {
 impl Core {
     /// Opens the store and builds the metered sinks, the engine and the producer. Returns
     /// the sinks by name too, for the circuit gauges.
-    fn build(config: &Config) -> Result<(Core, SinksByName), PipelineError> {
+    fn build(
+        config: &Config,
+        dead_letter_limit: Option<publish::DeadLetterLimit>,
+    ) -> Result<(Core, SinksByName), PipelineError> {
         let store = Arc::new(KeyStore::open_configured(&config.store)?);
         let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
         let router = Arc::new(config.router()?);
@@ -215,7 +222,7 @@ impl Core {
             stale_guard: config.envelope.stale_guard,
             clock: Arc::clone(&clock),
         })?);
-        let (publisher, transactions) = Self::publisher(config, &store)?;
+        let (publisher, transactions) = Self::publisher(config, &store, dead_letter_limit)?;
         let health = Arc::new(Health::default());
         Ok((Core { store, metrics, health, engine, publisher, clock, transactions }, metered_sinks))
     }
@@ -227,12 +234,13 @@ impl Core {
     fn publisher(
         config: &Config,
         store: &KeyStore,
+        dead_letter_limit: Option<publish::DeadLetterLimit>,
     ) -> Result<(Arc<Publisher>, Option<Arc<transactions::Transactions>>), PipelineError> {
         if !config.kafka.transactional_results {
-            return Ok((Arc::new(Publisher::new(&config.kafka, None)?), None));
+            return Ok((Arc::new(Publisher::new(&config.kafka)?), None));
         }
         let id = format!("dedupd-{}", store.identity()?);
-        let publisher = Publisher::new(&config.kafka, Some(&id))?;
+        let publisher = Publisher::with(&config.kafka, Some(&id), dead_letter_limit)?;
         let transactions = transactions::Transactions::start(publisher.producer()).map_err(|e| {
             PipelineError::Transactions(format!(
                 "could not open a transaction as `{id}` (kafka.transactional_results): {e}; the cluster must \

@@ -7,7 +7,9 @@
 //! No record stops its partition because of its size: a dead-letter copy larger than the
 //! producer (`message.max.bytes`) or the broker accepts is replaced by one without key and
 //! value whose `dedupd-original-size` header says how large it was (its `dedupd-source`
-//! still names the input, which stays in its topic).
+//! still names the input, which stays in its topic). In a transaction a copy the broker
+//! refuses would abort it, so there the copy is measured against the dead-letter topic's
+//! own `max.message.bytes` before it is sent ([`DeadLetterLimit`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -120,11 +122,28 @@ impl Acks {
     }
 }
 
+/// The largest dead-letter copy to send, when it must be known before sending: the
+/// dead-letter topic's `max.message.bytes` less room for the record batch around it.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadLetterLimit(pub usize);
+
+/// Room left for a record batch's own bytes (its header, the record's varints).
+const BATCH_OVERHEAD: usize = 1024;
+
+impl DeadLetterLimit {
+    /// The limit of a topic whose `max.message.bytes` is `topic_max`.
+    pub fn of_topic(topic_max: usize) -> DeadLetterLimit {
+        DeadLetterLimit(topic_max.saturating_sub(BATCH_OVERHEAD))
+    }
+}
+
 /// The producer of results and dead letters.
 pub struct Publisher {
     producer: FutureProducer,
     results_topic: String,
     dead_letter_topic: String,
+    /// Set under transactional results (see the module doc).
+    dead_letter_limit: Option<DeadLetterLimit>,
 }
 
 /// The producer settings dedupd chooses; `[kafka.connection]` and then `kafka.producer.*`
@@ -149,14 +168,24 @@ fn producer_config_with(kafka: &KafkaConfig, transactional_id: Option<&str>) -> 
 }
 
 impl Publisher {
-    /// Creates the idempotent producer, transactional under `transactional_id` when one is
-    /// given (its transactions are `transactions::Transactions`').
-    pub fn new(kafka: &KafkaConfig, transactional_id: Option<&str>) -> Result<Publisher, PipelineError> {
+    /// Creates the idempotent producer.
+    pub fn new(kafka: &KafkaConfig) -> Result<Publisher, PipelineError> {
+        Self::with(kafka, None, None)
+    }
+
+    /// Creates the producer, transactional under `transactional_id` (its transactions are
+    /// `transactions::Transactions`'), measuring dead-letter copies against `limit`.
+    pub(crate) fn with(
+        kafka: &KafkaConfig,
+        transactional_id: Option<&str>,
+        dead_letter_limit: Option<DeadLetterLimit>,
+    ) -> Result<Publisher, PipelineError> {
         let config = producer_config_with(kafka, transactional_id)?;
         Ok(Publisher {
             producer: crate::connection::probe::create(&config, "results producer")?,
             results_topic: kafka.results_topic.clone(),
             dead_letter_topic: kafka.dead_letter_topic.clone(),
+            dead_letter_limit,
         })
     }
 
@@ -193,6 +222,12 @@ impl Publisher {
     /// Queues a dead-letter copy, or its stand-in when the producer refuses the copy for
     /// its size.
     async fn enqueue_dead_letter(&self, input: &OwnedMessage, letter: DeadLetter) -> Result<Ack, KafkaError> {
+        if let Some(DeadLetterLimit(limit)) = self.dead_letter_limit
+            && letter.copy_size(input) > limit
+        {
+            tracing::warn!(source = %letter.source, bytes = letter.original_size, limit, "the dead-letter copy is larger than the dead-letter topic takes; publishing a stand-in without key and value");
+            return Ok(Ack::Result(self.enqueue(letter.stand_in(&self.dead_letter_topic)).await?));
+        }
         match self.enqueue(letter.copy(&self.dead_letter_topic, input)).await {
             Ok(ack) => Ok(Ack::Copy(ack, letter)),
             Err(e) if is_too_large(&e) => {
@@ -307,6 +342,15 @@ impl DeadLetter {
         base.insert(Header { key: "dedupd-reason", value: Some(self.reason) })
             .insert(Header { key: "dedupd-error", value: Some(self.error.as_str()) })
             .insert(Header { key: "dedupd-source", value: Some(self.source.as_str()) })
+    }
+
+    /// The bytes of the copy of `input`: its key, value and headers with the reason headers.
+    fn copy_size(&self, input: &OwnedMessage) -> usize {
+        let headers: usize =
+            input.headers().map_or(0, |h| h.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum());
+        let ours =
+            "dedupd-reasondedupd-errordedupd-source".len() + self.reason.len() + self.error.len() + self.source.len();
+        input.key().map_or(0, <[u8]>::len) + self.original_size + headers + ours
     }
 
     /// The input's key, value and headers, with the reason headers added.

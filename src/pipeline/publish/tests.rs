@@ -112,7 +112,7 @@ async fn only_what_kafka_did_not_take_is_sent_again() {
         ..KafkaConfig::default()
     };
     kafka.producer.insert("message.timeout.ms".into(), "2000".into());
-    let publisher = Publisher::new(&kafka, None).expect("publisher");
+    let publisher = Publisher::new(&kafka).expect("publisher");
 
     let batch: Vec<(OwnedMessage, Processed)> = (0..12).map(input).collect();
     let refs: Vec<(&OwnedMessage, &Processed)> = batch.iter().map(|(m, p)| (m, p)).collect();
