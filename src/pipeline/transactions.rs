@@ -203,9 +203,11 @@ fn commit_and_begin(
             for ((topic, partition), next) in offsets {
                 list.add_partition_offset(topic, *partition, Offset::Offset(*next))?;
             }
-            producer.send_offsets_to_transaction(&list, &group, COORDINATOR_TIMEOUT)?;
+            retrying("sending the offsets", || {
+                producer.send_offsets_to_transaction(&list, &group, COORDINATOR_TIMEOUT)
+            })?;
         }
-        commit_retrying(producer)
+        retrying("committing the transaction", || producer.commit_transaction(COORDINATOR_TIMEOUT))
     })();
     match committed {
         Ok(()) => Ok(producer.begin_transaction()?),
@@ -218,16 +220,17 @@ fn commit_and_begin(
     }
 }
 
-/// Commits, calling again while librdkafka says the commit may be retried (a coordinator
-/// moving, a timeout): a retried commit of the same transaction is safe.
-fn commit_retrying(producer: &FutureProducer) -> Result<(), TransactionError> {
+/// Calls `step` again, up to three times, while librdkafka says it may be retried (a
+/// coordinator moving, a timeout): librdkafka documents both steps as safe to call again
+/// for the same transaction.
+fn retrying(what: &str, step: impl Fn() -> Result<(), KafkaError>) -> Result<(), TransactionError> {
     let mut tries = 0;
     loop {
-        match producer.commit_transaction(COORDINATOR_TIMEOUT) {
+        match step() {
             Ok(()) => return Ok(()),
             Err(KafkaError::Transaction(e)) if e.is_retriable() && tries < 3 => {
                 tries += 1;
-                tracing::warn!(error = %e, tries, "committing the transaction: retrying");
+                tracing::warn!(error = %e, tries, "{what}: retrying");
             }
             Err(e) => return Err(e.into()),
         }
