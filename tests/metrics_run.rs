@@ -40,8 +40,9 @@ const FAILING_KEY: &str = "main-0";
 const FLAKY_KEY: &str = "main-1";
 /// Every docs/contract.md §10 metric with its type (`refused_partitions` of §3 included,
 /// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md, and
-/// `store_write_errors_total`, at 0 unless a store write failed).
-const CATALOGUE: [(&str, &str); 17] = [
+/// `store_write_errors_total`, at 0 unless a store write failed, and
+/// `transaction_commit_seconds`, empty without transactional results).
+const CATALOGUE: [(&str, &str); 18] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -59,6 +60,7 @@ const CATALOGUE: [(&str, &str); 17] = [
     ("dedupd_sink_circuit_open", "gauge"),
     ("dedupd_store_write_errors_total", "counter"),
     ("dedupd_store_fsyncs_total", "counter"),
+    ("dedupd_transaction_commit_seconds", "histogram"),
 ];
 
 /// One input record and what its result must be.

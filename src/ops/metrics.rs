@@ -34,6 +34,7 @@ pub struct Metrics {
     worker_panics: IntCounterVec,
     store_write_errors: IntCounterVec,
     store_fsyncs: IntCounterVec,
+    transaction_commit: Histogram,
 }
 
 /// A metric could not be registered (a programming error, reported, not panicked).
@@ -133,6 +134,13 @@ impl Metrics {
                 "Group commits by file (journal: the claim journal, store: the backend); each covers every partition waiting at that moment.",
                 &["file"],
             )?,
+            transaction_commit: Histogram::with_opts(
+                HistogramOpts::new(
+                    "transaction_commit_seconds",
+                    "One commit of the results transaction (kafka.transactional_results), its wait for the gate included; nothing is queued meanwhile.",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?,
             registry,
         };
         m.register_all()?;
@@ -161,6 +169,7 @@ impl Metrics {
             Box::new(self.worker_panics.clone()),
             Box::new(self.store_write_errors.clone()),
             Box::new(self.store_fsyncs.clone()),
+            Box::new(self.transaction_commit.clone()),
         ] {
             self.registry.register(c)?;
         }
@@ -214,6 +223,11 @@ impl Metrics {
     pub fn sink_request(&self, sink: &str, status: &str, seconds: f64) {
         self.sink_requests.with_label_values(&[sink, status]).inc();
         self.sink_duration.with_label_values(&[sink]).observe(seconds);
+    }
+
+    /// A commit of the results transaction took `seconds`.
+    pub fn transaction_committed(&self, seconds: f64) {
+        self.transaction_commit.observe(seconds);
     }
 
     /// A batch went from first record to results acknowledged in `seconds`.
@@ -334,6 +348,7 @@ mod tests {
             "dedupd_rebalances_total",
             "dedupd_duplicate_age_seconds_bucket",
             "dedupd_sink_circuit_open{sink=\"smtp\"} 1",
+            "dedupd_transaction_commit_seconds_count 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

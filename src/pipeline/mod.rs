@@ -222,7 +222,7 @@ impl Core {
             stale_guard: config.envelope.stale_guard,
             clock: Arc::clone(&clock),
         })?);
-        let (publisher, transactions) = Self::publisher(config, &store, dead_letter_limit)?;
+        let (publisher, transactions) = Self::publisher(config, &store, dead_letter_limit, Arc::clone(&metrics))?;
         let health = Arc::new(Health::default());
         Ok((Core { store, metrics, health, engine, publisher, clock, transactions }, metered_sinks))
     }
@@ -235,13 +235,14 @@ impl Core {
         config: &Config,
         store: &KeyStore,
         dead_letter_limit: Option<publish::DeadLetterLimit>,
+        metrics: Arc<Metrics>,
     ) -> Result<(Arc<Publisher>, Option<Arc<transactions::Transactions>>), PipelineError> {
         if !config.kafka.transactional_results {
             return Ok((Arc::new(Publisher::new(&config.kafka)?), None));
         }
         let id = format!("dedupd-{}", store.identity()?);
         let publisher = Publisher::with(&config.kafka, Some(&id), dead_letter_limit)?;
-        let transactions = transactions::Transactions::start(publisher.producer()).map_err(|e| {
+        let transactions = transactions::Transactions::start(publisher.producer(), metrics).map_err(|e| {
             PipelineError::Transactions(format!(
                 "could not open a transaction as `{id}` (kafka.transactional_results): {e}; the cluster must \
                  support transactions (its transaction state log needs enough brokers)"

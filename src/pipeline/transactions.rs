@@ -38,6 +38,7 @@ use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use super::control::Tp;
+use crate::ops::Metrics;
 
 /// How long a commit waits for the gate: a queueing waits at most a minute for room in
 /// the producer's queue (`publish`), after which the worker gives up.
@@ -81,6 +82,8 @@ pub(crate) struct Transactions {
     pending: Mutex<Pending>,
     group: Mutex<Option<Arc<ConsumerGroupMetadata>>>,
     failed: AtomicBool,
+    /// `transaction_commit_seconds`.
+    metrics: Arc<Metrics>,
     /// Set once the open transaction was aborted (after a failure nothing opens another).
     aborted: AtomicBool,
 }
@@ -88,7 +91,7 @@ pub(crate) struct Transactions {
 impl Transactions {
     /// Takes over `producer`'s `transactional.id` (fencing any earlier holder) and opens the
     /// first transaction. Blocking: call it before the consumer starts.
-    pub(crate) fn start(producer: FutureProducer) -> Result<Transactions, KafkaError> {
+    pub(crate) fn start(producer: FutureProducer, metrics: Arc<Metrics>) -> Result<Transactions, KafkaError> {
         producer.init_transactions(COORDINATOR_TIMEOUT)?;
         producer.begin_transaction()?;
         Ok(Transactions {
@@ -97,6 +100,7 @@ impl Transactions {
             pending: Mutex::new(Pending::default()),
             group: Mutex::new(None),
             failed: AtomicBool::new(false),
+            metrics,
             aborted: AtomicBool::new(false),
         })
     }
@@ -143,6 +147,7 @@ impl Transactions {
     /// does nothing when nothing was sent or settled. On failure the transaction is aborted
     /// and no member is handed out any more (invariant 4).
     pub(crate) async fn commit(&self) -> Result<(), TransactionError> {
+        let started = std::time::Instant::now();
         // Invariant 1: alone at the gate, nothing is being sent.
         let _alone = tokio::time::timeout(GATE_TIMEOUT, self.gate.write())
             .await
@@ -164,6 +169,8 @@ impl Transactions {
             // `commit_and_begin` aborted it.
             self.failed.store(true, Ordering::Release);
             self.aborted.store(true, Ordering::Release);
+        } else {
+            self.metrics.transaction_committed(started.elapsed().as_secs_f64());
         }
         outcome
     }
