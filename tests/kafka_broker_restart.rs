@@ -11,8 +11,8 @@
 //! (bounded) for a result for every input, then stops dedupd and checks:
 //! - no loss: every input (partition/offset) has a result, the receiver saw every key;
 //! - no double effect: the receiver saw no key twice (and never a key that is not valid);
-//! - every result is `succeeded` or `duplicate`, no dead letter, and at most one `succeeded`
-//!   per key. Extra results for an input (re-delivery after the outage) are counted and
+//! - every result is `succeeded` or `duplicate`, no dead letter, and `succeeded` results of
+//!   at most one input per key. Extra results for an input (re-delivery after the outage) are counted and
 //!   printed, not failed: docs/decisions.md explains when they happen, see the report printed.
 //!
 //! This test restarts the shared broker, so it lives alone in its own test binary (cargo
@@ -274,7 +274,7 @@ async fn broker_restart_mid_run() {
     // Results: every input has one; only succeeded/duplicate; at most one succeeded per key.
     let mut per_seq: Vec<Vec<ResultRecord>> = vec![Vec::new(); n];
     let mut outcomes: BTreeMap<&'static str, usize> = BTreeMap::new();
-    let mut succeeded: HashMap<String, usize> = HashMap::new();
+    let mut succeeded: HashMap<String, HashSet<usize>> = HashMap::new();
     for m in &results {
         let r: ResultRecord = serde_json::from_slice(m.payload().expect("value")).expect("result record");
         assert_eq!(r.source.topic, input_topic);
@@ -286,7 +286,9 @@ async fn broker_restart_mid_run() {
         assert!(matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate), "outcome of input {seq}: {r:?}");
         *outcomes.entry(r.outcome.as_str()).or_insert(0) += 1;
         if r.outcome == Outcome::Succeeded {
-            *succeeded.entry(id(inputs[seq].3)).or_insert(0) += 1;
+            // Which inputs said so: the input that ran the key, read again after the outage,
+            // says `succeeded` again (it is not a repeat of itself).
+            succeeded.entry(id(inputs[seq].3)).or_default().insert(seq);
         }
         per_seq[seq].push(r);
     }
@@ -297,15 +299,15 @@ async fn broker_restart_mid_run() {
         missing.len(),
         &missing[..missing.len().min(10)]
     );
-    let twice: Vec<_> = succeeded.iter().filter(|(_, c)| **c > 1).collect();
-    assert!(twice.is_empty(), "keys published as succeeded more than once: {:?}", &twice[..twice.len().min(10)]);
+    let twice: Vec<_> = succeeded.iter().filter(|(_, inputs)| inputs.len() > 1).collect();
+    assert!(twice.is_empty(), "keys published as succeeded by two inputs: {:?}", &twice[..twice.len().min(10)]);
     assert_eq!(kafka::count_records(&bootstrap, &dlq_topic).await, 0, "dead letters");
     let extra: Vec<usize> = (0..n).filter(|s| per_seq[*s].len() > 1).collect();
     let no_succeeded = DISTINCT - succeeded.len();
     println!("results: {} records for {n} inputs, outcomes {outcomes:?}", results.len());
     println!(
         "inputs with more than one result (re-delivered after the outage): {}{}; keys executed but never published as \
-         `succeeded` (their executing input's result came out as a replay): {no_succeeded}",
+         `succeeded`: {no_succeeded}",
         extra.len(),
         if extra.is_empty() { String::new() } else { format!(", e.g. inputs {:?}", &extra[..extra.len().min(5)]) }
     );

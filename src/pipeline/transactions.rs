@@ -8,7 +8,8 @@
 //! `transactional.id`, made from the store's identity, so a restarted instance fences the
 //! producer of the one it replaces (`init_transactions` aborts what that one left open).
 //! A commit every `kafka.transaction_interval` (100 ms by default, Kafka Streams' default
-//! under exactly-once) carries what every partition sent meanwhile. Invariants, cited where they are kept:
+//! under exactly-once) carries what every partition sent meanwhile. Invariants, cited where
+//! they are kept:
 //! 1. A batch's results are queued and its offset recorded under one [`Member`]; a commit
 //!    holds the gate alone, so a batch's results and its offset are in the same
 //!    transaction, and nothing is queued while a commit is under way.
@@ -63,13 +64,14 @@ pub(crate) enum TransactionError {
     Failed,
 }
 
-/// Leave to queue records in the open transaction and record their offset.
+/// Leave to queue records in the open transaction and record their offset: a shared hold
+/// on the gate, released when dropped (nothing reads the guard itself).
 pub(crate) struct Member(#[allow(dead_code)] OwnedRwLockReadGuard<()>);
 
 /// What the open transaction carries besides its records.
 #[derive(Default)]
 struct Pending {
-    /// Next offset to commit (the settled offset + 1), per partition.
+    /// Next offset to commit (the last included offset + 1), per partition.
     offsets: HashMap<Tp, i64>,
     /// Whether any member joined since the last commit (records may have been sent).
     joined: bool,
@@ -123,7 +125,7 @@ impl Transactions {
 
     /// Records `offset` of `tp` for the next commit, under the member its results were
     /// queued with (invariants 1 and 2).
-    pub(crate) fn settled(&self, _sent_with: &Member, tp: Tp, offset: i64) {
+    pub(crate) fn include_offset(&self, _queued_with: &Member, tp: Tp, offset: i64) {
         self.pending.lock().offsets.insert(tp, offset + 1);
     }
 
@@ -143,8 +145,8 @@ impl Transactions {
         self.failed.store(true, Ordering::Release);
     }
 
-    /// Commits the open transaction with every offset settled in it and opens the next;
-    /// does nothing when nothing was sent or settled. On failure the transaction is aborted
+    /// Commits the open transaction with every offset included in it and opens the next;
+    /// does nothing when nothing was queued or included. On failure the transaction is aborted
     /// and no member is handed out any more (invariant 4).
     pub(crate) async fn commit(&self) -> Result<(), TransactionError> {
         let started = std::time::Instant::now();

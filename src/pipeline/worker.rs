@@ -265,7 +265,7 @@ impl PartitionWorker {
             // The consumer refuses the offset of a partition no longer assigned, and so does
             // the transaction: its new owner commits it.
             match self.control.store_offset(m.topic(), m.partition(), m.offset()) {
-                Ok(()) => transactions.settled(&member, (m.topic().to_string(), m.partition()), m.offset()),
+                Ok(()) => transactions.include_offset(&member, (m.topic().to_string(), m.partition()), m.offset()),
                 Err(e) => {
                     tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "offset not recorded (partition revoked?)")
                 }
