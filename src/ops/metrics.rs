@@ -54,6 +54,15 @@ const BATCH_EXTRA_BUCKETS: [f64; 3] = [60.0, 120.0, 300.0];
 const AGE_BUCKETS: [f64; 11] =
     [0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
 
+/// The help of `transaction_commit_seconds`.
+const COMMIT_HELP: &str = "One commit of the results transaction (kafka.transactional_results), its wait for the gate \
+                           included; nothing is queued meanwhile.";
+
+/// A histogram without labels (registered with the others by [`Metrics::new`]).
+fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Result<Histogram, prometheus::Error> {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+}
+
 /// A counter with labels (registered with the others by [`Metrics::new`]).
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
     IntCounterVec::new(Opts::new(name, help), labels)
@@ -79,9 +88,10 @@ impl Metrics {
                     .buckets(LATENCY_BUCKETS.to_vec()),
                 &["sink"],
             )?,
-            process_duration: Histogram::with_opts(
-                HistogramOpts::new("process_duration_seconds", "Time from batch start to results acknowledged.")
-                    .buckets([&LATENCY_BUCKETS[..], &BATCH_EXTRA_BUCKETS[..]].concat()),
+            process_duration: histogram(
+                "process_duration_seconds",
+                "Time from batch start to results acknowledged.",
+                [&LATENCY_BUCKETS[..], &BATCH_EXTRA_BUCKETS[..]].concat(),
             )?,
             store_records: IntGaugeVec::new(Opts::new("store_records", "Stored records by state."), &["state"])?,
             store_disk_bytes: IntGauge::new("store_disk_bytes", "Bytes the store occupies on disk.")?,
@@ -134,13 +144,7 @@ impl Metrics {
                 "Group commits by file (journal: the claim journal, store: the backend); each covers every partition waiting at that moment.",
                 &["file"],
             )?,
-            transaction_commit: Histogram::with_opts(
-                HistogramOpts::new(
-                    "transaction_commit_seconds",
-                    "One commit of the results transaction (kafka.transactional_results), its wait for the gate included; nothing is queued meanwhile.",
-                )
-                .buckets(LATENCY_BUCKETS.to_vec()),
-            )?,
+            transaction_commit: histogram("transaction_commit_seconds", COMMIT_HELP, LATENCY_BUCKETS.to_vec())?,
             registry,
         };
         m.register_all()?;
