@@ -155,7 +155,7 @@ async fn a_killed_instance_is_back_before_its_old_session_would_expire() {
     second.terminate(Duration::from_secs(30));
 
     // Results of the first ten may come twice (a kill before their offsets were committed
-    // replays them as duplicates); every input has one.
+    // publishes them again); every input has one.
     let seen = positions_in(&tail);
     tail.stop();
     assert!(before.iter().chain(&after).all(|i| seen.contains(i)), "a result for every input");

@@ -193,7 +193,8 @@ impl PipelineContext {
         // Commit what the drained workers stored before the partitions move on; unless the
         // assignment was lost (the session expired, e.g. while the broker was away): its
         // generation is gone, and a static member's commit would be fenced, which librdkafka
-        // makes fatal. What was stored comes again after the rejoin, replayed as duplicates.
+        // makes fatal. What was stored comes again after the rejoin, each input saying again
+        // what it said first.
         let lost = consumer.assignment_lost();
         {
             let mut session = self.session.lock();
