@@ -116,7 +116,7 @@ impl Transactions {
 
     fn member(&self, guard: OwnedRwLockReadGuard<()>) -> Result<Member, TransactionError> {
         // Invariant 4: after a failure, nothing more is sent.
-        if self.failed.load(Ordering::Acquire) {
+        if self.has_failed() {
             return Err(TransactionError::Failed);
         }
         self.pending.lock().joined = true;
@@ -135,7 +135,7 @@ impl Transactions {
     }
 
     /// Whether the open transaction failed (the process is stopping).
-    pub(crate) fn has_failed(&self) -> bool {
+    fn has_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
     }
 
@@ -169,7 +169,7 @@ impl Transactions {
             .unwrap_or(Err(TransactionError::Kafka(KafkaError::Canceled)));
         if outcome.is_err() {
             // `commit_and_begin` aborted it.
-            self.failed.store(true, Ordering::Release);
+            self.fail();
             self.aborted.store(true, Ordering::Release);
         } else {
             self.metrics.transaction_committed(started.elapsed().as_secs_f64());
