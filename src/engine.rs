@@ -17,7 +17,9 @@
 //! - `run`: run the sinks of the durable claims (with `retry`: backoff, circuits, limits);
 //! - `complete`: turn each run's end into its result and completion, and write the round's
 //!   completions at once;
-//! - `processed`: the result record of every outcome.
+//! - `processed`: the result record of every outcome;
+//! - `changelog`: with `store.changelog`, each durability point also commits the store's
+//!   changes to the changelog topic ([`ChangeLog`]).
 //!
 //! Two rules hold throughout: no sink is called before its claim is durable (a sink request
 //! can only be built from a durable claim), and a round's completions are durable before
@@ -41,6 +43,7 @@
 //! [`ItemResult::Abandoned`]: the pipeline must not commit past them.
 
 mod batch;
+mod changelog;
 mod claim;
 mod complete;
 mod processed;
@@ -49,6 +52,7 @@ mod retry;
 mod run;
 mod start;
 mod ticket;
+pub use changelog::ChangeLog;
 pub use retry::RetryConfig;
 
 use std::collections::HashMap;
@@ -108,6 +112,9 @@ pub enum EngineError {
     /// A blocking store task panicked or was cancelled.
     #[error("store task failed: {0}")]
     Join(String),
+    /// The changelog did not commit the store's changes.
+    #[error("changelog: {0}")]
+    ChangeLog(String),
 }
 
 /// The dedup engine shared by all partitions' workers.
@@ -126,6 +133,8 @@ pub struct Engine {
     retry: RetryConfig,
     stale_guard: bool,
     clock: Arc<dyn Clock>,
+    /// With `store.changelog`: part of every durability point (see `changelog`).
+    changelog: Option<Arc<dyn ChangeLog>>,
 }
 
 /// How an [`Engine`] is put together.
@@ -167,6 +176,7 @@ impl Engine {
             retry: parts.retry,
             stale_guard: parts.stale_guard,
             clock: parts.clock,
+            changelog: None,
         })
     }
 

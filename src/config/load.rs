@@ -63,6 +63,7 @@ impl Config {
         let mut errors = Vec::new();
         validate_kafka(&self.kafka, &mut errors);
         validate_store(&self.store, &mut errors);
+        validate_changelog(self, &mut errors);
         if self.retry.max_backoff < self.retry.initial_backoff {
             errors.push(invalid(
                 "retry.max_backoff",
@@ -164,6 +165,41 @@ fn validate_store(s: &StoreConfig, errors: &mut Vec<ConfigError>) {
     }
     if s.compaction_interval.is_zero() {
         errors.push(invalid("store.compaction_interval", "0s", "must be positive"));
+    }
+}
+
+/// `store.changelog` and what it needs: transactions (a claim is committed to the changelog
+/// before its sink runs, the completion with the result and the offsets) and, until the
+/// by-key hop exists, input that producers partition by the idempotency key.
+fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
+    let s = &c.store;
+    if s.changelog_replication_factor == 0 {
+        errors.push(invalid("store.changelog_replication_factor", "0", "must be at least 1"));
+    }
+    if s.changelog_min_insync_replicas == 0 {
+        errors.push(invalid("store.changelog_min_insync_replicas", "0", "must be at least 1"));
+    }
+    if let Some(topic) = &s.changelog_topic
+        && (topic.trim().is_empty() || c.kafka.input_topics.contains(topic))
+    {
+        errors.push(invalid("store.changelog_topic", topic, "must be a non-empty topic that is not an input topic"));
+    }
+    if !s.changelog {
+        return;
+    }
+    if !c.kafka.transactional_results {
+        errors.push(invalid(
+            "store.changelog",
+            "true",
+            "needs kafka.transactional_results = true (claims, completions, results and offsets are committed in Kafka transactions)",
+        ));
+    }
+    if !c.kafka.copartitioned {
+        errors.push(invalid(
+            "store.changelog",
+            "true",
+            "needs kafka.copartitioned = true: the by-key hop (<group_id>.dedupd-by-key) is not built yet, so producers must key input records by the idempotency key",
+        ));
     }
 }
 

@@ -60,6 +60,11 @@ impl Engine {
             );
             r.map_err(EngineError::from)
         });
+        // With a changelog, a claim is durable once the changelog committed it.
+        let written = match written {
+            Ok(o) => self.commit_changelog().await.map(|()| o),
+            Err(e) => Err(e),
+        };
         let outcomes = match written {
             Ok(o) => o,
             Err(e) => {

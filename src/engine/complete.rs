@@ -97,11 +97,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Flushes the store: every completion written so far becomes durable.
+    /// Flushes the store: every completion written so far becomes durable (with a
+    /// changelog, once it committed them).
     pub(super) async fn flush_store(&self) -> Result<(), EngineError> {
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.flush()).await.map_err(|e| EngineError::Join(e.to_string()))??;
-        Ok(())
+        self.commit_changelog().await
     }
 }
 

@@ -195,11 +195,14 @@ pub enum RejectReason {
     NoRoute,
     /// Produced longer ago than its TTL (stale guard).
     Stale,
+    /// With `kafka.copartitioned`: on an input partition that is not its key's (the
+    /// pipeline checks it; `parse` never returns it).
+    NotCopartitioned,
 }
 
 impl RejectReason {
     /// Every reason, for metrics initialisation and docs.
-    pub const ALL: [RejectReason; 9] = [
+    pub const ALL: [RejectReason; 10] = [
         RejectReason::InvalidJson,
         RejectReason::TooLarge,
         RejectReason::MissingKey,
@@ -209,6 +212,7 @@ impl RejectReason {
         RejectReason::BadField,
         RejectReason::NoRoute,
         RejectReason::Stale,
+        RejectReason::NotCopartitioned,
     ];
 
     /// The wire name (`dedupd-reason` header, metric label).
@@ -223,6 +227,7 @@ impl RejectReason {
             RejectReason::BadField => "bad_field",
             RejectReason::NoRoute => "no_route",
             RejectReason::Stale => "stale",
+            RejectReason::NotCopartitioned => "not_copartitioned",
         }
     }
 }

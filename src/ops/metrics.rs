@@ -35,6 +35,8 @@ pub struct Metrics {
     store_write_errors: IntCounterVec,
     store_fsyncs: IntCounterVec,
     transaction_commit: Histogram,
+    state_restoring: IntGaugeVec,
+    state_restore_records: IntCounter,
 }
 
 /// A metric could not be registered (a programming error, reported, not panicked).
@@ -118,6 +120,14 @@ impl Metrics {
                 .buckets(AGE_BUCKETS.to_vec()),
                 &["route"],
             )?,
+            state_restoring: IntGaugeVec::new(
+                Opts::new("state_restoring", "1 while the state partition is being restored from the changelog."),
+                &["partition"],
+            )?,
+            state_restore_records: IntCounter::new(
+                "state_restore_records_total",
+                "Changelog records applied to the store by restores.",
+            )?,
             refused_partitions: IntGauge::new(
                 "refused_partitions",
                 "Partitions refused because their committed offset is beyond the store's watermark.",
@@ -174,6 +184,8 @@ impl Metrics {
             Box::new(self.store_write_errors.clone()),
             Box::new(self.store_fsyncs.clone()),
             Box::new(self.transaction_commit.clone()),
+            Box::new(self.state_restoring.clone()),
+            Box::new(self.state_restore_records.clone()),
         ] {
             self.registry.register(c)?;
         }
@@ -276,6 +288,16 @@ impl Metrics {
     /// A record went to the dead-letter topic.
     pub fn dead_lettered(&self, reason: &str) {
         self.dead_letter.with_label_values(&[reason]).inc();
+    }
+
+    /// State partition `partition` is being restored (or no longer is).
+    pub fn set_restoring(&self, partition: i32, restoring: bool) {
+        self.state_restoring.with_label_values(&[&partition.to_string()]).set(i64::from(restoring));
+    }
+
+    /// A restore applied `n` changelog records.
+    pub fn restored_records(&self, n: u64) {
+        self.state_restore_records.inc_by(n);
     }
 
     /// A rebalance happened.

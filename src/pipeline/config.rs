@@ -39,6 +39,11 @@ pub struct KafkaConfig {
     /// `read_committed` reader sees a result.
     #[serde(with = "humantime_serde")]
     pub transaction_interval: Duration,
+    /// Producers key the input records by their idempotency key with Kafka's default
+    /// partitioner (murmur2), so an input partition is a state partition: with
+    /// `store.changelog`, dedupd checks each record's partition against its key's hash and
+    /// dead-letters a mismatch (`not_copartitioned`).
+    pub copartitioned: bool,
     /// librdkafka properties every client of this cluster shares (security protocol, SASL,
     /// TLS, client id); `consumer`, `producer` and the kafka sinks' `producer` override them.
     pub connection: ConnectionConfig,
@@ -67,6 +72,7 @@ impl Default for KafkaConfig {
             dead_letter_topic: "dedupd.dead-letter".into(),
             transactional_results: false,
             transaction_interval: Duration::from_millis(100),
+            copartitioned: false,
             connection: ConnectionConfig::default(),
             connect_timeout: Duration::from_secs(30),
             static_membership: true,

@@ -23,6 +23,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use self::fence::Session;
+use super::changelog::Restorer;
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Fetching, PartitionTable, WorkerHandle};
 use super::transactions::Transactions;
@@ -66,6 +67,9 @@ pub struct PipelineContext {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     accept_empty_store: bool,
+    /// Under `store.changelog`: restores each assigned state partition before it is
+    /// processed, instead of refusing a partition the store does not know.
+    restorer: Option<Arc<Restorer>>,
     /// Set while some partitions await the store check (their committed offsets could not
     /// be read): they stay paused and it is retried with backoff from the poll loop.
     check_retry: Mutex<Option<CheckRetry>>,
@@ -122,6 +126,8 @@ impl ConsumerContext for PipelineContext {
             // Nothing is held for a newly assigned partition: this undoes any backpressure
             // pause from before a revoke (the watermark check pauses refused ones again).
             self.partitions.assign(consumer, &parts);
+            // No worker of them starts before this callback returns (`run`).
+            self.restore(consumer, &parts);
             self.check_watermarks(consumer, &parts, read_committed(consumer, &parts));
             self.health.set_joined(true);
             if let Some(transactions) = &self.transactions {
@@ -138,6 +144,15 @@ impl ConsumerContext for PipelineContext {
 fn read_committed(consumer: &BaseConsumer<PipelineContext>, tps: &[Tp]) -> Result<Vec<(Tp, Offset)>, KafkaError> {
     let committed = consumer.committed_offsets(list_of(tps), COMMITTED_TIMEOUT)?;
     Ok(committed.elements().iter().map(|e| ((e.topic().to_string(), e.partition()), e.offset())).collect())
+}
+
+/// The state partitions of input partitions `tps` (with `kafka.copartitioned`, their
+/// numbers), each once.
+fn state_partitions(tps: &[Tp]) -> Vec<i32> {
+    let mut partitions: Vec<i32> = tps.iter().map(|(_, p)| *p).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    partitions
 }
 
 fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
@@ -202,6 +217,7 @@ impl PipelineContext {
         }
         if let Some(transactions) = &self.transactions {
             self.end_transaction(transactions, lost, "on revoke");
+            self.let_go_state(revoked);
         } else if lost {
             tracing::warn!(partitions = ?revoked, "assignment lost (group session expired): nothing committed; uncommitted records come again");
         } else if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
@@ -230,6 +246,32 @@ impl PipelineContext {
         } else if let Err(e) = self.runtime.block_on(transactions.commit()) {
             tracing::error!(error = %e, when, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");
             self.fatal.cancel();
+        }
+    }
+
+    /// Under `store.changelog`: restores the state partitions of `assigned`; if that
+    /// fails, they stay paused (refused) and the process stops.
+    fn restore<F: Fetching>(&self, fetch: &F, assigned: &[Tp]) {
+        let Some(restorer) = &self.restorer else { return };
+        if let Err(e) = restorer.restore(&state_partitions(assigned)) {
+            tracing::error!(error = %e, "state could not be restored: refusing the assigned partitions and stopping");
+            for tp in assigned {
+                self.partitions.refuse(fetch, tp);
+            }
+            self.fatal.cancel();
+        }
+    }
+
+    /// Under `store.changelog`, once the revoke's transaction committed: the let-go state
+    /// partitions are checkpointed at the changelog's end.
+    fn let_go_state(&self, revoked: &[Tp]) {
+        let Some(restorer) = &self.restorer else { return };
+        if self.fatal.is_cancelled() {
+            return;
+        }
+        let checkpoints = restorer.let_go(&state_partitions(revoked));
+        if let Err(e) = self.store.set_checkpoints(&checkpoints) {
+            tracing::warn!(error = %e, "could not write the let-go partitions' checkpoints; the next restore reads more");
         }
     }
 
@@ -267,6 +309,10 @@ impl PipelineContext {
                 None
             }
         };
+        if self.restorer.is_some() {
+            // The changelog is the history: the partition was restored, not lost.
+            return;
+        }
         let expected_next = watermark.map_or(0, |w| w + 1);
         if next <= expected_next {
             return;

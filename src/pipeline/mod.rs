@@ -25,14 +25,17 @@
 //! - `transactions`: under `kafka.transactional_results`, the producer's one open
 //!   transaction, which carries the results and the offsets they settle, committed every
 //!   `kafka.transaction_interval` and on revoke and shutdown.
+//! - `changelog`: under `store.changelog`, the changelog topic, the store's changes sent in
+//!   the open transaction, and the restore of a state partition before it is processed.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
 //!   gauges.
 //!
-//! Among them: `consumer` uses `partitions`, `queue`, `worker`, `control` and
-//! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control` and
-//! `transactions`; `partitions` uses `control` and `queue`, `circuits` and `transactions`
+//! Among them: `consumer` uses `partitions`, `queue`, `worker`, `control`, `changelog` and
+//! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control`, `changelog`
+//! and `transactions`; `changelog` uses `publish` and `transactions`; `partitions` uses `control` and `queue`, `circuits` and `transactions`
 //! only `control`.
 
+mod changelog;
 mod circuits;
 pub mod config;
 mod connect;
@@ -95,6 +98,9 @@ pub enum PipelineError {
     /// Transactional publishing could not start.
     #[error("kafka: {0}")]
     Transactions(String),
+    /// The changelog topic could not be found, made or used (`store.changelog`).
+    #[error("changelog: {0}")]
+    Changelog(String),
     /// A worker hit a fatal error (logged); the process stopped after draining.
     #[error("stopped after a fatal error in a worker (see the log)")]
     Fatal,
@@ -131,7 +137,11 @@ pub async fn run(
         true => Some(connect::dead_letter_limit(&config.kafka).await?),
         false => None,
     };
-    let (core, sinks) = Core::build(&config, dead_letter_limit)?;
+    let changelog_topic = match config.store.changelog {
+        true => Some(changelog::ensure_topic(&config).await?),
+        false => None,
+    };
+    let (core, sinks) = Core::build(&config, dead_letter_limit, changelog_topic.as_ref())?;
     // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
@@ -141,7 +151,8 @@ pub async fn run(
     let committer_stop = CancellationToken::new();
     let committer = core.transactions.clone().map(|t| {
         let interval = config.kafka.transaction_interval;
-        tokio::spawn(transactions::commit_every(t, interval, committer_stop.clone(), fatal.clone()))
+        let changes = core.changelog.as_ref().map(|c| Arc::clone(&c.writer) as Arc<dyn crate::engine::ChangeLog>);
+        tokio::spawn(transactions::commit_every(t, changes, interval, committer_stop.clone(), fatal.clone()))
     });
     on_start(&Running {
         http_addr: background.http_addr,
@@ -170,6 +181,11 @@ pub async fn run(
     }
     stop.cancel();
     background.join().await;
+    if let Some(changelog) = &core.changelog
+        && !fatal.is_cancelled()
+    {
+        changelog.stop_cleanly(&core.store, &config.store.path).await;
+    }
     core.store.flush_always()?;
     if fatal.is_cancelled() {
         return Err(PipelineError::Fatal);
@@ -191,6 +207,8 @@ struct Core {
     clock: Arc<dyn Clock>,
     /// Under `kafka.transactional_results`: the results producer's transactions.
     transactions: Option<Arc<transactions::Transactions>>,
+    /// Under `store.changelog`: its writer and restorer.
+    changelog: Option<changelog::Changelog>,
 }
 
 impl Core {
@@ -199,8 +217,12 @@ impl Core {
     fn build(
         config: &Config,
         dead_letter_limit: Option<publish::DeadLetterLimit>,
+        changelog_topic: Option<&changelog::ChangelogTopic>,
     ) -> Result<(Core, SinksByName), PipelineError> {
-        let store = Arc::new(KeyStore::open_configured(&config.store)?);
+        let store = Arc::new(match changelog_topic {
+            Some(_) => changelog::open_store(&config.store)?,
+            None => KeyStore::open_configured(&config.store)?,
+        });
         let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
         let router = Arc::new(config.router()?);
         {
@@ -213,7 +235,7 @@ impl Core {
             .map(|(name, sink)| (name, Arc::new(metered::MeteredEffect::wrap(sink, Arc::clone(&metrics)))))
             .collect();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let engine = Arc::new(Engine::new(EngineParts {
+        let engine = Engine::new(EngineParts {
             store: Arc::clone(&store),
             router,
             sinks: metered_sinks.clone(),
@@ -221,10 +243,25 @@ impl Core {
             retry: config.retry.clone(),
             stale_guard: config.envelope.stale_guard,
             clock: Arc::clone(&clock),
-        })?);
+        })?;
         let (publisher, transactions) = Self::publisher(config, &store, dead_letter_limit, Arc::clone(&metrics))?;
         let health = Arc::new(Health::default());
-        Ok((Core { store, metrics, health, engine, publisher, clock, transactions }, metered_sinks))
+        let changelog = match (changelog_topic, &transactions) {
+            (Some(topic), Some(transactions)) => Some(changelog::Changelog::new(
+                &config.kafka,
+                topic,
+                &store,
+                transactions,
+                publisher.producer(),
+                (&metrics, &health),
+            )?),
+            _ => None,
+        };
+        let engine = Arc::new(match &changelog {
+            Some(c) => engine.with_changelog(Arc::clone(&c.writer) as Arc<dyn crate::engine::ChangeLog>),
+            None => engine,
+        });
+        Ok((Core { store, metrics, health, engine, publisher, clock, transactions, changelog }, metered_sinks))
     }
 
     /// The producer of results, and its transactions under `kafka.transactional_results`:
@@ -328,12 +365,14 @@ fn start_consumer(
         fatal: fatal.clone(),
         health: Arc::clone(&core.health),
         transactions: core.transactions.clone(),
+        state_partitions: core.changelog.as_ref().map(|c| c.partitions),
     });
     consumer::spawn(consumer::ConsumerParts {
         kafka: config.kafka.clone(),
         shared,
         health: Arc::clone(&core.health),
         accept_empty_store: options.accept_empty_store,
+        restorer: core.changelog.as_ref().map(|c| Arc::clone(&c.restorer)),
         stop: stop.clone(),
         // Room for the batch at the engine and those behind it: a full queue pauses the
         // partition, and a paused partition's prefetched records are fetched again.

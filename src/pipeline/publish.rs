@@ -244,7 +244,7 @@ impl Publisher {
     }
 
     /// Queues one record, waiting while the producer's queue is full.
-    async fn enqueue_on(
+    pub(crate) async fn enqueue_on(
         producer: &FutureProducer,
         mut record: FutureRecord<'_, [u8], [u8]>,
     ) -> Result<DeliveryFuture, KafkaError> {

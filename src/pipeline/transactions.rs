@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -39,6 +39,7 @@ use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use super::control::Tp;
+use crate::engine::ChangeLog;
 use crate::ops::Metrics;
 
 /// How long a commit waits for the gate: a queueing waits at most a minute for room in
@@ -88,6 +89,10 @@ pub(crate) struct Transactions {
     metrics: Arc<Metrics>,
     /// Set once the open transaction was aborted (after a failure nothing opens another).
     aborted: AtomicBool,
+    /// Commits started so far, each numbered as it takes the gate (see `commit_queued`).
+    commits_started: AtomicU64,
+    /// The number of the last commit that ended with everything before it committed.
+    commits_done: AtomicU64,
 }
 
 impl Transactions {
@@ -104,6 +109,8 @@ impl Transactions {
             failed: AtomicBool::new(false),
             metrics,
             aborted: AtomicBool::new(false),
+            commits_started: AtomicU64::new(0),
+            commits_done: AtomicU64::new(0),
         })
     }
 
@@ -149,6 +156,21 @@ impl Transactions {
     /// does nothing when nothing was queued or included. On failure the transaction is aborted
     /// and no member is handed out any more (invariant 4).
     pub(crate) async fn commit(&self) -> Result<(), TransactionError> {
+        self.commit_unless_done(None).await
+    }
+
+    /// Returns once every record queued (under a [`Member`] dropped) before the call is
+    /// committed: by a commit that took the gate after the call, its own or another's, so
+    /// callers at the same moment share one commit (group commit, as the store's flushes).
+    pub(crate) async fn commit_queued(&self) -> Result<(), TransactionError> {
+        // A commit numbered above this took the gate after the caller's members were gone.
+        let wanted = self.commits_started.load(Ordering::SeqCst) + 1;
+        self.commit_unless_done(Some(wanted)).await
+    }
+
+    /// [`Transactions::commit`], unless the commit numbered `wanted` (or a later one)
+    /// already ended with everything committed.
+    async fn commit_unless_done(&self, wanted: Option<u64>) -> Result<(), TransactionError> {
         let started = std::time::Instant::now();
         // Invariant 1: alone at the gate, nothing is being sent.
         let _alone = tokio::time::timeout(GATE_TIMEOUT, self.gate.write())
@@ -158,8 +180,13 @@ impl Transactions {
             self.abort_open().await;
             return Err(TransactionError::Failed);
         }
+        if wanted.is_some_and(|w| self.commits_done.load(Ordering::SeqCst) >= w) {
+            return Ok(());
+        }
+        let number = self.commits_started.fetch_add(1, Ordering::SeqCst) + 1;
         let pending = std::mem::take(&mut *self.pending.lock());
         if pending.offsets.is_empty() && !pending.joined {
+            self.commits_done.store(number, Ordering::SeqCst);
             return Ok(());
         }
         let group = self.group.lock().clone();
@@ -172,6 +199,7 @@ impl Transactions {
             self.fail();
             self.aborted.store(true, Ordering::Release);
         } else {
+            self.commits_done.store(number, Ordering::SeqCst);
             self.metrics.transaction_committed(started.elapsed().as_secs_f64());
         }
         outcome
@@ -246,11 +274,13 @@ fn retrying(what: &str, step: impl Fn() -> Result<(), KafkaError>) -> Result<(),
     }
 }
 
-/// Commits the open transaction every `interval` until `stop`; a failed commit fires
+/// Commits the open transaction (with `changes`, the store's changes first) every
+/// `interval` until `stop`; a failed commit fires
 /// `fatal` (invariant 4). The last commit, after the workers drained, is the consumer's
 /// (`consumer::run`).
 pub(crate) async fn commit_every(
     transactions: Arc<Transactions>,
+    changes: Option<Arc<dyn ChangeLog>>,
     interval: Duration,
     stop: CancellationToken,
     fatal: CancellationToken,
@@ -262,7 +292,13 @@ pub(crate) async fn commit_every(
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Err(e) = transactions.commit().await {
+        // With a changelog, the store's changes made outside a batch (an operator's, expiry
+        // tombstones) go in each commit too.
+        let committed = match &changes {
+            Some(changes) => changes.commit().await,
+            None => transactions.commit().await.map_err(|e| e.to_string()),
+        };
+        if let Err(e) = committed {
             tracing::error!(error = %e, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");
             fatal.cancel();
             return;

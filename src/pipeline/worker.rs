@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 
+use super::changelog::state_partition;
 use super::control::PartitionControl;
 use super::publish::{Acks, NotTaken, Parts, Publisher, all_parts};
 use super::queue::QueueReceiver;
 use super::transactions::Transactions;
 use crate::engine::{BatchReport, Clock, Engine, Item, ItemResult, SystemClock};
-use crate::envelope::{EnvelopeConfig, LimitsConfig};
+use crate::envelope::{Command, EnvelopeConfig, LimitsConfig, RejectReason, Rejection};
 use crate::envelope::{InputRecord, ReadHeaders, parse, read_headers};
 use crate::ops::{Health, Metrics};
 use crate::outcome::{Outcome, Processed};
@@ -57,6 +58,9 @@ pub(crate) struct WorkerShared {
     pub health: Arc<Health>,
     /// Under `kafka.transactional_results`: the transactions results go out in.
     pub transactions: Option<Arc<Transactions>>,
+    /// Under `store.changelog` (with `kafka.copartitioned`): the number of state
+    /// partitions, each record's partition checked against its key's.
+    pub state_partitions: Option<i32>,
 }
 
 /// One partition's worker.
@@ -434,6 +438,10 @@ impl PartitionWorker {
             .and_then(|(_, v)| v.as_ref())
             .and_then(|v| String::from_utf8(v.clone()).ok());
         let parsed = parse(&record, &self.shared.envelope, &self.shared.limits, self.shared.engine.router());
+        let parsed = match (parsed, self.shared.state_partitions) {
+            (Ok(cmd), Some(n)) => copartitioned(cmd, m.partition(), n),
+            (parsed, _) => parsed,
+        };
         Item {
             source: SourcePos { topic: m.topic().to_string(), partition: m.partition(), offset: m.offset() },
             parsed,
@@ -456,4 +464,22 @@ fn log_command(m: &OwnedMessage, p: &Processed) {
     );
     let _entered = span.enter();
     tracing::debug!(route = r.route.as_deref(), sink_called = p.sink_called, replay = r.replay, "command done");
+}
+
+/// `cmd` read from input partition `partition`, or the rejection of a record that is not on
+/// its key's state partition (one of `partitions`): its key's history is kept elsewhere, so
+/// deciding it here could run it twice.
+fn copartitioned(cmd: Command, partition: i32, partitions: i32) -> Result<Command, Rejection> {
+    let expected = state_partition(&cmd.key, partitions);
+    if expected == partition {
+        return Ok(cmd);
+    }
+    Err(Rejection {
+        reason: RejectReason::NotCopartitioned,
+        message: format!(
+            "key {:?} belongs to partition {expected} of {partitions} (Kafka's murmur2 of the key), not {partition}: kafka.copartitioned needs producers to key records by the idempotency key",
+            cmd.key
+        ),
+        key: Some(cmd.key),
+    })
 }

@@ -258,7 +258,7 @@ impl KeyStore {
                 writes.replaced.push(None);
             } else if current.as_ref().is_some_and(|c| c.expires_at_ms().is_some()) {
                 // Replacing a completed record rewrites its shared index entry: alone, now.
-                self.swap_locked(stripe, &req.key, current, Some(&new))?;
+                self.swap_locked(stripe, &req.key, current, Some(&new), true)?;
             } else {
                 let replaces_journaled = stripe.journaled(&req.key).is_some();
                 if current.is_none() || replaces_journaled {
@@ -290,6 +290,11 @@ impl KeyStore {
         out: &mut [Result<PendingClaim, Option<Record>>],
     ) -> Result<(), StoreError> {
         let BatchWrites { ops, journaled, to_release, replaced, claimed_at } = writes;
+        // Invariant 1 of `changelog`: with the stripes still locked.
+        self.capture_ops(&ops);
+        for (key, value) in &journaled {
+            self.capture(key, Some(value.clone()));
+        }
         if !ops.is_empty() {
             self.backend.apply(ops)?;
         }
@@ -412,6 +417,7 @@ impl KeyStore {
         }
         let pairs: Vec<(&str, i64)> = indexed.iter().map(|&(i, expiry)| (taken[i].1.as_str(), expiry)).collect();
         ops.extend(index::entry_ops(&pairs, self.backend.index_entry_keys())?);
+        self.capture_ops(&ops);
         if !ops.is_empty()
             && let Err(e) = self.backend.apply(ops)
         {

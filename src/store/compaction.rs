@@ -37,6 +37,8 @@ impl KeyStore {
             ops.extend(pairs.into_iter().map(|(key, _)| Op::Delete(Tree::Records, key.into_bytes())));
             ops.push(Op::Delete(Tree::Expiry, entry_key));
         }
+        // Tombstones for the changelog (invariant 1 of `changelog`), under the exclusive gate.
+        self.capture_ops(&ops);
         self.backend.apply(ops)?;
         // Out of the presence filter once deleted, one stripe lock at a time. No stripe lock
         // is held by anyone else under the exclusive gate, so these are uncontended.

@@ -43,6 +43,17 @@ pub struct StoreConfig {
     /// Bytes of the backend's block (fjall) or page (sled) cache; unset: the backend's
     /// default ([`CacheSize`]).
     pub cache_bytes: CacheSize,
+    /// Keep every key's record on Kafka too, in a compacted changelog topic the local
+    /// store caches and is restored from (docs/decisions.md, "State on Kafka").
+    pub changelog: bool,
+    /// The changelog topic; unset: `"<kafka.group_id>.dedupd-state"`.
+    pub changelog_topic: Option<String>,
+    /// Replication factor of the changelog topic when dedupd creates it (capped by the
+    /// cluster's broker count).
+    pub changelog_replication_factor: u16,
+    /// `min.insync.replicas` of the changelog topic when dedupd creates it (capped below
+    /// the replication factor it gets).
+    pub changelog_min_insync_replicas: u16,
 }
 
 /// How large a backend's cache is: the memory a store takes beyond its own per-key
@@ -77,6 +88,10 @@ impl Default for StoreConfig {
             compaction_interval: Duration::from_secs(60),
             compaction_chunk: NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN),
             cache_bytes: CacheSize::default(),
+            changelog: false,
+            changelog_topic: None,
+            changelog_replication_factor: 3,
+            changelog_min_insync_replicas: 2,
         }
     }
 }

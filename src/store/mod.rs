@@ -18,6 +18,7 @@
 //!   never touches `in_progress` or `indeterminate` records.
 
 mod backends;
+mod changelog;
 mod claims;
 mod compaction;
 mod config;
@@ -42,6 +43,7 @@ use parking_lot::{Mutex, RwLock};
 use backends::store_backends;
 
 pub use backends::UnknownBackend;
+pub use changelog::{CacheOpened, Change};
 pub use claims::{ClaimRequest, DurableClaim, PendingClaim, ReadStamp};
 pub use config::{CacheSize, StoreConfig, SyncMode};
 pub use error::{StoreError, WRITE_ERROR_KINDS};
@@ -159,6 +161,10 @@ pub struct KeyStore {
     flushes_started: AtomicU64,
     /// The number of the last flush that finished; held while a flush runs.
     flush_done: Mutex<u64>,
+    /// Whether changes are captured for a changelog (see `changelog`).
+    capture: bool,
+    /// The captured changes not yet taken.
+    changes: Mutex<Vec<Change>>,
 }
 
 fn state_index(s: State) -> usize {
@@ -229,6 +235,8 @@ impl KeyStore {
             counts: Default::default(),
             flushes_started: AtomicU64::new(0),
             flush_done: Mutex::new(0),
+            capture: false,
+            changes: Mutex::new(Vec::new()),
         };
         store.upgrade_index()?;
         store.scan_all(true)?;
@@ -326,19 +334,24 @@ impl KeyStore {
         if current.as_ref() != expected {
             return Ok(Err(current));
         }
-        self.swap_locked(&mut stripe, key, current, new)?;
+        self.swap_locked(&mut stripe, key, current, new, true)?;
         Ok(Ok(()))
     }
 
     /// Writes `new` over `current` (what the caller read or trusts is stored), with the
-    /// stripe of `key` held: the record, its index change and the counts.
+    /// stripe of `key` held: the record, its index change and the counts; with `capture`,
+    /// the change is captured for the changelog (invariant 1 of `changelog`).
     fn swap_locked(
         &self,
         stripe: &mut claims::Stripe,
         key: &str,
         current: Option<Record>,
         new: Option<&Record>,
+        capture: bool,
     ) -> Result<(), StoreError> {
+        if capture {
+            self.capture(key, new.map(Record::encode));
+        }
         // A claim held by the journal is not in the backend: nothing there to replace.
         let journaled = stripe.journaled(key).is_some();
         let in_backend = current.is_some() && !journaled;

@@ -15,6 +15,7 @@ use super::fence::{RestartBudget, Session, Verdict};
 use super::settings::{bound_prefetch, consumer_config, static_member_id};
 use crate::connection::probe::ConnectError;
 use crate::ops::Health;
+use crate::pipeline::changelog::Restorer;
 use crate::pipeline::control::{PartitionControl, Tp};
 use crate::pipeline::partitions::{Dispatched, PartitionTable, WorkerHandle};
 use crate::pipeline::queue::{SplitQueue, partition_queue};
@@ -27,6 +28,8 @@ pub(crate) struct ConsumerParts {
     pub shared: Arc<WorkerShared>,
     pub health: Arc<Health>,
     pub accept_empty_store: bool,
+    /// Under `store.changelog`: restores state partitions on assignment.
+    pub restorer: Option<Arc<Restorer>>,
     pub stop: CancellationToken,
     pub queue_per_partition: usize,
     /// The byte budget of each partition's queue (`pipeline.partition_buffer_bytes`).
@@ -64,6 +67,7 @@ fn create_consumer(
         metrics: Arc::clone(&parts.shared.metrics),
         health: Arc::clone(&parts.health),
         accept_empty_store: parts.accept_empty_store,
+        restorer: parts.restorer.clone(),
         check_retry: Mutex::new(None),
         session: Mutex::new(Session::default()),
         consumer: OnceLock::new(),

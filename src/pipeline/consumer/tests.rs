@@ -21,6 +21,7 @@ fn context(dir: &std::path::Path) -> PipelineContext {
         metrics: Arc::new(Metrics::new().expect("metrics")),
         health: Arc::new(Health::default()),
         accept_empty_store: false,
+        restorer: None,
         check_retry: Mutex::new(None),
         session: Mutex::new(Session::default()),
         consumer: OnceLock::new(),

@@ -1,0 +1,95 @@
+//! `store.changelog = true` (docs/decisions.md, "State on Kafka"): the store is the cache
+//! of a compacted changelog topic, partition *p* of which holds the keys of state
+//! partition *p* (the key's murmur2 partition: `partition`). With `kafka.copartitioned`
+//! an input partition is a state partition.
+//! - `topic`: the changelog topic, found or created compacted, one partition per state
+//!   partition;
+//! - `writer`: the store's captured changes go out in the process's open transaction, and
+//!   the engine's durability points wait for their commit (a claim is committed there
+//!   before its sink runs; a completion before its result and offset);
+//! - `restore`: on assignment, each state partition is read back from its checkpoint before
+//!   any of its records is processed; when let go, its checkpoint moves to the end.
+
+mod partition;
+mod restore;
+mod topic;
+mod writer;
+
+pub(crate) use partition::state_partition;
+pub(crate) use restore::Restorer;
+pub(crate) use topic::{ChangelogTopic, ensure_topic};
+pub(crate) use writer::ChangelogWriter;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rdkafka::producer::FutureProducer;
+
+use super::transactions::Transactions;
+use super::{KafkaConfig, PipelineError};
+use crate::engine::ChangeLog;
+use crate::ops::{Health, Metrics};
+use crate::store::{CacheOpened, KeyStore, StoreConfig, SyncMode};
+
+/// What `run` keeps of the changelog.
+pub(crate) struct Changelog {
+    /// Sends and commits the store's changes.
+    pub(crate) writer: Arc<ChangelogWriter>,
+    /// Restores state partitions on assignment.
+    pub(crate) restorer: Arc<Restorer>,
+    /// The number of state partitions.
+    pub(crate) partitions: i32,
+}
+
+/// Opens the store as the changelog's cache. Its own writes need no fsync: what is durable
+/// is what the changelog committed, and a store left by a crash is rebuilt from it.
+pub(crate) fn open_store(config: &StoreConfig) -> Result<KeyStore, PipelineError> {
+    let config = StoreConfig { sync: SyncMode::None, ..config.clone() };
+    let (store, opened) = KeyStore::open_as_cache(&config)?;
+    match opened {
+        CacheOpened::Clean => tracing::info!("store stopped cleanly: restoring only what the changelog has beyond it"),
+        CacheOpened::Emptied => {
+            tracing::info!("store not stopped cleanly (or new): emptied, to be restored from the changelog")
+        }
+    }
+    Ok(store)
+}
+
+impl Changelog {
+    pub(crate) fn new(
+        kafka: &KafkaConfig,
+        topic: &ChangelogTopic,
+        store: &Arc<KeyStore>,
+        transactions: &Arc<Transactions>,
+        producer: FutureProducer,
+        (metrics, health): (&Arc<Metrics>, &Arc<Health>),
+    ) -> Result<Changelog, PipelineError> {
+        let writer = ChangelogWriter::new(Arc::clone(store), Arc::clone(transactions), producer, topic);
+        let restorer = Restorer::new(kafka, topic, Arc::clone(store), Arc::clone(metrics), Arc::clone(health))?;
+        Ok(Changelog { writer: Arc::new(writer), restorer: Arc::new(restorer), partitions: topic.partitions })
+    }
+
+    /// At a clean stop, after the consumer's last commit: commits what is left (an
+    /// operator's write, expiry tombstones), checkpoints the partitions held at their end,
+    /// and marks the store clean. When any step fails the mark is not made, and the next
+    /// start rebuilds the store from the changelog.
+    pub(crate) async fn stop_cleanly(&self, store: &Arc<KeyStore>, path: &Path) {
+        if let Err(e) = self.writer.commit().await {
+            tracing::error!(error = %e, "the last changes did not commit; the next start rebuilds the store from the changelog");
+            return;
+        }
+        let restorer = Arc::clone(&self.restorer);
+        let store = Arc::clone(store);
+        let path = path.to_path_buf();
+        let marked = tokio::task::spawn_blocking(move || {
+            let checkpoints = restorer.let_go(&restorer.owned());
+            store.mark_clean(&path, &checkpoints)
+        })
+        .await;
+        match marked {
+            Ok(Ok(())) => tracing::info!("store marked clean: the next start restores only the changelog's tail"),
+            Ok(Err(e)) => tracing::error!(error = %e, "could not mark the store clean; the next start rebuilds it"),
+            Err(e) => tracing::error!(error = %e, "could not mark the store clean; the next start rebuilds it"),
+        }
+    }
+}

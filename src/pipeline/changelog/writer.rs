@@ -1,0 +1,77 @@
+//! Sends the store's captured changes to the changelog in the process's open transaction,
+//! keyed by the idempotency key, on the key's state partition; and commits them, for the
+//! engine's durability points ([`ChangeLog`]) and the periodic committer.
+
+use std::sync::Arc;
+
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use super::partition::state_partition;
+use crate::engine::ChangeLog;
+use crate::pipeline::publish::Publisher;
+use crate::pipeline::transactions::Transactions;
+use crate::store::{Change, KeyStore};
+
+/// The store's changes to the changelog topic.
+pub(crate) struct ChangelogWriter {
+    store: Arc<KeyStore>,
+    transactions: Arc<Transactions>,
+    producer: FutureProducer,
+    topic: String,
+    partitions: i32,
+    /// Held while taking and queueing changes, so that two callers cannot queue one key's
+    /// changes out of the order the store made them (`store::changelog`, invariant 1).
+    sending: tokio::sync::Mutex<()>,
+}
+
+impl ChangelogWriter {
+    pub(crate) fn new(
+        store: Arc<KeyStore>,
+        transactions: Arc<Transactions>,
+        producer: FutureProducer,
+        topic: &super::ChangelogTopic,
+    ) -> ChangelogWriter {
+        ChangelogWriter {
+            store,
+            transactions,
+            producer,
+            topic: topic.name.clone(),
+            partitions: topic.partitions,
+            sending: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Queues every change captured so far in the open transaction, in the order made. A
+    /// change that cannot be queued fails the transaction (it must not commit without it).
+    async fn send_changes(&self) -> Result<(), String> {
+        let _in_order = self.sending.lock().await;
+        let changes = self.store.take_changes();
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let member = self.transactions.join().await.map_err(|e| e.to_string())?;
+        for Change { key, value } in &changes {
+            let record =
+                FutureRecord::to(&self.topic).partition(state_partition(key, self.partitions)).key(key.as_bytes());
+            let record = match value {
+                Some(v) => record.payload(v.as_slice()),
+                None => record,
+            };
+            // Its acknowledgement is the commit's to wait for (transactions.rs, invariant 2).
+            if let Err(e) = Publisher::enqueue_on(&self.producer, record).await {
+                self.transactions.fail();
+                return Err(format!("queueing a change of key {key:?} to {}: {e}", self.topic));
+            }
+        }
+        drop(member);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ChangeLog for ChangelogWriter {
+    async fn commit(&self) -> Result<(), String> {
+        self.send_changes().await?;
+        self.transactions.commit_queued().await.map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,295 @@
+//! The store as the cache of a changelog (`store.changelog = true`, docs/decisions.md "State
+//! on Kafka"). The pipeline owns the topic; the store keeps these invariants:
+//! 1. Every change to a record (claim, completion, put-back, operator write, expiry) is
+//!    captured in the order it was made, under the key's stripe lock, so one key's changes
+//!    are taken in the order they happened ([`KeyStore::take_changes`]).
+//! 2. Records read back from the changelog are applied without being captured
+//!    ([`KeyStore::restore_batch`]); an expired completion or a tombstone removes the key.
+//! 3. A partition's checkpoint (the next changelog offset to read) is written after the
+//!    records it covers, never before, so replaying from it can only repeat records, which
+//!    applying again leaves as they are.
+//! 4. The store may hold changes whose transaction never committed only until the process
+//!    stops: a clean stop marks the store ([`KeyStore::mark_clean`]); a store opened
+//!    without the mark (a crash) is emptied, keeping its identity, and rebuilt from the
+//!    changelog ([`KeyStore::open_as_cache`]), as Kafka Streams does with its stores under
+//!    exactly-once.
+
+use std::path::Path;
+
+use super::{KeyStore, Op, Record, StoreConfig, StoreError, Tree};
+
+/// The file a clean stop leaves in the store directory (invariant 4).
+const CLEAN_FILE: &str = "changelog.clean";
+const IDENTITY_KEY: &[u8] = b"identity";
+
+/// One change to a record, for the changelog: the key and its encoded record, or `None`
+/// when the key was removed (a tombstone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The idempotency key.
+    pub key: String,
+    /// The encoded [`Record`], or `None` for a removal.
+    pub value: Option<Vec<u8>>,
+}
+
+/// How [`KeyStore::open_as_cache`] found the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOpened {
+    /// Stopped cleanly: its checkpoints hold.
+    Clean,
+    /// Left by a crash (or new): emptied, to be rebuilt from the changelog.
+    Emptied,
+}
+
+fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
+    format!("changelog/{topic}/{partition}").into_bytes()
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Backend { backend: "store", message: format!("{}: {e}", path.display()) }
+}
+
+impl KeyStore {
+    /// Opens the store `config` names as a changelog's cache that captures its changes
+    /// (invariant 1): as it was after a clean stop, else emptied (invariant 4).
+    pub fn open_as_cache(config: &StoreConfig) -> Result<(KeyStore, CacheOpened), StoreError> {
+        let marker = config.path.join(CLEAN_FILE);
+        if marker.exists() {
+            let store = KeyStore::open_configured(config)?;
+            // Gone before any change is made: a crash from here on finds no mark.
+            std::fs::remove_file(&marker).map_err(|e| io_error(&marker, e))?;
+            sync_dir(&config.path)?;
+            return Ok((store.capturing(), CacheOpened::Clean));
+        }
+        let identity = match config.path.exists() {
+            true => Some(KeyStore::open_configured(config)?.identity()?),
+            false => None,
+        };
+        empty_dir(&config.path)?;
+        let store = KeyStore::open_configured(config)?;
+        if let Some(id) = identity {
+            // The same transactional.id and group.instance.id as before the crash, so the new
+            // producer fences the old one's open transaction at once.
+            store.backend.apply(vec![Op::Put(Tree::Meta, IDENTITY_KEY.to_vec(), id.into_bytes())])?;
+            store.backend.flush()?;
+        }
+        Ok((store.capturing(), CacheOpened::Emptied))
+    }
+
+    fn capturing(mut self) -> KeyStore {
+        self.capture = true;
+        self
+    }
+
+    /// Invariant 1: records a change; called under the key's stripe lock.
+    pub(super) fn capture(&self, key: &str, value: Option<Vec<u8>>) {
+        if self.capture {
+            self.changes.lock().push(Change { key: key.to_string(), value });
+        }
+    }
+
+    /// Records the record writes among `ops` (invariant 1).
+    pub(super) fn capture_ops(&self, ops: &[Op]) {
+        if !self.capture {
+            return;
+        }
+        let mut changes = self.changes.lock();
+        for op in ops {
+            match op {
+                Op::Put(Tree::Records, k, v) => {
+                    changes.push(Change { key: String::from_utf8_lossy(k).into_owned(), value: Some(v.clone()) })
+                }
+                Op::Delete(Tree::Records, k) => {
+                    changes.push(Change { key: String::from_utf8_lossy(k).into_owned(), value: None })
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The changes made since the last call, oldest first (invariant 1).
+    pub fn take_changes(&self) -> Vec<Change> {
+        std::mem::take(&mut *self.changes.lock())
+    }
+
+    /// Applies records read from the changelog partition `partition` of `topic`, in their
+    /// order, then sets its checkpoint to `next_offset` (invariants 2 and 3). A completion
+    /// expired at `now_ms` is not kept. Returns how many records it applied.
+    pub fn restore_batch(
+        &self,
+        topic: &str,
+        partition: i32,
+        changes: Vec<Change>,
+        next_offset: i64,
+        now_ms: i64,
+    ) -> Result<usize, StoreError> {
+        let applied = changes.len();
+        for Change { key, value } in changes {
+            let new = match value {
+                None => None,
+                Some(v) => Some(super::decode(key.as_bytes(), &v)?)
+                    .filter(|r: &Record| r.expires_at_ms().is_none_or(|at| at > now_ms)),
+            };
+            let _gate = self.gate.read();
+            let mut stripe = self.stripe(&key).lock();
+            let current = self.get_locked(&stripe, &key)?;
+            if current != new {
+                self.swap_locked(&mut stripe, &key, current, new.as_ref(), false)?;
+            }
+        }
+        let checkpoint = Op::Put(Tree::Meta, checkpoint_key(topic, partition), next_offset.to_le_bytes().to_vec());
+        self.backend.apply(vec![checkpoint])?;
+        Ok(applied)
+    }
+
+    /// The next offset of `partition` of the changelog `topic` to restore from, if the
+    /// store has one (invariant 3).
+    pub fn checkpoint(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
+        let Some(v) = self.backend.get(Tree::Meta, &checkpoint_key(topic, partition))? else {
+            return Ok(None);
+        };
+        let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| StoreError::Corrupt {
+            key: format!("changelog checkpoint {topic}/{partition}"),
+            source: super::record::DecodeError("not 8 bytes".into()),
+        })?;
+        Ok(Some(i64::from_le_bytes(bytes)))
+    }
+
+    /// Sets checkpoints `(topic, partition, next offset)` of partitions whose every change
+    /// up to there this store holds (invariant 3).
+    pub fn set_checkpoints(&self, checkpoints: &[(String, i32, i64)]) -> Result<(), StoreError> {
+        let ops = checkpoints
+            .iter()
+            .map(|(topic, p, next)| Op::Put(Tree::Meta, checkpoint_key(topic, *p), next.to_le_bytes().to_vec()))
+            .collect::<Vec<_>>();
+        if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
+    }
+
+    /// Sets the checkpoints of a clean stop (every change sent is committed and applied
+    /// here), makes everything durable, and marks the store clean (invariant 4).
+    pub fn mark_clean(&self, path: &Path, checkpoints: &[(String, i32, i64)]) -> Result<(), StoreError> {
+        self.set_checkpoints(checkpoints)?;
+        self.flush_always()?;
+        let marker = path.join(CLEAN_FILE);
+        let file = std::fs::File::create(&marker).map_err(|e| io_error(&marker, e))?;
+        file.sync_all().map_err(|e| io_error(&marker, e))?;
+        sync_dir(path)
+    }
+}
+
+fn sync_dir(path: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(path).and_then(|d| d.sync_all()).map_err(|e| io_error(path, e))
+}
+
+/// Removes what `path` holds (not `path` itself, which may be a mount point).
+fn empty_dir(path: &Path) -> Result<(), StoreError> {
+    let entries = match std::fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error(path, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error(path, e))?;
+        let at = entry.path();
+        let removed = match entry.file_type().map_err(|e| io_error(&at, e))?.is_dir() {
+            true => std::fs::remove_dir_all(&at),
+            false => std::fs::remove_file(&at),
+        };
+        removed.map_err(|e| io_error(&at, e))?;
+    }
+    sync_dir(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::store::{Completed, Completion, InProgress, SourcePos, StoreBackend};
+
+    /// An expiry far ahead (year 2096).
+    const FAR: i64 = 4_000_000_000_000;
+
+    fn config(dir: &Path, backend: StoreBackend) -> StoreConfig {
+        StoreConfig { backend, path: dir.to_path_buf(), ..StoreConfig::default() }
+    }
+
+    fn claim() -> InProgress {
+        InProgress { fingerprint: Fingerprint([1; 32]), claimed_at_ms: 5, attempts: 1, source: SourcePos::default() }
+    }
+
+    fn completed(expires_at_ms: i64) -> Record {
+        Record::Completed(Completed {
+            fingerprint: Fingerprint([1; 32]),
+            outcome: Completion::Succeeded,
+            result: b"{}".to_vec(),
+            error: None,
+            first_seen_at_ms: 5,
+            completed_at_ms: 6,
+            expires_at_ms,
+            attempts: 1,
+            source: None,
+        })
+    }
+
+    #[test]
+    fn every_change_is_captured_in_order_and_a_restore_is_not() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (store, opened) = KeyStore::open_as_cache(&config(dir.path(), backend)).expect("open");
+            assert_eq!(opened, CacheOpened::Emptied, "{backend}: a new store has no clean mark");
+            let pending = store.claim("a", None, claim()).expect("claim").expect("won");
+            let durable = store.flush_claims(vec![pending]).expect("flush").pop().expect("one");
+            let done = completed(FAR);
+            let Record::Completed(c) = done.clone() else { unreachable!() };
+            store.complete(durable, c).expect("complete");
+            store.forget("a").expect("forget");
+            let changes = store.take_changes();
+            let values: Vec<Option<Record>> =
+                changes.iter().map(|c| c.value.as_ref().map(|v| Record::decode(v).expect("decodes"))).collect();
+            assert_eq!(values, vec![Some(Record::InProgress(claim())), Some(done.clone()), None], "{backend}");
+            assert!(changes.iter().all(|c| c.key == "a"), "{backend}");
+            assert!(store.take_changes().is_empty(), "{backend}: taken once");
+
+            let restored = vec![
+                Change { key: "b".into(), value: Some(done.encode()) },
+                Change { key: "old".into(), value: Some(completed(1).encode()) },
+                Change { key: "gone".into(), value: Some(done.encode()) },
+                Change { key: "gone".into(), value: None },
+            ];
+            assert_eq!(store.restore_batch("log", 3, restored, 42, 100).expect("restore"), 4);
+            assert!(store.take_changes().is_empty(), "{backend}: a restore is not captured");
+            assert_eq!(store.get("b").expect("get"), Some(done.clone()), "{backend}");
+            assert_eq!(store.get("old").expect("get"), None, "{backend}: expired at restore");
+            assert_eq!(store.get("gone").expect("get"), None, "{backend}: its tombstone was read");
+            assert_eq!(store.checkpoint("log", 3).expect("checkpoint"), Some(42), "{backend}");
+            assert_eq!(store.checkpoint("log", 4).expect("checkpoint"), None, "{backend}");
+            assert_eq!(store.counts().completed, 1, "{backend}");
+        }
+    }
+
+    #[test]
+    fn a_clean_stop_keeps_the_store_and_a_crash_empties_it_keeping_its_identity() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let cfg = config(dir.path(), backend);
+            let id = {
+                let (store, _) = KeyStore::open_as_cache(&cfg).expect("open");
+                store.compare_and_swap("k", None, Some(&completed(FAR))).expect("cas").expect("swapped");
+                store.mark_clean(dir.path(), &[("log".into(), 0, 7)]).expect("mark");
+                store.identity().expect("identity")
+            };
+            {
+                let (store, opened) = KeyStore::open_as_cache(&cfg).expect("reopen");
+                assert_eq!(opened, CacheOpened::Clean, "{backend}");
+                assert_eq!(store.get("k").expect("get"), Some(completed(FAR)), "{backend}");
+                assert_eq!(store.checkpoint("log", 0).expect("checkpoint"), Some(7), "{backend}");
+                // No mark now: this open is a crash to the next one.
+            }
+            let (store, opened) = KeyStore::open_as_cache(&cfg).expect("reopen after a crash");
+            assert_eq!(opened, CacheOpened::Emptied, "{backend}");
+            assert_eq!(store.get("k").expect("get"), None, "{backend}: emptied");
+            assert_eq!(store.checkpoint("log", 0).expect("checkpoint"), None, "{backend}");
+            assert_eq!(store.identity().expect("identity"), id, "{backend}: identity kept");
+        }
+    }
+}
