@@ -65,6 +65,7 @@ use crate::sinks::{self, Sink};
 use crate::store::{KeyStore, StoreError};
 
 pub use config::{KafkaConfig, PipelineConfig};
+pub use changelog::state_partition;
 pub use consumer::consumer_config;
 pub use publish::{Publisher, producer_config};
 

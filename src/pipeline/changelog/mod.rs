@@ -15,7 +15,7 @@ mod restore;
 mod topic;
 mod writer;
 
-pub(crate) use partition::state_partition;
+pub use partition::state_partition;
 pub(crate) use restore::Restorer;
 pub(crate) use topic::{ChangelogTopic, ensure_topic};
 pub(crate) use writer::ChangelogWriter;

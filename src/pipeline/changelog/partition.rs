@@ -32,7 +32,7 @@ fn murmur2(data: &[u8]) -> i32 {
 
 /// The state partition of `key` among `partitions` (> 0): `toPositive(murmur2(key)) % n`,
 /// as Kafka's default partitioner computes it.
-pub(crate) fn state_partition(key: &str, partitions: i32) -> i32 {
+pub fn state_partition(key: &str, partitions: i32) -> i32 {
     (murmur2(key.as_bytes()) & 0x7fff_ffff) % partitions.max(1)
 }
 

@@ -1,0 +1,203 @@
+//! `store.changelog = true` on the real broker: every key's record is on the compacted
+//! changelog topic, a lost store is rebuilt from it before any record is processed (every
+//! repeat still recognised, no second sink call), an aborted transaction on the changelog is
+//! never restored, a clean restart restores nothing it already holds, and a record on a
+//! partition that is not its key's is dead-lettered (`not_copartitioned`).
+//!
+//! `dedupd run` as a process, one non-forwarding HTTP sink that logs every call. Run with
+//! `scripts/kafka/kafka.sh with cargo test --test kafka_changelog -- --nocapture`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::kafka;
+use common::pay_kills::{self, calls_per_key, results, wait_for_every_result};
+use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, TopicTail, tail_of_file};
+use dedupd::outcome::{Outcome, ResultRecord};
+use dedupd::pipeline::state_partition;
+use dedupd::store::{Completed, Completion, Record};
+use rdkafka::ClientConfig;
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+const PARTITIONS: i32 = 3;
+const KEYS: usize = 300;
+/// Commands whose record is on another partition than their key's.
+const MISPLACED: usize = 5;
+/// A key whose only changelog record is in an aborted transaction.
+const GHOST: usize = 2_000;
+
+/// Command `i` on its key's partition (the producer keyed it by the idempotency key).
+fn placed(i: usize) -> kafka::OutgoingTo {
+    pay_kills::command(i, state_partition(&pay_kills::key(i), PARTITIONS))
+}
+
+/// Command `i` on the partition after its key's.
+fn misplaced(i: usize) -> kafka::OutgoingTo {
+    pay_kills::command(i, (state_partition(&pay_kills::key(i), PARTITIONS) + 1) % PARTITIONS)
+}
+
+/// Records applied by restores, from the JSON log's "state partition restored" lines.
+fn restored_records(log: &Path) -> u64 {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "state partition restored")
+        .map(|v| v["fields"]["records"].as_u64().expect("records in the restore line"))
+        .sum()
+}
+
+/// Writes, in a transaction it then aborts, a completion of `GHOST` and a tombstone of
+/// key 0 to the changelog: restoring either would be wrong (a replay of a run that never
+/// happened, a second run of key 0).
+async fn abort_a_transaction_on(bootstrap: &str, changelog: &str) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", kafka::unique("aborter"))
+        .create()
+        .expect("transactional producer");
+    producer.init_transactions(Duration::from_secs(30)).expect("init transactions");
+    producer.begin_transaction().expect("begin");
+    let ghost = pay_kills::key(GHOST);
+    let completed = Record::Completed(Completed {
+        fingerprint: dedupd::fingerprint::Fingerprint([0; 32]),
+        outcome: Completion::Succeeded,
+        result: b"{\"ghost\":true}".to_vec(),
+        error: None,
+        first_seen_at_ms: 1,
+        completed_at_ms: 1,
+        expires_at_ms: 4_000_000_000_000,
+        attempts: 1,
+        source: None,
+    })
+    .encode();
+    let key0 = pay_kills::key(0);
+    let ghost_record = FutureRecord::to(changelog)
+        .partition(state_partition(&ghost, PARTITIONS))
+        .key(ghost.as_bytes())
+        .payload(completed.as_slice());
+    let tombstone = FutureRecord::<[u8], [u8]>::to(changelog).partition(state_partition(&key0, PARTITIONS)).key(key0.as_bytes());
+    for record in [ghost_record, tombstone] {
+        producer.send(record, Duration::from_secs(10)).await.expect("sent in the transaction");
+    }
+    producer.abort_transaction(Duration::from_secs(30)).expect("abort");
+}
+
+/// The last record of each key on the changelog, as a `read_committed` reader sees it.
+async fn changelog_records(bootstrap: &str, changelog: &str, at_least: usize) -> HashMap<String, Option<Record>> {
+    let mut last = HashMap::new();
+    for m in kafka::read_all(bootstrap, changelog, at_least, Duration::from_secs(30)).await {
+        let key = String::from_utf8(m.key().expect("keyed").to_vec()).expect("utf-8 key");
+        last.insert(key, m.payload().map(|v| Record::decode(v).expect("a record")));
+    }
+    last
+}
+
+async fn run_until_every_result(config: &Path, log: &Path, tail: &TopicTail, inputs: &[(i32, i64)]) {
+    let mut p = DedupdProcess::run(config, log);
+    wait_for_every_result(tail, inputs, &mut p, log).await;
+    let status = p.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "not stopped cleanly: {status:?}\n{}", tail_of_file(log, 40));
+}
+
+fn of_inputs<'a>(seen: &'a [ResultRecord], inputs: &[(i32, i64)]) -> Vec<&'a ResultRecord> {
+    seen.iter().filter(|r| inputs.contains(&(r.source.partition, r.source.offset))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_store_is_rebuilt_from_the_changelog_and_every_repeat_is_recognised() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results_topic, dlq) = (kafka::unique("cl-in"), kafka::unique("cl-out"), kafka::unique("cl-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results_topic, 1), (&dlq, 1)]).await;
+    let receiver = SlowReceiver::start((1, 5), 7).await;
+    let dir = KeptOnFailure::new();
+    let group = kafka::unique("cl-dedupd");
+    let changelog = format!("{group}.dedupd-state");
+    let store = dir.path().join("store");
+    let toml = pay_kills::config_toml(
+        &bootstrap,
+        &group,
+        [&input, &results_topic, &dlq],
+        &store,
+        &receiver.url("/pay"),
+        "transactional_results = true\ncopartitioned = true\n",
+        "",
+    )
+    .replace("[store]\n", "[store]\nchangelog = true\n");
+    let config = dir.path().join("dedupd.toml");
+    std::fs::write(&config, toml).expect("write config");
+    let tail = TopicTail::start(&bootstrap, &results_topic, 1);
+
+    // First run: every key once, and a few records on the wrong partition.
+    let firsts = kafka::produce_all_to(&bootstrap, &input, (0..KEYS).map(placed).collect()).await;
+    let wrong = kafka::produce_all_to(&bootstrap, &input, (KEYS..KEYS + MISPLACED).map(misplaced).collect()).await;
+    let first_log = dir.path().join("first.log");
+    run_until_every_result(&config, &first_log, &tail, &[firsts.clone(), wrong.clone()].concat()).await;
+    let seen = results(&tail);
+    assert!(of_inputs(&seen, &firsts).iter().all(|r| r.outcome == Outcome::Succeeded), "every key ran");
+    assert!(of_inputs(&seen, &wrong).iter().all(|r| r.outcome == Outcome::Rejected), "misplaced records rejected");
+    let letters = kafka::read_all(&bootstrap, &dlq, MISPLACED, Duration::from_secs(30)).await;
+    let reasons: Vec<Option<String>> = letters.iter().map(|m| kafka::header(m, "dedupd-reason")).collect();
+    assert_eq!(reasons, vec![Some("not_copartitioned".to_string()); MISPLACED], "dead-lettered with the reason");
+    assert_eq!(calls_per_key(&receiver).len(), KEYS, "one call per key, none for a misplaced record");
+
+    // The changelog holds every key's completion (a claim and a completion each).
+    let logged = changelog_records(&bootstrap, &changelog, 2 * KEYS).await;
+    let completed = (0..KEYS)
+        .filter(|&i| matches!(logged.get(&pay_kills::key(i)), Some(Some(Record::Completed(_)))))
+        .count();
+    assert_eq!(completed, KEYS, "every key's last changelog record is its completion");
+
+    // The store is lost; an aborted transaction sits on the changelog.
+    abort_a_transaction_on(&bootstrap, &changelog).await;
+    std::fs::remove_dir_all(&store).expect("remove the store");
+
+    // Every repeat is recognised from the restored history; the ghost key runs.
+    let repeats = kafka::produce_all_to(&bootstrap, &input, (0..KEYS).chain([GHOST]).map(placed).collect()).await;
+    let second_log = dir.path().join("second.log");
+    run_until_every_result(&config, &second_log, &tail, &repeats).await;
+    let restored = restored_records(&second_log);
+    assert!(restored >= 2 * KEYS as u64, "the lost store was rebuilt: {restored} records restored");
+    let seen = results(&tail);
+    let second = of_inputs(&seen, &repeats);
+    let ghost = pay_kills::key(GHOST);
+    let not_replayed: Vec<_> = second
+        .iter()
+        .filter(|r| r.key.as_deref() != Some(ghost.as_str()) && !(r.outcome == Outcome::Duplicate && r.replay))
+        .take(5)
+        .collect();
+    assert!(not_replayed.is_empty(), "repeats not recognised after the rebuild: {not_replayed:?}");
+    let ghost_result = second.iter().find(|r| r.key.as_deref() == Some(ghost.as_str())).expect("the ghost's result");
+    assert_eq!(ghost_result.outcome, Outcome::Succeeded, "an aborted completion is never restored");
+    let calls = calls_per_key(&receiver);
+    let twice: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "a key called twice (an aborted tombstone restored?): {twice:?}");
+    assert_eq!(calls.len(), KEYS + 1, "the ghost called once, nothing else again");
+
+    // A clean restart restores nothing the store already holds.
+    let third_log = dir.path().join("third.log");
+    let mut p = DedupdProcess::run(&config, &third_log);
+    common::process::wait_for_http_addr(&third_log, &mut p, Duration::from_secs(60)).await;
+    wait_for_restore_lines(&third_log, &mut p).await;
+    let status = p.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "third run: {status:?}");
+    assert_eq!(restored_records(&third_log), 0, "after a clean stop only the tail is read, and it is empty");
+    tail.stop();
+    receiver.stop().await;
+}
+
+/// Waits until the log has a restore line for every partition (assignment is done).
+async fn wait_for_restore_lines(log: &Path, p: &mut DedupdProcess) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.matches("state partition restored").count() >= PARTITIONS as usize {
+            return;
+        }
+        assert!(p.exited().is_none() && std::time::Instant::now() < deadline, "no restore:\n{}", tail_of_file(log, 40));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
