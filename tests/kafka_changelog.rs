@@ -79,7 +79,8 @@ async fn abort_a_transaction_on(bootstrap: &str, changelog: &str) {
         .partition(state_partition(&ghost, PARTITIONS))
         .key(ghost.as_bytes())
         .payload(completed.as_slice());
-    let tombstone = FutureRecord::<[u8], [u8]>::to(changelog).partition(state_partition(&key0, PARTITIONS)).key(key0.as_bytes());
+    let tombstone =
+        FutureRecord::<[u8], [u8]>::to(changelog).partition(state_partition(&key0, PARTITIONS)).key(key0.as_bytes());
     for record in [ghost_record, tombstone] {
         producer.send(record, Duration::from_secs(10)).await.expect("sent in the transaction");
     }
@@ -146,9 +147,8 @@ async fn a_lost_store_is_rebuilt_from_the_changelog_and_every_repeat_is_recognis
 
     // The changelog holds every key's completion (a claim and a completion each).
     let logged = changelog_records(&bootstrap, &changelog, 2 * KEYS).await;
-    let completed = (0..KEYS)
-        .filter(|&i| matches!(logged.get(&pay_kills::key(i)), Some(Some(Record::Completed(_)))))
-        .count();
+    let completed =
+        (0..KEYS).filter(|&i| matches!(logged.get(&pay_kills::key(i)), Some(Some(Record::Completed(_))))).count();
     assert_eq!(completed, KEYS, "every key's last changelog record is its completion");
 
     // The store is lost; an aborted transaction sits on the changelog.

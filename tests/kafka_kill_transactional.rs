@@ -12,7 +12,9 @@
 //! own `succeeded` as its one result, never a `duplicate` of itself, though its first result
 //! may have been aborted. A `read_uncommitted` reader of the same topic shows that the kills
 //! did cut transactions off: it sees more results than inputs, which is what the results
-//! topic would hold without transactions. Run with
+//! topic would hold without transactions. The same runs with the store on Kafka
+//! (`store.changelog`), where every incarnation after a kill rebuilds its store from the
+//! changelog before it processes anything. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_kill_transactional -- --nocapture`.
 
 mod common;
@@ -24,6 +26,7 @@ use common::kafka;
 use common::pay_kills::{self, calls_per_key, kill_repeatedly, results, wait_for_every_result};
 use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, seed_from_env, tail_of_file};
 use dedupd::outcome::{Outcome, ResultRecord};
+use dedupd::pipeline::state_partition;
 use dedupd::store::{Completed, KeyStore, Record, SourcePos, StoreBackend, SyncMode};
 
 const PARTITIONS: i32 = 6;
@@ -41,12 +44,17 @@ const BATCH_SIZE: usize = 8;
 /// When a kill lands, after the incarnation's first request.
 const KILL_AFTER_MS: (u64, u64) = (200, 1_200);
 
-/// Every key once, then `REPEATS` of them again on another partition.
-fn commands() -> Vec<kafka::OutgoingTo> {
-    let firsts = (0..KEYS).map(|i| pay_kills::command(i, i as i32 % PARTITIONS));
+/// Every key once, then `REPEATS` of them again: on another partition, or with the store
+/// on Kafka on the key's own (`kafka.copartitioned`).
+fn commands(mode: Mode) -> Vec<kafka::OutgoingTo> {
+    let partition = |i: usize, repeat: bool| match mode {
+        Mode::Embedded => (i as i32 + i32::from(repeat)) % PARTITIONS,
+        Mode::Changelog => state_partition(&pay_kills::key(i), PARTITIONS),
+    };
+    let firsts = (0..KEYS).map(|i| pay_kills::command(i, partition(i, false)));
     let repeats = (0..REPEATS).map(|r| {
         let i = r * KEYS / REPEATS;
-        pay_kills::command(i, (i as i32 + 1) % PARTITIONS)
+        pay_kills::command(i, partition(i, true))
     });
     firsts.chain(repeats).collect()
 }
@@ -64,8 +72,31 @@ fn indeterminate_keys(results: &[ResultRecord]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kills_a_read_committed_reader_sees_exactly_one_result_per_input() {
     let Some(bootstrap) = kafka::bootstrap() else { return };
+    after_kills(&bootstrap, Mode::Embedded).await;
+}
+
+/// The same with the store on Kafka (`store.changelog`): each incarnation starts with the
+/// store its predecessor left (a crash: emptied and rebuilt from the changelog), and the
+/// repeats are on their key's partition (`kafka.copartitioned`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_store_on_kafka_after_kills_exactly_one_result_per_input() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    after_kills(&bootstrap, Mode::Changelog).await;
+}
+
+/// Where the store's history lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The embedded store only.
+    Embedded,
+    /// `store.changelog = true`, `kafka.copartitioned = true`.
+    Changelog,
+}
+
+async fn after_kills(bootstrap: &str, mode: Mode) {
+    let bootstrap = bootstrap.to_string();
     let seed = seed_from_env("KAFKA_KILL_TXN_SEED");
-    println!("seed {seed} (replay the kill timing with KAFKA_KILL_TXN_SEED={seed})");
+    println!("{mode:?}: seed {seed} (replay the kill timing with KAFKA_KILL_TXN_SEED={seed})");
     let mut rng = SplitMix(seed);
     let (input, results_topic, dlq) = (kafka::unique("txn-in"), kafka::unique("txn-out"), kafka::unique("txn-dlq"));
     kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results_topic, 3), (&dlq, 1)]).await;
@@ -79,13 +110,20 @@ async fn after_kills_a_read_committed_reader_sees_exactly_one_result_per_input()
         [&input, &results_topic, &dlq],
         &dir.path().join("store"),
         &receiver.url("/pay"),
-        "transactional_results = true\n",
+        match mode {
+            Mode::Embedded => "transactional_results = true\n",
+            Mode::Changelog => "transactional_results = true\ncopartitioned = true\n",
+        },
         &format!("max_in_flight = {MAX_IN_FLIGHT}\nbatch_size = {BATCH_SIZE}"),
     );
+    let toml = match mode {
+        Mode::Embedded => toml,
+        Mode::Changelog => toml.replace("[store]\n", "[store]\nchangelog = true\n"),
+    };
     std::fs::write(&config, toml).expect("write config");
     let committed = TopicTail::start(&bootstrap, &results_topic, 3);
     let uncommitted = TopicTail::start_uncommitted(&bootstrap, &results_topic, 3);
-    let inputs = kafka::produce_all_to(&bootstrap, &input, commands()).await;
+    let inputs = kafka::produce_all_to(&bootstrap, &input, commands(mode)).await;
 
     kill_repeatedly(&config, &log, &receiver, KILLS, KILL_AFTER_MS, &mut rng).await;
     let mut last = DedupdProcess::run(&config, &log);
@@ -164,7 +202,7 @@ async fn after_kills_a_read_committed_reader_sees_exactly_one_result_per_input()
     uncommitted.stop();
     receiver.stop().await;
     println!(
-        "{KILLS} kills: {} inputs, {} committed results, {} results written in all (aborted included), {} sink calls",
+        "{mode:?}, {KILLS} kills: {} inputs, {} committed results, {} results written in all (aborted included), {} sink calls",
         inputs.len(),
         seen.len(),
         all.len(),

@@ -64,8 +64,8 @@ use crate::ops::{Health, Metrics};
 use crate::sinks::{self, Sink};
 use crate::store::{KeyStore, StoreError};
 
-pub use config::{KafkaConfig, PipelineConfig};
 pub use changelog::state_partition;
+pub use config::{KafkaConfig, PipelineConfig};
 pub use consumer::consumer_config;
 pub use publish::{Publisher, producer_config};
 

@@ -268,6 +268,19 @@ mod tests {
     }
 
     #[test]
+    fn expiry_writes_a_tombstone_for_the_changelog() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (store, _) = KeyStore::open_as_cache(&config(dir.path(), backend)).expect("open");
+            store.compare_and_swap("short", None, Some(&completed(50))).expect("cas").expect("swapped");
+            store.compare_and_swap("long", None, Some(&completed(FAR))).expect("cas").expect("swapped");
+            store.take_changes();
+            assert_eq!(store.compact_expired(100, 10).expect("compact"), 1, "{backend}");
+            assert_eq!(store.take_changes(), vec![Change { key: "short".into(), value: None }], "{backend}");
+        }
+    }
+
+    #[test]
     fn a_clean_stop_keeps_the_store_and_a_crash_empties_it_keeping_its_identity() {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");

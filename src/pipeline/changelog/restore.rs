@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -27,11 +28,49 @@ const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long reading a partition's end offsets may take.
 const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// One partition's restore as it goes.
+struct Restoring {
+    /// The end offset at assignment (for the progress shown).
+    high: i64,
+    /// The next offset to apply from.
+    next: i64,
+    chunk: Vec<Change>,
+    applied: u64,
+    done: bool,
+}
+
+/// The partitions of one restore.
+#[derive(Default)]
+struct Reading {
+    partitions: std::collections::BTreeMap<i32, Restoring>,
+}
+
+impl Reading {
+    fn add(&mut self, p: i32, from: i64, high: i64) {
+        let done = from >= high;
+        self.partitions.insert(p, Restoring { high, next: from, chunk: Vec::new(), applied: 0, done });
+    }
+}
+
+/// The restore consumer's context: reaching the end of a partition is what a restore waits
+/// for, not an error to log (librdkafka reports it as one).
+struct RestoreContext;
+
+impl ClientContext for RestoreContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            tracing::warn!(%error, reason, "changelog restore consumer");
+        }
+    }
+}
+
+impl ConsumerContext for RestoreContext {}
+
 /// Restores state partitions from the changelog and checkpoints them when let go.
 pub(crate) struct Restorer {
     store: Arc<KeyStore>,
     topic: String,
-    consumer: Mutex<BaseConsumer>,
+    consumer: Mutex<BaseConsumer<RestoreContext>>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     /// The state partitions restored and not let go since.
@@ -55,7 +94,9 @@ impl Restorer {
             ("auto.offset.reset", "earliest"),
         ];
         let config = kafka.client_config(&defaults, &Default::default())?;
-        let consumer = crate::connection::probe::create(&config, "changelog restore consumer")?;
+        let consumer = config
+            .create_with_context(RestoreContext)
+            .map_err(|e| PipelineError::Changelog(format!("creating the changelog restore consumer: {e}")))?;
         Ok(Restorer {
             store,
             topic: topic.name.clone(),
@@ -66,76 +107,94 @@ impl Restorer {
         })
     }
 
-    /// Restores each of `partitions` not restored since it was last let go. Blocking.
+    /// Restores each of `partitions` not restored since it was last let go, all at once
+    /// (one consumer fetching them together). Blocking.
     pub(crate) fn restore(&self, partitions: &[i32]) -> Result<(), String> {
-        for &p in partitions {
-            if self.owned.lock().contains(&p) {
-                continue;
-            }
-            let name = format!("{}/{p}", self.topic);
+        let todo: Vec<i32> = partitions.iter().copied().filter(|p| !self.owned.lock().contains(p)).collect();
+        let started = Instant::now();
+        for &p in &todo {
             self.metrics.set_restoring(p, true);
-            self.health.set_down(&name, Some("restoring its state from the changelog"));
-            let started = Instant::now();
-            let restored = self.restore_one(p);
+            self.health.set_down(&self.name(p), Some("restoring its state from the changelog"));
+        }
+        let restored = self.restore_all(&todo);
+        for &p in &todo {
             self.metrics.set_restoring(p, false);
-            self.health.set_down(&name, None);
-            let records = restored.map_err(|e| format!("restoring {name}: {e}"))?;
-            tracing::info!(partition = %name, records, ms = started.elapsed().as_millis() as u64, "state partition restored");
+            self.health.set_down(&self.name(p), None);
+        }
+        let records = restored.map_err(|e| format!("restoring {}: {e}", self.topic))?;
+        for (p, n) in records {
+            tracing::info!(partition = %self.name(p), records = n, ms = started.elapsed().as_millis() as u64, "state partition restored");
             self.owned.lock().insert(p);
         }
         Ok(())
     }
 
-    /// Reads partition `p` from the checkpoint to the end (the last stable offset) and
-    /// applies it in chunks, each with its checkpoint. Returns the records applied.
-    fn restore_one(&self, p: i32) -> Result<u64, String> {
-        let consumer = self.consumer.lock();
-        let (low, high) = consumer.fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT).map_err(|e| e.to_string())?;
-        let from = self.store.checkpoint(&self.topic, p).map_err(|e| e.to_string())?.unwrap_or(low).max(low);
-        if from >= high {
-            return Ok(0);
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.topic, p, Offset::Offset(from)).map_err(|e| e.to_string())?;
-        consumer.assign(&tpl).map_err(|e| e.to_string())?;
-        let read = self.read_to_end(&consumer, p, from);
-        let _ = consumer.unassign();
-        read
+    fn name(&self, p: i32) -> String {
+        format!("{}/{p}", self.topic)
     }
 
-    fn read_to_end(&self, consumer: &BaseConsumer, p: i32, from: i64) -> Result<u64, String> {
+    /// Reads each of `partitions` from its checkpoint to its last stable offset and applies
+    /// it in chunks, each with its checkpoint. Returns the records applied per partition.
+    fn restore_all(&self, partitions: &[i32]) -> Result<Vec<(i32, u64)>, String> {
+        let consumer = self.consumer.lock();
+        let mut reading = Reading::default();
+        let mut tpl = TopicPartitionList::new();
+        for &p in partitions {
+            let (low, high) =
+                consumer.fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT).map_err(|e| e.to_string())?;
+            let from = self.store.checkpoint(&self.topic, p).map_err(|e| e.to_string())?.unwrap_or(low).max(low);
+            reading.add(p, from, high);
+            if from < high {
+                tpl.add_partition_offset(&self.topic, p, Offset::Offset(from)).map_err(|e| e.to_string())?;
+            }
+        }
+        if tpl.count() > 0 {
+            consumer.assign(&tpl).map_err(|e| e.to_string())?;
+            let read = self.read_to_end(&consumer, &mut reading);
+            let _ = consumer.unassign();
+            read?;
+        }
+        Ok(reading.partitions.into_iter().map(|(p, r)| (p, r.applied)).collect())
+    }
+
+    /// Polls until every partition of `reading` is at its last stable offset.
+    fn read_to_end(&self, consumer: &BaseConsumer<RestoreContext>, reading: &mut Reading) -> Result<(), String> {
         let deadline = Instant::now() + RESTORE_TIMEOUT;
-        let mut chunk: Vec<Change> = Vec::with_capacity(RESTORE_CHUNK);
-        let mut next = from;
-        let mut applied = 0u64;
-        loop {
+        while reading.partitions.values().any(|r| !r.done) {
             if Instant::now() > deadline {
-                return Err(format!("not at the end within {RESTORE_TIMEOUT:?} (at offset {next})"));
+                return Err(format!("not at the end within {RESTORE_TIMEOUT:?}"));
             }
             match consumer.poll(Duration::from_millis(200)) {
-                None => continue,
+                None => {}
                 Some(Ok(m)) => {
+                    let Some(r) = reading.partitions.get_mut(&m.partition()).filter(|r| !r.done) else { continue };
                     let key = std::str::from_utf8(m.key().unwrap_or_default())
                         .map_err(|_| format!("the record at offset {} has a key that is not UTF-8", m.offset()))?;
-                    chunk.push(Change { key: key.to_string(), value: m.payload().map(<[u8]>::to_vec) });
-                    next = m.offset() + 1;
-                    if chunk.len() >= RESTORE_CHUNK {
-                        applied += self.apply(p, std::mem::take(&mut chunk), next)?;
+                    r.chunk.push(Change { key: key.to_string(), value: m.payload().map(<[u8]>::to_vec) });
+                    r.next = m.offset() + 1;
+                    if r.chunk.len() >= RESTORE_CHUNK {
+                        r.applied += self.apply(m.partition(), std::mem::take(&mut r.chunk), r.next)?;
+                        let progress =
+                            format!("restoring its state from the changelog: at offset {} of {}", r.next, r.high);
+                        self.health.set_down(&self.name(m.partition()), Some(&progress));
                     }
                 }
                 // At the last stable offset: every committed record up to it is read.
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    let Some(r) = reading.partitions.get_mut(&p).filter(|r| !r.done) else { continue };
+                    // Past the transaction markers too, so that the next restore starts after them.
+                    let position = consumer
+                        .position()
+                        .ok()
+                        .and_then(|tpl| tpl.find_partition(&self.topic, p).and_then(|e| e.offset().to_raw()))
+                        .unwrap_or(r.next);
+                    r.applied += self.apply(p, std::mem::take(&mut r.chunk), position.max(r.next))?;
+                    r.done = true;
+                }
                 Some(Err(e)) => return Err(e.to_string()),
             }
         }
-        // Past the transaction markers too, so that the next restore starts after them.
-        let position = consumer
-            .position()
-            .ok()
-            .and_then(|tpl| tpl.find_partition(&self.topic, p).and_then(|e| e.offset().to_raw()))
-            .unwrap_or(next);
-        applied += self.apply(p, chunk, position.max(next))?;
-        Ok(applied)
+        Ok(())
     }
 
     fn apply(&self, p: i32, chunk: Vec<Change>, next: i64) -> Result<u64, String> {
