@@ -21,9 +21,16 @@
 //! the first result's timestamp to the last. It needs Java 17+ (the broker's) and, for its
 //! first build, Maven.
 //!
+//! With `--changelog`, each drain of step 3 is followed by one with the store on Kafka
+//! (`store.changelog`, transactional results, `kafka.copartitioned`: the backlog is keyed
+//! by the idempotency key with the murmur2 partitioner). With `--restore N`, only the
+//! restore phase (`pipeline/restore.rs`): N keys restored into an empty store, then a tail
+//! of 10,000 after a clean stop.
+//!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
-//! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--drain-only]` (default: every
-//! registered backend, no Kafka Streams; `--drain-only` runs only step 3, e.g. under `perf`).
+//! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--changelog] [--drain-only]
+//! [--restore N]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
+//! only step 3, e.g. under `perf`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +50,8 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "support/floor.rs"]
 mod floor;
+#[path = "pipeline/restore.rs"]
+mod restore;
 #[path = "pipeline/streams.rs"]
 mod streams;
 
@@ -58,6 +67,10 @@ struct Args {
     streams: bool,
     /// Only the backlog drain (to profile it): no plain consumer, relay, floor or latency.
     drain_only: bool,
+    /// Also drain with the store on Kafka (`store.changelog`), beside each embedded drain.
+    changelog: bool,
+    /// Only the restore phase, with this many keys on the changelog.
+    restore: Option<usize>,
 }
 
 fn args() -> Args {
@@ -68,6 +81,8 @@ fn args() -> Args {
         backends: StoreBackend::ALL.to_vec(),
         streams: false,
         drain_only: false,
+        changelog: false,
+        restore: None,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -90,6 +105,12 @@ fn args() -> Args {
                 i += 1;
                 continue;
             }
+            "--changelog" => {
+                a.changelog = true;
+                i += 1;
+                continue;
+            }
+            "--restore" => a.restore = Some(next.parse().expect("--restore N")),
             _ => {
                 i += 1;
                 continue;
@@ -138,6 +159,9 @@ fn producer(bootstrap: &str) -> FutureProducer {
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("linger.ms", "1")
+        // Records keyed by their idempotency key land on its state partition, as
+        // `kafka.copartitioned` needs (and Kafka Streams' recipe re-keys anyway).
+        .set("partitioner", "murmur2_random")
         .create()
         .expect("producer")
 }
@@ -147,7 +171,7 @@ async fn produce_backlog(bootstrap: &str, topic: &str, n: usize) {
     let mut acks = Vec::with_capacity(n);
     for i in 0..n {
         let v = command(i);
-        let key = format!("k{i}");
+        let key = format!("bench-{i}");
         loop {
             match p.send_result(FutureRecord::to(topic).key(&key).payload(&v)) {
                 Ok(f) => {
@@ -234,7 +258,27 @@ async fn plain_relay(bootstrap: &str, input: &str, output: &str, n: usize) -> f6
     got as f64 / first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64())
 }
 
+/// Where the store's history lives in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The embedded store (transactional results with DEDUPD_BENCH_TRANSACTIONAL=1).
+    Embedded,
+    /// `store.changelog = true` (with transactional results and `kafka.copartitioned`).
+    Changelog,
+}
+
 fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, dir: &std::path::Path) -> Config {
+    config_in(Mode::Embedded, bootstrap, input, results, backend, dir)
+}
+
+fn config_in(
+    mode: Mode,
+    bootstrap: &str,
+    input: &str,
+    results: &str,
+    backend: StoreBackend,
+    dir: &std::path::Path,
+) -> Config {
     let mut c = Config::default();
     c.kafka.bootstrap_servers = bootstrap.into();
     c.kafka.group_id = unique("bench-dedupd");
@@ -255,6 +299,12 @@ fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, di
     // DEDUPD_BENCH_TRANSACTIONAL=1: `kafka.transactional_results = true` (a drain's rate
     // comes from the result records' timestamps, so it does not count the last commit).
     c.kafka.transactional_results = std::env::var("DEDUPD_BENCH_TRANSACTIONAL").is_ok_and(|v| v == "1");
+    if mode == Mode::Changelog {
+        c.kafka.transactional_results = true;
+        c.kafka.copartitioned = true;
+        c.store.changelog = true;
+        c.store.changelog_replication_factor = 1;
+    }
     // DEDUPD_BENCH_MAX_IN_FLIGHT=N: `pipeline.max_in_flight` (also the most claims per round).
     if let Some(n) = std::env::var("DEDUPD_BENCH_MAX_IN_FLIGHT").ok().and_then(|v| v.parse().ok()) {
         c.pipeline.max_in_flight = n;
@@ -358,10 +408,15 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 
 /// `dedupd run` draining the backlog of `n` commands in `input`: commands/s.
 async fn measure_drain(bootstrap: &str, input: &str, backend: StoreBackend, n: usize) -> f64 {
+    measure_drain_in(Mode::Embedded, bootstrap, input, backend, n).await
+}
+
+/// [`measure_drain`] with the store's history where `mode` says.
+async fn measure_drain_in(mode: Mode, bootstrap: &str, input: &str, backend: StoreBackend, n: usize) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let results = unique("bench-results");
     create_topic(bootstrap, &results, 6).await;
-    let (stop, task, _) = start_pipeline(config(bootstrap, input, &results, backend, dir.path())).await;
+    let (stop, task, _) = start_pipeline(config_in(mode, bootstrap, input, &results, backend, dir.path())).await;
     let b = bootstrap.to_string();
     let seen = tokio::task::spawn_blocking(move || read_after_drain(&b, &results, n, Duration::from_secs(600)))
         .await
@@ -384,6 +439,10 @@ async fn main() {
         eprintln!("needs a broker: scripts/kafka/kafka.sh with cargo bench --bench pipeline");
         std::process::exit(2);
     };
+    if let Some(keys) = a.restore {
+        restore::measure(&bootstrap, keys).await;
+        return;
+    }
     let input = unique("bench-in");
     create_topic(&bootstrap, &input, 6).await;
     let t = Instant::now();
@@ -393,6 +452,10 @@ async fn main() {
         for backend in &a.backends {
             let rate = measure_drain(&bootstrap, &input, *backend, a.records).await;
             println!("dedupd run, {backend:?}, draining the backlog: {rate:.0} commands/s");
+            if a.changelog {
+                let rate = measure_drain_in(Mode::Changelog, &bootstrap, &input, *backend, a.records).await;
+                println!("dedupd run, {backend:?}, store on Kafka (changelog), draining the backlog: {rate:.0} commands/s");
+            }
         }
         return;
     }
@@ -421,6 +484,10 @@ async fn main() {
         .expect("floor");
 
         let rate = measure_drain(&bootstrap, &input, *backend, a.records).await;
+        if a.changelog {
+            let on_kafka = measure_drain_in(Mode::Changelog, &bootstrap, &input, *backend, a.records).await;
+            println!("dedupd run, {backend:?}, store on Kafka (changelog), draining the backlog: {on_kafka:.0} commands/s");
+        }
 
         // Latency at a fixed rate.
         let lat_in = unique("bench-lat-in");
@@ -448,7 +515,7 @@ async fn main() {
             let due = ((start.elapsed().as_secs_f64() * a.rate as f64) as usize).min(total);
             while sent < due {
                 let v = command(10_000_000 + sent);
-                let key = format!("l{sent}");
+                let key = format!("bench-{}", 10_000_000 + sent);
                 let now_ms = chrono::Utc::now().timestamp_millis();
                 let rec = FutureRecord::to(&lat_in).key(&key).payload(&v).timestamp(now_ms);
                 if let Ok(f) = p.send_result(rec) {

@@ -92,6 +92,9 @@ impl Restorer {
             ("isolation.level", "read_committed"),
             ("enable.partition.eof", "true"),
             ("auto.offset.reset", "earliest"),
+            // The end of a partition is seen when a fetch there comes back empty, which the
+            // broker holds for this long: a catch-up read wants to know at once.
+            ("fetch.wait.max.ms", "10"),
         ];
         let config = kafka.client_config(&defaults, &Default::default())?;
         let consumer = config

@@ -1,0 +1,109 @@
+//! The `--restore N` phase: how fast `dedupd run` restores the store from the changelog
+//! (`store.changelog`), cold (N keys into an empty store) and after a clean stop (a tail
+//! of 10,000 keys beyond the checkpoint).
+//!
+//! The changelog is written directly, one completed record per key on the key's murmur2
+//! partition, by a plain producer, so only the restore is measured. `dedupd run` (fjall)
+//! then starts; the time is from the first moment its health names a restoring partition
+//! to the moment none is (polled every millisecond): the restore alone, without the start
+//! or the group join.
+
+use std::time::{Duration, Instant};
+
+use dedupd::config::Config;
+use dedupd::fingerprint::Fingerprint;
+use dedupd::pipeline::state_partition;
+use dedupd::store::{Completed, Completion, Record, StoreBackend};
+use rdkafka::producer::FutureRecord;
+
+use super::{Mode, config_in, create_topic, producer, start_pipeline, unique};
+
+const PARTITIONS: i32 = 6;
+const TAIL: usize = 10_000;
+
+/// Prints the cold and the tail restore rates.
+pub async fn measure(bootstrap: &str, keys: usize) {
+    let (input, results) = (unique("bench-restore-in"), unique("bench-restore-out"));
+    create_topic(bootstrap, &input, PARTITIONS).await;
+    create_topic(bootstrap, &results, PARTITIONS).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config_in(Mode::Changelog, bootstrap, &input, &results, StoreBackend::Fjall, dir.path());
+    let changelog = format!("{}.dedupd-state", config.kafka.group_id);
+    create_topic(bootstrap, &changelog, PARTITIONS).await;
+    let written = Instant::now();
+    write_changelog(bootstrap, &changelog, 0..keys).await;
+    println!("wrote {keys} keys to the changelog in {:.1} s", written.elapsed().as_secs_f64());
+    let cold = restore_time(config.clone()).await;
+    println!(
+        "restore, cold: {keys} keys into an empty store in {} ms: {:.0} keys/s",
+        cold.as_millis(),
+        keys as f64 / cold.as_secs_f64()
+    );
+    write_changelog(bootstrap, &changelog, keys..keys + TAIL).await;
+    let tail = restore_time(config).await;
+    println!(
+        "restore, tail: {TAIL} keys after a clean stop in {} ms: {:.0} keys/s",
+        tail.as_millis(),
+        TAIL as f64 / tail.as_secs_f64()
+    );
+}
+
+/// A completed record of a key, as dedupd writes one.
+fn completed(i: usize) -> Vec<u8> {
+    Record::Completed(Completed {
+        fingerprint: Fingerprint([(i % 251) as u8; 32]),
+        outcome: Completion::Succeeded,
+        result: format!("{{\"status\":200,\"i\":{i}}}").into_bytes(),
+        error: None,
+        first_seen_at_ms: 1_700_000_000_000,
+        completed_at_ms: 1_700_000_000_100,
+        expires_at_ms: 4_000_000_000_000,
+        attempts: 1,
+        source: None,
+    })
+    .encode()
+}
+
+async fn write_changelog(bootstrap: &str, topic: &str, keys: std::ops::Range<usize>) {
+    let p = producer(bootstrap);
+    let mut acks = Vec::with_capacity(keys.len());
+    for i in keys {
+        let key = format!("bench-{i}");
+        let value = completed(i);
+        let partition = state_partition(&key, PARTITIONS);
+        loop {
+            match p.send_result(FutureRecord::to(topic).partition(partition).key(&key).payload(&value)) {
+                Ok(f) => {
+                    acks.push(f);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    }
+    for a in futures::future::join_all(acks).await {
+        a.expect("ack").expect("delivered");
+    }
+}
+
+/// Starts `dedupd run` on `config`, times its restore, and stops it cleanly.
+async fn restore_time(config: Config) -> Duration {
+    let (stop, task, health) = start_pipeline(config).await;
+    let restoring = || health.down().iter().any(|(_, why)| why.starts_with("restoring"));
+    let bound = Instant::now() + Duration::from_secs(600);
+    // Joined (ready) only once its restore is over: ready without a restore seen means it
+    // took less than a poll.
+    while !restoring() && !health.is_ready() {
+        assert!(Instant::now() < bound, "no restore began");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let began = Instant::now();
+    while restoring() {
+        assert!(Instant::now() < bound, "the restore did not end");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = began.elapsed();
+    stop.cancel();
+    let _ = task.await;
+    took
+}
