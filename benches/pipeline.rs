@@ -454,7 +454,9 @@ async fn main() {
             println!("dedupd run, {backend:?}, draining the backlog: {rate:.0} commands/s");
             if a.changelog {
                 let rate = measure_drain_in(Mode::Changelog, &bootstrap, &input, *backend, a.records).await;
-                println!("dedupd run, {backend:?}, store on Kafka (changelog), draining the backlog: {rate:.0} commands/s");
+                println!(
+                    "dedupd run, {backend:?}, store on Kafka (changelog), draining the backlog: {rate:.0} commands/s"
+                );
             }
         }
         return;
@@ -486,7 +488,9 @@ async fn main() {
         let rate = measure_drain(&bootstrap, &input, *backend, a.records).await;
         if a.changelog {
             let on_kafka = measure_drain_in(Mode::Changelog, &bootstrap, &input, *backend, a.records).await;
-            println!("dedupd run, {backend:?}, store on Kafka (changelog), draining the backlog: {on_kafka:.0} commands/s");
+            println!(
+                "dedupd run, {backend:?}, store on Kafka (changelog), draining the backlog: {on_kafka:.0} commands/s"
+            );
         }
 
         // Latency at a fixed rate.

@@ -152,7 +152,7 @@ pub async fn run(
     let committer_stop = CancellationToken::new();
     let committer = core.transactions.clone().map(|t| {
         let interval = config.kafka.transaction_interval;
-        let changes = core.changelog.as_ref().map(|c| Arc::clone(&c.writer) as Arc<dyn crate::engine::ChangeLog>);
+        let changes = core.changelog.as_ref().map(|c| Arc::clone(&c.writer) as Arc<dyn transactions::BeforeCommit>);
         tokio::spawn(transactions::commit_every(t, changes, interval, committer_stop.clone(), fatal.clone()))
     });
     on_start(&Running {

@@ -8,8 +8,10 @@
 //! `transactional.id`, made from the store's identity, so a restarted instance fences the
 //! producer of the one it replaces (`init_transactions` aborts what that one left open).
 //! A commit every `kafka.transaction_interval` (100 ms by default, Kafka Streams' default
-//! under exactly-once) carries what every partition sent meanwhile. Invariants, cited where
-//! they are kept:
+//! under exactly-once) carries what every partition sent meanwhile; one is also made at once
+//! for a caller of [`Transactions::commit_queued`] (the changelog's durability points), by
+//! the same committer, so that commits run one at a time, back to back, each shared by
+//! every caller that came during the one before. Invariants, cited where they are kept:
 //! 1. A batch's results are queued and its offset recorded under one [`Member`]; a commit
 //!    holds the gate alone, so a batch's results and its offset are in the same
 //!    transaction, and nothing is queued while a commit is under way.
@@ -35,11 +37,10 @@ use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
-use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+use tokio::sync::{Notify, OwnedRwLockReadGuard, RwLock, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::control::Tp;
-use crate::engine::ChangeLog;
 use crate::ops::Metrics;
 
 /// How long a commit waits for the gate: a queueing waits at most a minute for room in
@@ -91,8 +92,27 @@ pub(crate) struct Transactions {
     aborted: AtomicBool,
     /// Commits started so far, each numbered as it takes the gate (see `commit_queued`).
     commits_started: AtomicU64,
+    /// The number of the last commit that ended, or that one failed: what the callers of
+    /// `commit_queued` wait for.
+    done: watch::Sender<Done>,
+    /// Wakes the committer for a caller of `commit_queued`.
+    wake: Notify,
+}
+
+/// How far the commits are.
+#[derive(Debug, Clone, Copy, Default)]
+struct Done {
     /// The number of the last commit that ended with everything before it committed.
-    commits_done: AtomicU64,
+    number: u64,
+    /// A commit failed: nothing commits any more (invariant 4).
+    failed: bool,
+}
+
+/// Work the committer does before each of its commits (the changelog's captured changes).
+#[async_trait::async_trait]
+pub(crate) trait BeforeCommit: Send + Sync {
+    /// Queues what must go in the commit about to be made.
+    async fn before_commit(&self) -> Result<(), String>;
 }
 
 impl Transactions {
@@ -110,7 +130,8 @@ impl Transactions {
             metrics,
             aborted: AtomicBool::new(false),
             commits_started: AtomicU64::new(0),
-            commits_done: AtomicU64::new(0),
+            done: watch::channel(Done::default()).0,
+            wake: Notify::new(),
         })
     }
 
@@ -156,21 +177,6 @@ impl Transactions {
     /// does nothing when nothing was queued or included. On failure the transaction is aborted
     /// and no member is handed out any more (invariant 4).
     pub(crate) async fn commit(&self) -> Result<(), TransactionError> {
-        self.commit_unless_done(None).await
-    }
-
-    /// Returns once every record queued (under a [`Member`] dropped) before the call is
-    /// committed: by a commit that took the gate after the call, its own or another's, so
-    /// callers at the same moment share one commit (group commit, as the store's flushes).
-    pub(crate) async fn commit_queued(&self) -> Result<(), TransactionError> {
-        // A commit numbered above this took the gate after the caller's members were gone.
-        let wanted = self.commits_started.load(Ordering::SeqCst) + 1;
-        self.commit_unless_done(Some(wanted)).await
-    }
-
-    /// [`Transactions::commit`], unless the commit numbered `wanted` (or a later one)
-    /// already ended with everything committed.
-    async fn commit_unless_done(&self, wanted: Option<u64>) -> Result<(), TransactionError> {
         let started = std::time::Instant::now();
         // Invariant 1: alone at the gate, nothing is being sent.
         let _alone = tokio::time::timeout(GATE_TIMEOUT, self.gate.write())
@@ -178,15 +184,13 @@ impl Transactions {
             .map_err(|_| TransactionError::GateTimeout(GATE_TIMEOUT))?;
         if self.has_failed() {
             self.abort_open().await;
+            self.done.send_modify(|d| d.failed = true);
             return Err(TransactionError::Failed);
-        }
-        if wanted.is_some_and(|w| self.commits_done.load(Ordering::SeqCst) >= w) {
-            return Ok(());
         }
         let number = self.commits_started.fetch_add(1, Ordering::SeqCst) + 1;
         let pending = std::mem::take(&mut *self.pending.lock());
         if pending.offsets.is_empty() && !pending.joined {
-            self.commits_done.store(number, Ordering::SeqCst);
+            self.done.send_modify(|d| d.number = number);
             return Ok(());
         }
         let group = self.group.lock().clone();
@@ -198,11 +202,26 @@ impl Transactions {
             // `commit_and_begin` aborted it.
             self.fail();
             self.aborted.store(true, Ordering::Release);
+            self.done.send_modify(|d| d.failed = true);
         } else {
-            self.commits_done.store(number, Ordering::SeqCst);
+            self.done.send_modify(|d| d.number = number);
             self.metrics.transaction_committed(started.elapsed().as_secs_f64());
         }
         outcome
+    }
+
+    /// Returns once every record queued (under a [`Member`] dropped) before the call is
+    /// committed, by a commit that took the gate after the call. The committer
+    /// ([`commit_every`]) makes it, woken by the call: one commit at a time, back to back
+    /// while callers wait, so every caller that came during one commit shares the next
+    /// (group commit, as the store's flushes).
+    pub(crate) async fn commit_queued(&self) -> Result<(), TransactionError> {
+        // A commit numbered above this took the gate after the caller's members were gone.
+        let wanted = self.commits_started.load(Ordering::SeqCst) + 1;
+        let mut done = self.done.subscribe();
+        self.wake.notify_one();
+        let seen = done.wait_for(|d| d.failed || d.number >= wanted).await.map_err(|_| TransactionError::Failed)?;
+        if seen.failed { Err(TransactionError::Failed) } else { Ok(()) }
     }
 
     /// Aborts the open transaction (a lost generation cannot commit it) and hands out no
@@ -274,13 +293,13 @@ fn retrying(what: &str, step: impl Fn() -> Result<(), KafkaError>) -> Result<(),
     }
 }
 
-/// Commits the open transaction (with `changes`, the store's changes first) every
-/// `interval` until `stop`; a failed commit fires
-/// `fatal` (invariant 4). The last commit, after the workers drained, is the consumer's
-/// (`consumer::run`).
+/// Commits the open transaction every `interval`, and at once when a caller of
+/// [`Transactions::commit_queued`] waits (with `before`, its work first), until `stop`; a
+/// failed commit fires `fatal` (invariant 4). The last commit, after the workers drained,
+/// is the consumer's (`consumer::run`).
 pub(crate) async fn commit_every(
     transactions: Arc<Transactions>,
-    changes: Option<Arc<dyn ChangeLog>>,
+    before: Option<Arc<dyn BeforeCommit>>,
     interval: Duration,
     stop: CancellationToken,
     fatal: CancellationToken,
@@ -291,12 +310,19 @@ pub(crate) async fn commit_every(
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
+            () = transactions.wake.notified() => {}
         }
-        // With a changelog, the store's changes made outside a batch (an operator's, expiry
-        // tombstones) go in each commit too.
-        let committed = match &changes {
-            Some(changes) => changes.commit().await,
-            None => transactions.commit().await.map_err(|e| e.to_string()),
+        let prepared = match &before {
+            Some(before) => before.before_commit().await,
+            None => Ok(()),
+        };
+        let committed = match prepared {
+            Ok(()) => transactions.commit().await.map_err(|e| e.to_string()),
+            Err(e) => {
+                transactions.fail();
+                let _ = transactions.commit().await;
+                Err(e)
+            }
         };
         if let Err(e) = committed {
             tracing::error!(error = %e, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");

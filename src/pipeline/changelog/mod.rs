@@ -27,7 +27,6 @@ use rdkafka::producer::FutureProducer;
 
 use super::transactions::Transactions;
 use super::{KafkaConfig, PipelineError};
-use crate::engine::ChangeLog;
 use crate::ops::{Health, Metrics};
 use crate::store::{CacheOpened, KeyStore, StoreConfig, SyncMode};
 
@@ -74,7 +73,7 @@ impl Changelog {
     /// and marks the store clean. When any step fails the mark is not made, and the next
     /// start rebuilds the store from the changelog.
     pub(crate) async fn stop_cleanly(&self, store: &Arc<KeyStore>, path: &Path) {
-        if let Err(e) = self.writer.commit().await {
+        if let Err(e) = self.writer.commit_now().await {
             tracing::error!(error = %e, "the last changes did not commit; the next start rebuilds the store from the changelog");
             return;
         }

@@ -23,8 +23,9 @@ use crate::time::{Clock, SystemClock};
 
 /// Records applied to the store per write.
 const RESTORE_CHUNK: usize = 10_000;
-/// How long one partition's restore may take before it fails (and the process stops).
-const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a restore may take before it fails (and the process stops): below librdkafka's
+/// default `max.poll.interval.ms` (300 s), as the group consumer polls nothing meanwhile.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(270);
 /// How long reading a partition's end offsets may take.
 const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -9,7 +9,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use super::partition::state_partition;
 use crate::engine::ChangeLog;
 use crate::pipeline::publish::Publisher;
-use crate::pipeline::transactions::Transactions;
+use crate::pipeline::transactions::{BeforeCommit, Transactions};
 use crate::store::{Change, KeyStore};
 
 /// The store's changes to the changelog topic.
@@ -43,7 +43,7 @@ impl ChangelogWriter {
 
     /// Queues every change captured so far in the open transaction, in the order made. A
     /// change that cannot be queued fails the transaction (it must not commit without it).
-    async fn send_changes(&self) -> Result<(), String> {
+    pub(crate) async fn send_changes(&self) -> Result<(), String> {
         let _in_order = self.sending.lock().await;
         let changes = self.store.take_changes();
         if changes.is_empty() {
@@ -66,12 +66,29 @@ impl ChangelogWriter {
         drop(member);
         Ok(())
     }
+
+    /// Sends the captured changes and commits them itself, for when no committer runs
+    /// (a clean stop, after the last commit of the consumer).
+    pub(crate) async fn commit_now(&self) -> Result<(), String> {
+        self.send_changes().await?;
+        self.transactions.commit().await.map_err(|e| e.to_string())
+    }
 }
 
+/// The engine's durability points: the changes sent, then the committer's next commit.
 #[async_trait::async_trait]
 impl ChangeLog for ChangelogWriter {
     async fn commit(&self) -> Result<(), String> {
         self.send_changes().await?;
         self.transactions.commit_queued().await.map_err(|e| e.to_string())
+    }
+}
+
+/// The committer's commits carry the changes made outside a batch (expiry tombstones, an
+/// operator's write) too.
+#[async_trait::async_trait]
+impl BeforeCommit for ChangelogWriter {
+    async fn before_commit(&self) -> Result<(), String> {
+        self.send_changes().await
     }
 }
