@@ -35,8 +35,28 @@ pub struct Metrics {
     store_write_errors: IntCounterVec,
     store_fsyncs: IntCounterVec,
     transaction_commit: Histogram,
-    state_restoring: IntGaugeVec,
-    state_restore_records: IntCounter,
+    state: StateMetrics,
+}
+
+/// The metrics of `store.changelog`'s restores.
+struct StateMetrics {
+    restoring: IntGaugeVec,
+    restore_records: IntCounter,
+}
+
+impl StateMetrics {
+    fn new() -> Result<StateMetrics, MetricsError> {
+        Ok(StateMetrics {
+            restoring: IntGaugeVec::new(
+                Opts::new("state_restoring", "1 while the state partition is being restored from the changelog."),
+                &["partition"],
+            )?,
+            restore_records: IntCounter::new(
+                "state_restore_records_total",
+                "Changelog records applied to the store by restores.",
+            )?,
+        })
+    }
 }
 
 /// A metric could not be registered (a programming error, reported, not panicked).
@@ -120,14 +140,6 @@ impl Metrics {
                 .buckets(AGE_BUCKETS.to_vec()),
                 &["route"],
             )?,
-            state_restoring: IntGaugeVec::new(
-                Opts::new("state_restoring", "1 while the state partition is being restored from the changelog."),
-                &["partition"],
-            )?,
-            state_restore_records: IntCounter::new(
-                "state_restore_records_total",
-                "Changelog records applied to the store by restores.",
-            )?,
             refused_partitions: IntGauge::new(
                 "refused_partitions",
                 "Partitions refused because their committed offset is beyond the store's watermark.",
@@ -154,6 +166,7 @@ impl Metrics {
                 "Group commits by file (journal: the claim journal, store: the backend); each covers every partition waiting at that moment.",
                 &["file"],
             )?,
+            state: StateMetrics::new()?,
             transaction_commit: histogram("transaction_commit_seconds", COMMIT_HELP, LATENCY_BUCKETS.to_vec())?,
             registry,
         };
@@ -184,8 +197,8 @@ impl Metrics {
             Box::new(self.store_write_errors.clone()),
             Box::new(self.store_fsyncs.clone()),
             Box::new(self.transaction_commit.clone()),
-            Box::new(self.state_restoring.clone()),
-            Box::new(self.state_restore_records.clone()),
+            Box::new(self.state.restoring.clone()),
+            Box::new(self.state.restore_records.clone()),
         ] {
             self.registry.register(c)?;
         }
@@ -292,12 +305,12 @@ impl Metrics {
 
     /// State partition `partition` is being restored (or no longer is).
     pub fn set_restoring(&self, partition: i32, restoring: bool) {
-        self.state_restoring.with_label_values(&[&partition.to_string()]).set(i64::from(restoring));
+        self.state.restoring.with_label_values(&[&partition.to_string()]).set(i64::from(restoring));
     }
 
     /// A restore applied `n` changelog records.
     pub fn restored_records(&self, n: u64) {
-        self.state_restore_records.inc_by(n);
+        self.state.restore_records.inc_by(n);
     }
 
     /// A rebalance happened.
