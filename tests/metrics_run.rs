@@ -40,9 +40,11 @@ const FAILING_KEY: &str = "main-0";
 const FLAKY_KEY: &str = "main-1";
 /// Every docs/contract.md §10 metric with its type (`refused_partitions` of §3 included,
 /// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md, and
-/// `store_write_errors_total`, at 0 unless a store write failed, and
-/// `transaction_commit_seconds`, empty without transactional results).
-const CATALOGUE: [(&str, &str); 18] = [
+/// `store_write_errors_total`, at 0 unless a store write failed,
+/// `transaction_commit_seconds`, empty without transactional results, and
+/// `state_restore_records_total`, at 0 without `store.changelog`; `state_restoring` has no
+/// series until a restore).
+const CATALOGUE: [(&str, &str); 19] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -61,6 +63,7 @@ const CATALOGUE: [(&str, &str); 18] = [
     ("dedupd_store_write_errors_total", "counter"),
     ("dedupd_store_fsyncs_total", "counter"),
     ("dedupd_transaction_commit_seconds", "histogram"),
+    ("dedupd_state_restore_records_total", "counter"),
 ];
 
 /// One input record and what its result must be.
