@@ -2,7 +2,8 @@
 //! changelog topic, a lost store is rebuilt from it before any record is processed (every
 //! repeat still recognised, no second sink call), an aborted transaction on the changelog is
 //! never restored, a clean restart restores nothing it already holds, and a record on a
-//! partition that is not its key's is dead-lettered (`not_copartitioned`).
+//! partition that is not its key's is dead-lettered (`not_copartitioned`); and a restore is
+//! seen in `/readyz` (503, naming the partition) and `dedupd_state_restoring` until it ends.
 //!
 //! `dedupd run` as a process, one non-forwarding HTTP sink that logs every call. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_changelog -- --nocapture`.
@@ -200,4 +201,91 @@ async fn wait_for_restore_lines(log: &Path, p: &mut DedupdProcess) {
         assert!(p.exited().is_none() && std::time::Instant::now() < deadline, "no restore:\n{}", tail_of_file(log, 40));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Keys written straight to the changelog for the restore-progress test.
+const RESTORED_KEYS: usize = 100_000;
+
+/// A completed record, as dedupd writes one.
+fn completed_record(i: usize) -> Vec<u8> {
+    Record::Completed(Completed {
+        fingerprint: dedupd::fingerprint::Fingerprint([7; 32]),
+        outcome: Completion::Succeeded,
+        result: format!("{{\"i\":{i}}}").into_bytes(),
+        error: None,
+        first_seen_at_ms: 1,
+        completed_at_ms: 2,
+        expires_at_ms: 4_000_000_000_000,
+        attempts: 1,
+        source: None,
+    })
+    .encode()
+}
+
+/// The value of the metric sample `line_start` (name and labels) in a scrape, if present.
+fn sample(scrape: &str, line_start: &str) -> Option<f64> {
+    scrape.lines().find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_shows_in_readyz_and_the_metrics_until_it_ends() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results_topic, dlq) = (kafka::unique("clr-in"), kafka::unique("clr-out"), kafka::unique("clr-dlq"));
+    let group = kafka::unique("clr-dedupd");
+    let changelog = format!("{group}.dedupd-state");
+    kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results_topic, 1), (&dlq, 1), (&changelog, PARTITIONS)])
+        .await;
+    let producer = kafka::idempotent_producer(&bootstrap);
+    let records: Vec<kafka::OutgoingTo> = (0..RESTORED_KEYS)
+        .map(|i| {
+            let key = format!("r-{i}");
+            let partition = state_partition(&key, PARTITIONS);
+            (key, completed_record(i), Vec::new(), Some(partition))
+        })
+        .collect();
+    kafka::produce_all_with(&producer, &changelog, records).await;
+    let dir = KeptOnFailure::new();
+    let toml = pay_kills::config_toml(
+        &bootstrap,
+        &group,
+        [&input, &results_topic, &dlq],
+        &dir.path().join("store"),
+        "http://127.0.0.1:9/unused",
+        "transactional_results = true\ncopartitioned = true\n",
+        "",
+    )
+    .replace("[store]\n", "[store]\nchangelog = true\n");
+    let (config, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+    std::fs::write(&config, toml).expect("write config");
+
+    let mut p = DedupdProcess::run(&config, &log);
+    let addr = common::process::wait_for_http_addr(&log, &mut p, Duration::from_secs(60)).await;
+    let (mut saw_503, mut saw_gauge) = (false, false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let scrape = loop {
+        let ready = reqwest::get(format!("http://{addr}/readyz")).await.expect("readyz");
+        let (status, body) = (ready.status().as_u16(), ready.text().await.unwrap_or_default());
+        let metrics = reqwest::get(format!("http://{addr}/metrics")).await.expect("metrics");
+        let scrape = metrics.text().await.unwrap_or_default();
+        saw_503 |= status == 503 && body.contains("restoring its state from the changelog");
+        saw_gauge |= scrape.lines().any(|l| l.starts_with("dedupd_state_restoring{") && l.ends_with(" 1"));
+        if status == 200 {
+            break scrape;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ready: {status} {body}\n{}", tail_of_file(&log, 20));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let status = p.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "not stopped cleanly: {status:?}");
+    assert!(saw_503, "/readyz never named a restoring partition");
+    assert!(saw_gauge, "dedupd_state_restoring never showed a partition at 1");
+    assert_eq!(
+        sample(&scrape, "dedupd_state_restore_records_total"),
+        Some(RESTORED_KEYS as f64),
+        "every record applied"
+    );
+    let still: Vec<&str> =
+        scrape.lines().filter(|l| l.starts_with("dedupd_state_restoring{") && !l.ends_with(" 0")).collect();
+    assert!(still.is_empty(), "partitions still restoring once ready: {still:?}");
+    assert_eq!(restored_records(&log), RESTORED_KEYS as u64, "the log's restore lines agree");
 }
