@@ -3,7 +3,8 @@
 //! repeat still recognised, no second sink call), an aborted transaction on the changelog is
 //! never restored, a clean restart restores nothing it already holds, and a record on a
 //! partition that is not its key's is dead-lettered (`not_copartitioned`); and a restore is
-//! seen in `/readyz` (503, naming the partition) and `dedupd_state_restoring` until it ends.
+//! seen in `/readyz` (503, naming the partition) and `dedupd_state_restoring` until it ends;
+//! expiry writes tombstones, and a store rebuilt from them holds no expired key.
 //!
 //! `dedupd run` as a process, one non-forwarding HTTP sink that logs every call. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_changelog -- --nocapture`.
@@ -89,9 +90,14 @@ async fn abort_a_transaction_on(bootstrap: &str, changelog: &str) {
 }
 
 /// The last record of each key on the changelog, as a `read_committed` reader sees it.
-async fn changelog_records(bootstrap: &str, changelog: &str, at_least: usize) -> HashMap<String, Option<Record>> {
+async fn changelog_records(
+    bootstrap: &str,
+    changelog: &str,
+    at_least: usize,
+    wait: Duration,
+) -> HashMap<String, Option<Record>> {
     let mut last = HashMap::new();
-    for m in kafka::read_all(bootstrap, changelog, at_least, Duration::from_secs(30)).await {
+    for m in kafka::read_all(bootstrap, changelog, at_least, wait).await {
         let key = String::from_utf8(m.key().expect("keyed").to_vec()).expect("utf-8 key");
         last.insert(key, m.payload().map(|v| Record::decode(v).expect("a record")));
     }
@@ -147,7 +153,7 @@ async fn a_lost_store_is_rebuilt_from_the_changelog_and_every_repeat_is_recognis
     assert_eq!(calls_per_key(&receiver).len(), KEYS, "one call per key, none for a misplaced record");
 
     // The changelog holds every key's completion (a claim and a completion each).
-    let logged = changelog_records(&bootstrap, &changelog, 2 * KEYS).await;
+    let logged = changelog_records(&bootstrap, &changelog, 2 * KEYS, Duration::from_secs(30)).await;
     let completed =
         (0..KEYS).filter(|&i| matches!(logged.get(&pay_kills::key(i)), Some(Some(Record::Completed(_))))).count();
     assert_eq!(completed, KEYS, "every key's last changelog record is its completion");
@@ -288,4 +294,67 @@ async fn a_restore_shows_in_readyz_and_the_metrics_until_it_ends() {
         scrape.lines().filter(|l| l.starts_with("dedupd_state_restoring{") && !l.ends_with(" 0")).collect();
     assert!(still.is_empty(), "partitions still restoring once ready: {still:?}");
     assert_eq!(restored_records(&log), RESTORED_KEYS as u64, "the log's restore lines agree");
+}
+
+/// Keys of the expiry test, and their TTL.
+const EXPIRING_KEYS: usize = 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_writes_tombstones_and_a_rebuilt_store_holds_no_expired_key() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results_topic, dlq) = (kafka::unique("clt-in"), kafka::unique("clt-out"), kafka::unique("clt-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results_topic, 1), (&dlq, 1)]).await;
+    let receiver = SlowReceiver::start((1, 2), 11).await;
+    let dir = KeptOnFailure::new();
+    let group = kafka::unique("clt-dedupd");
+    let changelog = format!("{group}.dedupd-state");
+    let store = dir.path().join("store");
+    let toml = pay_kills::config_toml(
+        &bootstrap,
+        &group,
+        [&input, &results_topic, &dlq],
+        &store,
+        &receiver.url("/pay"),
+        "transactional_results = true\ncopartitioned = true\n",
+        "",
+    )
+    .replace("[store]\n", "[store]\nchangelog = true\ncompaction_interval = \"500ms\"\n")
+    .replace("sink = \"pay\"\n", "sink = \"pay\"\nttl = \"1s\"\n")
+        // A command older than its TTL would be `stale`, never run: not what this test is about.
+        + "\n[envelope]\nstale_guard = false\n";
+    let config = dir.path().join("dedupd.toml");
+    std::fs::write(&config, toml).expect("write config");
+    let tail = TopicTail::start(&bootstrap, &results_topic, 1);
+    let keys: Vec<String> = (0..EXPIRING_KEYS).map(pay_kills::key).collect();
+
+    // Run every key, then wait until the changelog's last record of each is a tombstone.
+    let log = dir.path().join("first.log");
+    let firsts = kafka::produce_all_to(&bootstrap, &input, (0..EXPIRING_KEYS).map(placed).collect()).await;
+    let mut p = DedupdProcess::run(&config, &log);
+    wait_for_every_result(&tail, &firsts, &mut p, &log).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        // A claim and a completion per key, then its tombstone.
+        let logged = changelog_records(&bootstrap, &changelog, 3 * EXPIRING_KEYS, Duration::from_secs(3)).await;
+        if keys.iter().all(|k| matches!(logged.get(k), Some(None))) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no tombstone for every key: {logged:?}");
+    }
+    let status = p.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "not stopped cleanly: {status:?}");
+
+    // A store rebuilt from the changelog holds none of them: each runs again.
+    std::fs::remove_dir_all(&store).expect("remove the store");
+    let again = kafka::produce_all_to(&bootstrap, &input, (0..EXPIRING_KEYS).map(placed).collect()).await;
+    let second_log = dir.path().join("second.log");
+    run_until_every_result(&config, &second_log, &tail, &again).await;
+    assert!(restored_records(&second_log) >= 3 * EXPIRING_KEYS as u64, "the tombstones were read");
+    let seen = results(&tail);
+    let ran: Vec<_> = of_inputs(&seen, &again).iter().map(|r| r.outcome).collect();
+    assert_eq!(ran, vec![Outcome::Succeeded; EXPIRING_KEYS], "expired keys run again");
+    let calls = calls_per_key(&receiver);
+    assert!(keys.iter().all(|k| calls.get(k) == Some(&2)), "each key called once per life: {calls:?}");
+    tail.stop();
+    receiver.stop().await;
 }
