@@ -32,8 +32,8 @@
 //!
 //! Among them: `consumer` uses `partitions`, `queue`, `worker`, `control`, `changelog` and
 //! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control`, `changelog`
-//! and `transactions`; `changelog` uses `publish` and `transactions`; `partitions` uses `control` and `queue`, `circuits` and `transactions`
-//! only `control`.
+//! and `transactions`; `changelog` uses `publish` and `transactions`; `partitions` uses
+//! `control` and `queue`, `circuits` and `transactions` only `control`.
 
 mod changelog;
 mod circuits;
