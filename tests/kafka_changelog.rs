@@ -64,18 +64,7 @@ async fn abort_a_transaction_on(bootstrap: &str, changelog: &str) {
     producer.init_transactions(Duration::from_secs(30)).expect("init transactions");
     producer.begin_transaction().expect("begin");
     let ghost = pay_kills::key(GHOST);
-    let completed = Record::Completed(Completed {
-        fingerprint: dedupd::fingerprint::Fingerprint([0; 32]),
-        outcome: Completion::Succeeded,
-        result: b"{\"ghost\":true}".to_vec(),
-        error: None,
-        first_seen_at_ms: 1,
-        completed_at_ms: 1,
-        expires_at_ms: 4_000_000_000_000,
-        attempts: 1,
-        source: None,
-    })
-    .encode();
+    let completed = completed_record(GHOST);
     let key0 = pay_kills::key(0);
     let ghost_record = FutureRecord::to(changelog)
         .partition(state_partition(&ghost, PARTITIONS))
@@ -115,55 +104,82 @@ fn of_inputs<'a>(seen: &'a [ResultRecord], inputs: &[(i32, i64)]) -> Vec<&'a Res
     seen.iter().filter(|r| inputs.contains(&(r.source.partition, r.source.offset))).collect()
 }
 
+/// One test's `dedupd run` with the store on Kafka: its topics (created), group, changelog
+/// topic name and directory.
+struct OnKafka {
+    input: String,
+    results: String,
+    dlq: String,
+    group: String,
+    changelog: String,
+    dir: KeptOnFailure,
+    store: std::path::PathBuf,
+}
+
+impl OnKafka {
+    /// Names after `name`; the input (`PARTITIONS`), results and dead-letter topics created.
+    async fn new(bootstrap: &str, name: &str) -> OnKafka {
+        let unique = |what: &str| kafka::unique(&format!("{name}-{what}"));
+        let (input, results, dlq, group) = (unique("in"), unique("out"), unique("dlq"), unique("dedupd"));
+        kafka::create_topics(bootstrap, &[(&input, PARTITIONS), (&results, 1), (&dlq, 1)]).await;
+        let dir = KeptOnFailure::new();
+        let store = dir.path().join("store");
+        OnKafka { changelog: format!("{group}.dedupd-state"), input, results, dlq, group, dir, store }
+    }
+
+    /// Writes the config (`store.changelog`, transactional results, `kafka.copartitioned`,
+    /// the pay sink at `sink_url`), its text passed through `edit`; returns its path.
+    fn write_config(&self, bootstrap: &str, sink_url: &str, edit: impl FnOnce(String) -> String) -> std::path::PathBuf {
+        let toml = pay_kills::config_toml(
+            bootstrap,
+            &self.group,
+            [&self.input, &self.results, &self.dlq],
+            &self.store,
+            sink_url,
+            "transactional_results = true\ncopartitioned = true\n",
+            "",
+        )
+        .replace("[store]\n", "[store]\nchangelog = true\n");
+        let config = self.dir.path().join("dedupd.toml");
+        std::fs::write(&config, edit(toml)).expect("write config");
+        config
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_store_is_rebuilt_from_the_changelog_and_every_repeat_is_recognised() {
     let Some(bootstrap) = kafka::bootstrap() else { return };
-    let (input, results_topic, dlq) = (kafka::unique("cl-in"), kafka::unique("cl-out"), kafka::unique("cl-dlq"));
-    kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results_topic, 1), (&dlq, 1)]).await;
+    let run = OnKafka::new(&bootstrap, "cl").await;
+    let OnKafka { input, results: results_topic, dlq, changelog, dir, store, .. } = &run;
     let receiver = SlowReceiver::start((1, 5), 7).await;
-    let dir = KeptOnFailure::new();
-    let group = kafka::unique("cl-dedupd");
-    let changelog = format!("{group}.dedupd-state");
-    let store = dir.path().join("store");
-    let toml = pay_kills::config_toml(
-        &bootstrap,
-        &group,
-        [&input, &results_topic, &dlq],
-        &store,
-        &receiver.url("/pay"),
-        "transactional_results = true\ncopartitioned = true\n",
-        "",
-    )
-    .replace("[store]\n", "[store]\nchangelog = true\n");
-    let config = dir.path().join("dedupd.toml");
-    std::fs::write(&config, toml).expect("write config");
-    let tail = TopicTail::start(&bootstrap, &results_topic, 1);
+    let config = run.write_config(&bootstrap, &receiver.url("/pay"), |toml| toml);
+    let tail = TopicTail::start(&bootstrap, results_topic, 1);
 
     // First run: every key once, and a few records on the wrong partition.
-    let firsts = kafka::produce_all_to(&bootstrap, &input, (0..KEYS).map(placed).collect()).await;
-    let wrong = kafka::produce_all_to(&bootstrap, &input, (KEYS..KEYS + MISPLACED).map(misplaced).collect()).await;
+    let firsts = kafka::produce_all_to(&bootstrap, input, (0..KEYS).map(placed).collect()).await;
+    let wrong = kafka::produce_all_to(&bootstrap, input, (KEYS..KEYS + MISPLACED).map(misplaced).collect()).await;
     let first_log = dir.path().join("first.log");
     run_until_every_result(&config, &first_log, &tail, &[firsts.clone(), wrong.clone()].concat()).await;
     let seen = results(&tail);
     assert!(of_inputs(&seen, &firsts).iter().all(|r| r.outcome == Outcome::Succeeded), "every key ran");
     assert!(of_inputs(&seen, &wrong).iter().all(|r| r.outcome == Outcome::Rejected), "misplaced records rejected");
-    let letters = kafka::read_all(&bootstrap, &dlq, MISPLACED, Duration::from_secs(30)).await;
+    let letters = kafka::read_all(&bootstrap, dlq, MISPLACED, Duration::from_secs(30)).await;
     let reasons: Vec<Option<String>> = letters.iter().map(|m| kafka::header(m, "dedupd-reason")).collect();
     assert_eq!(reasons, vec![Some("not_copartitioned".to_string()); MISPLACED], "dead-lettered with the reason");
     assert_eq!(calls_per_key(&receiver).len(), KEYS, "one call per key, none for a misplaced record");
 
     // The changelog holds every key's completion (a claim and a completion each).
-    let logged = changelog_records(&bootstrap, &changelog, 2 * KEYS, Duration::from_secs(30)).await;
+    let logged = changelog_records(&bootstrap, changelog, 2 * KEYS, Duration::from_secs(30)).await;
     let completed =
         (0..KEYS).filter(|&i| matches!(logged.get(&pay_kills::key(i)), Some(Some(Record::Completed(_))))).count();
     assert_eq!(completed, KEYS, "every key's last changelog record is its completion");
 
     // The store is lost; an aborted transaction sits on the changelog.
-    abort_a_transaction_on(&bootstrap, &changelog).await;
-    std::fs::remove_dir_all(&store).expect("remove the store");
+    abort_a_transaction_on(&bootstrap, changelog).await;
+    std::fs::remove_dir_all(store).expect("remove the store");
 
     // Every repeat is recognised from the restored history; the ghost key runs.
-    let repeats = kafka::produce_all_to(&bootstrap, &input, (0..KEYS).chain([GHOST]).map(placed).collect()).await;
+    let repeats = kafka::produce_all_to(&bootstrap, input, (0..KEYS).chain([GHOST]).map(placed).collect()).await;
     let second_log = dir.path().join("second.log");
     run_until_every_result(&config, &second_log, &tail, &repeats).await;
     let restored = restored_records(&second_log);
@@ -236,11 +252,9 @@ fn sample(scrape: &str, line_start: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_shows_in_readyz_and_the_metrics_until_it_ends() {
     let Some(bootstrap) = kafka::bootstrap() else { return };
-    let (input, results_topic, dlq) = (kafka::unique("clr-in"), kafka::unique("clr-out"), kafka::unique("clr-dlq"));
-    let group = kafka::unique("clr-dedupd");
-    let changelog = format!("{group}.dedupd-state");
-    kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results_topic, 1), (&dlq, 1), (&changelog, PARTITIONS)])
-        .await;
+    let run = OnKafka::new(&bootstrap, "clr").await;
+    let changelog = &run.changelog;
+    kafka::create_topics(&bootstrap, &[(changelog, PARTITIONS)]).await;
     let producer = kafka::idempotent_producer(&bootstrap);
     let records: Vec<kafka::OutgoingTo> = (0..RESTORED_KEYS)
         .map(|i| {
@@ -249,20 +263,9 @@ async fn a_restore_shows_in_readyz_and_the_metrics_until_it_ends() {
             (key, completed_record(i), Vec::new(), Some(partition))
         })
         .collect();
-    kafka::produce_all_with(&producer, &changelog, records).await;
-    let dir = KeptOnFailure::new();
-    let toml = pay_kills::config_toml(
-        &bootstrap,
-        &group,
-        [&input, &results_topic, &dlq],
-        &dir.path().join("store"),
-        "http://127.0.0.1:9/unused",
-        "transactional_results = true\ncopartitioned = true\n",
-        "",
-    )
-    .replace("[store]\n", "[store]\nchangelog = true\n");
-    let (config, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
-    std::fs::write(&config, toml).expect("write config");
+    kafka::produce_all_with(&producer, changelog, records).await;
+    let config = run.write_config(&bootstrap, "http://127.0.0.1:9/unused", |toml| toml);
+    let log = run.dir.path().join("dedupd.log");
 
     let mut p = DedupdProcess::run(&config, &log);
     let addr = common::process::wait_for_http_addr(&log, &mut p, Duration::from_secs(60)).await;
@@ -302,40 +305,27 @@ const EXPIRING_KEYS: usize = 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_writes_tombstones_and_a_rebuilt_store_holds_no_expired_key() {
     let Some(bootstrap) = kafka::bootstrap() else { return };
-    let (input, results_topic, dlq) = (kafka::unique("clt-in"), kafka::unique("clt-out"), kafka::unique("clt-dlq"));
-    kafka::create_topics(&bootstrap, &[(&input, PARTITIONS), (&results_topic, 1), (&dlq, 1)]).await;
+    let run = OnKafka::new(&bootstrap, "clt").await;
+    let OnKafka { input, results: results_topic, changelog, dir, store, .. } = &run;
     let receiver = SlowReceiver::start((1, 2), 11).await;
-    let dir = KeptOnFailure::new();
-    let group = kafka::unique("clt-dedupd");
-    let changelog = format!("{group}.dedupd-state");
-    let store = dir.path().join("store");
-    let toml = pay_kills::config_toml(
-        &bootstrap,
-        &group,
-        [&input, &results_topic, &dlq],
-        &store,
-        &receiver.url("/pay"),
-        "transactional_results = true\ncopartitioned = true\n",
-        "",
-    )
-    .replace("[store]\n", "[store]\nchangelog = true\ncompaction_interval = \"500ms\"\n")
-    .replace("sink = \"pay\"\n", "sink = \"pay\"\nttl = \"1s\"\n")
-        // A command older than its TTL would be `stale`, never run: not what this test is about.
-        + "\n[envelope]\nstale_guard = false\n";
-    let config = dir.path().join("dedupd.toml");
-    std::fs::write(&config, toml).expect("write config");
-    let tail = TopicTail::start(&bootstrap, &results_topic, 1);
+    let config = run.write_config(&bootstrap, &receiver.url("/pay"), |toml| {
+        toml.replace("[store]\n", "[store]\ncompaction_interval = \"500ms\"\n")
+            .replace("sink = \"pay\"\n", "sink = \"pay\"\nttl = \"1s\"\n")
+            // A command older than its TTL would be `stale`, never run: not what this test is about.
+            + "\n[envelope]\nstale_guard = false\n"
+    });
+    let tail = TopicTail::start(&bootstrap, results_topic, 1);
     let keys: Vec<String> = (0..EXPIRING_KEYS).map(pay_kills::key).collect();
 
     // Run every key, then wait until the changelog's last record of each is a tombstone.
     let log = dir.path().join("first.log");
-    let firsts = kafka::produce_all_to(&bootstrap, &input, (0..EXPIRING_KEYS).map(placed).collect()).await;
+    let firsts = kafka::produce_all_to(&bootstrap, input, (0..EXPIRING_KEYS).map(placed).collect()).await;
     let mut p = DedupdProcess::run(&config, &log);
     wait_for_every_result(&tail, &firsts, &mut p, &log).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         // A claim and a completion per key, then its tombstone.
-        let logged = changelog_records(&bootstrap, &changelog, 3 * EXPIRING_KEYS, Duration::from_secs(3)).await;
+        let logged = changelog_records(&bootstrap, changelog, 3 * EXPIRING_KEYS, Duration::from_secs(3)).await;
         if keys.iter().all(|k| matches!(logged.get(k), Some(None))) {
             break;
         }
@@ -345,8 +335,8 @@ async fn expiry_writes_tombstones_and_a_rebuilt_store_holds_no_expired_key() {
     assert!(status.is_some_and(|s| s.success()), "not stopped cleanly: {status:?}");
 
     // A store rebuilt from the changelog holds none of them: each runs again.
-    std::fs::remove_dir_all(&store).expect("remove the store");
-    let again = kafka::produce_all_to(&bootstrap, &input, (0..EXPIRING_KEYS).map(placed).collect()).await;
+    std::fs::remove_dir_all(store).expect("remove the store");
+    let again = kafka::produce_all_to(&bootstrap, input, (0..EXPIRING_KEYS).map(placed).collect()).await;
     let second_log = dir.path().join("second.log");
     run_until_every_result(&config, &second_log, &tail, &again).await;
     assert!(restored_records(&second_log) >= 3 * EXPIRING_KEYS as u64, "the tombstones were read");

@@ -20,7 +20,6 @@ use super::{KeyStore, Op, Record, StoreConfig, StoreError, Tree};
 
 /// The file a clean stop leaves in the store directory (invariant 4).
 const CLEAN_FILE: &str = "changelog.clean";
-const IDENTITY_KEY: &[u8] = b"identity";
 
 /// One change to a record, for the changelog: the key and its encoded record, or `None`
 /// when the key was removed (a tombstone).
@@ -70,8 +69,7 @@ impl KeyStore {
         if let Some(id) = identity {
             // The same transactional.id and group.instance.id as before the crash, so the new
             // producer fences the old one's open transaction at once.
-            store.backend.apply(vec![Op::Put(Tree::Meta, IDENTITY_KEY.to_vec(), id.into_bytes())])?;
-            store.backend.flush()?;
+            store.set_identity(&id)?;
         }
         Ok((store.capturing(), CacheOpened::Emptied))
     }

@@ -24,9 +24,14 @@ impl KeyStore {
             });
         }
         let id = format!("{:016x}", rand::random::<u64>());
-        self.backend.apply(vec![Op::Put(Tree::Meta, IDENTITY_KEY.to_vec(), id.clone().into_bytes())])?;
-        self.backend.flush()?;
+        self.set_identity(&id)?;
         Ok(id)
+    }
+
+    /// Makes `id` the store's identity, flushed (a store rebuilt in place keeps its old one).
+    pub(super) fn set_identity(&self, id: &str) -> Result<(), StoreError> {
+        self.backend.apply(vec![Op::Put(Tree::Meta, IDENTITY_KEY.to_vec(), id.as_bytes().to_vec())])?;
+        self.backend.flush()
     }
 }
 

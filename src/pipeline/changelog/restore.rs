@@ -5,7 +5,7 @@
 //! no worker of the partition starts meanwhile; `/readyz` is 503 and
 //! `dedupd_state_restoring{partition}` is 1 until it is done.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,16 +40,10 @@ struct Restoring {
     done: bool,
 }
 
-/// The partitions of one restore.
-#[derive(Default)]
-struct Reading {
-    partitions: std::collections::BTreeMap<i32, Restoring>,
-}
-
-impl Reading {
-    fn add(&mut self, p: i32, from: i64, high: i64) {
-        let done = from >= high;
-        self.partitions.insert(p, Restoring { high, next: from, chunk: Vec::new(), applied: 0, done });
+impl Restoring {
+    /// A partition to read from `from` to `high` (nothing to read when `from >= high`).
+    fn starting(from: i64, high: i64) -> Restoring {
+        Restoring { high, next: from, chunk: Vec::new(), applied: 0, done: from >= high }
     }
 }
 
@@ -141,13 +135,13 @@ impl Restorer {
     /// it in chunks, each with its checkpoint. Returns the records applied per partition.
     fn restore_all(&self, partitions: &[i32]) -> Result<Vec<(i32, u64)>, String> {
         let consumer = self.consumer.lock();
-        let mut reading = Reading::default();
+        let mut reading = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
         for &p in partitions {
             let (low, high) =
                 consumer.fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT).map_err(|e| e.to_string())?;
             let from = self.store.checkpoint(&self.topic, p).map_err(|e| e.to_string())?.unwrap_or(low).max(low);
-            reading.add(p, from, high);
+            reading.insert(p, Restoring::starting(from, high));
             if from < high {
                 tpl.add_partition_offset(&self.topic, p, Offset::Offset(from)).map_err(|e| e.to_string())?;
             }
@@ -158,20 +152,24 @@ impl Restorer {
             let _ = consumer.unassign();
             read?;
         }
-        Ok(reading.partitions.into_iter().map(|(p, r)| (p, r.applied)).collect())
+        Ok(reading.into_iter().map(|(p, r)| (p, r.applied)).collect())
     }
 
     /// Polls until every partition of `reading` is at its last stable offset.
-    fn read_to_end(&self, consumer: &BaseConsumer<RestoreContext>, reading: &mut Reading) -> Result<(), String> {
+    fn read_to_end(
+        &self,
+        consumer: &BaseConsumer<RestoreContext>,
+        reading: &mut BTreeMap<i32, Restoring>,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + RESTORE_TIMEOUT;
-        while reading.partitions.values().any(|r| !r.done) {
+        while reading.values().any(|r| !r.done) {
             if Instant::now() > deadline {
                 return Err(format!("not at the end within {RESTORE_TIMEOUT:?}"));
             }
             match consumer.poll(Duration::from_millis(200)) {
                 None => {}
                 Some(Ok(m)) => {
-                    let Some(r) = reading.partitions.get_mut(&m.partition()).filter(|r| !r.done) else { continue };
+                    let Some(r) = reading.get_mut(&m.partition()).filter(|r| !r.done) else { continue };
                     let key = std::str::from_utf8(m.key().unwrap_or_default())
                         .map_err(|_| format!("the record at offset {} has a key that is not UTF-8", m.offset()))?;
                     r.chunk.push(Change { key: key.to_string(), value: m.payload().map(<[u8]>::to_vec) });
@@ -185,7 +183,7 @@ impl Restorer {
                 }
                 // At the last stable offset: every committed record up to it is read.
                 Some(Err(KafkaError::PartitionEOF(p))) => {
-                    let Some(r) = reading.partitions.get_mut(&p).filter(|r| !r.done) else { continue };
+                    let Some(r) = reading.get_mut(&p).filter(|r| !r.done) else { continue };
                     // Past the transaction markers too, so that the next restore starts after them.
                     let position = consumer
                         .position()
