@@ -53,6 +53,7 @@ mod run;
 mod start;
 mod ticket;
 pub use changelog::ChangeLog;
+pub use processed::rejected;
 pub use retry::RetryConfig;
 
 use std::collections::HashMap;

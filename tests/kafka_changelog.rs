@@ -348,3 +348,75 @@ async fn expiry_writes_tombstones_and_a_rebuilt_store_holds_no_expired_key() {
     tail.stop();
     receiver.stop().await;
 }
+
+/// Keys of the by-key hop test; each comes on every input partition.
+const HOP_KEYS: usize = 100;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeats_on_different_input_partitions_meet_through_the_by_key_topic() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let run = OnKafka::new(&bootstrap, "hop").await;
+    let OnKafka { input, results: results_topic, dlq, group, dir, store, .. } = &run;
+    let by_key = format!("{group}.dedupd-by-key");
+    let receiver = SlowReceiver::start((1, 5), 13).await;
+    let config = run.write_config(&bootstrap, &receiver.url("/pay"), |toml| {
+        toml.replace("copartitioned = true", "copartitioned = false")
+    });
+    let tail = TopicTail::start(&bootstrap, results_topic, 1);
+
+    // Every key on every input partition (its producer keyed it by something else), and a
+    // record that is not a command.
+    let on_every_partition = |i: usize| (0..PARTITIONS).map(move |p| pay_kills::command(i, p));
+    let mut inputs =
+        kafka::produce_all_to(&bootstrap, input, (0..HOP_KEYS).flat_map(on_every_partition).collect()).await;
+    let not_json =
+        kafka::produce_all_to(&bootstrap, input, vec![("x".into(), b"{not json".to_vec(), Vec::new(), Some(1))]).await;
+    inputs.extend(&not_json);
+    let log = dir.path().join("first.log");
+    run_until_every_result(&config, &log, &tail, &inputs).await;
+
+    // One call per key; one result per input, naming the input; each key's first run and
+    // its repeats replayed.
+    let calls = calls_per_key(&receiver);
+    assert_eq!(calls.len(), HOP_KEYS, "every key ran");
+    assert!(calls.values().all(|&n| n == 1), "a key ran more than once: {calls:?}");
+    let seen = results(&tail);
+    assert_eq!(seen.len(), inputs.len(), "exactly one result per input (read_committed)");
+    assert!(seen.iter().all(|r| r.source.topic == *input), "a result names another topic than the input");
+    let mut per_key: HashMap<String, Vec<Outcome>> = HashMap::new();
+    for r in of_inputs(&seen, &inputs) {
+        per_key.entry(r.key.clone().unwrap_or_default()).or_default().push(r.outcome);
+    }
+    for i in 0..HOP_KEYS {
+        let mut outcomes = per_key.remove(&pay_kills::key(i)).unwrap_or_default();
+        outcomes.sort_by_key(|o| o.as_str());
+        assert_eq!(outcomes, vec![Outcome::Duplicate, Outcome::Duplicate, Outcome::Succeeded], "key {i}");
+    }
+    let rejected = of_inputs(&seen, &not_json);
+    assert_eq!(rejected.iter().map(|r| r.outcome).collect::<Vec<_>>(), vec![Outcome::Rejected]);
+    let letters = kafka::read_all(&bootstrap, dlq, 1, Duration::from_secs(30)).await;
+    let (p, o) = not_json[0];
+    assert_eq!(letters.len(), 1, "the record that is not a command is dead-lettered once");
+    assert_eq!(kafka::header(&letters[0], "dedupd-source"), Some(format!("{input}/{p}/{o}")), "naming the input");
+    assert_eq!(kafka::header(&letters[0], "dedupd-reason").as_deref(), Some("invalid_json"));
+
+    // After the clean stop the by-key topic holds nothing the group committed: it was
+    // purged up to the committed offsets (only a transaction's commit marker may follow).
+    let marks = kafka::watermarks(&bootstrap, &by_key).await;
+    assert_eq!(marks.len(), PARTITIONS as usize, "the by-key topic has a partition per state partition");
+    assert!(marks.iter().map(|(low, _)| low).sum::<i64>() >= 3 * HOP_KEYS as i64, "purged: {marks:?}");
+    assert!(marks.iter().all(|(low, high)| high - low <= 1), "records left after the purge: {marks:?}");
+
+    // A lost store is rebuilt from the changelog's by-key partitions: more repeats, each on
+    // a partition other than its key's, are all replays.
+    std::fs::remove_dir_all(store).expect("remove the store");
+    let misplaced_repeats = kafka::produce_all_to(&bootstrap, input, (0..HOP_KEYS).map(misplaced).collect()).await;
+    run_until_every_result(&config, &dir.path().join("second.log"), &tail, &misplaced_repeats).await;
+    let seen = results(&tail);
+    let second = of_inputs(&seen, &misplaced_repeats);
+    assert_eq!(second.len(), HOP_KEYS);
+    assert!(second.iter().all(|r| r.outcome == Outcome::Duplicate && r.replay), "a repeat not recognised");
+    assert!(calls_per_key(&receiver).values().all(|&n| n == 1), "a key ran again after the rebuild");
+    tail.stop();
+    receiver.stop().await;
+}

@@ -14,7 +14,8 @@
 //! did cut transactions off: it sees more results than inputs, which is what the results
 //! topic would hold without transactions. The same runs with the store on Kafka
 //! (`store.changelog`), where every incarnation after a kill rebuilds its store from the
-//! changelog before it processes anything. Run with
+//! changelog before it processes anything, once with producers keying by the idempotency
+//! key (`kafka.copartitioned`) and once through the by-key topic. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_kill_transactional -- --nocapture`.
 
 mod common;
@@ -45,10 +46,10 @@ const BATCH_SIZE: usize = 8;
 const KILL_AFTER_MS: (u64, u64) = (200, 1_200);
 
 /// Every key once, then `REPEATS` of them again: on another partition, or with the store
-/// on Kafka on the key's own (`kafka.copartitioned`).
+/// on Kafka and `kafka.copartitioned` on the key's own.
 fn commands(mode: Mode) -> Vec<kafka::OutgoingTo> {
     let partition = |i: usize, repeat: bool| match mode {
-        Mode::Embedded => (i as i32 + i32::from(repeat)) % PARTITIONS,
+        Mode::Embedded | Mode::ByKey => (i as i32 + i32::from(repeat)) % PARTITIONS,
         Mode::Changelog => state_partition(&pay_kills::key(i), PARTITIONS),
     };
     let firsts = (0..KEYS).map(|i| pay_kills::command(i, partition(i, false)));
@@ -84,6 +85,14 @@ async fn with_the_store_on_kafka_after_kills_exactly_one_result_per_input() {
     after_kills(&bootstrap, Mode::Changelog).await;
 }
 
+/// The same with the store on Kafka and the by-key hop: every command is forwarded to the
+/// by-key topic in the transaction of its input offset, and decided there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_by_key_topic_after_kills_exactly_one_result_per_input() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    after_kills(&bootstrap, Mode::ByKey).await;
+}
+
 /// Where the store's history lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -91,6 +100,8 @@ enum Mode {
     Embedded,
     /// `store.changelog = true`, `kafka.copartitioned = true`.
     Changelog,
+    /// `store.changelog = true`, through the by-key topic.
+    ByKey,
 }
 
 async fn after_kills(bootstrap: &str, mode: Mode) {
@@ -111,14 +122,14 @@ async fn after_kills(bootstrap: &str, mode: Mode) {
         &dir.path().join("store"),
         &receiver.url("/pay"),
         match mode {
-            Mode::Embedded => "transactional_results = true\n",
+            Mode::Embedded | Mode::ByKey => "transactional_results = true\n",
             Mode::Changelog => "transactional_results = true\ncopartitioned = true\n",
         },
         &format!("max_in_flight = {MAX_IN_FLIGHT}\nbatch_size = {BATCH_SIZE}"),
     );
     let toml = match mode {
         Mode::Embedded => toml,
-        Mode::Changelog => toml.replace("[store]\n", "[store]\nchangelog = true\n"),
+        Mode::Changelog | Mode::ByKey => toml.replace("[store]\n", "[store]\nchangelog = true\n"),
     };
     std::fs::write(&config, toml).expect("write config");
     let committed = TopicTail::start(&bootstrap, &results_topic, 3);

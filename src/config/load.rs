@@ -169,8 +169,8 @@ fn validate_store(s: &StoreConfig, errors: &mut Vec<ConfigError>) {
 }
 
 /// `store.changelog` and what it needs: transactions (a claim is committed to the changelog
-/// before its sink runs, the completion with the result and the offsets) and, until the
-/// by-key hop exists, input that producers partition by the idempotency key.
+/// before its sink runs, the completion with the result and the offsets) and, for the
+/// by-key hop, an internal topic that is not also an input topic.
 fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
     let s = &c.store;
     if s.changelog_replication_factor == 0 {
@@ -194,11 +194,12 @@ fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
             "needs kafka.transactional_results = true (claims, completions, results and offsets are committed in Kafka transactions)",
         ));
     }
-    if !c.kafka.copartitioned {
+    let by_key = format!("{}.dedupd-by-key", c.kafka.group_id);
+    if !c.kafka.copartitioned && c.kafka.input_topics.contains(&by_key) {
         errors.push(invalid(
-            "store.changelog",
-            "true",
-            "needs kafka.copartitioned = true: the by-key hop (<group_id>.dedupd-by-key) is not built yet, so producers must key input records by the idempotency key",
+            "kafka.input_topics",
+            &by_key,
+            "is the by-key topic dedupd forwards input to under store.changelog; it cannot be an input topic too",
         ));
     }
 }

@@ -152,8 +152,9 @@ impl Engine {
     }
 }
 
-/// The result of a record that is not a command (or a command refused by `decide`).
-pub(super) fn rejected(item: &Item, rejection: &Rejection) -> Processed {
+/// The result of a record that is not a command (or a command refused by `decide`); also
+/// made by the pipeline for a record the by-key hop rejects before forwarding it.
+pub fn rejected(item: &Item, rejection: &Rejection) -> Processed {
     let error = rejection.message.clone();
     Processed {
         result: ResultRecord {

@@ -146,15 +146,6 @@ fn read_committed(consumer: &BaseConsumer<PipelineContext>, tps: &[Tp]) -> Resul
     Ok(committed.elements().iter().map(|e| ((e.topic().to_string(), e.partition()), e.offset())).collect())
 }
 
-/// The state partitions of input partitions `tps` (with `kafka.copartitioned`, their
-/// numbers), each once.
-fn state_partitions(tps: &[Tp]) -> Vec<i32> {
-    let mut partitions: Vec<i32> = tps.iter().map(|(_, p)| *p).collect();
-    partitions.sort_unstable();
-    partitions.dedup();
-    partitions
-}
-
 fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
     tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect()
 }
@@ -253,7 +244,7 @@ impl PipelineContext {
     /// fails, they stay paused (refused) and the process stops.
     fn restore<F: Fetching>(&self, fetch: &F, assigned: &[Tp]) {
         let Some(restorer) = &self.restorer else { return };
-        if let Err(e) = restorer.restore(&state_partitions(assigned)) {
+        if let Err(e) = restorer.restore(&restorer.state_partitions(assigned)) {
             tracing::error!(error = %e, "state could not be restored: refusing the assigned partitions and stopping");
             for tp in assigned {
                 self.partitions.refuse(fetch, tp);
@@ -269,7 +260,7 @@ impl PipelineContext {
         if self.fatal.is_cancelled() {
             return;
         }
-        let checkpoints = restorer.let_go(&state_partitions(revoked));
+        let checkpoints = restorer.let_go(&restorer.state_partitions(revoked));
         if let Err(e) = self.store.set_checkpoints(&checkpoints) {
             tracing::warn!(error = %e, "could not write the let-go partitions' checkpoints; the next restore reads more");
         }

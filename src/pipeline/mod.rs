@@ -41,6 +41,7 @@ pub mod config;
 mod connect;
 mod consumer;
 mod control;
+mod hop;
 mod metered;
 mod partitions;
 mod publish;
@@ -143,10 +144,16 @@ pub async fn run(
         false => None,
     };
     let (core, sinks) = Core::build(&config, dead_letter_limit, changelog_topic.as_ref())?;
+    let purger = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref().map(|by_key| (by_key, t.partitions))) {
+        Some((by_key, partitions)) => Some(Arc::new(hop::Purger::new(&config.kafka, by_key, partitions)?)),
+        None => None,
+    };
     // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
     let background = Background::start(&config, &core, sinks, &stop).await?;
+    // Under the by-key hop: what the group committed leaves the by-key topic.
+    let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
     let consumer_stop = CancellationToken::new();
     let consumer_thread = start_consumer(&config, &core, &options, &fatal, &consumer_stop)?;
     let committer_stop = CancellationToken::new();
@@ -177,11 +184,18 @@ pub async fn run(
     if let Some(committer) = committer {
         let _ = committer.await;
     }
+    if let Some(purger) = &purger {
+        // The last commit is made: what it settled need not stay on the by-key topic.
+        purger.purge().await;
+    }
     if let Err(e) = core.publisher.flush(Duration::from_secs(10)) {
         tracing::warn!(error = %e, "producer flush at shutdown");
     }
     stop.cancel();
     background.join().await;
+    if let Some(purge) = purge {
+        let _ = purge.await;
+    }
     if let Some(changelog) = &core.changelog
         && !fatal.is_cancelled()
     {
@@ -366,7 +380,10 @@ fn start_consumer(
         fatal: fatal.clone(),
         health: Arc::clone(&core.health),
         transactions: core.transactions.clone(),
-        state_partitions: core.changelog.as_ref().map(|c| c.partitions),
+        state: core
+            .changelog
+            .as_ref()
+            .map(|c| worker::StatePartitions { count: c.partitions, by_key: c.by_key.clone() }),
     });
     consumer::spawn(consumer::ConsumerParts {
         kafka: config.kafka.clone(),

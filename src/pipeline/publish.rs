@@ -36,6 +36,8 @@ pub enum Part {
     Result,
     /// The dead-letter copy (or its stand-in).
     DeadLetter,
+    /// The input's forward to the by-key topic (`hop`), sent by [`Publisher::send_forwards`].
+    Forward,
 }
 
 /// Records of a batch, each named by its input's place in the batch: what to (re)send.
@@ -207,11 +209,31 @@ impl Publisher {
                     Some(dl) => self.enqueue_dead_letter(input, DeadLetter::of(input, dl.reason, &dl.error)).await,
                     None => continue,
                 },
+                Part::Forward => continue,
             };
             match queued {
                 Ok(ack) => pending.push(((i, part), ack)),
                 Err(error) => {
                     rest = Some(NotTaken { parts: parts[at..].to_vec(), error });
+                    break;
+                }
+            }
+        }
+        Queued { acks: Acks::of(pending, self.producer.clone(), self.dead_letter_topic.clone()), rest }
+    }
+
+    /// Hands the by-key hop's forwards to the producer in order, as [`Publisher::send`]
+    /// does results: the first that cannot be queued ends it, and it and those after it are
+    /// returned as not taken.
+    pub(crate) async fn send_forwards(&self, forwards: Vec<FutureRecord<'_, [u8], [u8]>>) -> Queued {
+        let total = forwards.len();
+        let mut pending: Vec<PendingAck> = Vec::with_capacity(total);
+        let mut rest = None;
+        for (i, record) in forwards.into_iter().enumerate() {
+            match self.enqueue(record).await {
+                Ok(ack) => pending.push(((i, Part::Forward), Ack::Result(ack))),
+                Err(error) => {
+                    rest = Some(NotTaken { parts: (i..total).map(|j| (j, Part::Forward)).collect(), error });
                     break;
                 }
             }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::FutureRecord;
 use tokio_util::sync::CancellationToken;
 
 use super::changelog::state_partition;
@@ -24,6 +25,8 @@ use crate::store::SourcePos;
 
 mod supervise;
 pub(crate) use supervise::{BatchOffsets, PanicWatch, supervise};
+
+mod forward;
 
 /// Batches whose results may await acknowledgement at once, per partition. Enough to
 /// keep the engine busy while Kafka acknowledges; bounded so an unresponsive broker stops
@@ -58,9 +61,35 @@ pub(crate) struct WorkerShared {
     pub health: Arc<Health>,
     /// Under `kafka.transactional_results`: the transactions results go out in.
     pub transactions: Option<Arc<Transactions>>,
-    /// Under `store.changelog` (with `kafka.copartitioned`): the number of state
-    /// partitions, each record's partition checked against its key's.
-    pub state_partitions: Option<i32>,
+    /// Under `store.changelog`: where records are decided.
+    pub state: Option<StatePartitions>,
+}
+
+/// Under `store.changelog`: the state partitions, and how records reach them.
+pub(crate) struct StatePartitions {
+    /// How many there are (the changelog topic's partitions).
+    pub count: i32,
+    /// Under the by-key hop: the by-key topic, whose partitions they are; an input
+    /// partition's records are forwarded there (`hop`). `None` with `kafka.copartitioned`:
+    /// every input partition is one.
+    pub by_key: Option<String>,
+}
+
+impl WorkerShared {
+    /// The by-key topic, under the by-key hop.
+    pub(crate) fn by_key_topic(&self) -> Option<&str> {
+        self.state.as_ref().and_then(|s| s.by_key.as_deref())
+    }
+}
+
+/// What a partition's worker does with its records.
+enum Role<'a> {
+    /// Decides them. With `Some(n)` each record is checked to be on its key's partition of
+    /// `n` (a state partition); `unwrap` reads each as the input a forward was made of.
+    Decide { check_among: Option<i32>, unwrap: bool },
+    /// Forwards them to their key's partition of the by-key topic (an input partition
+    /// under the hop).
+    Forward { by_key: &'a str, partitions: i32 },
 }
 
 /// One partition's worker.
@@ -83,6 +112,9 @@ struct Unacked {
     records: Vec<(OwnedMessage, Processed)>,
     acks: Acks,
     started: Instant,
+    /// The offset consumed last in the batch's sent part: the one to store (under the hop
+    /// a record's own offset is its input's, not the by-key topic's).
+    last_offset: i64,
 }
 
 impl Unacked {
@@ -169,9 +201,25 @@ impl PartitionWorker {
         }
     }
 
-    /// Runs one batch through the engine and sends its finished prefix's results. Returns
-    /// what was sent and whether the whole batch finished.
+    /// What this partition's records are for.
+    fn role(&self) -> Role<'_> {
+        match &self.shared.state {
+            None => Role::Decide { check_among: None, unwrap: false },
+            Some(StatePartitions { count, by_key: None }) => Role::Decide { check_among: Some(*count), unwrap: false },
+            Some(StatePartitions { count, by_key: Some(by_key) }) if *by_key == self.topic => {
+                Role::Decide { check_among: Some(*count), unwrap: true }
+            }
+            Some(StatePartitions { count, by_key: Some(by_key) }) => Role::Forward { by_key, partitions: *count },
+        }
+    }
+
+    /// Runs one batch through the engine (or forwards it, see [`Role`]) and sends its
+    /// finished prefix's results. Returns what was sent and whether the whole batch finished.
     async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Unacked>, bool), Stop> {
+        let (check_among, unwrap) = match self.role() {
+            Role::Forward { by_key, partitions } => return self.forward(batch, by_key, partitions).await,
+            Role::Decide { check_among, unwrap } => (check_among, unwrap),
+        };
         let started = Instant::now();
         if tracing::enabled!(tracing::Level::DEBUG) {
             // How long the batch's first record took from its timestamp to here (produce,
@@ -180,9 +228,14 @@ impl PartitionWorker {
             tracing::debug!(topic = %self.topic, partition = self.partition, first = batch.first().map(Message::offset), records = batch.len(), age_ms, "batch");
         }
         self.in_batch.set(&batch);
-        let items: Vec<Item> = batch.iter().map(|m| self.item(m)).collect();
+        let consumed: Vec<i64> = batch.iter().map(Message::offset).collect();
+        let batch: Vec<OwnedMessage> = match unwrap {
+            true => batch.into_iter().map(super::hop::original).collect(),
+            false => batch,
+        };
+        let items: Vec<Item> = batch.iter().map(|m| self.item(m, check_among)).collect();
         let store = Arc::clone(self.shared.engine.store());
-        let last = batch.last().map_or(0, Message::offset);
+        let last = consumed.last().copied().unwrap_or(0);
         let wm = vec![(self.topic.clone(), self.partition, last)];
         // A store write can wait for another thread's flush: on the blocking pool.
         let raise_store = Arc::clone(&store);
@@ -239,43 +292,50 @@ impl PartitionWorker {
             .collect();
         let complete = records.len() == total;
         tracing::debug!(topic = %self.topic, partition = self.partition, records = total, engine_ms = started.elapsed().as_millis() as u64, "batch through the engine");
-        if records.is_empty() {
+        let Some(&last_offset) = consumed.get(records.len().wrapping_sub(1)) else {
             return Ok((None, complete));
-        }
+        };
         crate::crash::point("completion.written");
         let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
-        let acks = self.publish(&refs).await?;
-        Ok((Some(Unacked { records, acks, started }), complete))
+        let acks = self.publish(&refs, Vec::new(), last_offset).await?;
+        Ok((Some(Unacked { records, acks, started, last_offset }), complete))
     }
 
-    /// Hands a batch's results to the producer. Under transactional results, as a member of
-    /// the open transaction, with the batch's offset recorded in it (transactions.rs,
-    /// invariants 1–3); a batch that could not be queued whole then stops the process, as
-    /// its queued part would otherwise commit without its offset.
-    async fn publish(&self, refs: &[(&OwnedMessage, &Processed)]) -> Result<Acks, Stop> {
+    /// Hands a batch's results (and, under the hop, its forwards) to the producer; the
+    /// batch's sent part ends at `last_offset`. Under transactional results, as a member of
+    /// the open transaction, with that offset recorded in it (transactions.rs, invariants
+    /// 1–3); a batch that could not be queued whole then stops the process, as its queued
+    /// part would otherwise commit without its offset.
+    async fn publish(
+        &self,
+        refs: &[(&OwnedMessage, &Processed)],
+        forwards: Vec<FutureRecord<'_, [u8], [u8]>>,
+        last_offset: i64,
+    ) -> Result<Acks, Stop> {
         let Some(transactions) = &self.shared.transactions else {
+            // Forwards exist only under the hop, which needs transactions (config validation).
             return self.send_until_queued(refs, all_parts(refs)).await.ok_or(Stop::Drain);
         };
         let member = transactions.join().await.map_err(|e| {
             tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "cannot publish results: no transaction is open");
             Stop::Fatal
         })?;
-        let Some(acks) = self.send_until_queued(refs, all_parts(refs)).await else {
-            tracing::error!(topic = %self.topic, partition = self.partition, "results only partly queued in the open transaction; aborting it and stopping");
+        let results = self.send_until_queued(refs, all_parts(refs)).await;
+        let forwarded = self.shared.publisher.send_forwards(forwards).await;
+        let (Some(results), None) = (results, &forwarded.rest) else {
+            tracing::error!(topic = %self.topic, partition = self.partition, "results or forwards only partly queued in the open transaction; aborting it and stopping");
             transactions.fail();
             return Err(Stop::Fatal);
         };
-        if let Some((m, _)) = refs.last() {
-            // The consumer refuses the offset of a partition no longer assigned, and so does
-            // the transaction: its new owner commits it.
-            match self.control.store_offset(m.topic(), m.partition(), m.offset()) {
-                Ok(()) => transactions.include_offset(&member, (m.topic().to_string(), m.partition()), m.offset()),
-                Err(e) => {
-                    tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "offset not recorded (partition revoked?)")
-                }
+        // The consumer refuses the offset of a partition no longer assigned, and so does the
+        // transaction: its new owner commits it.
+        match self.control.store_offset(&self.topic, self.partition, last_offset) {
+            Ok(()) => transactions.include_offset(&member, (self.topic.clone(), self.partition), last_offset),
+            Err(e) => {
+                tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "offset not recorded (partition revoked?)")
             }
         }
-        Ok(acks)
+        Ok(Acks::join(vec![results, forwarded.acks]))
     }
 
     /// Called in offset order with the outcome of `u`'s acknowledgements: sends again what
@@ -299,13 +359,16 @@ impl PartitionWorker {
                 return false;
             }
         }
-        let Some((m, _)) = u.records.last() else { return true };
         crate::crash::point("result.published");
         // Under transactional results the offset is in the transaction already.
         if self.shared.transactions.is_none()
-            && let Err(e) = self.control.store_offset(m.topic(), m.partition(), m.offset())
+            && let Err(e) = self.control.store_offset(&self.topic, self.partition, u.last_offset)
         {
-            tracing::warn!(error = %e, topic = m.topic(), partition = m.partition(), "could not store offset (partition revoked?)");
+            tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "could not store offset (partition revoked?)");
+        }
+        if u.records.is_empty() {
+            // Only forwards: their results come from the by-key partition's worker.
+            return true;
         }
         for (m, p) in &u.records {
             self.record_metrics(p);
@@ -410,7 +473,9 @@ impl PartitionWorker {
         }
     }
 
-    fn item(&self, m: &OwnedMessage) -> Item {
+    /// `m` parsed; with `check_among`, checked to be on its key's partition of that many
+    /// (this worker's partition: under the hop `m` names its input's).
+    fn item(&self, m: &OwnedMessage, check_among: Option<i32>) -> Item {
         let ReadHeaders { headers, unreadable } = m.headers().map(read_headers).unwrap_or_default();
         if unreadable > 0 {
             // A name that is not UTF-8 is never one dedupd reads (names are ASCII): ignored.
@@ -438,8 +503,8 @@ impl PartitionWorker {
             .and_then(|(_, v)| v.as_ref())
             .and_then(|v| String::from_utf8(v.clone()).ok());
         let parsed = parse(&record, &self.shared.envelope, &self.shared.limits, self.shared.engine.router());
-        let parsed = match (parsed, self.shared.state_partitions) {
-            (Ok(cmd), Some(n)) => copartitioned(cmd, m.partition(), n),
+        let parsed = match (parsed, check_among) {
+            (Ok(cmd), Some(n)) => copartitioned(cmd, self.partition, n),
             (parsed, _) => parsed,
         };
         Item {

@@ -183,21 +183,25 @@ pub async fn read_all(bootstrap: &str, topic: &str, expected: usize, timeout: Du
 /// The number of records in `topic`: the sum over partitions of high minus low watermark.
 /// Exact for topics written without transactions.
 pub async fn count_records(bootstrap: &str, topic: &str) -> i64 {
+    watermarks(bootstrap, topic).await.iter().map(|(low, high)| high - low).sum()
+}
+
+/// The low and high watermark of each partition of `topic`, in partition order.
+pub async fn watermarks(bootstrap: &str, topic: &str) -> Vec<(i64, i64)> {
     let (bootstrap, topic) = (bootstrap.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create().expect("client");
         let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10)).expect("metadata");
         let t = md.topics().iter().find(|t| t.name() == topic).expect("topic in metadata");
-        t.partitions()
-            .iter()
-            .map(|p| {
-                let (lo, hi) = c.fetch_watermarks(&topic, p.id(), Duration::from_secs(10)).expect("watermarks");
-                hi - lo
-            })
-            .sum()
+        let mut partitions: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+        partitions.sort_unstable();
+        partitions
+            .into_iter()
+            .map(|p| c.fetch_watermarks(&topic, p, Duration::from_secs(10)).expect("watermarks"))
+            .collect()
     })
     .await
-    .expect("count task")
+    .expect("watermarks task")
 }
 
 /// A header's value as a string.

@@ -1,9 +1,10 @@
 //! `store.changelog = true` (docs/decisions.md, "State on Kafka"): the store is the cache
 //! of a compacted changelog topic, partition *p* of which holds the keys of state
 //! partition *p* (the key's murmur2 partition: `partition`). With `kafka.copartitioned`
-//! an input partition is a state partition.
+//! an input partition is a state partition; otherwise the by-key topic's partition is
+//! (`super::hop`).
 //! - `topic`: the changelog topic, found or created compacted, one partition per state
-//!   partition;
+//!   partition (and the by-key topic under the hop);
 //! - `writer`: the store's captured changes go out in the process's open transaction, and
 //!   the engine's durability points wait for their commit (a claim is committed there
 //!   before its sink runs; a completion before its result and offset);
@@ -38,6 +39,8 @@ pub(crate) struct Changelog {
     pub(crate) restorer: Arc<Restorer>,
     /// The number of state partitions.
     pub(crate) partitions: i32,
+    /// Under the by-key hop: the by-key topic.
+    pub(crate) by_key: Option<String>,
 }
 
 /// Opens the store as the changelog's cache. Its own writes need no fsync: what is durable
@@ -65,7 +68,12 @@ impl Changelog {
     ) -> Result<Changelog, PipelineError> {
         let writer = ChangelogWriter::new(Arc::clone(store), Arc::clone(transactions), producer, topic);
         let restorer = Restorer::new(kafka, topic, Arc::clone(store), Arc::clone(metrics), Arc::clone(health))?;
-        Ok(Changelog { writer: Arc::new(writer), restorer: Arc::new(restorer), partitions: topic.partitions })
+        Ok(Changelog {
+            writer: Arc::new(writer),
+            restorer: Arc::new(restorer),
+            partitions: topic.partitions,
+            by_key: topic.by_key.clone(),
+        })
     }
 
     /// At a clean stop, after the consumer's last commit: commits what is left (an

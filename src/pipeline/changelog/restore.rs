@@ -17,6 +17,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::ops::{Health, Metrics};
+use crate::pipeline::control::Tp;
 use crate::pipeline::{KafkaConfig, PipelineError};
 use crate::store::{Change, KeyStore};
 use crate::time::{Clock, SystemClock};
@@ -53,7 +54,9 @@ struct RestoreContext;
 
 impl ClientContext for RestoreContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        let end_of_partition = matches!(error, KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF);
+        if !end_of_partition {
             tracing::warn!(%error, reason, "changelog restore consumer");
         }
     }
@@ -70,6 +73,9 @@ pub(crate) struct Restorer {
     health: Arc<Health>,
     /// The state partitions restored and not let go since.
     owned: Mutex<BTreeSet<i32>>,
+    /// Under the by-key hop: the by-key topic, the one whose partitions are state
+    /// partitions (an input partition is not one).
+    by_key: Option<String>,
 }
 
 impl Restorer {
@@ -102,7 +108,22 @@ impl Restorer {
             metrics,
             health,
             owned: Mutex::new(BTreeSet::new()),
+            by_key: topic.by_key.clone(),
         })
+    }
+
+    /// The state partitions among the consumer's partitions `tps`, each once: with
+    /// `kafka.copartitioned` every input partition's number; under the hop, the by-key
+    /// topic's partitions.
+    pub(crate) fn state_partitions(&self, tps: &[Tp]) -> Vec<i32> {
+        let mut partitions: Vec<i32> = tps
+            .iter()
+            .filter(|(topic, _)| self.by_key.as_ref().is_none_or(|by_key| by_key == topic))
+            .map(|(_, p)| *p)
+            .collect();
+        partitions.sort_unstable();
+        partitions.dedup();
+        partitions
     }
 
     /// Restores each of `partitions` not restored since it was last let go, all at once

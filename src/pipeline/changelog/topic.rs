@@ -1,8 +1,12 @@
-//! The changelog topic: found, or created compacted with one partition per state partition.
-//! Its partition count is fixed by the input (with `kafka.copartitioned` an input partition
-//! is a state partition), so every input topic must have the same count, and a changelog
-//! topic that exists with another count is refused: its records would be on the wrong
-//! partitions.
+//! The changelog topic, and under the by-key hop the by-key topic: found, or created.
+//! - With `kafka.copartitioned` an input partition is a state partition, so every input
+//!   topic must have the same partition count, and the changelog has as many.
+//! - Otherwise (the hop) the state partitions are the by-key topic's
+//!   (`"<kafka.group_id>.dedupd-by-key"`): when it is new, as many as the input topic with the
+//!   most (as Kafka Streams sizes its repartition topics), and the changelog has as many.
+//!
+//! A changelog topic that exists with another count is refused: its records would be on the
+//! wrong partitions.
 
 use std::time::Duration;
 
@@ -21,6 +25,13 @@ pub(crate) struct ChangelogTopic {
     pub(crate) name: String,
     /// Its partitions: the state partitions.
     pub(crate) partitions: i32,
+    /// Under the by-key hop: the by-key topic, whose partitions are the state partitions.
+    pub(crate) by_key: Option<String>,
+}
+
+/// `"<kafka.group_id>.dedupd-by-key"` (SPEC §8).
+pub(crate) fn by_key_topic_name(config: &Config) -> String {
+    format!("{}.dedupd-by-key", config.kafka.group_id)
 }
 
 /// `store.changelog_topic`, or `"<kafka.group_id>.dedupd-state"` (SPEC §8).
@@ -43,15 +54,14 @@ fn failed(why: impl std::fmt::Display) -> PipelineError {
     PipelineError::Changelog(why.to_string())
 }
 
-/// Finds the changelog topic, or creates it (`cleanup.policy=compact`), and checks its
-/// partitions against the input topics'.
+/// Finds the changelog topic (and under the hop the by-key topic), or creates it, and
+/// checks its partitions against the input topics'.
 pub(crate) async fn ensure_topic(config: &Config) -> Result<ChangelogTopic, PipelineError> {
     let kafka = &config.kafka;
     let name = topic_name(config);
-    let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
-    let timeout = kafka.connect_timeout;
     let metadata = {
         let client_config = producer_config(kafka)?;
+        let timeout = kafka.connect_timeout;
         tokio::task::spawn_blocking(move || {
             let client: AdminClient<DefaultClientContext> = probe::create(&client_config, "admin")?;
             client
@@ -70,43 +80,85 @@ pub(crate) async fn ensure_topic(config: &Config) -> Result<ChangelogTopic, Pipe
         let n = partitions_of(topic).ok_or_else(|| failed(format!("input topic {topic:?} does not exist")))?;
         counts.push((topic.as_str(), n));
     }
-    let n = counts.first().map_or(0, |&(_, n)| n);
-    if counts.iter().any(|&(_, c)| c != n) {
-        return Err(failed(format!(
-            "store.changelog with kafka.copartitioned needs every input topic to have as many partitions (one per state partition); they have {counts:?}"
-        )));
-    }
-    let partitions = i32::try_from(n).map_err(failed)?;
-    if let Some(existing) = partitions_of(&name) {
-        if existing != n {
-            return Err(failed(format!(
-                "changelog topic {name:?} has {existing} partitions, the input topics {n}: its records would be on the wrong partitions"
-            )));
-        }
-        return Ok(ChangelogTopic { name, partitions });
-    }
-    let (rf, min_isr) = replication(
+    let replication = replication(
         config.store.changelog_replication_factor,
         config.store.changelog_min_insync_replicas,
         metadata.brokers().len(),
     );
+    let (n, by_key) = if kafka.copartitioned {
+        let n = counts.first().map_or(0, |&(_, n)| n);
+        if counts.iter().any(|&(_, c)| c != n) {
+            return Err(failed(format!(
+                "store.changelog with kafka.copartitioned needs every input topic to have as many partitions (one per state partition); they have {counts:?}"
+            )));
+        }
+        (n, None)
+    } else {
+        let by_key = by_key_topic_name(config);
+        let n = match partitions_of(&by_key) {
+            Some(existing) => existing,
+            None => {
+                let n = counts.iter().map(|&(_, c)| c).max().unwrap_or(1);
+                create(kafka, &by_key, n, replication, Purpose::ByKey).await?;
+                n
+            }
+        };
+        (n, Some(by_key))
+    };
+    let partitions = i32::try_from(n).map_err(failed)?;
+    match partitions_of(&name) {
+        Some(existing) if existing != n => Err(failed(format!(
+            "changelog topic {name:?} has {existing} partitions, the state partitions are {n}: its records would be on the wrong partitions"
+        ))),
+        Some(_) => Ok(ChangelogTopic { name, partitions, by_key }),
+        None => {
+            create(kafka, &name, n, replication, Purpose::Changelog).await?;
+            Ok(ChangelogTopic { name, partitions, by_key })
+        }
+    }
+}
+
+/// What a topic dedupd creates is for.
+#[derive(Debug, Clone, Copy)]
+enum Purpose {
+    /// Compacted: the latest record of each key is its state.
+    Changelog,
+    /// Records kept until dedupd deletes what its group committed (`purge`), as Kafka
+    /// Streams keeps its repartition topics: a time limit could delete forwarded commands
+    /// no instance has processed yet.
+    ByKey,
+}
+
+/// Creates `name` with `partitions` and `(rf, min_isr)`.
+async fn create(
+    kafka: &crate::pipeline::KafkaConfig,
+    name: &str,
+    partitions: usize,
+    (rf, min_isr): (i32, i32),
+    purpose: Purpose,
+) -> Result<(), PipelineError> {
+    let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
+    let timeout = kafka.connect_timeout;
     let min_isr_text = min_isr.to_string();
-    let topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(rf))
-        .set("cleanup.policy", "compact")
-        .set("min.insync.replicas", &min_isr_text);
+    let partitions = i32::try_from(partitions).map_err(failed)?;
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(rf)).set("min.insync.replicas", &min_isr_text);
+    let topic = match purpose {
+        Purpose::Changelog => topic.set("cleanup.policy", "compact"),
+        Purpose::ByKey => topic.set("cleanup.policy", "delete").set("retention.ms", "-1"),
+    };
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     let created = tokio::time::timeout(timeout + Duration::from_secs(1), admin.create_topics([&topic], &options))
         .await
-        .map_err(|_| failed(format!("creating changelog topic {name:?}: no answer in time")))?
-        .map_err(|e| failed(format!("creating changelog topic {name:?}: {e}")))?;
+        .map_err(|_| failed(format!("creating topic {name:?}: no answer in time")))?
+        .map_err(|e| failed(format!("creating topic {name:?}: {e}")))?;
     for result in created {
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((_, code)) => return Err(failed(format!("creating changelog topic {name:?}: {code}"))),
+            Err((_, code)) => return Err(failed(format!("creating topic {name:?}: {code}"))),
         }
     }
-    tracing::info!(topic = %name, partitions, replication_factor = rf, min_insync_replicas = min_isr, "changelog topic created");
-    Ok(ChangelogTopic { name, partitions })
+    tracing::info!(topic = %name, ?purpose, partitions, replication_factor = rf, min_insync_replicas = min_isr, "topic created");
+    Ok(())
 }
 
 #[cfg(test)]

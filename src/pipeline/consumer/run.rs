@@ -55,7 +55,7 @@ pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>,
         .map_err(|e| PipelineError::Kafka(KafkaError::Subscription(e.to_string())))
 }
 
-/// A new consumer, subscribed to the input topics, with its own empty partition table.
+/// A new consumer, subscribed to the input topics (and the by-key topic under the hop), with its own empty partition table.
 fn create_consumer(
     parts: &ConsumerParts,
     runtime: &tokio::runtime::Handle,
@@ -75,6 +75,11 @@ fn create_consumer(
         fatal: parts.shared.fatal.clone(),
     };
     let mut config = consumer_config(&parts.kafka)?;
+    if parts.shared.by_key_topic().is_some() {
+        // A forward whose transaction aborted must never be processed: its input comes
+        // again (whatever `kafka.consumer` says; librdkafka's default is this too).
+        config.set("isolation.level", "read_committed");
+    }
     bound_prefetch(&mut config, &parts.kafka, parts.queue_per_partition, parts.queue_bytes_per_partition);
     if let Some(member) = static_member_id(&parts.kafka, &ctx.store)? {
         tracing::info!(group_instance_id = %member, "joining the consumer group as a static member");
@@ -88,7 +93,10 @@ fn create_consumer(
     let consumer = Arc::new(consumer);
     // Before the first poll, where rebalance callbacks run.
     let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
-    let topics: Vec<&str> = parts.kafka.input_topics.iter().map(String::as_str).collect();
+    let mut topics: Vec<&str> = parts.kafka.input_topics.iter().map(String::as_str).collect();
+    if let Some(by_key) = parts.shared.by_key_topic() {
+        topics.push(by_key);
+    }
     consumer.subscribe(&topics)?;
     Ok(consumer)
 }

@@ -1,0 +1,50 @@
+//! An input partition's batch under the by-key hop (`hop`): each command is forwarded to
+//! its key's partition of the by-key topic, to be decided there; a record that is not one
+//! is rejected here (its result and dead letter name it). Forwards, rejections and the
+//! input offset go out in the one open transaction (SPEC §8).
+
+use std::time::Instant;
+
+use rdkafka::message::{Message, OwnedMessage};
+
+use super::{PartitionWorker, Stop, Unacked};
+use crate::engine::{Item, rejected};
+use crate::outcome::Processed;
+use crate::pipeline::changelog::state_partition;
+use crate::pipeline::hop::forward_record;
+
+impl PartitionWorker {
+    /// Forwards `batch`'s commands to `by_key` (of `partitions`), rejects the rest, and
+    /// records the batch's last offset. Returns what was sent; the whole batch always is.
+    pub(super) async fn forward(
+        &self,
+        batch: Vec<OwnedMessage>,
+        by_key: &str,
+        partitions: i32,
+    ) -> Result<(Option<Unacked>, bool), Stop> {
+        let started = Instant::now();
+        let Some(last_offset) = batch.last().map(Message::offset) else { return Ok((None, true)) };
+        self.in_batch.set(&batch);
+        let mut commands: Vec<(OwnedMessage, String)> = Vec::with_capacity(batch.len());
+        let mut rejections: Vec<(OwnedMessage, Processed)> = Vec::new();
+        for m in batch {
+            let item: Item = self.item(&m, None);
+            match &item.parsed {
+                Ok(cmd) => {
+                    let key = cmd.key.clone();
+                    commands.push((m, key));
+                }
+                Err(rejection) => {
+                    let processed = rejected(&item, rejection);
+                    rejections.push((m, processed));
+                }
+            }
+        }
+        let forwards =
+            commands.iter().map(|(m, key)| forward_record(by_key, state_partition(key, partitions), key, m)).collect();
+        let refs: Vec<(&OwnedMessage, &Processed)> = rejections.iter().map(|(m, p)| (m, p)).collect();
+        let acks = self.publish(&refs, forwards, last_offset).await?;
+        tracing::debug!(topic = %self.topic, partition = self.partition, forwarded = commands.len(), rejected = rejections.len(), "batch forwarded");
+        Ok((Some(Unacked { records: rejections, acks, started, last_offset }), true))
+    }
+}
