@@ -27,12 +27,14 @@
 //!   `kafka.transaction_interval` and on revoke and shutdown.
 //! - `changelog`: under `store.changelog`, the changelog topic, the store's changes sent in
 //!   the open transaction, and the restore of a state partition before it is processed.
+//! - `hop`: under `store.changelog` without `kafka.copartitioned`, the by-key topic's
+//!   records (a forward and the input it was made of) and its purge.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
 //!   gauges.
 //!
 //! Among them: `consumer` uses `partitions`, `queue`, `worker`, `control`, `changelog` and
-//! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control`, `changelog`
-//! and `transactions`; `changelog` uses `publish` and `transactions`; `partitions` uses
+//! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control`, `changelog`,
+//! `hop` and `transactions`; `hop` uses none of them; `changelog` uses `publish` and `transactions`; `partitions` uses
 //! `control` and `queue`, `circuits` and `transactions` only `control`.
 
 mod changelog;
