@@ -27,6 +27,7 @@ mod supervise;
 pub(crate) use supervise::{BatchOffsets, PanicWatch, supervise};
 
 mod forward;
+mod resend;
 
 /// Batches whose results may await acknowledgement at once, per partition. Enough to
 /// keep the engine busy while Kafka acknowledges; bounded so an unresponsive broker stops
@@ -237,15 +238,8 @@ impl PartitionWorker {
         let store = Arc::clone(self.shared.engine.store());
         let last = consumed.last().copied().unwrap_or(0);
         let wm = vec![(self.topic.clone(), self.partition, last)];
-        // A store write can wait for another thread's flush: on the blocking pool.
         let raise_store = Arc::clone(&store);
-        if let Ok(Err(e)) | Err(e) = tokio::task::spawn_blocking(move || raise_store.raise_watermarks(&wm))
-            .await
-            .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
-        {
-            self.store_failed(&e, "raising the watermark");
-            return Err(Stop::Fatal);
-        }
+        self.on_store("raising the watermark", move || raise_store.raise_watermarks(&wm)).await?;
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
         let run = self.shared.engine.process_batch_reporting_flush(&items, &self.cancel);
         let tp = (self.topic.clone(), self.partition);
@@ -271,14 +265,7 @@ impl PartitionWorker {
         // the engine made for this batch (claims or completions) came after the raise and
         // covers it; a batch of only replays and rejections needs one of its own.
         if !flushed {
-            let flush_store = Arc::clone(&store);
-            if let Ok(Err(e)) | Err(e) = tokio::task::spawn_blocking(move || flush_store.flush())
-                .await
-                .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() })
-            {
-                self.store_failed(&e, "flushing");
-                return Err(Stop::Fatal);
-            }
+            self.on_store("flushing", move || store.flush()).await?;
         }
         // Send the longest prefix of finished records; an abandoned record ends it.
         let total = batch.len();
@@ -299,6 +286,23 @@ impl PartitionWorker {
         let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
         let acks = self.publish(&refs, Vec::new(), last_offset).await?;
         Ok((Some(Unacked { records, acks, started, last_offset }), complete))
+    }
+
+    /// Runs `write` on the store, on the blocking pool (a store write can wait for another
+    /// thread's flush); a failure stops the process, saying it failed `doing` that.
+    async fn on_store(
+        &self,
+        doing: &str,
+        write: impl FnOnce() -> Result<(), crate::store::StoreError> + Send + 'static,
+    ) -> Result<(), Stop> {
+        let done = tokio::task::spawn_blocking(write)
+            .await
+            .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() });
+        if let Ok(Err(e)) | Err(e) = done {
+            self.store_failed(&e, doing);
+            return Err(Stop::Fatal);
+        }
+        Ok(())
     }
 
     /// Hands a batch's results (and, under the hop, its forwards) to the producer; the
@@ -379,66 +383,6 @@ impl PartitionWorker {
         true
     }
 
-    /// Hands `parts` of a batch's results to the producer, retrying with backoff what could
-    /// not be queued (only that: what was queued is published already); `None` when the
-    /// partition is let go first or the failure is permanent.
-    async fn send_until_queued(&self, records: &[(&OwnedMessage, &Processed)], mut parts: Parts) -> Option<Acks> {
-        let mut queued = Vec::new();
-        let mut wait = Duration::from_millis(100);
-        loop {
-            let sent = self.shared.publisher.send(records, &parts).await;
-            queued.push(sent.acks);
-            let Some(rest) = sent.rest else { return Some(Acks::join(queued)) };
-            if !self.may_retry(&rest.error, "queueing results failed; retrying", &mut wait).await {
-                return None;
-            }
-            parts = rest.parts;
-        }
-    }
-
-    /// Sends again what Kafka did not acknowledge until it does, retrying with backoff;
-    /// gives up only when the partition is let go (then nothing is committed and the
-    /// records come again) or the failure is permanent.
-    async fn publish_until_acked(&self, records: &[(&OwnedMessage, &Processed)], mut not_taken: NotTaken) -> bool {
-        let mut wait = Duration::from_millis(100);
-        loop {
-            if !self
-                .may_retry(
-                    &not_taken.error,
-                    "publishing results failed; sending again what was not acknowledged",
-                    &mut wait,
-                )
-                .await
-            {
-                return false;
-            }
-            let Some(mut acks) = self.send_until_queued(records, not_taken.parts).await else { return false };
-            match acks.acknowledged().await {
-                Ok(()) => return true,
-                Err(again) => not_taken = again,
-            }
-        }
-    }
-
-    /// After a publishing failure: false (stop) when retrying cannot fix it or the
-    /// partition is let go while backing off; true to retry.
-    async fn may_retry(&self, error: &rdkafka::error::KafkaError, message: &str, wait: &mut Duration) -> bool {
-        if super::publish::is_permanent(error) {
-            self.stop_for_good(error);
-            return false;
-        }
-        tracing::warn!(error = %error, topic = %self.topic, partition = self.partition, "{message}");
-        self.back_off(wait).await
-    }
-
-    /// A publishing failure retrying cannot fix (see `publish::is_permanent`): stop the
-    /// process with the cause named; the batch stays uncommitted and comes again once the
-    /// operator has fixed it.
-    fn stop_for_good(&self, e: &rdkafka::error::KafkaError) {
-        tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "publishing results failed for a reason retrying cannot fix (missing topic, no permission, record too large); stopping");
-        self.shared.fatal.cancel();
-    }
-
     /// A store failure, which stops the process: logged saying what failed (a full disk
     /// names its path), counted in `dedupd_store_write_errors_total{kind}`, and `/readyz` 503.
     fn store_failed(&self, e: &crate::store::StoreError, doing: &str) {
@@ -448,16 +392,6 @@ impl PartitionWorker {
             self.shared.metrics.store_write_failed(kind);
         }
         self.shared.health.set_store_failed(&e.to_string());
-    }
-
-    /// Sleeps `wait` (doubling it, up to 5 s); false when cancelled first.
-    async fn back_off(&self, wait: &mut Duration) -> bool {
-        tokio::select! {
-            () = tokio::time::sleep(*wait) => {}
-            () = self.cancel.cancelled() => return false,
-        }
-        *wait = (*wait * 2).min(Duration::from_secs(5));
-        true
     }
 
     fn record_metrics(&self, p: &Processed) {
