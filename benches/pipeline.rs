@@ -21,9 +21,10 @@
 //! the first result's timestamp to the last. It needs Java 17+ (the broker's) and, for its
 //! first build, Maven.
 //!
-//! With `--changelog`, each drain of step 3 is followed by one with the store on Kafka
-//! (`store.changelog`, transactional results, `kafka.copartitioned`: the backlog is keyed
-//! by the idempotency key with the murmur2 partitioner). With `--restore N`, only the
+//! With `--changelog`, each drain of step 3 is followed by two with the store on Kafka
+//! (`store.changelog`, transactional results): one with `kafka.copartitioned` (the backlog
+//! is keyed by the idempotency key with the murmur2 partitioner), one through the by-key
+//! topic. With `--restore N`, only the
 //! restore phase (`pipeline/restore.rs`): N keys restored into an empty store, then a tail
 //! of 10,000 after a clean stop.
 //!
@@ -265,6 +266,18 @@ enum Mode {
     Embedded,
     /// `store.changelog = true` (with transactional results and `kafka.copartitioned`).
     Changelog,
+    /// `store.changelog = true` (with transactional results) through the by-key topic.
+    ByKey,
+}
+
+/// The drains with the store on Kafka, printed, after one embedded drain.
+async fn drain_on_kafka(bootstrap: &str, input: &str, backend: StoreBackend, records: usize) {
+    for (mode, what) in [(Mode::Changelog, "copartitioned"), (Mode::ByKey, "through the by-key topic")] {
+        let rate = measure_drain_in(mode, bootstrap, input, backend, records).await;
+        println!(
+            "dedupd run, {backend:?}, store on Kafka (changelog, {what}), draining the backlog: {rate:.0} commands/s"
+        );
+    }
 }
 
 fn config(bootstrap: &str, input: &str, results: &str, backend: StoreBackend, dir: &std::path::Path) -> Config {
@@ -299,9 +312,9 @@ fn config_in(
     // DEDUPD_BENCH_TRANSACTIONAL=1: `kafka.transactional_results = true` (a drain's rate
     // comes from the result records' timestamps, so it does not count the last commit).
     c.kafka.transactional_results = std::env::var("DEDUPD_BENCH_TRANSACTIONAL").is_ok_and(|v| v == "1");
-    if mode == Mode::Changelog {
+    if mode != Mode::Embedded {
         c.kafka.transactional_results = true;
-        c.kafka.copartitioned = true;
+        c.kafka.copartitioned = mode == Mode::Changelog;
         c.store.changelog = true;
         c.store.changelog_replication_factor = 1;
     }
@@ -453,10 +466,7 @@ async fn main() {
             let rate = measure_drain(&bootstrap, &input, *backend, a.records).await;
             println!("dedupd run, {backend:?}, draining the backlog: {rate:.0} commands/s");
             if a.changelog {
-                let rate = measure_drain_in(Mode::Changelog, &bootstrap, &input, *backend, a.records).await;
-                println!(
-                    "dedupd run, {backend:?}, store on Kafka (changelog), draining the backlog: {rate:.0} commands/s"
-                );
+                drain_on_kafka(&bootstrap, &input, *backend, a.records).await;
             }
         }
         return;
@@ -487,10 +497,7 @@ async fn main() {
 
         let rate = measure_drain(&bootstrap, &input, *backend, a.records).await;
         if a.changelog {
-            let on_kafka = measure_drain_in(Mode::Changelog, &bootstrap, &input, *backend, a.records).await;
-            println!(
-                "dedupd run, {backend:?}, store on Kafka (changelog), draining the backlog: {on_kafka:.0} commands/s"
-            );
+            drain_on_kafka(&bootstrap, &input, *backend, a.records).await;
         }
 
         // Latency at a fixed rate.

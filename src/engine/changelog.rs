@@ -1,8 +1,16 @@
 //! The engine's durability points when the store is the cache of a changelog
-//! (`store.changelog`): there, what is durable is what the changelog topic committed, so
-//! each durability point (a round's claims, a batch's last completions) also sends the
-//! store's captured changes and waits for their commit. The Kafka side is the pipeline's;
-//! the engine sees only [`ChangeLog`].
+//! (`store.changelog`): there, what is durable is what the changelog topic committed.
+//! - A round's claims are committed before any of their sinks runs ([`ChangeLog::commit`]):
+//!   a claim a crash could take back would let a sink run twice.
+//! - Completions need only be *queued* in the open transaction before their keys are let go
+//!   ([`ChangeLog::queue`]): everything that can depend on a completion (its batch's results
+//!   and offsets, another batch's replay of it) is queued after it, so in the same
+//!   transaction or a later one, and the pipeline's one producer commits its transactions
+//!   in order and commits none after one that failed. A crash before the commit takes the
+//!   completion back together with all that depends on it. The commit is asked for at once,
+//!   not awaited.
+//!
+//! The Kafka side is the pipeline's; the engine sees only [`ChangeLog`].
 
 use std::sync::Arc;
 
@@ -14,11 +22,17 @@ pub trait ChangeLog: Send + Sync {
     /// Sends every change the store captured so far and returns once they are committed;
     /// an error means they may never be, and the batch cannot go on.
     async fn commit(&self) -> Result<(), String>;
+
+    /// Queues every change the store captured so far in the open transaction, and asks for
+    /// it to be committed soon without waiting; an error means they may never be, and the
+    /// batch cannot go on.
+    async fn queue(&self) -> Result<(), String>;
 }
 
 impl Engine {
     /// This engine with `changelog` as part of every durability point: no sink runs before
-    /// its claim is committed there, and no key is released before its completion is.
+    /// its claim is committed there, and no key is released before its completion is
+    /// queued there (see the module doc).
     pub fn with_changelog(mut self, changelog: Arc<dyn ChangeLog>) -> Engine {
         self.changelog = Some(changelog);
         self
@@ -28,6 +42,14 @@ impl Engine {
     pub(super) async fn commit_changelog(&self) -> Result<(), EngineError> {
         match &self.changelog {
             Some(changelog) => changelog.commit().await.map_err(EngineError::ChangeLog),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues the store's changes in the changelog's open transaction, if there is one.
+    pub(super) async fn queue_changelog(&self) -> Result<(), EngineError> {
+        match &self.changelog {
+            Some(changelog) => changelog.queue().await.map_err(EngineError::ChangeLog),
             None => Ok(()),
         }
     }

@@ -98,11 +98,12 @@ impl Engine {
     }
 
     /// Flushes the store: every completion written so far becomes durable (with a
-    /// changelog, once it committed them).
+    /// changelog, queued in its open transaction before anything that depends on them; see
+    /// `changelog`).
     pub(super) async fn flush_store(&self) -> Result<(), EngineError> {
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.flush()).await.map_err(|e| EngineError::Join(e.to_string()))??;
-        self.commit_changelog().await
+        self.queue_changelog().await
     }
 }
 

@@ -206,6 +206,7 @@ impl Transactions {
         } else {
             self.done.send_modify(|d| d.number = number);
             self.metrics.transaction_committed(started.elapsed().as_secs_f64());
+            tracing::debug!(number, ms = started.elapsed().as_secs_f64() * 1e3, "transaction committed");
         }
         outcome
     }
@@ -222,6 +223,11 @@ impl Transactions {
         self.wake.notify_one();
         let seen = done.wait_for(|d| d.failed || d.number >= wanted).await.map_err(|_| TransactionError::Failed)?;
         if seen.failed { Err(TransactionError::Failed) } else { Ok(()) }
+    }
+
+    /// Asks the committer for a commit at once, without waiting for it.
+    pub(crate) fn commit_soon(&self) {
+        self.wake.notify_one();
     }
 
     /// Aborts the open transaction (a lost generation cannot commit it) and hands out no

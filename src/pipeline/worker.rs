@@ -1,7 +1,9 @@
 //! One partition's worker: takes a batch of records in offset order, parses them, raises
 //! the store watermark, runs the batch through the engine and hands every result to the
 //! producer. It takes the next batch while Kafka acknowledges, and stores a batch's last
-//! offset only once its results and those of every earlier batch are acknowledged.
+//! offset only once its results and those of every earlier batch are acknowledged. Under
+//! the by-key hop an input partition's worker forwards its commands instead (`forward`),
+//! and a by-key partition's worker decides each as the input it was made of.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

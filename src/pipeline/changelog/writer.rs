@@ -1,6 +1,7 @@
 //! Sends the store's captured changes to the changelog in the process's open transaction,
-//! keyed by the idempotency key, on the key's state partition; and commits them, for the
-//! engine's durability points ([`ChangeLog`]) and the periodic committer.
+//! keyed by the idempotency key, on the key's state partition; and commits them (or only
+//! queues them), for the engine's durability points ([`ChangeLog`]) and the periodic
+//! committer.
 
 use std::sync::Arc;
 
@@ -64,6 +65,7 @@ impl ChangelogWriter {
             }
         }
         drop(member);
+        tracing::debug!(changes = changes.len(), "changes queued");
         Ok(())
     }
 
@@ -81,6 +83,12 @@ impl ChangeLog for ChangelogWriter {
     async fn commit(&self) -> Result<(), String> {
         self.send_changes().await?;
         self.transactions.commit_queued().await.map_err(|e| e.to_string())
+    }
+
+    async fn queue(&self) -> Result<(), String> {
+        self.send_changes().await?;
+        self.transactions.commit_soon();
+        Ok(())
     }
 }
 
