@@ -18,11 +18,12 @@
 //! - `complete`: turn each run's end into its result and completion, and write the round's
 //!   completions at once;
 //! - `processed`: the result record of every outcome;
-//! - `changelog`: with `store.changelog`, each durability point also commits the store's
-//!   changes to the changelog topic ([`ChangeLog`]).
+//! - `changelog`: with `store.changelog`, a round's claims are also committed to the
+//!   changelog topic, and completions queued in its open transaction ([`ChangeLog`]).
 //!
 //! Two rules hold throughout: no sink is called before its claim is durable (a sink request
-//! can only be built from a durable claim), and a round's completions are durable before
+//! can only be built from a durable claim), and a round's completions are durable (with a
+//! changelog: queued ahead of everything that depends on them, see `changelog`) before
 //! its keys are released and before the batch's results are returned for publishing. A
 //! round that carries completions takes no ticket it would have to wait for (another
 //! partition's sink calls must not hold up their durability): without one at once it

@@ -211,14 +211,18 @@ impl Transactions {
         outcome
     }
 
-    /// Returns once every record queued (under a [`Member`] dropped) before the call is
-    /// committed, by a commit that took the gate after the call. The committer
-    /// ([`commit_every`]) makes it, woken by the call: one commit at a time, back to back
-    /// while callers wait, so every caller that came during one commit shares the next
-    /// (group commit, as the store's flushes).
-    pub(crate) async fn commit_queued(&self) -> Result<(), TransactionError> {
-        // A commit numbered above this took the gate after the caller's members were gone.
-        let wanted = self.commits_started.load(Ordering::SeqCst) + 1;
+    /// The number of the first commit that carries what is queued under `member`: no
+    /// commit holds the gate while a member does, and one that starts later takes the gate
+    /// after `member` is dropped (invariant 1).
+    pub(crate) fn carrying_commit(&self, _member: &Member) -> u64 {
+        self.commits_started.load(Ordering::SeqCst) + 1
+    }
+
+    /// Returns once commit number `wanted` (see [`Transactions::carrying_commit`]) and every
+    /// one before it are made. The committer ([`commit_every`]) makes it, woken by the call:
+    /// one commit at a time, back to back while callers wait, so every caller that came
+    /// during one commit shares the next (group commit, as the store's flushes).
+    pub(crate) async fn commit_queued(&self, wanted: u64) -> Result<(), TransactionError> {
         let mut done = self.done.subscribe();
         self.wake.notify_one();
         let seen = done.wait_for(|d| d.failed || d.number >= wanted).await.map_err(|_| TransactionError::Failed)?;

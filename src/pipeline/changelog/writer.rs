@@ -21,8 +21,9 @@ pub(crate) struct ChangelogWriter {
     topic: String,
     partitions: i32,
     /// Held while taking and queueing changes, so that two callers cannot queue one key's
-    /// changes out of the order the store made them (`store::changelog`, invariant 1).
-    sending: tokio::sync::Mutex<()>,
+    /// changes out of the order the store made them (`store::changelog`, invariant 1); it
+    /// holds the number of the commit that carries the changes queued last.
+    sending: tokio::sync::Mutex<u64>,
 }
 
 impl ChangelogWriter {
@@ -38,19 +39,22 @@ impl ChangelogWriter {
             producer,
             topic: topic.name.clone(),
             partitions: topic.partitions,
-            sending: tokio::sync::Mutex::new(()),
+            sending: tokio::sync::Mutex::new(0),
         }
     }
 
-    /// Queues every change captured so far in the open transaction, in the order made. A
-    /// change that cannot be queued fails the transaction (it must not commit without it).
-    pub(crate) async fn send_changes(&self) -> Result<(), String> {
-        let _in_order = self.sending.lock().await;
+    /// Queues every change captured so far in the open transaction, in the order made, and
+    /// returns the number of the commit that carries them (when another caller took them
+    /// first, the one that carries what it queued). A change that cannot be queued fails the
+    /// transaction (it must not commit without it).
+    pub(crate) async fn send_changes(&self) -> Result<u64, String> {
+        let mut carried_by = self.sending.lock().await;
         let changes = self.store.take_changes();
         if changes.is_empty() {
-            return Ok(());
+            return Ok(*carried_by);
         }
         let member = self.transactions.join().await.map_err(|e| e.to_string())?;
+        *carried_by = self.transactions.carrying_commit(&member);
         for Change { key, value } in &changes {
             let record =
                 FutureRecord::to(&self.topic).partition(state_partition(key, self.partitions)).key(key.as_bytes());
@@ -66,13 +70,13 @@ impl ChangelogWriter {
         }
         drop(member);
         tracing::debug!(changes = changes.len(), "changes queued");
-        Ok(())
+        Ok(*carried_by)
     }
 
     /// Sends the captured changes and commits them itself, for when no committer runs
     /// (a clean stop, after the last commit of the consumer).
     pub(crate) async fn commit_now(&self) -> Result<(), String> {
-        self.send_changes().await?;
+        let _ = self.send_changes().await?;
         self.transactions.commit().await.map_err(|e| e.to_string())
     }
 }
@@ -81,12 +85,12 @@ impl ChangelogWriter {
 #[async_trait::async_trait]
 impl ChangeLog for ChangelogWriter {
     async fn commit(&self) -> Result<(), String> {
-        self.send_changes().await?;
-        self.transactions.commit_queued().await.map_err(|e| e.to_string())
+        let carried_by = self.send_changes().await?;
+        self.transactions.commit_queued(carried_by).await.map_err(|e| e.to_string())
     }
 
     async fn queue(&self) -> Result<(), String> {
-        self.send_changes().await?;
+        let _ = self.send_changes().await?;
         self.transactions.commit_soon();
         Ok(())
     }
@@ -97,6 +101,6 @@ impl ChangeLog for ChangelogWriter {
 #[async_trait::async_trait]
 impl BeforeCommit for ChangelogWriter {
     async fn before_commit(&self) -> Result<(), String> {
-        self.send_changes().await
+        self.send_changes().await.map(|_| ())
     }
 }
