@@ -322,6 +322,10 @@ fn config_in(
     if let Some(n) = std::env::var("DEDUPD_BENCH_MAX_IN_FLIGHT").ok().and_then(|v| v.parse().ok()) {
         c.pipeline.max_in_flight = n;
     }
+    // DEDUPD_BENCH_BATCH_SIZE=N: `pipeline.batch_size`.
+    if let Some(n) = std::env::var("DEDUPD_BENCH_BATCH_SIZE").ok().and_then(|v| v.parse().ok()) {
+        c.pipeline.batch_size = n;
+    }
     // Tuning experiments: DEDUPD_BENCH_PRODUCER / DEDUPD_BENCH_CONSUMER="key=value,key=value"
     // go to `kafka.producer` / `kafka.consumer` as a config file's tables would.
     for (var, table) in
