@@ -351,6 +351,8 @@ async fn expiry_writes_tombstones_and_a_rebuilt_store_holds_no_expired_key() {
 
 /// Keys of the by-key hop test; each comes on every input partition.
 const HOP_KEYS: usize = 100;
+/// The key of its command too large to forward.
+const OVERSIZE: usize = 5_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeats_on_different_input_partitions_meet_through_the_by_key_topic() {
@@ -359,26 +361,33 @@ async fn repeats_on_different_input_partitions_meet_through_the_by_key_topic() {
     let OnKafka { input, results: results_topic, dlq, group, dir, store, .. } = &run;
     let by_key = format!("{group}.dedupd-by-key");
     let receiver = SlowReceiver::start((1, 5), 13).await;
+    // Forwards of up to about 12,000 bytes: a command with more headers than that is too
+    // large to forward, though its value is within `limits.max_command_bytes`.
     let config = run.write_config(&bootstrap, &receiver.url("/pay"), |toml| {
         toml.replace("copartitioned = true", "copartitioned = false")
+            + "\n[limits]\nmax_command_bytes = 10000\n\n[kafka.producer]\n\"message.max.bytes\" = \"12000\"\n"
     });
     let tail = TopicTail::start(&bootstrap, results_topic, 1);
 
-    // Every key on every input partition (its producer keyed it by something else), and a
-    // record that is not a command.
+    // Every key on every input partition (its producer keyed it by something else), a
+    // record that is not a command, and a command whose headers make it too large to forward.
     let on_every_partition = |i: usize| (0..PARTITIONS).map(move |p| pay_kills::command(i, p));
     let mut inputs =
         kafka::produce_all_to(&bootstrap, input, (0..HOP_KEYS).flat_map(on_every_partition).collect()).await;
     let not_json =
         kafka::produce_all_to(&bootstrap, input, vec![("x".into(), b"{not json".to_vec(), Vec::new(), Some(1))]).await;
+    let (key, value, _, _) = pay_kills::command(OVERSIZE, 0);
+    let headers = vec![("padding".to_string(), "x".repeat(12_000))];
+    let oversize = kafka::produce_all_to(&bootstrap, input, vec![(key, value, headers, Some(2))]).await;
     inputs.extend(&not_json);
+    inputs.extend(&oversize);
     let log = dir.path().join("first.log");
     run_until_every_result(&config, &log, &tail, &inputs).await;
 
     // One call per key; one result per input, naming the input; each key's first run and
     // its repeats replayed.
     let calls = calls_per_key(&receiver);
-    assert_eq!(calls.len(), HOP_KEYS, "every key ran");
+    assert_eq!(calls.len(), HOP_KEYS, "every key ran, but the one too large to forward");
     assert!(calls.values().all(|&n| n == 1), "a key ran more than once: {calls:?}");
     let seen = results(&tail);
     assert_eq!(seen.len(), inputs.len(), "exactly one result per input (read_committed)");
@@ -394,11 +403,22 @@ async fn repeats_on_different_input_partitions_meet_through_the_by_key_topic() {
     }
     let rejected = of_inputs(&seen, &not_json);
     assert_eq!(rejected.iter().map(|r| r.outcome).collect::<Vec<_>>(), vec![Outcome::Rejected]);
-    let letters = kafka::read_all(&bootstrap, dlq, 1, Duration::from_secs(30)).await;
-    let (p, o) = not_json[0];
-    assert_eq!(letters.len(), 1, "the record that is not a command is dead-lettered once");
-    assert_eq!(kafka::header(&letters[0], "dedupd-source"), Some(format!("{input}/{p}/{o}")), "naming the input");
-    assert_eq!(kafka::header(&letters[0], "dedupd-reason").as_deref(), Some("invalid_json"));
+    let too_large = of_inputs(&seen, &oversize);
+    assert_eq!(too_large.iter().map(|r| r.outcome).collect::<Vec<_>>(), vec![Outcome::Rejected]);
+    let mut letters: Vec<(Option<String>, Option<String>)> =
+        kafka::read_all(&bootstrap, dlq, 2, Duration::from_secs(30))
+            .await
+            .iter()
+            .map(|m| (kafka::header(m, "dedupd-source"), kafka::header(m, "dedupd-reason")))
+            .collect();
+    letters.sort();
+    let source = |(p, o): (i32, i64)| Some(format!("{input}/{p}/{o}"));
+    let mut want = vec![
+        (source(not_json[0]), Some("invalid_json".to_string())),
+        (source(oversize[0]), Some("too_large".to_string())),
+    ];
+    want.sort();
+    assert_eq!(letters, want, "dead-lettered once each, naming the input");
 
     // After the clean stop the by-key topic holds nothing the group committed: it was
     // purged up to the committed offsets (only a transaction's commit marker may follow).

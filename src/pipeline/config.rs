@@ -106,6 +106,14 @@ impl KafkaConfig {
     }
 }
 
+impl KafkaConfig {
+    /// The results producer's `message.max.bytes`: `kafka.producer`'s, else dedupd's
+    /// default (config validation refuses one that is not a number).
+    pub fn producer_max_bytes(&self) -> usize {
+        self.producer.get("message.max.bytes").and_then(|v| v.trim().parse().ok()).unwrap_or(RESULTS_PRODUCER_MAX_BYTES)
+    }
+}
+
 /// Pipeline settings.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]

@@ -34,12 +34,17 @@ pub(super) async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineErr
 /// transaction (`publish`). When it cannot be read (no permission, an old broker) the
 /// broker's default is assumed and the log says so.
 pub(super) async fn dead_letter_limit(kafka: &KafkaConfig) -> Result<DeadLetterLimit, PipelineError> {
+    Ok(DeadLetterLimit::of_topic(topic_max_message_bytes(kafka, &kafka.dead_letter_topic).await?))
+}
+
+/// `topic`'s `max.message.bytes`, or the broker's default (logged) when it cannot be read.
+pub(super) async fn topic_max_message_bytes(kafka: &KafkaConfig, topic: &str) -> Result<usize, PipelineError> {
     let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
-    let topic = ResourceSpecifier::Topic(&kafka.dead_letter_topic);
+    let resource = ResourceSpecifier::Topic(topic);
     let options = AdminOptions::new().request_timeout(Some(kafka.connect_timeout));
     let read = tokio::time::timeout(
         kafka.connect_timeout + Duration::from_secs(1),
-        admin.describe_configs([&topic], &options),
+        admin.describe_configs([&resource], &options),
     )
     .await
     .map_err(|_| "no answer in time".to_string())
@@ -49,10 +54,13 @@ pub(super) async fn dead_letter_limit(kafka: &KafkaConfig) -> Result<DeadLetterL
         let value = resource.get("max.message.bytes").and_then(|e| e.value.clone());
         value.and_then(|v| v.parse::<usize>().ok()).ok_or_else(|| "no max.message.bytes".to_string())
     });
-    let topic_max = read.unwrap_or_else(|why| {
-        tracing::warn!(topic = %kafka.dead_letter_topic, why, assumed = BROKER_DEFAULT_MAX_MESSAGE_BYTES,
-            "could not read the dead-letter topic's max.message.bytes; assuming the broker's default");
+    Ok(read.unwrap_or_else(|why| {
+        tracing::warn!(
+            topic,
+            why,
+            assumed = BROKER_DEFAULT_MAX_MESSAGE_BYTES,
+            "could not read the topic's max.message.bytes; assuming the broker's default"
+        );
         BROKER_DEFAULT_MAX_MESSAGE_BYTES
-    });
-    Ok(DeadLetterLimit::of_topic(topic_max))
+    }))
 }

@@ -145,6 +145,14 @@ pub async fn run(
         true => Some(changelog::ensure_topic(&config).await?),
         false => None,
     };
+    // Under the by-key hop: the largest forward the producer and the by-key topic take.
+    let forward_limit = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref()) {
+        Some(by_key) => {
+            let topic_max = connect::topic_max_message_bytes(&config.kafka, by_key).await?;
+            publish::DeadLetterLimit::of_topic(topic_max.min(config.kafka.producer_max_bytes())).0
+        }
+        None => usize::MAX,
+    };
     let (core, sinks) = Core::build(&config, dead_letter_limit, changelog_topic.as_ref())?;
     let purger = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref().map(|by_key| (by_key, t.partitions))) {
         Some((by_key, partitions)) => Some(Arc::new(hop::Purger::new(&config.kafka, by_key, partitions)?)),
@@ -157,7 +165,7 @@ pub async fn run(
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
     let consumer_stop = CancellationToken::new();
-    let consumer_thread = start_consumer(&config, &core, &options, &fatal, &consumer_stop)?;
+    let consumer_thread = start_consumer(&config, &core, &options, forward_limit, (&fatal, &consumer_stop))?;
     let committer_stop = CancellationToken::new();
     let committer = core.transactions.clone().map(|t| {
         let interval = config.kafka.transaction_interval;
@@ -368,8 +376,8 @@ fn start_consumer(
     config: &Config,
     core: &Core,
     options: &RunOptions,
-    fatal: &CancellationToken,
-    stop: &CancellationToken,
+    forward_limit: usize,
+    (fatal, stop): (&CancellationToken, &CancellationToken),
 ) -> Result<std::thread::JoinHandle<()>, PipelineError> {
     let shared = Arc::new(worker::WorkerShared {
         engine: Arc::clone(&core.engine),
@@ -382,10 +390,11 @@ fn start_consumer(
         fatal: fatal.clone(),
         health: Arc::clone(&core.health),
         transactions: core.transactions.clone(),
-        state: core
-            .changelog
-            .as_ref()
-            .map(|c| worker::StatePartitions { count: c.partitions, by_key: c.by_key.clone() }),
+        state: core.changelog.as_ref().map(|c| worker::StatePartitions {
+            count: c.partitions,
+            by_key: c.by_key.clone(),
+            forward_limit,
+        }),
     });
     consumer::spawn(consumer::ConsumerParts {
         kafka: config.kafka.clone(),

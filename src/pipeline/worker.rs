@@ -76,6 +76,10 @@ pub(crate) struct StatePartitions {
     /// partition's records are forwarded there (`hop`). `None` with `kafka.copartitioned`:
     /// every input partition is one.
     pub by_key: Option<String>,
+    /// Under the hop: the largest forward (key, value and headers) the producer and the
+    /// by-key topic take; a larger command is rejected `too_large` instead of stopping the
+    /// process on a transaction Kafka would refuse.
+    pub forward_limit: usize,
 }
 
 impl WorkerShared {
@@ -92,7 +96,7 @@ enum Role<'a> {
     Decide { check_among: Option<i32>, unwrap: bool },
     /// Forwards them to their key's partition of the by-key topic (an input partition
     /// under the hop).
-    Forward { by_key: &'a str, partitions: i32 },
+    Forward(&'a StatePartitions),
 }
 
 /// One partition's worker.
@@ -208,11 +212,13 @@ impl PartitionWorker {
     fn role(&self) -> Role<'_> {
         match &self.shared.state {
             None => Role::Decide { check_among: None, unwrap: false },
-            Some(StatePartitions { count, by_key: None }) => Role::Decide { check_among: Some(*count), unwrap: false },
-            Some(StatePartitions { count, by_key: Some(by_key) }) if *by_key == self.topic => {
+            Some(StatePartitions { count, by_key: None, .. }) => {
+                Role::Decide { check_among: Some(*count), unwrap: false }
+            }
+            Some(StatePartitions { count, by_key: Some(by_key), .. }) if *by_key == self.topic => {
                 Role::Decide { check_among: Some(*count), unwrap: true }
             }
-            Some(StatePartitions { count, by_key: Some(by_key) }) => Role::Forward { by_key, partitions: *count },
+            Some(state) => Role::Forward(state),
         }
     }
 
@@ -220,7 +226,7 @@ impl PartitionWorker {
     /// finished prefix's results. Returns what was sent and whether the whole batch finished.
     async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Unacked>, bool), Stop> {
         let (check_among, unwrap) = match self.role() {
-            Role::Forward { by_key, partitions } => return self.forward(batch, by_key, partitions).await,
+            Role::Forward(state) => return self.forward(batch, state).await,
             Role::Decide { check_among, unwrap } => (check_among, unwrap),
         };
         let started = Instant::now();

@@ -99,7 +99,7 @@ pub(crate) async fn ensure_topic(config: &Config) -> Result<ChangelogTopic, Pipe
             Some(existing) => existing,
             None => {
                 let n = counts.iter().map(|&(_, c)| c).max().unwrap_or(1);
-                create(kafka, &by_key, n, replication, Purpose::ByKey).await?;
+                create(config, &by_key, n, replication, Purpose::ByKey).await?;
                 n
             }
         };
@@ -112,10 +112,17 @@ pub(crate) async fn ensure_topic(config: &Config) -> Result<ChangelogTopic, Pipe
         ))),
         Some(_) => Ok(ChangelogTopic { name, partitions, by_key }),
         None => {
-            create(kafka, &name, n, replication, Purpose::Changelog).await?;
+            create(config, &name, n, replication, Purpose::Changelog).await?;
             Ok(ChangelogTopic { name, partitions, by_key })
         }
     }
+}
+
+/// The `max.message.bytes` a new by-key topic gets: room for the largest command
+/// (`limits.max_command_bytes`) with its headers, and no less than the results producer's
+/// own limit, so that a forward the producer takes the topic takes too.
+fn by_key_max_message_bytes(max_command_bytes: usize) -> usize {
+    max_command_bytes.saturating_add(64 * 1024).max(crate::pipeline::config::RESULTS_PRODUCER_MAX_BYTES)
 }
 
 /// What a topic dedupd creates is for.
@@ -129,22 +136,26 @@ enum Purpose {
     ByKey,
 }
 
-/// Creates `name` with `partitions` and `(rf, min_isr)`.
+/// Creates `name` with `partitions` and `(rf, min_isr)`, for `purpose`.
 async fn create(
-    kafka: &crate::pipeline::KafkaConfig,
+    config: &Config,
     name: &str,
     partitions: usize,
     (rf, min_isr): (i32, i32),
     purpose: Purpose,
 ) -> Result<(), PipelineError> {
+    let kafka = &config.kafka;
     let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
     let timeout = kafka.connect_timeout;
     let min_isr_text = min_isr.to_string();
+    let max_bytes_text = by_key_max_message_bytes(config.limits.max_command_bytes.get()).to_string();
     let partitions = i32::try_from(partitions).map_err(failed)?;
     let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(rf)).set("min.insync.replicas", &min_isr_text);
     let topic = match purpose {
         Purpose::Changelog => topic.set("cleanup.policy", "compact"),
-        Purpose::ByKey => topic.set("cleanup.policy", "delete").set("retention.ms", "-1"),
+        Purpose::ByKey => {
+            topic.set("cleanup.policy", "delete").set("retention.ms", "-1").set("max.message.bytes", &max_bytes_text)
+        }
     };
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     let created = tokio::time::timeout(timeout + Duration::from_secs(1), admin.create_topics([&topic], &options))

@@ -53,6 +53,15 @@ pub(crate) fn forward_record<'a>(
     record
 }
 
+/// The bytes of `input`'s forward under the idempotency key `key` (to a topic named
+/// `topic`): its key, value and headers, the source headers included.
+pub(crate) fn forward_size(topic: &str, key: &str, input: &OwnedMessage) -> usize {
+    let names: usize = SOURCE_HEADERS.iter().map(|n| n.len()).sum();
+    let ours = names + input.topic().len() + 11 + 20 + input.key().map_or(0, <[u8]>::len);
+    let theirs = input.headers().map_or(0, crate::envelope::header_bytes);
+    topic.len() + key.len() + input.payload().map_or(0, <[u8]>::len) + theirs + ours
+}
+
 /// The input record a forward was made of: its topic, partition, offset, key and headers
 /// back in place. A record of the by-key topic without them (not written by dedupd) is
 /// taken as it is: an input record of that topic.
@@ -138,6 +147,19 @@ mod tests {
         assert_eq!(back.payload(), original_input.payload());
         assert_eq!(back.timestamp().to_millis(), Some(1_700_000_000_000));
         assert_eq!(names_and_values(&back), names_and_values(&original_input), "the input's headers, in order, only");
+    }
+
+    #[test]
+    fn a_forwards_size_counts_what_goes_to_the_broker() {
+        let headers = OwnedHeaders::new().insert(Header { key: "h", value: Some("0123456789") });
+        let original_input = input(Some(b"producer-key"), Some(headers));
+        let record = forward_record("hop", 1, "order-17", &original_input);
+        let value = record.payload.map_or(0, <[u8]>::len);
+        let headers = record.headers.as_ref().map_or(0, crate::envelope::header_bytes);
+        let exact = record.key.map_or(0, <[u8]>::len) + value + headers;
+        let counted = forward_size("hop", "order-17", &original_input);
+        assert!(counted >= exact, "{counted} < {exact}: a forward could be larger than counted");
+        assert!(counted <= exact + 64, "{counted} counts far more than {exact}");
     }
 
     #[test]
