@@ -287,7 +287,7 @@ impl PartitionWorker {
             .collect();
         let complete = records.len() == total;
         tracing::debug!(topic = %self.topic, partition = self.partition, records = total, engine_ms = started.elapsed().as_millis() as u64, "batch through the engine");
-        let Some(&last_offset) = consumed.get(records.len().wrapping_sub(1)) else {
+        let Some(&last_offset) = records.len().checked_sub(1).and_then(|last| consumed.get(last)) else {
             return Ok((None, complete));
         };
         crate::crash::point("completion.written");
