@@ -136,23 +136,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_start: impl FnOnce(&Running) + Send,
 ) -> Result<(), PipelineError> {
-    connect::check_cluster(&config.kafka).await?;
-    let dead_letter_limit = match config.kafka.transactional_results {
-        true => Some(connect::dead_letter_limit(&config.kafka).await?),
-        false => None,
-    };
-    let changelog_topic = match config.store.changelog {
-        true => Some(changelog::ensure_topic(&config).await?),
-        false => None,
-    };
-    // Under the by-key hop: the largest forward the producer and the by-key topic take.
-    let forward_limit = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref()) {
-        Some(by_key) => {
-            let topic_max = connect::topic_max_message_bytes(&config.kafka, by_key).await?;
-            publish::DeadLetterLimit::of_topic(topic_max.min(config.kafka.producer_max_bytes())).0
-        }
-        None => usize::MAX,
-    };
+    let ClusterSetup { dead_letter_limit, changelog_topic, forward_limit } = ClusterSetup::read(&config).await?;
     let (core, sinks) = Core::build(&config, dead_letter_limit, changelog_topic.as_ref())?;
     let purger = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref().map(|by_key| (by_key, t.partitions))) {
         Some((by_key, partitions)) => Some(Arc::new(hop::Purger::new(&config.kafka, by_key, partitions)?)),
@@ -217,6 +201,38 @@ pub async fn run(
     }
     tracing::info!("dedupd stopped cleanly");
     Ok(())
+}
+
+/// What `run` learns from the cluster, and makes there, before it starts.
+struct ClusterSetup {
+    /// Under transactional results: the largest dead-letter copy.
+    dead_letter_limit: Option<publish::DeadLetterLimit>,
+    /// Under `store.changelog`: the changelog topic (and the by-key topic), found or made.
+    changelog_topic: Option<changelog::ChangelogTopic>,
+    /// Under the by-key hop: the largest forward the producer and the by-key topic take.
+    forward_limit: usize,
+}
+
+impl ClusterSetup {
+    async fn read(config: &Config) -> Result<ClusterSetup, PipelineError> {
+        connect::check_cluster(&config.kafka).await?;
+        let dead_letter_limit = match config.kafka.transactional_results {
+            true => Some(connect::dead_letter_limit(&config.kafka).await?),
+            false => None,
+        };
+        let changelog_topic = match config.store.changelog {
+            true => Some(changelog::ensure_topic(config).await?),
+            false => None,
+        };
+        let forward_limit = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref()) {
+            Some(by_key) => {
+                let topic_max = connect::topic_max_message_bytes(&config.kafka, by_key).await?;
+                publish::DeadLetterLimit::of_topic(topic_max.min(config.kafka.producer_max_bytes())).0
+            }
+            None => usize::MAX,
+        };
+        Ok(ClusterSetup { dead_letter_limit, changelog_topic, forward_limit })
+    }
 }
 
 /// The configured sinks, metered, by name.
