@@ -6,7 +6,9 @@
 //! (tests; a release build has none, and [`point`] is then empty). A process started with
 //! `FAILPOINTS="NAME=K*off->return"` in its environment passes point `NAME` K times and
 //! SIGKILLs itself the next time; `return(MS)` instead kills it MS milliseconds later from
-//! another thread, while the work at the point goes on (a kill *during* a sink call).
+//! another thread, while the work at the point goes on (a kill *during* a sink call), and
+//! `return(stop)` SIGSTOPs it there instead, until a SIGCONT (a zombie: a process frozen at
+//! that step while its group moves on, tests/kafka_zombie.rs).
 //!
 //! The points, in the order a command meets them ([`POINTS`]):
 //! 1. `claim.appended`: the round's claims written (journal or backend), not yet synced;
@@ -20,6 +22,13 @@
 //! 8. `journal.rewrite`: the claim journal being rewritten (its new file written, not yet
 //!    renamed over the old one);
 //! 9. `compaction.chunk`: compaction between two chunks of expired records.
+
+//!
+//! One more point is for delaying only (the `fail` crate's `sleep(MS)`), not in [`POINTS`]:
+//! `rebalance.revoke`, the consumer thread about to handle a revoke. Delayed, it stands
+//! for a consumer that has not yet noticed it lost its partitions, so that what stops a
+//! zombie then (the broker refusing its commits) is tested on its own
+//! (tests/kafka_zombie.rs).
 
 /// Every crash point, in the order of the module docs.
 pub const POINTS: [&str; 9] = [
@@ -38,7 +47,17 @@ pub const POINTS: [&str; 9] = [
 /// and the point is configured.
 #[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
 pub fn point(name: &str) {
-    fail::fail_point!(name, |delay_ms: Option<String>| kill_self(delay_ms.and_then(|ms| ms.parse().ok())));
+    fail::fail_point!(name, |arg: Option<String>| match arg.as_deref() {
+        Some("stop") => stop_self(),
+        _ => kill_self(arg.and_then(|ms| ms.parse().ok())),
+    });
+}
+
+/// SIGSTOPs this process where it stands; it goes on from here after a SIGCONT.
+#[cfg(feature = "failpoints")]
+fn stop_self() {
+    // Nothing to do if it fails: the test then sees the process never stop and says so.
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::STOP);
 }
 
 /// SIGKILLs this process, now or after `delay_ms` (from a thread of its own).

@@ -3,7 +3,8 @@
 //! open transaction before the batch's results come back, without waiting for a commit.
 //! A recording [`ChangeLog`] takes the store's captured changes at each call and logs them
 //! in one sequence with the sink's calls. 12 fresh keys behind `max_in_flight = 4` (four
-//! rounds) and a repeat.
+//! rounds) and a repeat. Every call is preceded by a proof that the instance still owns
+//! its partitions, and an instance that cannot prove it (fenced) calls no sink.
 
 mod common;
 
@@ -28,6 +29,8 @@ enum Event {
     Committed(Vec<(String, Kind)>),
     /// Changes queued in the open transaction, not waited for.
     Queued(Vec<(String, Kind)>),
+    /// The instance proved it still owns its state partitions.
+    Proved,
     /// The sink called for a key.
     Call(String),
 }
@@ -43,6 +46,8 @@ enum Kind {
 struct RecordingChangelog {
     store: Arc<KeyStore>,
     log: Arc<Mutex<Vec<Event>>>,
+    /// Whether the instance still owns its partitions (else it was fenced).
+    owned: bool,
 }
 
 impl RecordingChangelog {
@@ -69,6 +74,14 @@ impl ChangeLog for RecordingChangelog {
         self.log.lock().push(Event::Queued(changes));
         Ok(())
     }
+
+    async fn prove_owned(&self) -> Result<(), String> {
+        if !self.owned {
+            return Err("fenced".into());
+        }
+        self.log.lock().push(Event::Proved);
+        Ok(())
+    }
 }
 
 /// A sink that logs each call in the same sequence.
@@ -90,7 +103,7 @@ async fn claims_are_committed_before_their_sinks_and_completions_queued_before_r
     let store = Arc::new(store);
     let log = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::new(Sink::new("s", false, Arc::new(LoggingSink(Arc::clone(&log)))));
-    let changelog = Arc::new(RecordingChangelog { store: Arc::clone(&store), log: Arc::clone(&log) });
+    let changelog = Arc::new(RecordingChangelog { store: Arc::clone(&store), log: Arc::clone(&log), owned: true });
     let engine = engine_with(Arc::clone(&store), sink, MAX_IN_FLIGHT).with_changelog(changelog);
 
     let ttl = Duration::from_secs(3600);
@@ -111,6 +124,8 @@ async fn claims_are_committed_before_their_sinks_and_completions_queued_before_r
     let log = log.lock().clone();
     let mut committed_claims = std::collections::HashSet::new();
     let mut completions_sent = std::collections::HashSet::new();
+    // Proofs not yet followed by their call: each call is preceded by its own.
+    let mut proofs = 0;
     for event in &log {
         match event {
             Event::Committed(changes) | Event::Queued(changes) => {
@@ -127,8 +142,11 @@ async fn claims_are_committed_before_their_sinks_and_completions_queued_before_r
                     }
                 }
             }
+            Event::Proved => proofs += 1,
             Event::Call(key) => {
-                assert!(committed_claims.contains(key), "{key} called before its claim committed: {log:?}")
+                assert!(committed_claims.contains(key), "{key} called before its claim committed: {log:?}");
+                assert!(proofs > 0, "{key} called without proving ownership first: {log:?}");
+                proofs -= 1;
             }
         }
     }
@@ -139,4 +157,28 @@ async fn claims_are_committed_before_their_sinks_and_completions_queued_before_r
         "the last round's completions are queued, not waited for: {log:?}"
     );
     assert!(matches!(log.last(), Some(Event::Queued(c)) if !c.is_empty()), "{log:?}");
+}
+
+#[tokio::test]
+async fn an_instance_that_cannot_prove_it_owns_its_partitions_calls_no_sink() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = StoreConfig { path: dir.path().join("store"), changelog: true, ..StoreConfig::default() };
+    let (store, _) = KeyStore::open_as_cache(&config).expect("store");
+    let store = Arc::new(store);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::new(Sink::new("s", false, Arc::new(LoggingSink(Arc::clone(&log)))));
+    let changelog = Arc::new(RecordingChangelog { store: Arc::clone(&store), log: Arc::clone(&log), owned: false });
+    let engine = engine_with(Arc::clone(&store), sink, MAX_IN_FLIGHT).with_changelog(changelog);
+
+    let ttl = Duration::from_secs(3600);
+    let items: Vec<Item> = (0..KEYS).map(|i| item(&format!("k{i}"), 1, 1_000_000, ttl, i as i64)).collect();
+    let results = engine.process_batch(&items, &CancellationToken::new()).await;
+    let log = log.lock().clone();
+    assert!(log.iter().all(|e| !matches!(e, Event::Call(_))), "a fenced instance called the sink: {log:?}");
+    let succeeded = results
+        .iter()
+        .flatten()
+        .filter(|r| matches!(r, ItemResult::Done(p) if p.result.outcome == Outcome::Succeeded))
+        .count();
+    assert_eq!(succeeded, 0, "nothing succeeds without a call");
 }

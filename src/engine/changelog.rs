@@ -10,6 +10,10 @@
 //!   completion back together with all that depends on it. The commit is asked for at once,
 //!   not awaited.
 //!
+//! - Before every sink call, the instance proves it still owns the key's state partition
+//!   ([`ChangeLog::prove_owned`]): a process paused after its claim committed, whose
+//!   partitions moved meanwhile, makes no call when it wakes.
+//!
 //! The Kafka side is the pipeline's; the engine sees only [`ChangeLog`].
 
 use std::sync::Arc;
@@ -27,6 +31,11 @@ pub trait ChangeLog: Send + Sync {
     /// it to be committed soon without waiting; an error means they may never be, and the
     /// batch cannot go on.
     async fn queue(&self) -> Result<(), String>;
+
+    /// Returns once this instance has shown, recently enough, that it still owns the state
+    /// partitions it works on (a group generation that is gone cannot); an error means it
+    /// may not, and no sink call may start.
+    async fn prove_owned(&self) -> Result<(), String>;
 }
 
 impl Engine {

@@ -10,6 +10,7 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
+use super::ChangeLog;
 use super::ticket::Ticket;
 use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
@@ -67,6 +68,9 @@ pub(super) struct SinkRun<'a> {
     pub(super) command: &'a Command,
     /// What the first call needs to start, taken before the claim (see `ticket`).
     pub(super) ticket: Option<Ticket<'a>>,
+    /// With a changelog: asked before every call whether this instance still owns the
+    /// key's state partition ([`ChangeLog::prove_owned`]).
+    pub(super) owner: Option<&'a dyn ChangeLog>,
 }
 
 /// Calls `sink` for `claim` until it succeeds, fails permanently, runs out of attempts, or
@@ -86,7 +90,7 @@ pub(super) async fn run_with_retry<'a>(
     limiter: &'a Semaphore,
     cancel: &CancellationToken,
 ) -> RunEnd {
-    let SinkRun { sink, claim, command, mut ticket } = run;
+    let SinkRun { sink, claim, command, mut ticket, owner } = run;
     let max = retry.max_attempts.get();
     let mut tally = Tally::default();
     let mut permit = None;
@@ -97,6 +101,13 @@ pub(super) async fn run_with_retry<'a>(
         let Some((admission, limits)) = next_turn(&mut ticket, sink, claim, limiter, &mut permit, cancel).await else {
             return tally.stopped();
         };
+        crate::crash::point("sink.admitted");
+        if let Some(owner) = owner
+            && let Err(e) = owner.prove_owned().await
+        {
+            tracing::warn!(key = claim.key(), error = %e, "no sink call: this instance could not prove it still owns the key's state partition");
+            return tally.stopped();
+        }
         let watch = CallWatch::new(cancel);
         let attempt = claim.record().attempts.saturating_sub(1) + tally.calls + 1;
         let mut request =

@@ -42,7 +42,8 @@ impl Engine {
             let ticket = claimed.ticket.take();
             async move {
                 let sink = &self.route_sinks[cmd.route];
-                let run = SinkRun { sink: sink.as_ref(), claim: &claimed.claim, command: cmd, ticket };
+                let owner = self.changelog.as_deref();
+                let run = SinkRun { sink: sink.as_ref(), claim: &claimed.claim, command: cmd, ticket, owner };
                 let end = run_with_retry(run, &self.retry, &self.limiter, cancel).await;
                 Ran { claimed, end }
             }

@@ -42,6 +42,7 @@ pub struct Metrics {
 struct StateMetrics {
     restoring: IntGaugeVec,
     restore_records: IntCounter,
+    fenced: IntCounter,
 }
 
 impl StateMetrics {
@@ -54,6 +55,10 @@ impl StateMetrics {
             restore_records: IntCounter::new(
                 "state_restore_records_total",
                 "Changelog records applied to the store by restores.",
+            )?,
+            fenced: IntCounter::new(
+                "fenced_total",
+                "Times this instance found its group generation gone with work in the open transaction: the transaction was aborted (no claim in it committed, no sink called for it) and the pipeline restarted in process.",
             )?,
         })
     }
@@ -199,6 +204,7 @@ impl Metrics {
             Box::new(self.transaction_commit.clone()),
             Box::new(self.state.restoring.clone()),
             Box::new(self.state.restore_records.clone()),
+            Box::new(self.state.fenced.clone()),
         ] {
             self.registry.register(c)?;
         }
@@ -313,6 +319,12 @@ impl Metrics {
         self.state.restore_records.inc_by(n);
     }
 
+    /// The group generation was found gone with work in the open transaction (see
+    /// `pipeline::transactions`, invariant 6).
+    pub fn fenced(&self) {
+        self.state.fenced.inc();
+    }
+
     /// A rebalance happened.
     pub fn rebalance(&self) {
         self.rebalances.inc();
@@ -388,6 +400,7 @@ mod tests {
             "dedupd_duplicate_age_seconds_bucket",
             "dedupd_sink_circuit_open{sink=\"smtp\"} 1",
             "dedupd_transaction_commit_seconds_count 0",
+            "dedupd_fenced_total 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

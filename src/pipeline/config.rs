@@ -112,6 +112,13 @@ impl KafkaConfig {
     pub fn producer_max_bytes(&self) -> usize {
         self.producer.get("message.max.bytes").and_then(|v| v.trim().parse().ok()).unwrap_or(RESULTS_PRODUCER_MAX_BYTES)
     }
+
+    /// The consumer's `session.timeout.ms`: `kafka.consumer`'s, else librdkafka's default
+    /// (45 s). One librdkafka refuses makes the consumer fail to start, naming it.
+    pub fn session_timeout(&self) -> Duration {
+        let ms = self.consumer.get("session.timeout.ms").and_then(|v| v.trim().parse().ok()).unwrap_or(45_000);
+        Duration::from_millis(ms)
+    }
 }
 
 /// Pipeline settings.

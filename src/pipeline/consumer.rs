@@ -128,12 +128,20 @@ impl ConsumerContext for PipelineContext {
             self.partitions.assign(consumer, &parts);
             // No worker of them starts before this callback returns (`run`).
             self.restore(consumer, &parts);
-            self.check_watermarks(consumer, &parts, read_committed(consumer, &parts));
-            self.health.set_joined(true);
+            let committed = read_committed(consumer, &parts);
             if let Some(transactions) = &self.transactions {
-                // Offsets from now on commit with this generation (transactions.rs, invariant 5).
+                // Offsets from now on commit with this generation (transactions.rs, invariant 5),
+                // and every commit carries the owned partitions' (invariant 6).
                 transactions.set_group(consumer.group_metadata());
+                if let Ok(committed) = &committed {
+                    transactions.own(committed.iter().map(|(tp, offset)| match offset {
+                        Offset::Offset(o) => (tp.clone(), Some(*o)),
+                        _ => (tp.clone(), None),
+                    }));
+                }
             }
+            self.check_watermarks(consumer, &parts, committed);
+            self.health.set_joined(true);
             let mut session = self.session.lock();
             *session = session.assigned(Instant::now());
         }
@@ -190,6 +198,7 @@ impl PipelineContext {
     /// Lets `revoked` go: drops what they hold, drains their workers (results published,
     /// offsets stored), commits, and only then forgets them.
     fn revoke(&self, consumer: &BaseConsumer<Self>, revoked: &[Tp]) {
+        crate::crash::point("rebalance.revoke");
         tracing::info!(partitions = ?revoked, "partitions revoked: draining");
         self.partitions.drop_held_and_pauses(revoked);
         self.stop_workers(self.partitions.take_workers(revoked));
@@ -208,6 +217,7 @@ impl PipelineContext {
         }
         if let Some(transactions) = &self.transactions {
             self.end_transaction(transactions, lost, "on revoke");
+            transactions.let_go(revoked);
             self.let_go_state(revoked);
         } else if lost {
             tracing::warn!(partitions = ?revoked, "assignment lost (group session expired): nothing committed; uncommitted records come again");
@@ -225,14 +235,14 @@ impl PipelineContext {
 
     /// Commits the open results transaction with what the drained workers recorded, or, when
     /// the assignment was lost, aborts it: its generation can commit nothing more, and its
-    /// other partitions' results go with it, so the process stops and a restart reads them
-    /// again (transactions.rs, invariant 4).
+    /// other partitions' results go with it, so this instance is fenced and the pipeline
+    /// starts again, reading them again (transactions.rs, invariants 4 and 6).
     pub(super) fn end_transaction(&self, transactions: &Transactions, lost: bool, when: &str) {
         if lost {
             tracing::error!(
-                "assignment lost (group session expired) with results in the open transaction: aborting it and stopping; a restart reads again from the committed offsets"
+                "assignment lost (group session expired): fenced; aborting the open transaction and starting again from the committed offsets"
             );
-            self.runtime.block_on(transactions.abort());
+            self.runtime.block_on(transactions.abort_lost());
             self.fatal.cancel();
         } else if let Err(e) = self.runtime.block_on(transactions.commit()) {
             tracing::error!(error = %e, when, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");

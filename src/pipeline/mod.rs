@@ -130,14 +130,100 @@ pub struct Running {
 }
 
 /// Runs until `shutdown` resolves. `on_start` is told where things are once serving.
+///
+/// Under `kafka.transactional_results`, an instance that finds its group generation gone
+/// with work in the open transaction (fenced: paused past its session, its partitions
+/// moved; transactions.rs, invariant 6) aborts that transaction and starts the pipeline
+/// again in process, as a restart would: from the committed offsets, with its store
+/// rebuilt from the changelog under `store.changelog`. The metrics and the HTTP address
+/// carry over, so `dedupd_fenced_total` counts every fence.
 pub async fn run(
     config: Config,
     options: RunOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_start: impl FnOnce(&Running) + Send,
 ) -> Result<(), PipelineError> {
-    let ClusterSetup { dead_letter_limit, changelog_topic, forward_limit } = ClusterSetup::read(&config).await?;
-    let (core, sinks) = Core::build(&config, dead_letter_limit, changelog_topic.as_ref())?;
+    let shutdown_requested = CancellationToken::new();
+    let watch_shutdown = {
+        let requested = shutdown_requested.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            requested.cancel();
+        })
+    };
+    let mut on_start = Some(on_start);
+    let mut kept = Kept::default();
+    let ended = loop {
+        match run_once(&config, &options, &shutdown_requested, &mut kept, &mut on_start).await {
+            Ok(Ended::Fenced(store)) if !shutdown_requested.is_cancelled() => {
+                if let Err(e) = restart_after_fence(store, &shutdown_requested).await {
+                    break Err(e);
+                }
+            }
+            Ok(_) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    watch_shutdown.abort();
+    ended
+}
+
+/// What carries over from one run of the pipeline to the next after a fence.
+#[derive(Default)]
+struct Kept {
+    metrics: Option<Arc<Metrics>>,
+    http_addr: Option<SocketAddr>,
+}
+
+/// How one run of the pipeline ended without an error.
+enum Ended {
+    /// Stopped on request.
+    Stopped,
+    /// Fenced (see [`run`]): its store, to be let go before the next run opens it.
+    Fenced(std::sync::Weak<KeyStore>),
+}
+
+/// How long a fenced pipeline's tasks may keep its store before the next run gives up.
+const STORE_RELEASE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The pause before starting again after a fence, so that a fence repeated at once does
+/// not spin.
+const FENCED_RESTART_DELAY: Duration = Duration::from_secs(1);
+
+/// Waits until the fenced run's store is let go (its last tasks ended) and a moment more;
+/// an error if it is still held after [`STORE_RELEASE_TIMEOUT`].
+async fn restart_after_fence(
+    store: std::sync::Weak<KeyStore>,
+    shutdown: &CancellationToken,
+) -> Result<(), PipelineError> {
+    let deadline = tokio::time::Instant::now() + STORE_RELEASE_TIMEOUT;
+    while store.strong_count() > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::error!(
+                "fenced: the store is still held by a task of the fenced run; stopping (a restart of the process starts again)"
+            );
+            return Err(PipelineError::Fatal);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::warn!("fenced: starting the pipeline again from the committed offsets");
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = tokio::time::sleep(FENCED_RESTART_DELAY) => {}
+    }
+    Ok(())
+}
+
+/// One run of the pipeline, until `shutdown`, a fatal error or a fence.
+async fn run_once<F: FnOnce(&Running) + Send>(
+    config: &Config,
+    options: &RunOptions,
+    shutdown: &CancellationToken,
+    kept: &mut Kept,
+    on_start: &mut Option<F>,
+) -> Result<Ended, PipelineError> {
+    let ClusterSetup { dead_letter_limit, changelog_topic, forward_limit } = ClusterSetup::read(config).await?;
+    let (core, sinks) = Core::build(config, dead_letter_limit, changelog_topic.as_ref(), kept.metrics.clone())?;
+    kept.metrics = Some(Arc::clone(&core.metrics));
     let purger = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref().map(|by_key| (by_key, t.partitions))) {
         Some((by_key, partitions)) => Some(Arc::new(hop::Purger::new(&config.kafka, by_key, partitions)?)),
         None => None,
@@ -145,27 +231,31 @@ pub async fn run(
     // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
-    let background = Background::start(&config, &core, sinks, &stop).await?;
+    let listen = kept.http_addr.unwrap_or(config.http.listen);
+    let background = Background::start(config, listen, &core, sinks, &stop).await?;
+    kept.http_addr = Some(background.http_addr);
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
     let consumer_stop = CancellationToken::new();
-    let consumer_thread = start_consumer(&config, &core, &options, forward_limit, (&fatal, &consumer_stop))?;
+    let consumer_thread = start_consumer(config, &core, options, forward_limit, (&fatal, &consumer_stop))?;
     let committer_stop = CancellationToken::new();
     let committer = core.transactions.clone().map(|t| {
         let interval = config.kafka.transaction_interval;
         let changes = core.changelog.as_ref().map(|c| Arc::clone(&c.writer) as Arc<dyn transactions::BeforeCommit>);
         tokio::spawn(transactions::commit_every(t, changes, interval, committer_stop.clone(), fatal.clone()))
     });
-    on_start(&Running {
-        http_addr: background.http_addr,
-        metrics: Arc::clone(&core.metrics),
-        store: Arc::clone(&core.store),
-        health: Arc::clone(&core.health),
-    });
+    if let Some(on_start) = on_start.take() {
+        on_start(&Running {
+            http_addr: background.http_addr,
+            metrics: Arc::clone(&core.metrics),
+            store: Arc::clone(&core.store),
+            health: Arc::clone(&core.health),
+        });
+    }
     tracing::info!(http_addr = %background.http_addr, backend = core.store.backend_name(), "dedupd running");
 
     tokio::select! {
-        () = shutdown => tracing::info!("shutdown requested: draining"),
+        () = shutdown.cancelled() => tracing::info!("shutdown requested: draining"),
         () = fatal.cancelled() => tracing::error!("fatal error: draining and stopping"),
     }
     // In order: stop taking records and drain the workers (the consumer thread commits),
@@ -197,10 +287,13 @@ pub async fn run(
     }
     core.store.flush_always()?;
     if fatal.is_cancelled() {
+        if core.transactions.as_ref().is_some_and(|t| t.was_fenced()) {
+            return Ok(Ended::Fenced(Arc::downgrade(&core.store)));
+        }
         return Err(PipelineError::Fatal);
     }
     tracing::info!("dedupd stopped cleanly");
-    Ok(())
+    Ok(Ended::Stopped)
 }
 
 /// What `run` learns from the cluster, and makes there, before it starts.
@@ -259,12 +352,16 @@ impl Core {
         config: &Config,
         dead_letter_limit: Option<publish::DeadLetterLimit>,
         changelog_topic: Option<&changelog::ChangelogTopic>,
+        metrics: Option<Arc<Metrics>>,
     ) -> Result<(Core, SinksByName), PipelineError> {
         let store = Arc::new(match changelog_topic {
             Some(_) => changelog::open_store(&config.store)?,
             None => KeyStore::open_configured(&config.store)?,
         });
-        let metrics = Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?);
+        let metrics = match metrics {
+            Some(kept) => kept,
+            None => Arc::new(Metrics::new().map_err(|e| PipelineError::Ops(e.to_string()))?),
+        };
         let router = Arc::new(config.router()?);
         {
             let routes: Vec<&str> = router.routes().iter().map(|r| r.name.as_str()).collect();
@@ -320,7 +417,8 @@ impl Core {
         }
         let id = format!("dedupd-{}", store.identity()?);
         let publisher = Publisher::with(&config.kafka, Some(&id), dead_letter_limit)?;
-        let transactions = transactions::Transactions::start(publisher.producer(), metrics).map_err(|e| {
+        let session = config.kafka.session_timeout();
+        let transactions = transactions::Transactions::start(publisher.producer(), metrics, session).map_err(|e| {
             PipelineError::Transactions(format!(
                 "could not open a transaction as `{id}` (kafka.transactional_results): {e}; the cluster must \
                  support transactions (its transaction state log needs enough brokers)"
@@ -342,6 +440,7 @@ struct Background {
 impl Background {
     async fn start(
         config: &Config,
+        listen: SocketAddr,
         core: &Core,
         sinks: SinksByName,
         stop: &CancellationToken,
@@ -357,10 +456,9 @@ impl Background {
         });
         let metrics = Arc::clone(&core.metrics);
         let stopped = stop.clone().cancelled_owned();
-        let (http_addr, http) =
-            crate::ops::serve_with_admin(config.http.listen, metrics, Arc::clone(&core.health), admin, stopped)
-                .await
-                .map_err(|e| PipelineError::Ops(e.to_string()))?;
+        let (http_addr, http) = crate::ops::serve_with_admin(listen, metrics, Arc::clone(&core.health), admin, stopped)
+            .await
+            .map_err(|e| PipelineError::Ops(e.to_string()))?;
         // The listener's own errors end it; `run` goes on draining regardless.
         let http = tokio::spawn(async move {
             let _ = http.await;

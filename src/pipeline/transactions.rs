@@ -26,6 +26,21 @@
 //!    them back, which a restart does. No [`Member`] is handed out after that.
 //! 5. Offsets go with the consumer group metadata of the generation that owns them (set at
 //!    every assignment), so a commit for a generation that is gone is fenced by the broker.
+//! 6. Every commit that carries anything carries offsets, so the broker checks the
+//!    generation of each one, including one that carries only changelog claims: besides
+//!    the offsets its batches settled, it commits again the offset each owned partition
+//!    already has ([`Transactions::own`], or the first offset read from it in this
+//!    generation, [`Transactions::note_first_offset`]). A claim of an instance that lost
+//!    its partitions (paused past its session, a frozen VM) therefore cannot commit, and no
+//!    sink runs for it (SPEC §8). Such a fence, and an assignment found lost with work in
+//!    the open transaction, abort it and mark this instance fenced
+//!    ([`Transactions::was_fenced`], `dedupd_fenced_total`): `run` then starts the pipeline
+//!    again in process, from the committed offsets and the changelog.
+//! 7. A sink call starts only within a lease of a commit that proved the generation (one
+//!    that carried offsets and committed): half the group session, counted from when that
+//!    commit started. Past it, [`Transactions::prove_owned`] makes such a commit first. A
+//!    process paused between its claim's commit and its call (longer than the lease) so
+//!    proves its ownership again on waking, and is fenced instead of calling.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,6 +81,24 @@ pub(crate) enum TransactionError {
     Failed,
 }
 
+impl TransactionError {
+    /// Whether the broker refused the commit because this member's group generation is
+    /// gone (it was paused past its session, or its partitions moved): an abortable error
+    /// for librdkafka, a fence for dedupd (invariant 6).
+    fn is_fence(&self) -> bool {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let code = match self {
+            TransactionError::Kafka(KafkaError::Transaction(e)) => e.code(),
+            TransactionError::Kafka(e) => match e.rdkafka_error_code() {
+                Some(code) => code,
+                None => return false,
+            },
+            _ => return false,
+        };
+        matches!(code, C::IllegalGeneration | C::UnknownMemberId | C::FencedInstanceId)
+    }
+}
+
 /// Leave to queue records in the open transaction and record their offset: a shared hold
 /// on the gate, released when dropped (nothing reads the guard itself).
 pub(crate) struct Member(#[allow(dead_code)] OwnedRwLockReadGuard<()>);
@@ -85,7 +118,16 @@ pub(crate) struct Transactions {
     gate: Arc<RwLock<()>>,
     pending: Mutex<Pending>,
     group: Mutex<Option<Arc<ConsumerGroupMetadata>>>,
+    /// The offset each owned partition's group holds as far as this process knows, sent
+    /// again with every commit (invariant 6).
+    owned: Mutex<HashMap<Tp, i64>>,
     failed: AtomicBool,
+    /// The generation was found gone with work in the open transaction (invariant 6).
+    fenced: AtomicBool,
+    /// When the last commit that proved the generation started, and for how long after it
+    /// a sink call may start without another (invariant 7).
+    proven_at: Mutex<Option<std::time::Instant>>,
+    lease: Duration,
     /// `transaction_commit_seconds`.
     metrics: Arc<Metrics>,
     /// Set once the open transaction was aborted (after a failure nothing opens another).
@@ -118,7 +160,12 @@ pub(crate) trait BeforeCommit: Send + Sync {
 impl Transactions {
     /// Takes over `producer`'s `transactional.id` (fencing any earlier holder) and opens the
     /// first transaction. Blocking: call it before the consumer starts.
-    pub(crate) fn start(producer: FutureProducer, metrics: Arc<Metrics>) -> Result<Transactions, KafkaError> {
+    /// `session_timeout` is the consumer's group session (invariant 7's lease is half).
+    pub(crate) fn start(
+        producer: FutureProducer,
+        metrics: Arc<Metrics>,
+        session_timeout: Duration,
+    ) -> Result<Transactions, KafkaError> {
         producer.init_transactions(COORDINATOR_TIMEOUT)?;
         producer.begin_transaction()?;
         Ok(Transactions {
@@ -126,7 +173,11 @@ impl Transactions {
             gate: Arc::new(RwLock::new(())),
             pending: Mutex::new(Pending::default()),
             group: Mutex::new(None),
+            owned: Mutex::new(HashMap::new()),
             failed: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
+            proven_at: Mutex::new(None),
+            lease: session_timeout / 2,
             metrics,
             aborted: AtomicBool::new(false),
             commits_started: AtomicU64::new(0),
@@ -162,6 +213,45 @@ impl Transactions {
         *self.group.lock() = group.map(Arc::new);
     }
 
+    /// The offsets the group holds for newly assigned partitions (invariant 6); `None` when
+    /// it has none for one.
+    pub(crate) fn own(&self, committed: impl IntoIterator<Item = (Tp, Option<i64>)>) {
+        let mut owned = self.owned.lock();
+        for (tp, offset) in committed {
+            if let Some(offset) = offset {
+                owned.insert(tp, offset);
+            }
+        }
+    }
+
+    /// The first offset a worker reads from `tp` in this generation: nothing before it is
+    /// this generation's to do, so committing it again settles nothing (invariant 6). Kept
+    /// only while nothing else is known for `tp`.
+    pub(crate) fn note_first_offset(&self, tp: &Tp, offset: i64) {
+        self.owned.lock().entry(tp.clone()).or_insert(offset);
+    }
+
+    /// `tps` are no longer owned: their offsets are another member's to commit.
+    pub(crate) fn let_go(&self, tps: &[Tp]) {
+        let mut owned = self.owned.lock();
+        for tp in tps {
+            owned.remove(tp);
+        }
+    }
+
+    /// Whether this instance found its group generation gone with work in the open
+    /// transaction (invariant 6): the transaction was aborted, and `run` starts again.
+    pub(crate) fn was_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Marks this instance fenced, counted once per pipeline (invariant 6).
+    fn mark_fenced(&self) {
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            self.metrics.fenced();
+        }
+    }
+
     /// Whether the open transaction failed (the process is stopping).
     fn has_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
@@ -195,15 +285,26 @@ impl Transactions {
         }
         let group = self.group.lock().clone();
         let producer = self.producer.clone();
-        let outcome = tokio::task::spawn_blocking(move || commit_and_begin(&producer, &pending.offsets, group))
+        // Invariant 6: what this commit settles, over what the owned partitions hold.
+        let mut offsets = self.owned.lock().clone();
+        offsets.extend(pending.offsets.iter().map(|(tp, next)| (tp.clone(), *next)));
+        let proves = !offsets.is_empty();
+        let outcome = tokio::task::spawn_blocking(move || commit_and_begin(&producer, &offsets, group))
             .await
             .unwrap_or(Err(TransactionError::Kafka(KafkaError::Canceled)));
-        if outcome.is_err() {
+        if let Err(e) = &outcome {
             // `commit_and_begin` aborted it.
+            if e.is_fence() {
+                self.mark_fenced();
+            }
             self.fail();
             self.aborted.store(true, Ordering::Release);
             self.done.send_modify(|d| d.failed = true);
         } else {
+            self.owned.lock().extend(pending.offsets);
+            if proves {
+                *self.proven_at.lock() = Some(started);
+            }
             self.done.send_modify(|d| d.number = number);
             self.metrics.transaction_committed(started.elapsed().as_secs_f64());
             tracing::debug!(number, ms = started.elapsed().as_secs_f64() * 1e3, "transaction committed");
@@ -229,15 +330,31 @@ impl Transactions {
         if seen.failed { Err(TransactionError::Failed) } else { Ok(()) }
     }
 
+    /// Returns once a commit that proved this generation still owns its partitions started
+    /// within the lease (invariant 7), making one first if the last is older; an error if
+    /// the generation is gone (fenced) or commits failed.
+    pub(crate) async fn prove_owned(&self) -> Result<(), TransactionError> {
+        if self.proven_at.lock().is_some_and(|at| at.elapsed() < self.lease) {
+            return Ok(());
+        }
+        // A member makes the next commit carry something, so it is made, with the owned
+        // partitions' offsets (invariant 6).
+        let member = self.join().await?;
+        let wanted = self.carrying_commit(&member);
+        drop(member);
+        self.commit_queued(wanted).await
+    }
+
     /// Asks the committer for a commit at once, without waiting for it.
     pub(crate) fn commit_soon(&self) {
         self.wake.notify_one();
     }
 
-    /// Aborts the open transaction (a lost generation cannot commit it) and hands out no
-    /// member any more (invariant 4).
-    pub(crate) async fn abort(&self) {
+    /// Aborts the open transaction (a lost generation cannot commit it), marks this
+    /// instance fenced (invariant 6) and hands out no member any more (invariant 4).
+    pub(crate) async fn abort_lost(&self) {
         let _alone = tokio::time::timeout(GATE_TIMEOUT, self.gate.write()).await;
+        self.mark_fenced();
         self.fail();
         self.abort_open().await;
     }
@@ -349,7 +466,11 @@ pub(crate) async fn commit_every(
             }
         };
         if let Err(e) = committed {
-            tracing::error!(error = %e, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");
+            if transactions.was_fenced() {
+                tracing::warn!(error = %e, "fenced: this instance's group generation is gone (its partitions moved on); the open transaction was aborted, nothing in it committed");
+            } else {
+                tracing::error!(error = %e, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");
+            }
             fatal.cancel();
             return;
         }

@@ -225,6 +225,11 @@ impl PartitionWorker {
     /// Runs one batch through the engine (or forwards it, see [`Role`]) and sends its
     /// finished prefix's results. Returns what was sent and whether the whole batch finished.
     async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Unacked>, bool), Stop> {
+        if let (Some(transactions), Some(first)) = (&self.shared.transactions, batch.first()) {
+            // Every commit proves this generation still owns the partition (transactions.rs,
+            // invariant 6), also before the group holds an offset for it.
+            transactions.note_first_offset(&(self.topic.clone(), self.partition), first.offset());
+        }
         let (check_among, unwrap) = match self.role() {
             Role::Forward(state) => return self.forward(batch, state).await,
             Role::Decide { check_among, unwrap } => (check_among, unwrap),

@@ -94,6 +94,10 @@ impl ChangeLog for ChangelogWriter {
         self.transactions.commit_soon();
         Ok(())
     }
+
+    async fn prove_owned(&self) -> Result<(), String> {
+        self.transactions.prove_owned().await.map_err(|e| e.to_string())
+    }
 }
 
 /// The committer's commits carry the changes made outside a batch (expiry tombstones, an
