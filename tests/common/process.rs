@@ -63,6 +63,8 @@ pub struct DedupdProcess {
     pub pid: u32,
     /// When it was spawned.
     pub spawned: Instant,
+    /// The length of its log when it was spawned: where its own lines begin.
+    pub log_start: u64,
     reaped: Option<ExitStatus>,
 }
 
@@ -75,6 +77,7 @@ impl DedupdProcess {
 
     /// Like [`DedupdProcess::spawn`], with `env` set for the child.
     pub fn spawn_with_env(args: &[&str], env: &[(&str, &str)], log: &Path) -> DedupdProcess {
+        let log_start = file_len(log);
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open child log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
         cmd.args(args)
@@ -89,7 +92,7 @@ impl DedupdProcess {
         }
         cmd.envs(env.iter().copied());
         let child = cmd.spawn().expect("spawn dedupd");
-        DedupdProcess { pid: child.id(), child, spawned: Instant::now(), reaped: None }
+        DedupdProcess { pid: child.id(), child, spawned: Instant::now(), log_start, reaped: None }
     }
 
     /// `dedupd run -c CONFIG`.
@@ -116,6 +119,16 @@ impl DedupdProcess {
         let s = self.child.wait().expect("wait after SIGKILL");
         self.reaped = Some(s);
         s
+    }
+
+    /// Sends SIGTERM without waiting (see [`DedupdProcess::exited`]).
+    pub fn send_term(&mut self) {
+        if self.exited().is_some() {
+            return;
+        }
+        // The child is not reaped yet, so its pid cannot have been reused.
+        let sent = Command::new("kill").arg("-TERM").arg(self.pid.to_string()).status();
+        assert!(sent.as_ref().is_ok_and(|s| s.success()), "could not send SIGTERM to {}: {sent:?}", self.pid);
     }
 
     /// SIGTERM, then waits up to `timeout` for it to exit; `None` if it did not (it is
