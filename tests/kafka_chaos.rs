@@ -10,7 +10,12 @@
 //! and the test waits for a committed result for every input. Then: exactly one
 //! `read_committed` result per input, the sink called at most once per key, every key
 //! `succeeded` (after a call) or `indeterminate` (a kill cut a call off, or a claim was
-//! committed and its call never made). Run with
+//! committed and its call never made).
+//!
+//! The same group is also scaled from one instance to three and back under load, with a
+//! rolling restart of the three in between (every SIGTERM must stop an instance cleanly),
+//! once with the classic group protocol and once with KIP-848's (`group.protocol =
+//! "consumer"`); the same checks hold. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_chaos -- --nocapture`.
 
 mod common;
@@ -124,7 +129,7 @@ async fn instances_dying_and_starting_lose_nothing_and_run_nothing_twice() {
     let seed = seed_from_env("KAFKA_CHAOS_SEED");
     println!("seed {seed} (replay the chaos with KAFKA_CHAOS_SEED={seed})");
     let mut rng = SplitMix(seed);
-    let mut group = Group::start(&bootstrap, "chaos", seed).await;
+    let mut group = Group::start(&bootstrap, "chaos", seed, Protocol::Classic).await;
     let mut chaos = Chaos::default();
     for i in 0..SLOTS {
         group.start_slot(i);
@@ -143,7 +148,41 @@ async fn instances_dying_and_starting_lose_nothing_and_run_nothing_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scaling_out_and_in_and_a_rolling_restart_lose_nothing() {
     let Some(bootstrap) = kafka::bootstrap() else { return };
-    let mut group = Group::start(&bootstrap, "scale", seed_from_env("KAFKA_SCALE_SEED")).await;
+    scale_out_and_in(&bootstrap, Protocol::Classic).await;
+}
+
+/// The same with the KIP-848 consumer group protocol (`group.protocol = "consumer"`),
+/// whose rebalances move only the partitions that change owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_consumer_group_protocol_scaling_and_a_rolling_restart_lose_nothing() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    scale_out_and_in(&bootstrap, Protocol::Consumer).await;
+}
+
+/// The group protocol the instances use.
+#[derive(Debug, Clone, Copy)]
+enum Protocol {
+    /// The classic protocol with librdkafka's default (eager) assignors, and a 6 s session.
+    Classic,
+    /// KIP-848's: the broker assigns, and its session timeout applies (45 s by default).
+    Consumer,
+}
+
+impl Protocol {
+    /// The `[kafka.consumer]` lines.
+    fn consumer_settings(self) -> String {
+        match self {
+            Protocol::Classic => {
+                format!("\"session.timeout.ms\" = \"{SESSION_TIMEOUT_MS}\"\n\"heartbeat.interval.ms\" = \"1000\"\n")
+            }
+            Protocol::Consumer => "\"group.protocol\" = \"consumer\"\n".to_string(),
+        }
+    }
+}
+
+async fn scale_out_and_in(bootstrap: &str, protocol: Protocol) {
+    let name = format!("scale-{protocol:?}").to_lowercase();
+    let mut group = Group::start(bootstrap, &name, seed_from_env("KAFKA_SCALE_SEED"), protocol).await;
     group.start_slot(0);
     group.wait_until_working(0).await;
     for i in 1..SLOTS {
@@ -173,7 +212,7 @@ struct Group {
 
 impl Group {
     /// Topics, sink, the slots' configs, and the commands produced over about 40 s from now.
-    async fn start(bootstrap: &str, name: &str, seed: u64) -> Group {
+    async fn start(bootstrap: &str, name: &str, seed: u64, protocol: Protocol) -> Group {
         let (input, results_topic, dlq) = (
             kafka::unique(&format!("{name}-in")),
             kafka::unique(&format!("{name}-out")),
@@ -183,10 +222,7 @@ impl Group {
         let receiver = SlowReceiver::start(SINK_DELAY_MS, seed).await;
         let dir = KeptOnFailure::new();
         let group = kafka::unique(&format!("{name}-dedupd"));
-        let kafka_extra = format!(
-            "transactional_results = true\n\n[kafka.consumer]\n\
-             \"session.timeout.ms\" = \"{SESSION_TIMEOUT_MS}\"\n\"heartbeat.interval.ms\" = \"1000\"\n"
-        );
+        let kafka_extra = format!("transactional_results = true\n\n[kafka.consumer]\n{}", protocol.consumer_settings());
         let slots: Vec<Slot> = (0..SLOTS)
             .map(|i| {
                 let toml = pay_kills::config_toml(

@@ -149,6 +149,23 @@ fn validate_kafka(k: &KafkaConfig, errors: &mut Vec<ConfigError>) {
     if k.transaction_interval.is_zero() {
         errors.push(invalid("kafka.transaction_interval", "0s", "must be positive"));
     }
+    // Measured (docs/decisions.md, "Rebalance protocol"): under the classic protocol's
+    // cooperative assignor, the broker refuses the transaction committed on a revoke, so
+    // every rebalance fenced and restarted an instance, and left keys indeterminate.
+    let classic = k.consumer.get("group.protocol").is_none_or(|p| p.trim().eq_ignore_ascii_case("classic"));
+    if let Some(strategy) = k.consumer.get("partition.assignment.strategy")
+        && k.transactional_results
+        && classic
+        && strategy.contains("cooperative")
+    {
+        errors.push(invalid(
+            "kafka.consumer.\"partition.assignment.strategy\"",
+            strategy,
+            "cannot be cooperative with kafka.transactional_results under the classic group protocol: the broker refuses \
+             the transaction committed on a revoke, fencing the instance at every rebalance; for incremental rebalances \
+             use kafka.consumer.\"group.protocol\" = \"consumer\" (Kafka 4.0 or later)",
+        ));
+    }
 }
 
 /// `[store]` on its own: positive TTLs and intervals, the cap above the default.

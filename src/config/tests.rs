@@ -101,6 +101,19 @@ mod unit {
     }
 
     #[test]
+    fn a_cooperative_assignor_is_refused_with_transactional_results_under_the_classic_protocol() {
+        let coop = "[kafka.consumer]\n\"partition.assignment.strategy\" = \"cooperative-sticky\"\n";
+        let err =
+            Config::from_toml_str(&format!("[kafka]\ntransactional_results = true\n{coop}"), no_env()).unwrap_err();
+        assert!(err.to_string().contains("partition.assignment.strategy"), "{err}");
+        assert!(err.to_string().contains("group.protocol"), "{err}");
+        // Fine without transactions, and under the consumer protocol (which assigns itself).
+        assert!(Config::from_toml_str(coop, no_env()).is_ok());
+        let kip848 = format!("[kafka]\ntransactional_results = true\n{coop}\"group.protocol\" = \"consumer\"\n");
+        assert!(Config::from_toml_str(&kip848, no_env()).is_ok());
+    }
+
+    #[test]
     fn transactional_results_is_a_boolean() {
         let c = Config::from_toml_str("[kafka]\ntransactional_results = true\n", no_env()).expect("valid");
         assert!(c.kafka.transactional_results);

@@ -103,6 +103,15 @@ impl ClientContext for PipelineContext {
 
 impl ConsumerContext for PipelineContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Some(transactions) = &self.transactions
+            && !matches!(rebalance, Rebalance::Error(_))
+        {
+            // Offsets from now on commit with the generation this callback belongs to
+            // (transactions.rs, invariant 5): the one about to end for an eager revoke,
+            // the new one for an assignment and for a cooperative revoke, whose commit
+            // (`end_transaction`) the broker would refuse with the one before.
+            transactions.set_group(consumer.group_metadata());
+        }
         // Every rebalance ends in an assignment (possibly empty) for every member, while a
         // revoke comes only before some of them: counting assignments counts rebalances
         // once each, not twice when partitions move.
@@ -130,9 +139,8 @@ impl ConsumerContext for PipelineContext {
             self.restore(consumer, &parts);
             let committed = read_committed(consumer, &parts);
             if let Some(transactions) = &self.transactions {
-                // Offsets from now on commit with this generation (transactions.rs, invariant 5),
-                // and every commit carries the owned partitions' (invariant 6).
-                transactions.set_group(consumer.group_metadata());
+                // Every commit carries the owned partitions' offsets (transactions.rs,
+                // invariant 6).
                 if let Ok(committed) = &committed {
                     transactions.own(committed.iter().map(|(tp, offset)| match offset {
                         Offset::Offset(o) => (tp.clone(), Some(*o)),

@@ -433,11 +433,15 @@ pub struct KeptOnFailure {
 }
 
 impl KeptOnFailure {
-    /// A fresh temporary directory.
+    /// A fresh temporary directory; kept whatever happens when `DEDUPD_TEST_KEEP` is set.
     pub fn new() -> KeptOnFailure {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().to_path_buf();
-        KeptOnFailure { dir: Some(dir), path }
+        let mut kept = KeptOnFailure { dir: Some(dir), path };
+        if std::env::var_os("DEDUPD_TEST_KEEP").is_some() {
+            println!("DEDUPD_TEST_KEEP: keeping {}", kept.keep().display());
+        }
+        kept
     }
 
     /// Its path.
