@@ -78,6 +78,7 @@ fn exported_metrics() -> BTreeSet<String> {
     m.rebalance();
     m.duplicate_age(Some("r"), 1.0);
     m.set_refused_partitions(0);
+    m.set_restoring(0, false);
     let names: BTreeSet<String> = m
         .render()
         .lines()
@@ -156,7 +157,7 @@ fn every_yaml_and_json_file_parses() {
 fn every_file_compose_mounts_or_builds_from_exists() {
     let compose = yaml("docker-compose.yml");
     let services = compose["services"].as_mapping().expect("services");
-    for name in ["kafka", "dedupd", "prometheus", "grafana", "mailpit", "producer"] {
+    for name in ["kafka", "dedupd-1", "dedupd-2", "prometheus", "grafana", "mailpit", "producer"] {
         assert!(services.contains_key(name), "docker-compose.yml has no `{name}` service");
     }
     let mut mounts = 0;
@@ -230,7 +231,8 @@ fn compose_dedupd_config_validates() {
     let path = root().join("deploy/compose/dedupd.toml");
     let config = Config::load(&path, Vec::<(String, String)>::new()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.kafka.bootstrap_servers, "kafka:9092");
-    assert_eq!(config.http.listen.port(), 9464, "prometheus.yml scrapes dedupd:9464");
+    assert_eq!(config.http.listen.port(), 9464, "prometheus.yml scrapes dedupd-1:9464 and dedupd-2:9464");
+    assert!(config.store.changelog, "the two compose instances share their state through Kafka");
 }
 
 #[test]
