@@ -26,11 +26,13 @@
 //! is keyed by the idempotency key with the murmur2 partitioner), one through the by-key
 //! topic. With `--restore N`, only the
 //! restore phase (`pipeline/restore.rs`): N keys restored into an empty store, then a tail
-//! of 10,000 after a clean stop.
+//! of 10,000 after a clean stop. With `--instances`, only drains with 1, 2 and 3 instances
+//! in one group, and with `--failover` only the failover of a killed instance at `--rate`
+//! (`pipeline/instances.rs`).
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
 //! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--changelog] [--drain-only]
-//! [--restore N]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
+//! [--restore N] [--instances] [--failover]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
 //! only step 3, e.g. under `perf`).
 
 use std::collections::HashMap;
@@ -51,6 +53,8 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "support/floor.rs"]
 mod floor;
+#[path = "pipeline/instances.rs"]
+mod instances;
 #[path = "pipeline/restore.rs"]
 mod restore;
 #[path = "pipeline/streams.rs"]
@@ -72,6 +76,10 @@ struct Args {
     changelog: bool,
     /// Only the restore phase, with this many keys on the changelog.
     restore: Option<usize>,
+    /// Only drains with 1, 2 and 3 instances in one group (store on Kafka, by-key topic).
+    instances: bool,
+    /// Only the failover of a killed instance, at `rate` commands/s.
+    failover: bool,
 }
 
 fn args() -> Args {
@@ -84,6 +92,8 @@ fn args() -> Args {
         drain_only: false,
         changelog: false,
         restore: None,
+        instances: false,
+        failover: false,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -112,6 +122,14 @@ fn args() -> Args {
                 continue;
             }
             "--restore" => a.restore = Some(next.parse().expect("--restore N")),
+            "--instances" | "--failover" => {
+                match argv[i].as_str() {
+                    "--instances" => a.instances = true,
+                    _ => a.failover = true,
+                }
+                i += 1;
+                continue;
+            }
             _ => {
                 i += 1;
                 continue;
@@ -460,11 +478,23 @@ async fn main() {
         restore::measure(&bootstrap, keys).await;
         return;
     }
+    if a.failover {
+        for backend in &a.backends {
+            instances::failover(&bootstrap, *backend, a.rate).await;
+        }
+        return;
+    }
     let input = unique("bench-in");
     create_topic(&bootstrap, &input, 6).await;
     let t = Instant::now();
     produce_backlog(&bootstrap, &input, a.records).await;
     println!("produced {} commands in {:.1} s", a.records, t.elapsed().as_secs_f64());
+    if a.instances {
+        for backend in &a.backends {
+            instances::drain_with_instances(&bootstrap, &input, *backend, a.records).await;
+        }
+        return;
+    }
     if a.drain_only {
         for backend in &a.backends {
             let rate = measure_drain(&bootstrap, &input, *backend, a.records).await;

@@ -58,6 +58,10 @@ pub fn point(name: &str) {
 fn stop_self() {
     // Nothing to do if it fails: the test then sees the process never stop and says so.
     let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::STOP);
+    // A signal sent to the whole process is taken by whichever thread the kernel picks, so
+    // this one would go on for a moment (seen: a sink call made past the point). Held here
+    // instead, it is stopped inside the point; after SIGCONT it wakes and goes on.
+    std::thread::sleep(std::time::Duration::from_millis(100));
 }
 
 /// SIGKILLs this process, now or after `delay_ms` (from a thread of its own).

@@ -4,7 +4,8 @@
 //! never restored, a clean restart restores nothing it already holds, and a record on a
 //! partition that is not its key's is dead-lettered (`not_copartitioned`); and a restore is
 //! seen in `/readyz` (503, naming the partition) and `dedupd_state_restoring` until it ends;
-//! expiry writes tombstones, and a store rebuilt from them holds no expired key.
+//! expiry writes tombstones, and a store rebuilt from them holds no expired key; a restore
+//! waits for a transaction still open on the changelog at assignment.
 //!
 //! `dedupd run` as a process, one non-forwarding HTTP sink that logs every call. Run with
 //! `scripts/kafka/kafka.sh with cargo test --test kafka_changelog -- --nocapture`.
@@ -297,6 +298,70 @@ async fn a_restore_shows_in_readyz_and_the_metrics_until_it_ends() {
         scrape.lines().filter(|l| l.starts_with("dedupd_state_restoring{") && !l.ends_with(" 0")).collect();
     assert!(still.is_empty(), "partitions still restoring once ready: {still:?}");
     assert_eq!(restored_records(&log), RESTORED_KEYS as u64, "the log's restore lines agree");
+}
+
+/// A key whose completion sits in a transaction still open on the changelog at assignment.
+const PENDING: usize = 3_000;
+
+/// A restore reads up to the changelog's end at assignment, past a transaction still open
+/// there: the previous owner's last one, committed on the broker with its markers not yet
+/// written, may hold a completion whose sink ran. The test leaves one open (a completion of
+/// `PENDING`), starts dedupd with `PENDING`'s command waiting, sees the restore wait
+/// (`/readyz` 503), commits it, and checks that the command was decided from it: no call.
+/// A restore that stopped at the last stable offset called the sink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_waits_for_a_transaction_open_at_assignment_and_sees_what_it_commits() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let run = OnKafka::new(&bootstrap, "clw").await;
+    let changelog = &run.changelog;
+    kafka::create_topics(&bootstrap, &[(changelog, PARTITIONS)]).await;
+    let receiver = SlowReceiver::start((1, 2), 13).await;
+    let config = run.write_config(&bootstrap, &receiver.url("/pay"), |toml| toml);
+    let log = run.dir.path().join("dedupd.log");
+    let tail = TopicTail::start(&bootstrap, &run.results, 1);
+
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("transactional.id", kafka::unique("previous-owner"))
+        .create()
+        .expect("transactional producer");
+    producer.init_transactions(Duration::from_secs(30)).expect("init transactions");
+    producer.begin_transaction().expect("begin");
+    let key = pay_kills::key(PENDING);
+    let completed = completed_record(PENDING);
+    let record = FutureRecord::to(changelog)
+        .partition(state_partition(&key, PARTITIONS))
+        .key(key.as_bytes())
+        .payload(&completed);
+    producer.send(record, Duration::from_secs(10)).await.expect("sent in the transaction");
+    let inputs = kafka::produce_all_to(&bootstrap, &run.input, vec![placed(PENDING)]).await;
+
+    let mut p = DedupdProcess::run(&config, &log);
+    let addr = common::process::wait_for_http_addr(&log, &mut p, Duration::from_secs(60)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = reqwest::get(format!("http://{addr}/readyz")).await.expect("readyz");
+        let (status, body) = (ready.status().as_u16(), ready.text().await.unwrap_or_default());
+        assert_ne!(status, 200, "ready with a transaction still open on the changelog");
+        if body.contains("restoring its state from the changelog") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no restore began: {status} {body}\n{}", tail_of_file(&log, 20));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(receiver.count(), 0, "a call while the restore waits");
+    producer.commit_transaction(Duration::from_secs(30)).expect("commit");
+
+    wait_for_every_result(&tail, &inputs, &mut p, &log).await;
+    let status = p.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "not stopped cleanly: {status:?}");
+    let seen = results(&tail);
+    assert_eq!(seen.len(), 1, "one result: {seen:?}");
+    // The stored completion has another fingerprint than the command: a conflict, no call.
+    assert_eq!(seen[0].outcome, Outcome::Conflict, "decided from the completion the transaction committed");
+    assert_eq!(receiver.count(), 0, "the sink called for a key the restore should have known");
+    tail.stop();
+    receiver.stop().await;
 }
 
 /// Keys of the expiry test, and their TTL.

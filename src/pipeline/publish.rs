@@ -165,9 +165,22 @@ fn producer_config_with(kafka: &KafkaConfig, transactional_id: Option<&str>) -> 
     c.set("enable.idempotence", "true").set("acks", "all");
     if let Some(id) = transactional_id {
         c.set("transactional.id", id);
+        // Kafka Streams' choice under exactly-once: a killed instance's open transaction
+        // holds every `read_committed` reader of its partitions (the next owner's restore
+        // and its by-key fetches) until the broker aborts it, librdkafka's 60 s by default
+        // (BENCHMARKS.md, "Several instances"). Commits come every transaction interval.
+        let timeout = kafka.producer.get("transaction.timeout.ms").map_or(TRANSACTION_TIMEOUT_MS, String::as_str);
+        c.set("transaction.timeout.ms", timeout);
+        // librdkafka wants a message's timeout within its transaction's.
+        if !kafka.producer.contains_key("message.timeout.ms") {
+            c.set("message.timeout.ms", timeout);
+        }
     }
     Ok(c)
 }
+
+/// The transactional producer's `transaction.timeout.ms` unless `kafka.producer` sets one.
+const TRANSACTION_TIMEOUT_MS: &str = "10000";
 
 impl Publisher {
     /// Creates the idempotent producer.

@@ -1,7 +1,8 @@
 //! Restore before work: on assignment, each state partition's records are read from the
 //! changelog (`read_committed`, so an aborted transaction is never restored) from the
-//! store's checkpoint to the end, and applied to the store, before any record of the
-//! partition is processed. The consumer thread does it inside the rebalance callback, so
+//! store's checkpoint to its end at assignment (past any transaction still open there: see
+//! `read_to_end`), and applied to the store, before any record of the partition is
+//! processed. The consumer thread does it inside the rebalance callback, so
 //! no worker of the partition starts meanwhile; `/readyz` is 503 and
 //! `dedupd_state_restoring{partition}` is 1 until it is done.
 
@@ -69,6 +70,9 @@ pub(crate) struct Restorer {
     store: Arc<KeyStore>,
     topic: String,
     consumer: Mutex<BaseConsumer<RestoreContext>>,
+    /// A `read_uncommitted` client, for the end a restore must reach: its high watermark,
+    /// beyond any transaction still open at assignment (see `read_to_end`).
+    end_reader: Mutex<BaseConsumer<RestoreContext>>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     /// The state partitions restored and not let go since.
@@ -101,10 +105,16 @@ impl Restorer {
         let consumer = config
             .create_with_context(RestoreContext)
             .map_err(|e| PipelineError::Changelog(format!("creating the changelog restore consumer: {e}")))?;
+        let mut end_config = config.clone();
+        end_config.set("isolation.level", "read_uncommitted");
+        let end_reader = end_config
+            .create_with_context(RestoreContext)
+            .map_err(|e| PipelineError::Changelog(format!("creating the changelog end reader: {e}")))?;
         Ok(Restorer {
             store,
             topic: topic.name.clone(),
             consumer: Mutex::new(consumer),
+            end_reader: Mutex::new(end_reader),
             metrics,
             health,
             owned: Mutex::new(BTreeSet::new()),
@@ -152,15 +162,19 @@ impl Restorer {
         format!("{}/{p}", self.topic)
     }
 
-    /// Reads each of `partitions` from its checkpoint to its last stable offset and applies
-    /// it in chunks, each with its checkpoint. Returns the records applied per partition.
+    /// Reads each of `partitions` from its checkpoint to its high watermark at assignment
+    /// (see `read_to_end`) and applies it in chunks, each with its checkpoint. Returns the
+    /// records applied per partition.
     fn restore_all(&self, partitions: &[i32]) -> Result<Vec<(i32, u64)>, String> {
         let consumer = self.consumer.lock();
         let mut reading = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
         for &p in partitions {
-            let (low, high) =
-                consumer.fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT).map_err(|e| e.to_string())?;
+            let (low, high) = self
+                .end_reader
+                .lock()
+                .fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT)
+                .map_err(|e| e.to_string())?;
             let from = self.store.checkpoint(&self.topic, p).map_err(|e| e.to_string())?.unwrap_or(low).max(low);
             reading.insert(p, Restoring::starting(from, high));
             if from < high {
@@ -176,7 +190,8 @@ impl Restorer {
         Ok(reading.into_iter().map(|(p, r)| (p, r.applied)).collect())
     }
 
-    /// Polls until every partition of `reading` is at its last stable offset.
+    /// Polls until every partition of `reading` has its last stable offset at or past the
+    /// high watermark seen at assignment.
     fn read_to_end(
         &self,
         consumer: &BaseConsumer<RestoreContext>,
@@ -212,7 +227,15 @@ impl Restorer {
                         .and_then(|tpl| tpl.find_partition(&self.topic, p).and_then(|e| e.offset().to_raw()))
                         .unwrap_or(r.next);
                     r.applied += self.apply(p, std::mem::take(&mut r.chunk), position.max(r.next))?;
-                    r.done = true;
+                    // Done only once the stable offset has reached the high watermark seen at
+                    // assignment: short of it, a transaction is still open there. It is the
+                    // previous owner's last one, committed but with its markers not yet
+                    // written (the claims in it may have run their sinks: stopping at the
+                    // stable offset lost them, and a repeat ran its sink again, found by
+                    // tests/kafka_chaos.rs), or a dead instance's, which the broker aborts
+                    // within its `transaction.timeout.ms`. Nobody writes the partition
+                    // meanwhile, and reading on is what tells which.
+                    r.done = position >= r.high;
                 }
                 Some(Err(e)) => return Err(e.to_string()),
             }
