@@ -144,3 +144,23 @@ async fn only_what_kafka_did_not_take_is_sent_again() {
     let expected: HashMap<String, usize> = [0, 3, 6, 9].iter().map(|i| (format!("key-{i}"), 1)).collect();
     assert_eq!(dead, expected, "one dead letter per dead-lettered input");
 }
+
+#[test]
+fn the_transactional_producer_times_out_and_backs_off_as_dedupd_chose_unless_configured() {
+    let kafka = KafkaConfig::default();
+    let c = producer_config_with(&kafka, Some("dedupd-x")).expect("config");
+    assert_eq!(c.get("transaction.timeout.ms"), Some("10000"));
+    assert_eq!(c.get("message.timeout.ms"), Some("10000"), "within the transaction's timeout");
+    assert_eq!(c.get("retry.backoff.ms"), Some("10"));
+    let plain = producer_config_with(&kafka, None).expect("config");
+    assert_eq!(plain.get("transaction.timeout.ms"), None, "only the transactional producer");
+    assert_eq!(plain.get("message.timeout.ms"), Some("60000"));
+
+    let mut kafka = KafkaConfig::default();
+    kafka.producer.insert("transaction.timeout.ms".into(), "30000".into());
+    kafka.producer.insert("retry.backoff.ms".into(), "50".into());
+    let c = producer_config_with(&kafka, Some("dedupd-x")).expect("config");
+    assert_eq!(c.get("transaction.timeout.ms"), Some("30000"));
+    assert_eq!(c.get("message.timeout.ms"), Some("30000"));
+    assert_eq!(c.get("retry.backoff.ms"), Some("50"));
+}
