@@ -102,10 +102,7 @@ pub(super) async fn run_with_retry<'a>(
             return tally.stopped();
         };
         crate::crash::point("sink.admitted");
-        if let Some(owner) = owner
-            && let Err(e) = owner.prove_owned().await
-        {
-            tracing::warn!(key = claim.key(), error = %e, "no sink call: this instance could not prove it still owns the key's state partition");
+        if !still_owned(owner, claim).await {
             return tally.stopped();
         }
         let watch = CallWatch::new(cancel);
@@ -169,6 +166,19 @@ pub(super) async fn run_with_retry<'a>(
 
 /// What the next call goes on: the ticket taken before the claim for the first call, its
 /// own turn for a retry (see [`take_turn`]). `None` when `cancel` fired.
+/// Whether this instance may call the sink for `claim`: always without a changelog; with
+/// one, once it has proved it still owns the key's state partition.
+async fn still_owned(owner: Option<&dyn ChangeLog>, claim: &DurableClaim) -> bool {
+    let Some(owner) = owner else { return true };
+    match owner.prove_owned().await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(key = claim.key(), error = %e, "no sink call: this instance could not prove it still owns the key's state partition");
+            false
+        }
+    }
+}
+
 async fn next_turn<'a>(
     ticket: &mut Option<Ticket<'a>>,
     sink: &'a Sink,

@@ -30,7 +30,7 @@
 //! - `hop`: under `store.changelog` without `kafka.copartitioned`, the by-key topic's
 //!   records (a forward and the input it was made of) and its purge.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
-//!   gauges.
+//!   gauges. `restart`: what carries over when a fenced run starts again.
 //!
 //! Among them: `consumer` uses `partitions`, `queue`, `worker`, `control`, `changelog` and
 //! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control`, `changelog`,
@@ -49,6 +49,7 @@ mod partitions;
 mod publish;
 mod purge;
 mod queue;
+mod restart;
 mod transactions;
 mod worker;
 
@@ -66,6 +67,7 @@ use crate::engine::{Clock, Engine, EngineError, EngineParts, SystemClock};
 use crate::ops::{Health, Metrics};
 use crate::sinks::{self, Sink};
 use crate::store::{KeyStore, StoreError};
+use restart::{Ended, Kept, restart_after_fence};
 
 pub use changelog::state_partition;
 pub use config::{KafkaConfig, PipelineConfig};
@@ -168,51 +170,6 @@ pub async fn run(
     ended
 }
 
-/// What carries over from one run of the pipeline to the next after a fence.
-#[derive(Default)]
-struct Kept {
-    metrics: Option<Arc<Metrics>>,
-    http_addr: Option<SocketAddr>,
-}
-
-/// How one run of the pipeline ended without an error.
-enum Ended {
-    /// Stopped on request.
-    Stopped,
-    /// Fenced (see [`run`]): its store, to be let go before the next run opens it.
-    Fenced(std::sync::Weak<KeyStore>),
-}
-
-/// How long a fenced pipeline's tasks may keep its store before the next run gives up.
-const STORE_RELEASE_TIMEOUT: Duration = Duration::from_secs(60);
-/// The pause before starting again after a fence, so that a fence repeated at once does
-/// not spin.
-const FENCED_RESTART_DELAY: Duration = Duration::from_secs(1);
-
-/// Waits until the fenced run's store is let go (its last tasks ended) and a moment more;
-/// an error if it is still held after [`STORE_RELEASE_TIMEOUT`].
-async fn restart_after_fence(
-    store: std::sync::Weak<KeyStore>,
-    shutdown: &CancellationToken,
-) -> Result<(), PipelineError> {
-    let deadline = tokio::time::Instant::now() + STORE_RELEASE_TIMEOUT;
-    while store.strong_count() > 0 {
-        if tokio::time::Instant::now() >= deadline {
-            tracing::error!(
-                "fenced: the store is still held by a task of the fenced run; stopping (a restart of the process starts again)"
-            );
-            return Err(PipelineError::Fatal);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tracing::warn!("fenced: starting the pipeline again from the committed offsets");
-    tokio::select! {
-        () = shutdown.cancelled() => {}
-        () = tokio::time::sleep(FENCED_RESTART_DELAY) => {}
-    }
-    Ok(())
-}
-
 /// One run of the pipeline, until `shutdown`, a fatal error or a fence.
 async fn run_once<F: FnOnce(&Running) + Send>(
     config: &Config,
@@ -245,12 +202,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
         tokio::spawn(transactions::commit_every(t, changes, interval, committer_stop.clone(), fatal.clone()))
     });
     if let Some(on_start) = on_start.take() {
-        on_start(&Running {
-            http_addr: background.http_addr,
-            metrics: Arc::clone(&core.metrics),
-            store: Arc::clone(&core.store),
-            health: Arc::clone(&core.health),
-        });
+        on_start(&core.running(background.http_addr));
     }
     tracing::info!(http_addr = %background.http_addr, backend = core.store.backend_name(), "dedupd running");
 
@@ -346,6 +298,16 @@ struct Core {
 }
 
 impl Core {
+    /// What `on_start` is told, with the HTTP listener at `http_addr`.
+    fn running(&self, http_addr: SocketAddr) -> Running {
+        Running {
+            http_addr,
+            metrics: Arc::clone(&self.metrics),
+            store: Arc::clone(&self.store),
+            health: Arc::clone(&self.health),
+        }
+    }
+
     /// Opens the store and builds the metered sinks, the engine and the producer. Returns
     /// the sinks by name too, for the circuit gauges.
     fn build(
