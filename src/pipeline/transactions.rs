@@ -25,7 +25,8 @@
 //!    the aborted results are gone, and only reading again from the committed offsets brings
 //!    them back, which a restart does. No [`Member`] is handed out after that.
 //! 5. Offsets go with the consumer group metadata of the generation that owns them (set at
-//!    every assignment), so a commit for a generation that is gone is fenced by the broker.
+//!    the start of every rebalance callback), so a commit for a generation that is gone is
+//!    fenced by the broker.
 //! 6. Every commit that carries anything carries offsets, so the broker checks the
 //!    generation of each one, including one that carries only changelog claims: besides
 //!    the offsets its batches settled, it commits again the offset each owned partition
