@@ -146,6 +146,7 @@ impl PartitionWorker {
         // acknowledgements: the wait for Kafka is off the per-batch path, and offsets are
         // still stored strictly in order.
         let mut unacked: VecDeque<Unacked> = VecDeque::new();
+        let mut first_seen = false;
         let stop = loop {
             let room = unacked.len() < MAX_UNACKED_BATCHES;
             let first = tokio::select! {
@@ -161,6 +162,12 @@ impl PartitionWorker {
                 m = self.rx.recv(), if room => m,
             };
             let Some(first) = first else { break Stop::Drain };
+            if !first_seen && let Some(transactions) = &self.shared.transactions {
+                // Every commit proves this generation still owns the partition
+                // (transactions.rs, invariant 6), also before the group holds an offset for it.
+                transactions.note_first_offset(&(self.topic.clone(), self.partition), first.offset());
+            }
+            first_seen = true;
             let mut batch = vec![first];
             // Take what is already queued; wait up to `batch_linger` for more only when it
             // is set. With the default of 0, batches grow by themselves under load (records
@@ -225,11 +232,6 @@ impl PartitionWorker {
     /// Runs one batch through the engine (or forwards it, see [`Role`]) and sends its
     /// finished prefix's results. Returns what was sent and whether the whole batch finished.
     async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Unacked>, bool), Stop> {
-        if let (Some(transactions), Some(first)) = (&self.shared.transactions, batch.first()) {
-            // Every commit proves this generation still owns the partition (transactions.rs,
-            // invariant 6), also before the group holds an offset for it.
-            transactions.note_first_offset(&(self.topic.clone(), self.partition), first.offset());
-        }
         let (check_among, unwrap) = match self.role() {
             Role::Forward(state) => return self.forward(batch, state).await,
             Role::Decide { check_among, unwrap } => (check_among, unwrap),

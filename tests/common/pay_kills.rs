@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use dedupd::outcome::ResultRecord;
+use dedupd::outcome::{Outcome, ResultRecord};
 use rdkafka::message::Message;
 
 use super::kafka;
@@ -135,4 +135,20 @@ pub fn calls_per_key(receiver: &SlowReceiver) -> HashMap<String, usize> {
         *calls.entry(body["key"].as_str().expect("key in the body").to_string()).or_default() += 1;
     }
     calls
+}
+
+/// The keys whose committed result is `succeeded` and those whose is `indeterminate`;
+/// fails unless every key that succeeded was called and none is both.
+pub fn succeeded_and_indeterminate<'a>(
+    seen: &'a [ResultRecord],
+    calls: &HashMap<String, usize>,
+) -> (HashSet<&'a str>, HashSet<&'a str>) {
+    let keys_with = |outcome: Outcome| -> HashSet<&str> {
+        seen.iter().filter(|r| r.outcome == outcome).filter_map(|r| r.key.as_deref()).collect()
+    };
+    let (succeeded, indeterminate) = (keys_with(Outcome::Succeeded), keys_with(Outcome::Indeterminate));
+    let uncalled: Vec<_> = succeeded.iter().filter(|k| !calls.contains_key(**k)).take(5).collect();
+    assert!(uncalled.is_empty(), "succeeded without a call: {uncalled:?}");
+    assert!(succeeded.is_disjoint(&indeterminate), "a key both succeeded and indeterminate");
+    (succeeded, indeterminate)
 }
