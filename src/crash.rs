@@ -22,13 +22,19 @@
 //! 8. `journal.rewrite`: the claim journal being rewritten (its new file written, not yet
 //!    renamed over the old one);
 //! 9. `compaction.chunk`: compaction between two chunks of expired records.
-
 //!
-//! One more point is for delaying only (the `fail` crate's `sleep(MS)`), not in [`POINTS`]:
-//! `rebalance.revoke`, the consumer thread about to handle a revoke. Delayed, it stands
-//! for a consumer that has not yet noticed it lost its partitions, so that what stops a
-//! zombie then (the broker refusing its commits) is tested on its own
-//! (tests/kafka_zombie.rs).
+//! Three more points are not in [`POINTS`] (which the crash suite runs with transactions
+//! off, point by point):
+//! - `transaction.delivered`: with Kafka transactions on, a transaction's records all
+//!   delivered to the broker, its commit not yet asked for, so a kill there always leaves
+//!   records the broker must abort (tests/kafka_kill_transactional.rs: random kills land
+//!   inside a transaction only now and then);
+//! - `sink.admitted`: a sink call admitted, the ownership of its key not yet proved
+//!   (tests/kafka_zombie.rs freezes a process there);
+//! - `rebalance.revoke`, for delaying only (the `fail` crate's `sleep(MS)`): the consumer
+//!   thread about to handle a revoke. Delayed, it stands for a consumer that has not yet
+//!   noticed it lost its partitions, so that what stops a zombie then (the broker refusing
+//!   its commits) is tested on its own (tests/kafka_zombie.rs).
 
 /// Every crash point, in the order of the module docs.
 pub const POINTS: [&str; 9] = [

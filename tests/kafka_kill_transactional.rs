@@ -6,19 +6,23 @@
 //! `dedupd run` on the real broker (tests/common/pay_kills.rs); 3,000 commands and 900
 //! repeats of them (same key and payload, on other input partitions), all produced at the
 //! start; one non-forwarding HTTP sink answering in 50–250 ms, 16 calls at a time, batches
-//! of 8. Twenty incarnations are each SIGKILLed at a random moment 0.2–1.2 s after their
-//! first request, then one runs until every input has a committed result and is stopped
-//! with SIGTERM. The input that ran each key (the store's completed record names it) has its
-//! own `succeeded` as its one result, never a `duplicate` of itself, though its first result
-//! may have been aborted. A `read_uncommitted` reader shows that the kills did cut
-//! transactions off: of the results topic, it sees more results than inputs, which is what
-//! the topic would hold without transactions; with the store on Kafka, whose commits come
-//! every round so that results are seldom caught open, it sees more changelog records than
-//! a `read_committed` one (the claims of the transactions the kills cut off). The same runs with the store on Kafka
-//! (`store.changelog`), where every incarnation after a kill rebuilds its store from the
-//! changelog before it processes anything, once with producers keying by the idempotency
-//! key (`kafka.copartitioned`) and once through the by-key topic. Run with
-//! `scripts/kafka/kafka.sh with cargo test --test kafka_kill_transactional -- --nocapture`.
+//! of 8. Twenty incarnations are SIGKILLed: ten and then nine at a random moment 0.2–1.2 s
+//! after their first request, and between them one by itself at crash point
+//! `transaction.delivered` (src/crash.rs), its transaction's records delivered and not
+//! committed. Then one runs until every input has a committed result and is stopped with
+//! SIGTERM. The input that ran each key (the store's completed record names it) has its own
+//! `succeeded` as its one result, never a `duplicate` of itself, though its first result may
+//! have been aborted. A `read_uncommitted` reader shows that the kills did cut transactions
+//! off: of the results topic, it sees more results than inputs, which is what the topic
+//! would hold without transactions; with the store on Kafka, whose commits come every round
+//! so that results are seldom caught open, it sees more changelog records than a
+//! `read_committed` one. The same runs with the store on Kafka (`store.changelog`), where
+//! every incarnation after a kill rebuilds its store from the changelog before it processes
+//! anything, once with producers keying by the idempotency key (`kafka.copartitioned`) and
+//! once through the by-key topic. Run with `scripts/kafka/kafka.sh with cargo test
+//! --features failpoints --test kafka_kill_transactional -- --nocapture`.
+
+#![cfg(feature = "failpoints")]
 
 mod common;
 
@@ -26,7 +30,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::kafka;
-use common::pay_kills::{self, calls_per_key, kill_repeatedly, results, wait_for_every_result};
+use common::pay_kills::{
+    self, calls_per_key, kill_inside_a_transaction, kill_repeatedly, results, wait_for_every_result,
+};
 use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, seed_from_env, tail_of_file};
 use dedupd::outcome::{Outcome, ResultRecord};
 use dedupd::pipeline::state_partition;
@@ -46,6 +52,9 @@ const MAX_IN_FLIGHT: usize = 16;
 const BATCH_SIZE: usize = 8;
 /// When a kill lands, after the incarnation's first request.
 const KILL_AFTER_MS: (u64, u64) = (200, 1_200);
+/// The incarnation killed inside a transaction (crash point `transaction.delivered`) lets
+/// this many commits through first, so that it dies in the middle of its work.
+const COMMITS_BEFORE_THE_KILL_INSIDE: usize = 3;
 
 /// Every key once, then `REPEATS` of them again: on another partition, or with the store
 /// on Kafka and `kafka.copartitioned` on the key's own.
@@ -138,7 +147,11 @@ async fn after_kills(bootstrap: &str, mode: Mode) {
     let uncommitted = TopicTail::start_uncommitted(&bootstrap, &results_topic, 3);
     let inputs = kafka::produce_all_to(&bootstrap, &input, commands(mode)).await;
 
-    kill_repeatedly(&config, &log, &receiver, KILLS, KILL_AFTER_MS, &mut rng).await;
+    // Half the kills at random moments, one inside a transaction for certain, the rest at
+    // random moments again (on the state it left).
+    kill_repeatedly(&config, &log, &receiver, KILLS / 2, KILL_AFTER_MS, &mut rng).await;
+    kill_inside_a_transaction(&config, &log, COMMITS_BEFORE_THE_KILL_INSIDE).await;
+    kill_repeatedly(&config, &log, &receiver, KILLS - KILLS / 2 - 1, KILL_AFTER_MS, &mut rng).await;
     let mut last = DedupdProcess::run(&config, &log);
     wait_for_every_result(&committed, &inputs, &mut last, &log).await;
     let status = last.terminate(Duration::from_secs(30));
@@ -209,7 +222,8 @@ async fn after_kills(bootstrap: &str, mode: Mode) {
         .collect();
     assert!(replayed_own.is_empty(), "inputs that ran their key without a committed `succeeded`: {replayed_own:?}");
 
-    // The kills did cut transactions off: without them, their results would be on the topic.
+    // The kills did cut transactions off (at least the one inside a transaction did): without
+    // them, their results would be on the topic.
     let all = results(&uncommitted);
     committed.stop();
     uncommitted.stop();
@@ -229,8 +243,9 @@ async fn after_kills(bootstrap: &str, mode: Mode) {
             all.len(),
             seen.len()
         ),
-        // With the store on Kafka commits come every round, so a kill finds results in an
-        // open transaction only now and then; claims it finds there every time.
+        // With the store on Kafka commits come every round, so the results a kill finds in
+        // an open transaction may have been published again unchanged; the claims, written
+        // to the changelog, it cut off.
         Mode::Changelog | Mode::ByKey => {
             let changelog = format!("{group}.dedupd-state");
             let written = data_records(&bootstrap, &changelog, "read_uncommitted").await;

@@ -392,6 +392,7 @@ fn commit_and_begin(
             })?;
         }
         wait_until_delivered(producer, COORDINATOR_TIMEOUT);
+        crate::crash::point("transaction.delivered");
         retrying("committing the transaction", || producer.commit_transaction(COORDINATOR_TIMEOUT))
     })();
     match committed {

@@ -92,6 +92,36 @@ pub async fn kill_repeatedly(
     }
 }
 
+/// Runs one incarnation of `dedupd run -c config` that SIGKILLs itself at crash point
+/// `transaction.delivered` (src/crash.rs) the first time it reaches it after passing it
+/// `passes` times: a kill that always leaves a transaction's records delivered and not
+/// committed, where random kills land only now and then. Fails with the log if it does not
+/// die so within a minute.
+pub async fn kill_inside_a_transaction(config: &Path, log: &Path, passes: usize) {
+    use std::os::unix::process::ExitStatusExt;
+    let failpoints = format!("transaction.delivered={passes}*off->return");
+    let config = config.to_str().expect("utf-8 config path");
+    let mut p = DedupdProcess::spawn_with_env(&["run", "-c", config], &[("FAILPOINTS", failpoints.as_str())], log);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = p.exited() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not killed inside a transaction within 60 s; log:\n{}",
+            tail_of_file(log, 40)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "exited otherwise than by its own SIGKILL: {status:?}; log:\n{}",
+        tail_of_file(log, 40)
+    );
+}
+
 /// Waits until the receiver has seen more than `before` requests; fails with the log if the
 /// process exits or nothing arrives within a minute.
 async fn wait_for_a_request(receiver: &SlowReceiver, before: usize, p: &mut DedupdProcess, log: &Path) {
