@@ -27,12 +27,13 @@
 //! topic. With `--restore N`, only the
 //! restore phase (`pipeline/restore.rs`): N keys restored into an empty store, then a tail
 //! of 10,000 after a clean stop. With `--instances`, only drains with 1, 2 and 3 instances
-//! in one group, and with `--failover` only the failover of a killed instance at `--rate`
+//! in one group, and with `--failover` only the failover of a killed instance at `--rate`,
+//! with `--state N` keys on the changelog first and `--standby` for standby copies
 //! (`pipeline/instances.rs`).
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
 //! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--changelog] [--drain-only]
-//! [--restore N] [--instances] [--failover]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
+//! [--restore N] [--instances] [--failover [--state N] [--standby]]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
 //! only step 3, e.g. under `perf`).
 
 use std::collections::HashMap;
@@ -78,6 +79,10 @@ struct Args {
     restore: Option<usize>,
     /// Only drains with 1, 2 and 3 instances in one group (store on Kafka, by-key topic).
     instances: bool,
+    /// Only the failover of a killed instance, at `rate` commands/s, with `state` keys on
+    /// the changelog first, and with standby copies (`store.standby`) if `standby`.
+    failover_state: usize,
+    standby: bool,
     /// Only the failover of a killed instance, at `rate` commands/s.
     failover: bool,
 }
@@ -94,6 +99,8 @@ fn args() -> Args {
         restore: None,
         instances: false,
         failover: false,
+        failover_state: 0,
+        standby: false,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -122,6 +129,12 @@ fn args() -> Args {
                 continue;
             }
             "--restore" => a.restore = Some(next.parse().expect("--restore N")),
+            "--state" => a.failover_state = next.parse().expect("--state N"),
+            "--standby" => {
+                a.standby = true;
+                i += 1;
+                continue;
+            }
             "--instances" | "--failover" => {
                 match argv[i].as_str() {
                     "--instances" => a.instances = true,
@@ -480,7 +493,8 @@ async fn main() {
     }
     if a.failover {
         for backend in &a.backends {
-            instances::failover(&bootstrap, *backend, a.rate).await;
+            let failover = instances::Failover { rate: a.rate, state: a.failover_state, standby: a.standby };
+            instances::failover(&bootstrap, *backend, &failover).await;
         }
         return;
     }

@@ -248,8 +248,8 @@ async fn after_kills(bootstrap: &str, mode: Mode) {
         // to the changelog, it cut off.
         Mode::Changelog | Mode::ByKey => {
             let changelog = format!("{group}.dedupd-state");
-            let written = data_records(&bootstrap, &changelog, "read_uncommitted").await;
-            let committed = data_records(&bootstrap, &changelog, "read_committed").await;
+            let written = kafka::read_to_end(&bootstrap, &changelog, "read_uncommitted").await.len();
+            let committed = kafka::read_to_end(&bootstrap, &changelog, "read_committed").await.len();
             println!("{mode:?}: changelog records written {written}, committed {committed}");
             assert!(
                 written > committed,
@@ -257,42 +257,4 @@ async fn after_kills(bootstrap: &str, mode: Mode) {
             );
         }
     }
-}
-
-/// The data records of every partition of `topic` a reader with `isolation` gets, read to
-/// the end (nothing writes the topic any more).
-async fn data_records(bootstrap: &str, topic: &str, isolation: &str) -> usize {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::error::KafkaError;
-    let partitions = kafka::watermarks(bootstrap, topic).await.len();
-    let (bootstrap, topic, isolation) = (bootstrap.to_string(), topic.to_string(), isolation.to_string());
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("group.id", kafka::unique("count"))
-            .set("isolation.level", &isolation)
-            .set("enable.partition.eof", "true")
-            .create()
-            .expect("counting consumer");
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..partitions as i32 {
-            tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning).expect("tpl");
-        }
-        consumer.assign(&tpl).expect("assign");
-        let (mut count, mut at_end) = (0, HashSet::new());
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while at_end.len() < partitions {
-            assert!(std::time::Instant::now() < deadline, "{topic} not read to its end ({isolation})");
-            match consumer.poll(Duration::from_millis(200)) {
-                Some(Ok(_)) => count += 1,
-                Some(Err(KafkaError::PartitionEOF(p))) => {
-                    at_end.insert(p);
-                }
-                Some(Err(_)) | None => {}
-            }
-        }
-        count
-    })
-    .await
-    .expect("counting task")
 }

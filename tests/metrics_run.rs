@@ -42,9 +42,10 @@ const FLAKY_KEY: &str = "main-1";
 /// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md, and
 /// `store_write_errors_total`, at 0 unless a store write failed,
 /// `transaction_commit_seconds`, empty without transactional results, and
-/// `state_restore_records_total` and `fenced_total`, at 0 without `store.changelog`;
-/// `state_restoring` has no series until a restore).
-const CATALOGUE: [(&str, &str); 20] = [
+/// `state_restore_records_total`, `state_standby_records_total`, `state_standby_partitions`
+/// and `fenced_total`, at 0 without `store.changelog`; `state_restoring` has no series until
+/// a restore).
+const CATALOGUE: [(&str, &str); 22] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -64,6 +65,8 @@ const CATALOGUE: [(&str, &str); 20] = [
     ("dedupd_store_fsyncs_total", "counter"),
     ("dedupd_transaction_commit_seconds", "histogram"),
     ("dedupd_state_restore_records_total", "counter"),
+    ("dedupd_state_standby_records_total", "counter"),
+    ("dedupd_state_standby_partitions", "gauge"),
     ("dedupd_fenced_total", "counter"),
 ];
 

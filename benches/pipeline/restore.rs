@@ -18,7 +18,8 @@ use rdkafka::producer::FutureRecord;
 
 use super::{Mode, config_in, create_topic, producer, start_pipeline, unique};
 
-const PARTITIONS: i32 = 6;
+/// The input's partitions, so the changelog's (the by-key topic's under the hop).
+pub(super) const PARTITIONS: i32 = 6;
 const TAIL: usize = 10_000;
 
 /// Prints the cold and the tail restore rates.
@@ -64,7 +65,7 @@ fn completed(i: usize) -> Vec<u8> {
     .encode()
 }
 
-async fn write_changelog(bootstrap: &str, topic: &str, keys: std::ops::Range<usize>) {
+pub(super) async fn write_changelog(bootstrap: &str, topic: &str, keys: std::ops::Range<usize>) {
     let p = producer(bootstrap);
     let mut acks = Vec::with_capacity(keys.len());
     for i in keys {

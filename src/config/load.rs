@@ -202,6 +202,13 @@ fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
         errors.push(invalid("store.changelog_topic", topic, "must be a non-empty topic that is not an input topic"));
     }
     if !s.changelog {
+        if s.standby {
+            errors.push(invalid(
+                "store.standby",
+                "true",
+                "needs store.changelog = true (a standby tails the changelog)",
+            ));
+        }
         return;
     }
     if !c.kafka.transactional_results {

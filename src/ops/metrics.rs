@@ -42,6 +42,8 @@ pub struct Metrics {
 struct StateMetrics {
     restoring: IntGaugeVec,
     restore_records: IntCounter,
+    standby_records: IntCounter,
+    standby_partitions: IntGauge,
     fenced: IntCounter,
 }
 
@@ -55,6 +57,14 @@ impl StateMetrics {
             restore_records: IntCounter::new(
                 "state_restore_records_total",
                 "Changelog records applied to the store by restores.",
+            )?,
+            standby_records: IntCounter::new(
+                "state_standby_records_total",
+                "Changelog records applied to the store by its standby copies of partitions it does not own.",
+            )?,
+            standby_partitions: IntGauge::new(
+                "state_standby_partitions",
+                "State partitions this instance keeps a standby copy of (tails without owning).",
             )?,
             fenced: IntCounter::new(
                 "fenced_total",
@@ -204,6 +214,8 @@ impl Metrics {
             Box::new(self.transaction_commit.clone()),
             Box::new(self.state.restoring.clone()),
             Box::new(self.state.restore_records.clone()),
+            Box::new(self.state.standby_records.clone()),
+            Box::new(self.state.standby_partitions.clone()),
             Box::new(self.state.fenced.clone()),
         ] {
             self.registry.register(c)?;
@@ -319,6 +331,16 @@ impl Metrics {
         self.state.restore_records.inc_by(n);
     }
 
+    /// A standby applied `n` changelog records.
+    pub fn standby_records(&self, n: u64) {
+        self.state.standby_records.inc_by(n);
+    }
+
+    /// The standby tails `n` partitions.
+    pub fn set_standby_partitions(&self, n: usize) {
+        self.state.standby_partitions.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// The group generation was found gone with work in the open transaction (see
     /// `pipeline::transactions`, invariant 6).
     pub fn fenced(&self) {
@@ -401,6 +423,8 @@ mod tests {
             "dedupd_sink_circuit_open{sink=\"smtp\"} 1",
             "dedupd_transaction_commit_seconds_count 0",
             "dedupd_fenced_total 0",
+            "dedupd_state_standby_records_total 0",
+            "dedupd_state_standby_partitions 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -208,6 +208,10 @@ impl PipelineContext {
     fn revoke(&self, consumer: &BaseConsumer<Self>, revoked: &[Tp]) {
         crate::crash::point("rebalance.revoke");
         tracing::info!(partitions = ?revoked, "partitions revoked: draining");
+        // Before the commit that ends their generation here (store::expiries, invariant 5).
+        if let Some(restorer) = &self.restorer {
+            restorer.stop_expiries(&restorer.state_partitions(revoked));
+        }
         self.partitions.drop_held_and_pauses(revoked);
         self.stop_workers(self.partitions.take_workers(revoked));
         for (topic, partition) in revoked {
@@ -278,10 +282,7 @@ impl PipelineContext {
         if self.fatal.is_cancelled() {
             return;
         }
-        let checkpoints = restorer.let_go(&restorer.state_partitions(revoked));
-        if let Err(e) = self.store.set_checkpoints(&checkpoints) {
-            tracing::warn!(error = %e, "could not write the let-go partitions' checkpoints; the next restore reads more");
-        }
+        restorer.let_go(&restorer.state_partitions(revoked));
     }
 
     /// Refuses partitions whose committed offset is beyond what the store recorded: the

@@ -14,6 +14,7 @@
 //!    changelog ([`KeyStore::open_as_cache`]), as Kafka Streams does with its stores under
 //!    exactly-once.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use super::{KeyStore, Op, Record, StoreConfig, StoreError, Tree};
@@ -86,6 +87,17 @@ impl KeyStore {
         }
     }
 
+    /// Invariant 1: records the tombstones of expired `keys`, if their partitions' expiries
+    /// are this store's (`expiries`, invariant 5); called under the exclusive gate.
+    pub(super) fn capture_expiries<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
+        if self.capture {
+            let mut changes = self.changes.lock();
+            for key in keys {
+                changes.push_expiry(key);
+            }
+        }
+    }
+
     /// Records the record writes among `ops` (invariant 1).
     pub(super) fn capture_ops(&self, ops: &[Op]) {
         if !self.capture {
@@ -95,10 +107,10 @@ impl KeyStore {
         for op in ops {
             match op {
                 Op::Put(Tree::Records, k, v) => {
-                    changes.push(Change { key: String::from_utf8_lossy(k).into_owned(), value: Some(v.clone()) })
+                    changes.push(Change { key: String::from_utf8_lossy(k).into_owned(), value: Some(v.clone()) });
                 }
                 Op::Delete(Tree::Records, k) => {
-                    changes.push(Change { key: String::from_utf8_lossy(k).into_owned(), value: None })
+                    changes.push(Change { key: String::from_utf8_lossy(k).into_owned(), value: None });
                 }
                 _ => {}
             }
@@ -107,27 +119,31 @@ impl KeyStore {
 
     /// The changes made since the last call, oldest first (invariant 1).
     pub fn take_changes(&self) -> Vec<Change> {
-        std::mem::take(&mut *self.changes.lock())
+        self.changes.lock().take()
     }
 
     /// Applies records read from the changelog partition `partition` of `topic`, in their
     /// order, then sets its checkpoint to `next_offset` (invariants 2 and 3). A completion
-    /// expired at `now_ms` is not kept. Returns how many records it applied.
+    /// expired at `now_ms` is not kept: its key is added to `expired`, and any other record
+    /// takes its key out again (`expiries`, invariant 7). Returns how many records it
+    /// applied.
     pub fn restore_batch(
         &self,
-        topic: &str,
-        partition: i32,
+        (topic, partition): (&str, i32),
         changes: Vec<Change>,
         next_offset: i64,
         now_ms: i64,
+        expired: &mut HashSet<String>,
     ) -> Result<usize, StoreError> {
         let applied = changes.len();
         for Change { key, value } in changes {
-            let new = match value {
-                None => None,
-                Some(v) => Some(super::decode(key.as_bytes(), &v)?)
-                    .filter(|r: &Record| r.expires_at_ms().is_none_or(|at| at > now_ms)),
-            };
+            let read = value.map(|v| super::decode(key.as_bytes(), &v)).transpose()?;
+            let new = read.clone().filter(|r: &Record| r.expires_at_ms().is_none_or(|at| at > now_ms));
+            if read.is_some() && new.is_none() {
+                expired.insert(key.clone());
+            } else {
+                expired.remove(&key);
+            }
             let _gate = self.gate.read();
             let mut stripe = self.stripe(&key).lock();
             let current = self.get_locked(&stripe, &key)?;
@@ -254,7 +270,9 @@ mod tests {
                 Change { key: "gone".into(), value: Some(done.encode()) },
                 Change { key: "gone".into(), value: None },
             ];
-            assert_eq!(store.restore_batch("log", 3, restored, 42, 100).expect("restore"), 4);
+            let mut expired = HashSet::from(["gone".to_string()]);
+            assert_eq!(store.restore_batch(("log", 3), restored, 42, 100, &mut expired).expect("restore"), 4);
+            assert_eq!(expired, HashSet::from(["old".to_string()]), "{backend}: the keys last read expired");
             assert!(store.take_changes().is_empty(), "{backend}: a restore is not captured");
             assert_eq!(store.get("b").expect("get"), Some(done.clone()), "{backend}");
             assert_eq!(store.get("old").expect("get"), None, "{backend}: expired at restore");

@@ -22,6 +22,10 @@ impl KeyStore {
         // Exclusive gate: no mutation can replace a record or rewrite an entry between the
         // index read and the delete. Held for one bounded chunk only.
         let _gate = self.gate.write();
+        // `expiries`, invariant 6.
+        if self.restore_running() {
+            return Ok((0, Vec::new()));
+        }
         let entries = self.due_entries(now_ms, limit, from)?;
         let Some((last, _)) = entries.last() else {
             return Ok((0, Vec::new()));
@@ -34,11 +38,12 @@ impl KeyStore {
         for (entry_key, pairs) in entries {
             removed += pairs.len();
             hashes.extend(pairs.iter().map(|(key, _)| presence::key_hash(key)));
+            // Tombstones for the changelog (invariant 1 of `changelog`, 5 of `expiries`),
+            // under the exclusive gate.
+            self.capture_expiries(pairs.iter().map(|(key, _)| key.as_str()));
             ops.extend(pairs.into_iter().map(|(key, _)| Op::Delete(Tree::Records, key.into_bytes())));
             ops.push(Op::Delete(Tree::Expiry, entry_key));
         }
-        // Tombstones for the changelog (invariant 1 of `changelog`), under the exclusive gate.
-        self.capture_ops(&ops);
         self.backend.apply(ops)?;
         // Out of the presence filter once deleted, one stripe lock at a time. No stripe lock
         // is held by anyone else under the exclusive gate, so these are uncontended.

@@ -54,6 +54,9 @@ pub struct StoreConfig {
     /// `min.insync.replicas` of the changelog topic when dedupd creates it (capped below
     /// the replication factor it gets).
     pub changelog_min_insync_replicas: u16,
+    /// With `changelog`: tail the changelog partitions this instance does not own into the
+    /// local store (standby replicas), so that taking one over restores only the tail.
+    pub standby: bool,
 }
 
 /// How large a backend's cache is: the memory a store takes beyond its own per-key
@@ -92,6 +95,7 @@ impl Default for StoreConfig {
             changelog_topic: None,
             changelog_replication_factor: 3,
             changelog_min_insync_replicas: 2,
+            standby: false,
         }
     }
 }

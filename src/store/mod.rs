@@ -15,7 +15,9 @@
 //!   lets a claim of a fresh key skip the store read;
 //! - invariant: the index lists `(key, at)` exactly when `key` holds a completed record
 //!   expiring at `at`, so compaction deletes by the index alone, in bounded chunks, and
-//!   never touches `in_progress` or `indeterminate` records.
+//!   never touches `in_progress` or `indeterminate` records;
+//! - as a changelog's cache (`changelog`), every change is captured for the changelog, and
+//!   an expiry's tombstone only for the state partitions the instance owns (`expiries`).
 
 mod backends;
 mod changelog;
@@ -23,6 +25,7 @@ mod claims;
 mod compaction;
 mod config;
 mod error;
+mod expiries;
 mod fault;
 mod fjall_backend;
 mod identity;
@@ -36,7 +39,7 @@ mod sled_backend;
 pub mod transfer;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -47,6 +50,7 @@ pub use changelog::{CacheOpened, Change};
 pub use claims::{ClaimRequest, DurableClaim, PendingClaim, ReadStamp};
 pub use config::{CacheSize, StoreConfig, SyncMode};
 pub use error::{StoreError, WRITE_ERROR_KINDS};
+pub use expiries::Restoring;
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
@@ -163,8 +167,10 @@ pub struct KeyStore {
     flush_done: Mutex<u64>,
     /// Whether changes are captured for a changelog (see `changelog`).
     capture: bool,
-    /// The captured changes not yet taken.
-    changes: Mutex<Vec<Change>>,
+    /// The captured changes not yet taken (see `changelog` and `expiries`).
+    changes: Mutex<expiries::Captured>,
+    /// Restores running (`expiries`, invariant 6).
+    restores: AtomicUsize,
 }
 
 fn state_index(s: State) -> usize {
@@ -236,7 +242,8 @@ impl KeyStore {
             flushes_started: AtomicU64::new(0),
             flush_done: Mutex::new(0),
             capture: false,
-            changes: Mutex::new(Vec::new()),
+            changes: Mutex::new(expiries::Captured::default()),
+            restores: AtomicUsize::new(0),
         };
         store.upgrade_index()?;
         store.scan_all(true)?;

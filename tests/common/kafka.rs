@@ -180,6 +180,43 @@ pub async fn read_all(bootstrap: &str, topic: &str, expected: usize, timeout: Du
     .expect("read_all task")
 }
 
+/// The data records of every partition of `topic` that a reader with `isolation`
+/// (`read_committed` or `read_uncommitted`) gets, read to the end: for a topic nothing
+/// writes any more.
+pub async fn read_to_end(bootstrap: &str, topic: &str, isolation: &str) -> Vec<OwnedMessage> {
+    let partitions = watermarks(bootstrap, topic).await.len();
+    let (bootstrap, topic, isolation) = (bootstrap.to_string(), topic.to_string(), isolation.to_string());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", unique("to-end"))
+            .set("isolation.level", &isolation)
+            .set("enable.partition.eof", "true")
+            .create()
+            .expect("reader");
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions as i32 {
+            tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning).expect("tpl");
+        }
+        consumer.assign(&tpl).expect("assign");
+        let (mut got, mut at_end) = (Vec::new(), std::collections::HashSet::new());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while at_end.len() < partitions {
+            assert!(Instant::now() < deadline, "{topic} not read to its end ({isolation})");
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => got.push(m.detach()),
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                    at_end.insert(p);
+                }
+                Some(Err(_)) | None => {}
+            }
+        }
+        got
+    })
+    .await
+    .expect("read_to_end task")
+}
+
 /// The number of records in `topic`: the sum over partitions of high minus low watermark.
 /// Exact for topics written without transactions.
 pub async fn count_records(bootstrap: &str, topic: &str) -> i64 {

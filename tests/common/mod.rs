@@ -15,3 +15,4 @@ pub mod records;
 pub mod scripted;
 pub mod secured_kafka;
 pub mod smtp_server;
+pub mod state_group;

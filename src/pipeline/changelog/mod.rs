@@ -9,10 +9,13 @@
 //!   the engine's durability points wait for their commit (a claim is committed there
 //!   before its sink runs; a completion before its result and offset);
 //! - `restore`: on assignment, each state partition is read back from its checkpoint before
-//!   any of its records is processed; when let go, its checkpoint moves to the end.
+//!   any of its records is processed; when let go, its checkpoint moves to the end;
+//! - `standby`: with `store.standby`, the partitions not held are tailed into the store, so
+//!   that a restore of one finds its checkpoint near the end.
 
 mod partition;
 mod restore;
+mod standby;
 mod topic;
 mod writer;
 
@@ -25,6 +28,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rdkafka::producer::FutureProducer;
+use tokio_util::sync::CancellationToken;
 
 use super::transactions::Transactions;
 use super::{KafkaConfig, PipelineError};
@@ -66,6 +70,9 @@ impl Changelog {
         producer: FutureProducer,
         (metrics, health): (&Arc<Metrics>, &Arc<Health>),
     ) -> Result<Changelog, PipelineError> {
+        let partitions = topic.partitions;
+        // Each expiry's tombstone is its partition's owner's to write (store::expiries).
+        store.expiries_by_partition(move |key| state_partition(key, partitions));
         let writer = ChangelogWriter::new(Arc::clone(store), Arc::clone(transactions), producer, topic);
         let restorer = Restorer::new(kafka, topic, Arc::clone(store), Arc::clone(metrics), Arc::clone(health))?;
         Ok(Changelog {
@@ -74,6 +81,20 @@ impl Changelog {
             partitions: topic.partitions,
             by_key: topic.by_key.clone(),
         })
+    }
+
+    /// With `store.standby`: the standby thread, tailing what this instance does not hold.
+    pub(crate) fn start_standby(
+        &self,
+        kafka: &KafkaConfig,
+        metrics: &Arc<Metrics>,
+    ) -> Result<StandbyRunning, PipelineError> {
+        let standby = standby::Standby::new(kafka, Arc::clone(&self.restorer), self.partitions, Arc::clone(metrics))?;
+        let stop = CancellationToken::new();
+        let thread = standby
+            .spawn(stop.clone())
+            .map_err(|e| PipelineError::Changelog(format!("starting the standby thread: {e}")))?;
+        Ok(StandbyRunning { stop, thread })
     }
 
     /// At a clean stop, after the consumer's last commit: commits what is left (an
@@ -98,5 +119,21 @@ impl Changelog {
             Ok(Err(e)) => tracing::error!(error = %e, "could not mark the store clean; the next start rebuilds it"),
             Err(e) => tracing::error!(error = %e, "could not mark the store clean; the next start rebuilds it"),
         }
+    }
+}
+
+/// The standby thread while it runs.
+pub(crate) struct StandbyRunning {
+    stop: CancellationToken,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl StandbyRunning {
+    /// Stops it and waits until it has (before the clean stop's checkpoints: `standby`,
+    /// invariant 3).
+    pub(crate) async fn stop(self) {
+        self.stop.cancel();
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
 }

@@ -6,7 +6,7 @@
 //! no worker of the partition starts meanwhile; `/readyz` is 503 and
 //! `dedupd_state_restoring{partition}` is 1 until it is done.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,18 +40,20 @@ struct Restoring {
     chunk: Vec<Change>,
     applied: u64,
     done: bool,
+    /// Keys whose last record read is an expired completion (`store::expiries`, invariant 7).
+    expired: HashSet<String>,
 }
 
 impl Restoring {
     /// A partition to read from `from` to `high` (nothing to read when `from >= high`).
     fn starting(from: i64, high: i64) -> Restoring {
-        Restoring { high, next: from, chunk: Vec::new(), applied: 0, done: from >= high }
+        Restoring { high, next: from, chunk: Vec::new(), applied: 0, done: from >= high, expired: HashSet::new() }
     }
 }
 
 /// The restore consumer's context: reaching the end of a partition is what a restore waits
 /// for, not an error to log (librdkafka reports it as one).
-struct RestoreContext;
+pub(super) struct RestoreContext;
 
 impl ClientContext for RestoreContext {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -75,8 +77,8 @@ pub(crate) struct Restorer {
     end_reader: Mutex<BaseConsumer<RestoreContext>>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
-    /// The state partitions restored and not let go since.
-    owned: Mutex<BTreeSet<i32>>,
+    /// The state partitions restored and not let go since, and those being restored.
+    held: Mutex<Held>,
     /// Under the by-key hop: the by-key topic, the one whose partitions are state
     /// partitions (an input partition is not one).
     by_key: Option<String>,
@@ -117,7 +119,7 @@ impl Restorer {
             end_reader: Mutex::new(end_reader),
             metrics,
             health,
-            owned: Mutex::new(BTreeSet::new()),
+            held: Mutex::new(Held::default()),
             by_key: topic.by_key.clone(),
         })
     }
@@ -137,25 +139,59 @@ impl Restorer {
     }
 
     /// Restores each of `partitions` not restored since it was last let go, all at once
-    /// (one consumer fetching them together). Blocking.
+    /// (one consumer fetching them together), then makes their expiries this store's to
+    /// write, with the tombstones of keys the restore found expired (`store::expiries`,
+    /// invariants 5 to 7). Blocking.
     pub(crate) fn restore(&self, partitions: &[i32]) -> Result<(), String> {
-        let todo: Vec<i32> = partitions.iter().copied().filter(|p| !self.owned.lock().contains(p)).collect();
+        let todo: Vec<i32> = {
+            let mut held = self.held.lock();
+            let todo: Vec<i32> = partitions.iter().copied().filter(|p| !held.owned.contains(p)).collect();
+            // From here on no standby write follows the checkpoint it reads (standby.rs, invariant 1).
+            held.restoring.extend(&todo);
+            todo
+        };
         let started = Instant::now();
         for &p in &todo {
             self.metrics.set_restoring(p, true);
             self.health.set_down(&self.name(p), Some("restoring its state from the changelog"));
         }
-        let restored = self.restore_all(&todo);
+        let restored = {
+            let _restoring = self.store.restoring();
+            self.restore_all(&todo)
+        };
         for &p in &todo {
             self.metrics.set_restoring(p, false);
             self.health.set_down(&self.name(p), None);
         }
-        let records = restored.map_err(|e| format!("restoring {}: {e}", self.topic))?;
-        for (p, n) in records {
-            tracing::info!(partition = %self.name(p), records = n, ms = started.elapsed().as_millis() as u64, "state partition restored");
-            self.owned.lock().insert(p);
+        let restored = match restored {
+            Ok(restored) => restored,
+            Err(e) => {
+                self.held.lock().restoring.retain(|p| !todo.contains(p));
+                return Err(format!("restoring {}: {e}", self.topic));
+            }
+        };
+        self.store.write_expiries_of(&todo);
+        for (p, r) in restored {
+            let expired = self.store.write_restored_expiries(r.expired).map_err(|e| e.to_string())?;
+            tracing::info!(partition = %self.name(p), records = r.applied, expired, ms = started.elapsed().as_millis() as u64, "state partition restored");
+            let mut held = self.held.lock();
+            held.restoring.remove(&p);
+            held.owned.insert(p);
         }
         Ok(())
+    }
+
+    /// Before `partitions` are let go (ahead of the commit that ends their generation):
+    /// this store writes no more expiries of theirs (`store::expiries`, invariant 5).
+    pub(crate) fn stop_expiries(&self, partitions: &[i32]) {
+        let dropped = self.store.stop_expiries_of(partitions);
+        if dropped > 0 {
+            tracing::debug!(
+                ?partitions,
+                dropped,
+                "expiry tombstones of partitions being let go dropped: their next owner writes them"
+            );
+        }
     }
 
     fn name(&self, p: i32) -> String {
@@ -163,9 +199,9 @@ impl Restorer {
     }
 
     /// Reads each of `partitions` from its checkpoint to its high watermark at assignment
-    /// (see `read_to_end`) and applies it in chunks, each with its checkpoint. Returns the
-    /// records applied per partition.
-    fn restore_all(&self, partitions: &[i32]) -> Result<Vec<(i32, u64)>, String> {
+    /// (see `read_to_end`) and applies it in chunks, each with its checkpoint. Returns each
+    /// partition's restore.
+    fn restore_all(&self, partitions: &[i32]) -> Result<BTreeMap<i32, Restoring>, String> {
         let consumer = self.consumer.lock();
         let mut reading = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
@@ -187,7 +223,7 @@ impl Restorer {
             let _ = consumer.unassign();
             read?;
         }
-        Ok(reading.into_iter().map(|(p, r)| (p, r.applied)).collect())
+        Ok(reading)
     }
 
     /// Polls until every partition of `reading` has its last stable offset at or past the
@@ -211,7 +247,7 @@ impl Restorer {
                     r.chunk.push(Change { key: key.to_string(), value: m.payload().map(<[u8]>::to_vec) });
                     r.next = m.offset() + 1;
                     if r.chunk.len() >= RESTORE_CHUNK {
-                        r.applied += self.apply(m.partition(), std::mem::take(&mut r.chunk), r.next)?;
+                        r.applied += self.apply(m.partition(), std::mem::take(&mut r.chunk), r.next, &mut r.expired)?;
                         let progress =
                             format!("restoring its state from the changelog: at offset {} of {}", r.next, r.high);
                         self.health.set_down(&self.name(m.partition()), Some(&progress));
@@ -226,7 +262,7 @@ impl Restorer {
                         .ok()
                         .and_then(|tpl| tpl.find_partition(&self.topic, p).and_then(|e| e.offset().to_raw()))
                         .unwrap_or(r.next);
-                    r.applied += self.apply(p, std::mem::take(&mut r.chunk), position.max(r.next))?;
+                    r.applied += self.apply(p, std::mem::take(&mut r.chunk), position.max(r.next), &mut r.expired)?;
                     // Done only once the stable offset has reached the high watermark seen at
                     // assignment: short of it, a transaction is still open there. It is the
                     // previous owner's last one, committed but with its markers not yet
@@ -243,34 +279,76 @@ impl Restorer {
         Ok(())
     }
 
-    fn apply(&self, p: i32, chunk: Vec<Change>, next: i64) -> Result<u64, String> {
+    fn apply(&self, p: i32, chunk: Vec<Change>, next: i64, expired: &mut HashSet<String>) -> Result<u64, String> {
         let now = SystemClock.now_ms();
-        let n = self.store.restore_batch(&self.topic, p, chunk, next, now).map_err(|e| e.to_string())?;
+        let n = self.store.restore_batch((&self.topic, p), chunk, next, now, expired).map_err(|e| e.to_string())?;
         self.metrics.restored_records(n as u64);
         Ok(n as u64)
     }
 
     /// Lets `partitions` go once every change of theirs is committed: their checkpoint
-    /// becomes the changelog's end, which this store has applied (its own writes). Blocking.
+    /// becomes the changelog's end, which this store has applied (its own writes), written
+    /// before a standby may tail them from it (standby.rs, invariant 1). Returns the
+    /// checkpoints. Blocking.
     pub(crate) fn let_go(&self, partitions: &[i32]) -> Vec<(String, i32, i64)> {
         let mut checkpoints = Vec::with_capacity(partitions.len());
         for &p in partitions {
-            if !self.owned.lock().remove(&p) {
+            if !self.held.lock().owned.contains(&p) {
                 continue;
             }
-            match self.consumer.lock().fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT) {
-                Ok((_, high)) => checkpoints.push((self.topic.clone(), p, high)),
+            let end = self.consumer.lock().fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT);
+            let mut held = self.held.lock();
+            match end {
+                Ok((_, high)) => {
+                    let checkpoint = (self.topic.clone(), p, high);
+                    match self.store.set_checkpoints(std::slice::from_ref(&checkpoint)) {
+                        Ok(()) => checkpoints.push(checkpoint),
+                        Err(e) => {
+                            tracing::warn!(partition = p, error = %e, "could not write the let-go partition's checkpoint; the next restore reads more")
+                        }
+                    }
+                }
                 // Without one the next restore reads from the older checkpoint: slower, as right.
                 Err(e) => {
                     tracing::warn!(partition = p, error = %e, "could not read the changelog's end; keeping the older checkpoint")
                 }
             }
+            held.owned.remove(&p);
         }
         checkpoints
     }
 
     /// Every state partition restored and not let go.
     pub(crate) fn owned(&self) -> Vec<i32> {
-        self.owned.lock().iter().copied().collect()
+        self.held.lock().owned.iter().copied().collect()
+    }
+
+    /// The partitions held, locked: a standby applies a chunk of a partition only while
+    /// this lock says it is not held, and holds it through the write (standby.rs).
+    pub(super) fn held(&self) -> parking_lot::MutexGuard<'_, Held> {
+        self.held.lock()
+    }
+
+    pub(super) fn store(&self) -> &Arc<KeyStore> {
+        &self.store
+    }
+
+    pub(super) fn topic(&self) -> &str {
+        &self.topic
+    }
+}
+
+/// The state partitions an instance holds: restored and not let go (`owned`), or being
+/// restored.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    owned: BTreeSet<i32>,
+    restoring: BTreeSet<i32>,
+}
+
+impl Held {
+    /// Whether `p` is owned or being restored.
+    pub(crate) fn holds(&self, p: i32) -> bool {
+        self.owned.contains(&p) || self.restoring.contains(&p)
     }
 }

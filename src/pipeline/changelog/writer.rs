@@ -49,11 +49,13 @@ impl ChangelogWriter {
     /// transaction (it must not commit without it).
     pub(crate) async fn send_changes(&self) -> Result<u64, String> {
         let mut carried_by = self.sending.lock().await;
-        let changes = self.store.take_changes();
-        if changes.is_empty() {
+        if !self.store.has_changes() {
             return Ok(*carried_by);
         }
         let member = self.transactions.join().await.map_err(|e| e.to_string())?;
+        // Taken inside the member, so that the commit letting a partition go carries every
+        // expiry of it taken before its expiries stopped (store::expiries, invariant 5).
+        let changes = self.store.take_changes();
         *carried_by = self.transactions.carrying_commit(&member);
         for Change { key, value } in &changes {
             let record =

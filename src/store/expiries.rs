@@ -1,0 +1,263 @@
+//! Whose expiries go to the changelog (`store.changelog`, with one instance or several):
+//! every store removes a completion once it expires, but the tombstone that takes the key
+//! off the compacted topic is written only by the owner of the key's state partition. A
+//! tombstone written by any other instance, or by an owner after it let the partition go,
+//! could land after a newer record of the key (its new owner's claim once the key expired)
+//! and delete that record from the topic: a repeat would then run its sink again.
+//!
+//! The store keeps, continuing the invariants of `changelog`:
+//! 5. An expiry's tombstone is captured only for a key of a partition whose expiries this
+//!    store writes ([`KeyStore::write_expiries_of`]), checked under the capture lock; those
+//!    captured and not yet taken when the partition's expiries stop
+//!    ([`KeyStore::stop_expiries_of`]) are dropped under the same lock. The pipeline stops a
+//!    partition's expiries before the commit that lets it go and takes captured changes
+//!    only inside a member of the transaction (`pipeline::changelog::writer`), so every
+//!    expiry tombstone is committed by the partition's owner, in a generation that owns it.
+//! 6. No compaction chunk starts while a restore applies records ([`KeyStore::restoring`]):
+//!    a key a restore applied that expired meanwhile is removed with its tombstone once
+//!    its partition's expiries are this store's, not before without one.
+//! 7. A key whose last record a restore read is an expired completion is not kept, and its
+//!    tombstone is captured once its partition's expiries are this store's
+//!    ([`KeyStore::write_restored_expiries`]), so that an expiry nobody held when it came
+//!    (a store rebuilt after it) still leaves the topic.
+//!
+//! Without [`KeyStore::expiries_by_partition`] every expiry is captured (a store alone).
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::Ordering;
+
+use super::changelog::Change;
+use super::{KeyStore, StoreError};
+
+/// The key's state partition.
+type PartitionOf = Box<dyn Fn(&str) -> i32 + Send + Sync>;
+
+/// The captured changes not yet taken, and whose expiries may be among them.
+#[derive(Default)]
+pub(super) struct Captured {
+    /// Oldest first; `true` marks an expiry's tombstone.
+    changes: Vec<(Change, bool)>,
+    scope: Option<Scope>,
+}
+
+struct Scope {
+    partition_of: PartitionOf,
+    /// The partitions whose expiries are captured (invariant 5).
+    writing: BTreeSet<i32>,
+}
+
+impl Captured {
+    pub(super) fn push(&mut self, change: Change) {
+        self.changes.push((change, false));
+    }
+
+    /// Captures the tombstone of expired `key`, if its partition's expiries are this
+    /// store's (invariant 5).
+    pub(super) fn push_expiry(&mut self, key: &str) {
+        let writes = match &self.scope {
+            None => true,
+            Some(scope) => scope.writing.contains(&(scope.partition_of)(key)),
+        };
+        if writes {
+            self.changes.push((Change { key: key.to_string(), value: None }, true));
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    pub(super) fn take(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes).into_iter().map(|(change, _)| change).collect()
+    }
+}
+
+/// Ends [`KeyStore::restoring`] when dropped.
+pub struct Restoring<'a>(&'a KeyStore);
+
+impl Drop for Restoring<'_> {
+    fn drop(&mut self) {
+        self.0.restores.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl KeyStore {
+    /// From now on an expiry's tombstone is captured only for keys of the partitions
+    /// `partition_of` maps them to that [`KeyStore::write_expiries_of`] names (none yet).
+    pub fn expiries_by_partition(&self, partition_of: impl Fn(&str) -> i32 + Send + Sync + 'static) {
+        self.changes.lock().scope = Some(Scope { partition_of: Box::new(partition_of), writing: BTreeSet::new() });
+    }
+
+    /// Expiries of keys of `partitions` are captured from now on (invariant 5).
+    pub fn write_expiries_of(&self, partitions: &[i32]) {
+        if let Some(scope) = &mut self.changes.lock().scope {
+            scope.writing.extend(partitions);
+        }
+    }
+
+    /// Expiries of keys of `partitions` are no longer captured, and those captured and not
+    /// yet taken are dropped (invariant 5). Returns how many were dropped.
+    pub fn stop_expiries_of(&self, partitions: &[i32]) -> usize {
+        let mut captured = self.changes.lock();
+        let Captured { changes, scope } = &mut *captured;
+        let Some(scope) = scope else { return 0 };
+        for p in partitions {
+            scope.writing.remove(p);
+        }
+        let before = changes.len();
+        changes.retain(|(change, expiry)| !*expiry || scope.writing.contains(&(scope.partition_of)(&change.key)));
+        before - changes.len()
+    }
+
+    /// Whether captured changes wait to be taken.
+    pub fn has_changes(&self) -> bool {
+        !self.changes.lock().is_empty()
+    }
+
+    /// Marks a restore as running until the guard is dropped: no compaction chunk starts
+    /// meanwhile (invariant 6).
+    pub fn restoring(&self) -> Restoring<'_> {
+        self.restores.fetch_add(1, Ordering::AcqRel);
+        Restoring(self)
+    }
+
+    /// Whether a restore is running (invariant 6).
+    pub(super) fn restore_running(&self) -> bool {
+        self.restores.load(Ordering::Acquire) > 0
+    }
+
+    /// Captures the tombstone of each of `keys` that holds no record, as an expiry
+    /// (invariants 5 and 7): the keys a restore found expired as their last record. Returns
+    /// how many it captured.
+    pub fn write_restored_expiries(&self, keys: HashSet<String>) -> Result<usize, StoreError> {
+        let mut captured = 0;
+        for key in keys {
+            let _gate = self.gate.read();
+            let stripe = self.stripe(&key).lock();
+            if self.get_locked(&stripe, &key)?.is_none() {
+                let mut changes = self.changes.lock();
+                let before = changes.changes.len();
+                changes.push_expiry(&key);
+                captured += changes.changes.len() - before;
+            }
+        }
+        Ok(captured)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Completed, Completion, Record, StoreBackend, StoreConfig};
+
+    /// An expiry far ahead (year 2096).
+    const FAR: i64 = 4_000_000_000_000;
+
+    fn completed(expires_at_ms: i64) -> Record {
+        Record::Completed(Completed {
+            fingerprint: crate::fingerprint::Fingerprint([1; 32]),
+            outcome: Completion::Succeeded,
+            result: b"{}".to_vec(),
+            error: None,
+            first_seen_at_ms: 5,
+            completed_at_ms: 6,
+            expires_at_ms,
+            attempts: 1,
+            source: None,
+        })
+    }
+
+    /// A cache store whose keys `p0-…` are on partition 0 and `p1-…` on partition 1.
+    fn two_partitions(dir: &std::path::Path, backend: StoreBackend) -> KeyStore {
+        let config = StoreConfig { backend, path: dir.to_path_buf(), ..StoreConfig::default() };
+        let (store, _) = KeyStore::open_as_cache(&config).expect("open");
+        store.expiries_by_partition(|key| i32::from(key.starts_with("p1-")));
+        store
+    }
+
+    fn put(store: &KeyStore, key: &str, record: &Record) {
+        store.compare_and_swap(key, None, Some(record)).expect("cas").expect("swapped");
+    }
+
+    fn tombstones(changes: &[Change]) -> Vec<&str> {
+        changes.iter().filter(|c| c.value.is_none()).map(|c| c.key.as_str()).collect()
+    }
+
+    #[test]
+    fn an_expiry_is_removed_everywhere_and_tombstoned_only_where_its_partition_is_written() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = two_partitions(dir.path(), backend);
+            store.write_expiries_of(&[0]);
+            for key in ["p0-a", "p1-a"] {
+                put(&store, key, &completed(50));
+            }
+            store.take_changes();
+            assert_eq!(store.compact_expired(100, 10).expect("compact"), 2, "{backend}: both removed");
+            assert_eq!(store.get("p1-a").expect("get"), None, "{backend}");
+            assert_eq!(tombstones(&store.take_changes()), vec!["p0-a"], "{backend}: only the written partition's");
+            assert!(!store.has_changes(), "{backend}");
+        }
+    }
+
+    #[test]
+    fn stopping_a_partitions_expiries_drops_its_captured_tombstones_and_nothing_else() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = two_partitions(dir.path(), backend);
+            store.write_expiries_of(&[0, 1]);
+            for key in ["p0-a", "p1-a"] {
+                put(&store, key, &completed(50));
+            }
+            store.take_changes();
+            store.compact_expired(100, 10).expect("compact");
+            // A claim's put-back tombstone of partition 1 is not an expiry: it stays.
+            put(&store, "p1-b", &completed(FAR));
+            store.compare_and_swap("p1-b", Some(&completed(FAR)), None).expect("cas").expect("swapped");
+            assert_eq!(store.stop_expiries_of(&[1]), 1, "{backend}");
+            let changes = store.take_changes();
+            assert_eq!(tombstones(&changes), vec!["p0-a", "p1-b"], "{backend}");
+            put(&store, "p1-c", &completed(150));
+            store.take_changes();
+            store.compact_expired(200, 10).expect("compact");
+            assert!(!store.has_changes(), "{backend}: partition 1's expiries no longer captured");
+        }
+    }
+
+    #[test]
+    fn no_compaction_runs_while_a_restore_does() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = two_partitions(dir.path(), backend);
+            put(&store, "p0-a", &completed(50));
+            {
+                let _restoring = store.restoring();
+                assert_eq!(store.compact_expired(100, 10).expect("compact"), 0, "{backend}");
+                assert!(store.get("p0-a").expect("get").is_some(), "{backend}: kept while restoring");
+            }
+            assert_eq!(store.compact_expired(100, 10).expect("compact"), 1, "{backend}: once it ended");
+        }
+    }
+
+    #[test]
+    fn keys_a_restore_found_expired_get_their_tombstone_once_the_partition_is_written() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = two_partitions(dir.path(), backend);
+            let read = vec![
+                Change { key: "p0-old".into(), value: Some(completed(50).encode()) },
+                Change { key: "p0-again".into(), value: Some(completed(50).encode()) },
+                Change { key: "p0-again".into(), value: Some(completed(FAR).encode()) },
+                Change { key: "p0-gone".into(), value: Some(completed(50).encode()) },
+                Change { key: "p0-gone".into(), value: None },
+            ];
+            let mut expired = HashSet::new();
+            store.restore_batch(("log", 0), read, 5, 100, &mut expired).expect("restore");
+            assert_eq!(expired, HashSet::from(["p0-old".to_string()]), "{backend}: the last record of each");
+            assert_eq!(store.write_restored_expiries(expired.clone()).expect("write"), 0, "{backend}: not yet written");
+            store.write_expiries_of(&[0]);
+            assert_eq!(store.write_restored_expiries(expired).expect("write"), 1, "{backend}");
+            assert_eq!(tombstones(&store.take_changes()), vec!["p0-old"], "{backend}");
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Instances of `dedupd run` sharing one consumer group with the store on Kafka
+//! (`store.changelog`, `kafka.copartitioned`, transactional results, a 6 s session), each
+//! with its own store and log, one HTTP sink that does not forward the key
+//! (tests/kafka_expiry.rs, tests/kafka_standby.rs).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dedupd::pipeline::state_partition;
+use dedupd::store::Record;
+use rdkafka::message::{Message, OwnedMessage};
+
+use super::exposition::Exposition;
+use super::kafka;
+use super::pay_kills;
+use super::process::{KeptOnFailure, SlowReceiver};
+
+/// The topics, the group, the directory and the sink of one test.
+pub struct StateGroup {
+    pub bootstrap: String,
+    /// Input, results, dead letters.
+    pub topics: [String; 3],
+    pub partitions: i32,
+    pub group: String,
+    pub dir: KeptOnFailure,
+    pub receiver: SlowReceiver,
+}
+
+impl StateGroup {
+    /// Topics named after `name`, the input with `partitions`; a sink answering in
+    /// `sink_delay_ms`.
+    pub async fn new(bootstrap: &str, name: &str, partitions: i32, sink_delay_ms: (u64, u64)) -> StateGroup {
+        let unique = |what: &str| kafka::unique(&format!("{name}-{what}"));
+        let topics = [unique("in"), unique("out"), unique("dlq")];
+        kafka::create_topics(bootstrap, &[(&topics[0], partitions), (&topics[1], 1), (&topics[2], 1)]).await;
+        StateGroup {
+            bootstrap: bootstrap.to_string(),
+            group: unique("dedupd"),
+            topics,
+            partitions,
+            dir: KeptOnFailure::new(),
+            receiver: SlowReceiver::start(sink_delay_ms, 7).await,
+        }
+    }
+
+    /// The changelog topic.
+    pub fn changelog(&self) -> String {
+        format!("{}.dedupd-state", self.group)
+    }
+
+    /// Command `i` on its key's partition.
+    pub fn placed(&self, i: usize) -> kafka::OutgoingTo {
+        pay_kills::command(i, state_partition(&pay_kills::key(i), self.partitions))
+    }
+
+    /// Writes the config of instance `name` (its own store), `[store]` lines and
+    /// `[pipeline]` lines added; its text passed through `edit`. Returns its path.
+    pub fn config(&self, name: &str, store: &str, pipeline: &str, edit: impl FnOnce(String) -> String) -> PathBuf {
+        let [input, results, dlq] = &self.topics;
+        let toml = pay_kills::config_toml(
+            &self.bootstrap,
+            &self.group,
+            [input, results, dlq],
+            &self.dir.path().join(format!("store-{name}")),
+            &self.receiver.url("/pay"),
+            "transactional_results = true\ncopartitioned = true\n\n[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n",
+            pipeline,
+        )
+        .replace("[store]\n", &format!("[store]\nchangelog = true\n{store}"));
+        let path = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, edit(toml)).expect("write config");
+        path
+    }
+
+    /// The log of instance `name`.
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+}
+
+/// Every record of the changelog `topic` `read_committed`, read to the end, as (partition,
+/// key, record or `None` for a tombstone).
+pub async fn changelog(bootstrap: &str, topic: &str) -> Vec<(i32, String, Option<Record>)> {
+    kafka::read_to_end(bootstrap, topic, "read_committed").await.iter().map(decoded).collect()
+}
+
+fn decoded(m: &OwnedMessage) -> (i32, String, Option<Record>) {
+    let key = String::from_utf8(m.key().expect("keyed").to_vec()).expect("utf-8 key");
+    (m.partition(), key, m.payload().map(|v| Record::decode(v).expect("a record")))
+}
+
+/// The value of the series `name` (no labels) of the instance serving HTTP at `http`.
+pub async fn metric(http: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{http}/metrics")).await.expect("GET /metrics").text().await.expect("body");
+    Exposition::parse(&text).value(name, &[]).unwrap_or(0.0)
+}
+
+/// The "state partition restored" lines of a JSON log: (partition, records applied).
+pub fn restores(log: &std::path::Path) -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "state partition restored")
+        .map(|v| {
+            let partition = v["fields"]["partition"].as_str().expect("partition in the restore line").to_string();
+            (partition, v["fields"]["records"].as_u64().expect("records in the restore line"))
+        })
+        .collect()
+}
+
+/// How long a test waits for a condition on the group.
+pub const PATIENCE: Duration = Duration::from_secs(90);

@@ -1,0 +1,113 @@
+//! Standby copies (`store.standby`, src/pipeline/changelog/standby.rs): an instance tails
+//! the changelog partitions it does not own, so that when their owner dies it restores
+//! only the tail its copy had not applied, and what it then decides from that copy is
+//! right: no key runs twice, every repeat is replayed.
+//!
+//! Two instances with standby copies on the real broker, two partitions, a slow sink that
+//! does not forward the key. A runs a first half of the keys alone; B joins, takes one
+//! partition and keeps a copy of the other. A is SIGKILLed while it works through the
+//! second half; B takes its partition over after A's session (6 s) and settles every input.
+//! Then every key comes again, and each is a `duplicate` of its one run (or the
+//! `indeterminate` of a call the kill cut off), with no new sink call. Run with
+//! `scripts/kafka/kafka.sh with cargo test --test kafka_standby -- --nocapture`.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::kafka;
+use common::pay_kills::{calls_per_key, results, succeeded_and_indeterminate, wait_for_every_result};
+use common::process::{DedupdProcess, TopicTail, tail_of_file, wait_for_http_addr, wait_for_line};
+use common::state_group::{PATIENCE, StateGroup, changelog, metric, restores};
+use dedupd::outcome::Outcome;
+
+const PARTITIONS: i32 = 2;
+const KEYS: usize = 600;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_restores_only_what_the_standby_copy_had_not_applied() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let group = StateGroup::new(&bootstrap, "standby", PARTITIONS, (5, 15)).await;
+    let pipeline = "max_in_flight = 8\nbatch_size = 8";
+    let (config_a, config_b) = (
+        group.config("a", "standby = true\n", pipeline, |t| t),
+        group.config("b", "standby = true\n", pipeline, |t| t),
+    );
+    let (log_a, log_b) = (group.log("a"), group.log("b"));
+    let committed = TopicTail::start(&bootstrap, &group.topics[1], 1);
+    let input = &group.topics[0];
+
+    // A runs the first half alone.
+    let mut a = DedupdProcess::run(&config_a, &log_a);
+    let first = kafka::produce_all_to(&bootstrap, input, (0..KEYS / 2).map(|i| group.placed(i)).collect()).await;
+    wait_for_every_result(&committed, &first, &mut a, &log_a).await;
+
+    // B joins: it restores the partition it takes and keeps a copy of A's.
+    let mut b = DedupdProcess::run(&config_b, &log_b);
+    let http_b = wait_for_http_addr(&log_b, &mut b, PATIENCE).await;
+    let restored =
+        wait_for_line(&log_b, b.log_start, "state partition restored", PATIENCE, || b.exited().is_some()).await;
+    assert!(restored.is_some(), "B restored nothing:\n{}", tail_of_file(&log_b, 40));
+    let deadline = Instant::now() + PATIENCE;
+    while metric(&http_b, "dedupd_state_standby_partitions").await != 1.0 {
+        assert!(Instant::now() < deadline, "B keeps no copy of exactly one partition:\n{}", tail_of_file(&log_b, 40));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let owned_by_b: Vec<String> = restores(&log_b).into_iter().map(|(p, _)| p).collect();
+
+    // A works through the second half and is SIGKILLed halfway.
+    let second = kafka::produce_all_to(&bootstrap, input, (KEYS / 2..KEYS).map(|i| group.placed(i)).collect()).await;
+    let calls_before = group.receiver.count();
+    let deadline = Instant::now() + PATIENCE;
+    while group.receiver.count() < calls_before + KEYS / 4 {
+        assert!(Instant::now() < deadline && a.exited().is_none(), "A did not work:\n{}", tail_of_file(&log_a, 40));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.kill();
+    let copied = metric(&http_b, "dedupd_state_standby_records_total").await;
+    assert!(copied > 0.0, "B's copy applied nothing of A's partition");
+
+    // B takes A's partition over and settles every input.
+    let inputs: Vec<(i32, i64)> = first.iter().chain(&second).copied().collect();
+    wait_for_every_result(&committed, &inputs, &mut b, &log_b).await;
+    let taken_over: Vec<(String, u64)> =
+        restores(&log_b).into_iter().filter(|(p, _)| !owned_by_b.contains(p)).collect();
+    let [(partition, tail)] = taken_over.as_slice() else {
+        panic!("B did not take exactly A's partition over: {taken_over:?}\n{}", tail_of_file(&log_b, 40));
+    };
+    let state_partition: i32 = partition.rsplit('/').next().and_then(|p| p.parse().ok()).expect("a partition number");
+    let records = changelog(&bootstrap, &group.changelog()).await;
+    let on_it = records.iter().filter(|(p, _, _)| *p == state_partition).count() as u64;
+    println!(
+        "A's partition {partition}: {on_it} changelog records, {tail} restored at the takeover, {copied} copied before the kill"
+    );
+    assert!(
+        2 * tail < on_it,
+        "the takeover restored {tail} of {on_it} records: the standby copy did not spare it most"
+    );
+
+    // Every key ran at most once; every repeat now is a replay of it, with no new call.
+    let calls = calls_per_key(&group.receiver);
+    let twice: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "keys called twice: {twice:?}");
+    let seen = results(&committed);
+    let (succeeded, indeterminate) = succeeded_and_indeterminate(&seen, &calls);
+    assert_eq!(succeeded.len() + indeterminate.len(), KEYS, "every key succeeded or is indeterminate");
+    let repeats = kafka::produce_all_to(&bootstrap, input, (0..KEYS).map(|i| group.placed(i)).collect()).await;
+    wait_for_every_result(&committed, &repeats, &mut b, &log_b).await;
+    let repeats: HashSet<(i32, i64)> = repeats.into_iter().collect();
+    let replays: Vec<Outcome> = results(&committed)
+        .into_iter()
+        .filter(|r| repeats.contains(&(r.source.partition, r.source.offset)))
+        .map(|r| r.outcome)
+        .collect();
+    assert_eq!(replays.len(), KEYS, "one result per repeat");
+    let wrong: Vec<_> = replays.iter().filter(|o| !matches!(o, Outcome::Duplicate | Outcome::Indeterminate)).collect();
+    assert!(wrong.is_empty(), "repeats that were not replays: {wrong:?}");
+    assert_eq!(calls_per_key(&group.receiver), calls, "a repeat called the sink");
+    let status = b.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "B did not stop cleanly: {status:?}\n{}", tail_of_file(&log_b, 40));
+    committed.stop();
+    group.receiver.stop().await;
+}
