@@ -92,24 +92,27 @@ pub async fn failover(bootstrap: &str, backend: StoreBackend, run: &Failover) {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let logs: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("{i}.log"))).collect();
-    let mut children: Vec<Child> = (0..2)
-        .map(|i| {
-            let store = dir.path().join(format!("store-{i}"));
-            let mut c = config_in(Mode::ByKey, bootstrap, &input, &results, backend, &store);
-            c.kafka.group_id = group.clone();
-            c.kafka.consumer.insert("session.timeout.ms".into(), "6000".into());
-            c.kafka.consumer.insert("heartbeat.interval.ms".into(), "1000".into());
-            c.store.standby = run.standby;
-            c.log.format = dedupd::log::LogFormat::Json;
-            let path = dir.path().join(format!("{i}.toml"));
-            std::fs::write(&path, toml::to_string(&c).expect("config as TOML")).expect("write config");
-            spawn_dedupd(&path, &logs[i])
-        })
-        .collect();
+    let spawn = |i: usize| {
+        let store = dir.path().join(format!("store-{i}"));
+        let mut c = config_in(Mode::ByKey, bootstrap, &input, &results, backend, &store);
+        c.kafka.group_id = group.clone();
+        c.kafka.consumer.insert("session.timeout.ms".into(), "6000".into());
+        c.kafka.consumer.insert("heartbeat.interval.ms".into(), "1000".into());
+        c.store.standby = run.standby;
+        c.log.format = dedupd::log::LogFormat::Json;
+        let path = dir.path().join(format!("{i}.toml"));
+        std::fs::write(&path, toml::to_string(&c).expect("config as TOML")).expect("write config");
+        spawn_dedupd(&path, &logs[i])
+    };
+    // The one to be killed first, so that the survivor never owned its partitions: without
+    // standby copies its takeover restores them from nothing.
     let ready = Instant::now();
-    for log in &logs {
-        wait_until_settled(log, run).await;
-    }
+    let victim = spawn(1);
+    wait_until_settled(&logs[1], run).await;
+    let survivor = spawn(0);
+    wait_until_settled(&logs[0], run).await;
+    wait_until_settled(&logs[1], run).await;
+    let mut children = [survivor, victim];
     println!("both instances ready, restored and copied in {:.1} s", ready.elapsed().as_secs_f64());
 
     let victim = Victim { child: &mut children[1], survivor_log: &logs[0] };

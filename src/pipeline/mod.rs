@@ -193,10 +193,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     kept.http_addr = Some(background.http_addr);
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
-    let standby = match (&core.changelog, config.store.standby) {
-        (Some(changelog), true) => Some(changelog.start_standby(&config.kafka, &core.metrics)?),
-        _ => None,
-    };
+    let standby = changelog::start_standby(core.changelog.as_ref(), config, &core.metrics)?;
     let consumer_stop = CancellationToken::new();
     let consumer_thread = start_consumer(config, &core, options, forward_limit, (&fatal, &consumer_stop))?;
     let committer_stop = CancellationToken::new();
@@ -236,9 +233,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     if let Some(purge) = purge {
         let _ = purge.await;
     }
-    if let Some(standby) = standby {
-        standby.stop().await;
-    }
+    changelog::stop_standby(standby).await;
     if let Some(changelog) = &core.changelog
         && !fatal.is_cancelled()
     {

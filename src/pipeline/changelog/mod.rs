@@ -83,20 +83,6 @@ impl Changelog {
         })
     }
 
-    /// With `store.standby`: the standby thread, tailing what this instance does not hold.
-    pub(crate) fn start_standby(
-        &self,
-        kafka: &KafkaConfig,
-        metrics: &Arc<Metrics>,
-    ) -> Result<StandbyRunning, PipelineError> {
-        let standby = standby::Standby::new(kafka, Arc::clone(&self.restorer), self.partitions, Arc::clone(metrics))?;
-        let stop = CancellationToken::new();
-        let thread = standby
-            .spawn(stop.clone())
-            .map_err(|e| PipelineError::Changelog(format!("starting the standby thread: {e}")))?;
-        Ok(StandbyRunning { stop, thread })
-    }
-
     /// At a clean stop, after the consumer's last commit: commits what is left (an
     /// operator's write, expiry tombstones), checkpoints the partitions held at their end,
     /// and marks the store clean. When any step fails the mark is not made, and the next
@@ -122,18 +108,39 @@ impl Changelog {
     }
 }
 
+/// With `store.changelog` and `store.standby`: the standby thread, tailing what this
+/// instance does not hold.
+pub(crate) fn start_standby(
+    changelog: Option<&Changelog>,
+    config: &crate::config::Config,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<StandbyRunning>, PipelineError> {
+    let Some(changelog) = changelog.filter(|_| config.store.standby) else { return Ok(None) };
+    let standby = standby::Standby::new(
+        &config.kafka,
+        Arc::clone(&changelog.restorer),
+        changelog.partitions,
+        Arc::clone(metrics),
+    )?;
+    let stop = CancellationToken::new();
+    let thread = standby
+        .spawn(stop.clone())
+        .map_err(|e| PipelineError::Changelog(format!("starting the standby thread: {e}")))?;
+    Ok(Some(StandbyRunning { stop, thread }))
+}
+
+/// Stops the standby thread, if one runs, and waits until it has (before the clean stop's
+/// checkpoints: `standby`, invariant 3).
+pub(crate) async fn stop_standby(standby: Option<StandbyRunning>) {
+    if let Some(standby) = standby {
+        standby.stop.cancel();
+        let thread = standby.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+}
+
 /// The standby thread while it runs.
 pub(crate) struct StandbyRunning {
     stop: CancellationToken,
     thread: std::thread::JoinHandle<()>,
-}
-
-impl StandbyRunning {
-    /// Stops it and waits until it has (before the clean stop's checkpoints: `standby`,
-    /// invariant 3).
-    pub(crate) async fn stop(self) {
-        self.stop.cancel();
-        let thread = self.thread;
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-    }
 }
