@@ -138,8 +138,9 @@ impl KeyStore {
         let applied = changes.len();
         for Change { key, value } in changes {
             let read = value.map(|v| super::decode(key.as_bytes(), &v)).transpose()?;
-            let new = read.clone().filter(|r: &Record| r.expires_at_ms().is_none_or(|at| at > now_ms));
-            if read.is_some() && new.is_none() {
+            let expired_now = read.as_ref().and_then(Record::expires_at_ms).is_some_and(|at| at <= now_ms);
+            let new = if expired_now { None } else { read };
+            if expired_now {
                 expired.insert(key.clone());
             } else {
                 expired.remove(&key);
@@ -218,7 +219,7 @@ fn empty_dir(path: &Path) -> Result<(), StoreError> {
 mod tests {
     use super::*;
     use crate::fingerprint::Fingerprint;
-    use crate::store::{Completed, Completion, InProgress, SourcePos, StoreBackend};
+    use crate::store::{InProgress, SourcePos, StoreBackend};
 
     /// An expiry far ahead (year 2096).
     const FAR: i64 = 4_000_000_000_000;
@@ -232,17 +233,7 @@ mod tests {
     }
 
     fn completed(expires_at_ms: i64) -> Record {
-        Record::Completed(Completed {
-            fingerprint: Fingerprint([1; 32]),
-            outcome: Completion::Succeeded,
-            result: b"{}".to_vec(),
-            error: None,
-            first_seen_at_ms: 5,
-            completed_at_ms: 6,
-            expires_at_ms,
-            attempts: 1,
-            source: None,
-        })
+        Record::Completed(crate::store::tests::completed(1, expires_at_ms))
     }
 
     #[test]

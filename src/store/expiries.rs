@@ -52,8 +52,8 @@ impl Captured {
     }
 
     /// Captures the tombstone of expired `key`, if its partition's expiries are this
-    /// store's (invariant 5).
-    pub(super) fn push_expiry(&mut self, key: &str) {
+    /// store's (invariant 5); says whether it did.
+    pub(super) fn push_expiry(&mut self, key: &str) -> bool {
         let writes = match &self.scope {
             None => true,
             Some(scope) => scope.writing.contains(&(scope.partition_of)(key)),
@@ -61,6 +61,7 @@ impl Captured {
         if writes {
             self.changes.push((Change { key: key.to_string(), value: None }, true));
         }
+        writes
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -134,11 +135,8 @@ impl KeyStore {
         for key in keys {
             let _gate = self.gate.read();
             let stripe = self.stripe(&key).lock();
-            if self.get_locked(&stripe, &key)?.is_none() {
-                let mut changes = self.changes.lock();
-                let before = changes.changes.len();
-                changes.push_expiry(&key);
-                captured += changes.changes.len() - before;
+            if self.get_locked(&stripe, &key)?.is_none() && self.changes.lock().push_expiry(&key) {
+                captured += 1;
             }
         }
         Ok(captured)
@@ -148,23 +146,13 @@ impl KeyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Completed, Completion, Record, StoreBackend, StoreConfig};
+    use crate::store::{Record, StoreBackend, StoreConfig};
 
     /// An expiry far ahead (year 2096).
     const FAR: i64 = 4_000_000_000_000;
 
     fn completed(expires_at_ms: i64) -> Record {
-        Record::Completed(Completed {
-            fingerprint: crate::fingerprint::Fingerprint([1; 32]),
-            outcome: Completion::Succeeded,
-            result: b"{}".to_vec(),
-            error: None,
-            first_seen_at_ms: 5,
-            completed_at_ms: 6,
-            expires_at_ms,
-            attempts: 1,
-            source: None,
-        })
+        Record::Completed(crate::store::tests::completed(1, expires_at_ms))
     }
 
     /// A cache store whose keys `p0-…` are on partition 0 and `p1-…` on partition 1.

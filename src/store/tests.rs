@@ -100,7 +100,7 @@ fn in_progress(b: u8, attempts: u32) -> InProgress {
     }
 }
 
-fn completed(b: u8, expires_at_ms: i64) -> Completed {
+pub(super) fn completed(b: u8, expires_at_ms: i64) -> Completed {
     Completed {
         fingerprint: fp(b),
         outcome: Completion::Succeeded,

@@ -84,6 +84,26 @@ pub(crate) struct Restorer {
     by_key: Option<String>,
 }
 
+/// The client config of a reader of the changelog (`role`: `restore`, `standby`): assigned
+/// by hand under its own group id, `read_committed`, told when it reaches a partition's end,
+/// committing nothing; `extra` on top.
+pub(super) fn reader_config(
+    kafka: &KafkaConfig,
+    role: &str,
+    extra: &[(&str, &str)],
+) -> Result<rdkafka::ClientConfig, PipelineError> {
+    let group = format!("{}.dedupd-{role}", kafka.group_id);
+    let mut defaults = vec![
+        ("group.id", group.as_str()),
+        ("enable.auto.commit", "false"),
+        ("isolation.level", "read_committed"),
+        ("enable.partition.eof", "true"),
+        ("auto.offset.reset", "earliest"),
+    ];
+    defaults.extend_from_slice(extra);
+    Ok(kafka.client_config(&defaults, &Default::default())?)
+}
+
 impl Restorer {
     pub(crate) fn new(
         kafka: &KafkaConfig,
@@ -92,18 +112,9 @@ impl Restorer {
         metrics: Arc<Metrics>,
         health: Arc<Health>,
     ) -> Result<Restorer, PipelineError> {
-        let group = format!("{}.dedupd-restore", kafka.group_id);
-        let defaults = [
-            ("group.id", group.as_str()),
-            ("enable.auto.commit", "false"),
-            ("isolation.level", "read_committed"),
-            ("enable.partition.eof", "true"),
-            ("auto.offset.reset", "earliest"),
-            // The end of a partition is seen when a fetch there comes back empty, which the
-            // broker holds for this long: a catch-up read wants to know at once.
-            ("fetch.wait.max.ms", "10"),
-        ];
-        let config = kafka.client_config(&defaults, &Default::default())?;
+        // The end of a partition is seen when a fetch there comes back empty, which the broker
+        // holds for this long: a catch-up read wants to know at once.
+        let config = reader_config(kafka, "restore", &[("fetch.wait.max.ms", "10")])?;
         let consumer = config
             .create_with_context(RestoreContext)
             .map_err(|e| PipelineError::Changelog(format!("creating the changelog restore consumer: {e}")))?;

@@ -28,7 +28,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use super::restore::{Held, RestoreContext, Restorer};
+use super::restore::{RestoreContext, Restorer, reader_config};
 use crate::ops::Metrics;
 use crate::pipeline::{KafkaConfig, PipelineError};
 use crate::store::Change;
@@ -69,16 +69,7 @@ impl Standby {
         partitions: i32,
         metrics: Arc<Metrics>,
     ) -> Result<Standby, PipelineError> {
-        let group = format!("{}.dedupd-standby", kafka.group_id);
-        let defaults = [
-            ("group.id", group.as_str()),
-            ("enable.auto.commit", "false"),
-            ("isolation.level", "read_committed"),
-            ("enable.partition.eof", "true"),
-            ("auto.offset.reset", "earliest"),
-        ];
-        let consumer = kafka
-            .client_config(&defaults, &Default::default())?
+        let consumer = reader_config(kafka, "standby", &[])?
             .create_with_context(RestoreContext)
             .map_err(|e| PipelineError::Changelog(format!("creating the standby consumer: {e}")))?;
         Ok(Standby {
@@ -198,7 +189,7 @@ impl Standby {
         let chunk = std::mem::take(&mut tail.chunk);
         let n = chunk.len() as u64;
         let next = tail.next;
-        let held: parking_lot::MutexGuard<'_, Held> = self.restorer.held();
+        let held = self.restorer.held();
         if held.holds(p) {
             return;
         }
