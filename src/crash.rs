@@ -23,7 +23,7 @@
 //!    renamed over the old one);
 //! 9. `compaction.chunk`: compaction between two chunks of expired records.
 //!
-//! Three more points are not in [`POINTS`] (which the crash suite runs with transactions
+//! Four more points are not in [`POINTS`] (which the crash suite runs with transactions
 //! off, point by point):
 //! - `transaction.delivered`: with Kafka transactions on, a transaction's records all
 //!   delivered to the broker, its commit not yet asked for, so a kill there always leaves
@@ -35,6 +35,9 @@
 //!   thread about to handle a revoke. Delayed, it stands for a consumer that has not yet
 //!   noticed it lost its partitions, so that what stops a zombie then (the broker refusing
 //!   its commits) is tested on its own (tests/kafka_zombie.rs).
+//! - `consumer.turn`, for delaying only: the consumer loop's turn, before it polls. Delayed
+//!   past the consumer's `max.poll.interval.ms`, it stands for a wedged loop, which
+//!   `/healthz` must report (tests/kafka_liveness.rs).
 
 /// Every crash point, in the order of the module docs.
 pub const POINTS: [&str; 9] = [

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -33,6 +34,15 @@ pub struct Health {
     down: Mutex<BTreeMap<String, String>>,
     /// Why the store failed (a full disk names its path), once it has.
     store_failure: Mutex<Option<String>>,
+    /// The consumer loop's last turn, once `dedupd run` watches it (`/healthz`).
+    consumer_loop: Mutex<Option<LoopWatch>>,
+}
+
+/// When the consumer loop last turned, and how long it may go without a turn.
+#[derive(Clone, Copy)]
+struct LoopWatch {
+    last_turn: Instant,
+    bound: Duration,
 }
 
 impl Health {
@@ -76,6 +86,32 @@ impl Health {
     /// Why the store failed, if it has.
     pub fn store_failure(&self) -> Option<String> {
         self.store_failure.lock().clone()
+    }
+    /// From now on `/healthz` fails once the consumer loop has not turned for `bound`.
+    /// `dedupd run` gives the consumer's `max.poll.interval.ms`: the longest the loop may
+    /// legitimately stay away (a restore in the rebalance callback ends before it), after
+    /// which librdkafka leaves the group anyway.
+    pub fn watch_consumer_loop(&self, bound: Duration) {
+        *self.consumer_loop.lock() = Some(LoopWatch { last_turn: Instant::now(), bound });
+    }
+    /// The consumer loop turned (it polls at least every 100 ms when well).
+    pub fn consumer_loop_turned(&self) {
+        if let Some(watch) = self.consumer_loop.lock().as_mut() {
+            watch.last_turn = Instant::now();
+        }
+    }
+    /// Alive at `now`, or why not: the consumer loop has not turned within its bound.
+    pub fn liveness_at(&self, now: Instant) -> Result<(), String> {
+        let Some(watch) = *self.consumer_loop.lock() else { return Ok(()) };
+        let idle = now.saturating_duration_since(watch.last_turn);
+        if idle <= watch.bound {
+            return Ok(());
+        }
+        Err(format!(
+            "the Kafka consumer loop has not polled for {} s (bound: {} s, the consumer's max.poll.interval.ms)",
+            idle.as_secs(),
+            watch.bound.as_secs()
+        ))
     }
     /// Ready to do its job.
     pub fn is_ready(&self) -> bool {
@@ -127,7 +163,7 @@ pub async fn serve_with_admin(
     let bound = listener.local_addr().map_err(|source| OpsError::Bind { addr, source })?;
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(AppState { metrics, health })
         .merge(admin::router(admin));
@@ -137,6 +173,14 @@ pub async fn serve_with_admin(
 
 async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
+}
+
+/// Alive unless the consumer loop is wedged: a liveness probe restarts the process then.
+async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
+    match s.health.liveness_at(Instant::now()) {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not alive: {why}\n")),
+    }
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
@@ -175,5 +219,19 @@ mod tests {
         let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.expect("body");
         let body = String::from_utf8_lossy(&body);
         assert!(body.contains("store failed") && body.contains("no space left on device for /data/j"), "{body}");
+    }
+
+    #[test]
+    fn healthz_fails_once_the_consumer_loop_has_not_turned_within_its_bound() {
+        let health = Health::default();
+        let later = Instant::now() + Duration::from_secs(3600);
+        assert_eq!(health.liveness_at(later), Ok(()), "alive while nothing is watched (no pipeline yet)");
+        health.watch_consumer_loop(Duration::from_secs(300));
+        let start = Instant::now();
+        assert_eq!(health.liveness_at(start + Duration::from_secs(299)), Ok(()));
+        let why = health.liveness_at(start + Duration::from_secs(302)).expect_err("wedged");
+        assert!(why.contains("not polled for 30") && why.contains("bound: 300 s"), "{why}");
+        health.consumer_loop_turned();
+        assert_eq!(health.liveness_at(Instant::now() + Duration::from_secs(299)), Ok(()), "a turn renews it");
     }
 }

@@ -119,6 +119,13 @@ impl KafkaConfig {
         let ms = self.consumer.get("session.timeout.ms").and_then(|v| v.trim().parse().ok()).unwrap_or(45_000);
         Duration::from_millis(ms)
     }
+
+    /// The consumer's `max.poll.interval.ms`: `kafka.consumer`'s, else librdkafka's
+    /// default (300 s).
+    pub fn max_poll_interval(&self) -> Duration {
+        let ms = self.consumer.get("max.poll.interval.ms").and_then(|v| v.trim().parse().ok()).unwrap_or(300_000);
+        Duration::from_millis(ms)
+    }
 }
 
 /// Pipeline settings.

@@ -262,6 +262,8 @@ impl Restorer {
                         let progress =
                             format!("restoring its state from the changelog: at offset {} of {}", r.next, r.high);
                         self.health.set_down(&self.name(m.partition()), Some(&progress));
+                        // The consumer loop is in this restore: progress keeps it alive.
+                        self.health.consumer_loop_turned();
                     }
                 }
                 // At the last stable offset: every committed record up to it is read.

@@ -40,6 +40,7 @@ pub(crate) struct ConsumerParts {
 pub(crate) fn spawn(parts: ConsumerParts) -> Result<std::thread::JoinHandle<()>, PipelineError> {
     let runtime = tokio::runtime::Handle::current();
     let consumer = create_consumer(&parts, &runtime)?;
+    parts.health.watch_consumer_loop(parts.kafka.max_poll_interval());
     std::thread::Builder::new()
         .name("dedupd-consumer".into())
         .spawn(move || {
@@ -147,6 +148,8 @@ fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerPart
     let ctx = consumer.context();
     let mut end = PollEnd::Stopped;
     while !parts.stop.is_cancelled() {
+        parts.health.consumer_loop_turned();
+        crate::crash::point("consumer.turn");
         // Held records go on as soon as their queue has room; poll briefly meanwhile.
         ctx.retry_check_if_due(consumer);
         // Partitions assigned (or checked) since the last turn start reading their queues.
