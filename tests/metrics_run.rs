@@ -44,8 +44,9 @@ const FLAKY_KEY: &str = "main-1";
 /// `transaction_commit_seconds`, empty without transactional results, and
 /// `state_restore_records_total`, `state_standby_records_total`, `state_standby_partitions`
 /// and `fenced_total`, at 0 without `store.changelog`; `state_restoring` has no series until
-/// a restore).
-const CATALOGUE: [(&str, &str); 22] = [
+/// a restore), then `build_info`, the store volume's gauges and the process collector's
+/// `process_*` (no prefix: the Prometheus client libraries' names).
+const CATALOGUE: [(&str, &str); 32] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -68,6 +69,16 @@ const CATALOGUE: [(&str, &str); 22] = [
     ("dedupd_state_standby_records_total", "counter"),
     ("dedupd_state_standby_partitions", "gauge"),
     ("dedupd_fenced_total", "counter"),
+    ("dedupd_build_info", "gauge"),
+    ("dedupd_store_volume_size_bytes", "gauge"),
+    ("dedupd_store_volume_free_bytes", "gauge"),
+    ("process_cpu_seconds_total", "counter"),
+    ("process_max_fds", "gauge"),
+    ("process_open_fds", "gauge"),
+    ("process_resident_memory_bytes", "gauge"),
+    ("process_start_time_seconds", "gauge"),
+    ("process_threads", "gauge"),
+    ("process_virtual_memory_bytes", "gauge"),
 ];
 
 /// One input record and what its result must be.
@@ -440,6 +451,14 @@ fn check_scrape(e: &Exposition, truth: &Truth, input: &str) {
     assert_eq!(records("in_progress"), Some(0.0), "store_records{{in_progress}}");
     assert_eq!(records("indeterminate"), Some(0.0), "store_records{{indeterminate}}");
     assert!(e.value("dedupd_store_disk_bytes", &[]).is_some_and(|b| b > 0.0), "store_disk_bytes");
+    // The build, the store's volume and the process, beside the pipeline.
+    assert_eq!(e.value("dedupd_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), Some(1.0), "build_info");
+    let size = e.value("dedupd_store_volume_size_bytes", &[]).unwrap_or(0.0);
+    let free = e.value("dedupd_store_volume_free_bytes", &[]).unwrap_or(0.0);
+    let disk = e.value("dedupd_store_disk_bytes", &[]).unwrap_or(0.0);
+    assert!(size > 0.0 && free > 0.0 && free + disk <= size, "store volume: size {size}, free {free}, store {disk}");
+    assert!(e.value("process_resident_memory_bytes", &[]).is_some_and(|b| b > 1e6), "process_resident_memory_bytes");
+    assert!(e.value("process_open_fds", &[]).is_some_and(|n| n > 3.0), "process_open_fds");
     assert_eq!(
         e.value("dedupd_compaction_removed_total", &[]),
         Some(truth.brief_completed),

@@ -6,6 +6,8 @@ use prometheus::{
     TextEncoder,
 };
 
+mod host;
+
 use crate::envelope::RejectReason;
 use crate::outcome::Outcome;
 use crate::store::{Fsyncs, State, StateCounts, WRITE_ERROR_KINDS};
@@ -36,6 +38,9 @@ pub struct Metrics {
     store_fsyncs: IntCounterVec,
     transaction_commit: Histogram,
     state: StateMetrics,
+    host: host::HostMetrics,
+    /// The process collector's `process_*` metrics, without dedupd's prefix.
+    process: Registry,
 }
 
 /// The metrics of `store.changelog`'s restores.
@@ -183,6 +188,8 @@ impl Metrics {
             )?,
             state: StateMetrics::new()?,
             transaction_commit: histogram("transaction_commit_seconds", COMMIT_HELP, LATENCY_BUCKETS.to_vec())?,
+            host: host::HostMetrics::new()?,
+            process: host::process_registry()?,
             registry,
         };
         m.register_all()?;
@@ -220,6 +227,7 @@ impl Metrics {
         ] {
             self.registry.register(c)?;
         }
+        self.host.register(&self.registry)?;
         Ok(())
     }
 
@@ -293,6 +301,13 @@ impl Metrics {
         self.store_records.with_label_values(&[State::Completed.as_str()]).set(counts.completed);
         self.store_records.with_label_values(&[State::Indeterminate.as_str()]).set(counts.indeterminate);
         self.store_disk_bytes.set(i64::try_from(disk_bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Reads the size and free bytes of the volume holding the store at `path`.
+    pub fn store_volume(&self, path: &std::path::Path) {
+        if let Err(e) = self.host.read_volume(path) {
+            tracing::debug!(error = %e, path = %path.display(), "could not read the store volume's size");
+        }
     }
 
     /// Compaction removed `n` records.
@@ -386,7 +401,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         let encoder = TextEncoder::new();
-        if let Err(e) = encoder.encode(&self.registry.gather(), &mut buf) {
+        let mut families = self.registry.gather();
+        families.extend(self.process.gather());
+        if let Err(e) = encoder.encode(&families, &mut buf) {
             return format!("# error encoding metrics: {e}\n");
         }
         String::from_utf8(buf).unwrap_or_default()

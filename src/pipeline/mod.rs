@@ -432,8 +432,7 @@ impl Background {
             Arc::clone(&core.metrics),
             Arc::clone(&core.engine),
             Arc::clone(&core.clock),
-            config.store.compaction_interval,
-            config.store.compaction_chunk.get(),
+            config.store.clone(),
             stop.clone(),
         ));
         Ok(Background { http_addr, http, purge, circuit_gauges })

@@ -1,5 +1,5 @@
 //! Background housekeeping: TTL compaction that sleeps until the next expiry (at most
-//! `store.compaction_interval`), and the store gauges.
+//! `store.compaction_interval`), and the store gauges (its records, its bytes, its volume).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Clock, Engine};
 use crate::ops::Metrics;
-use crate::store::KeyStore;
+use crate::store::{KeyStore, StoreConfig};
 
 /// Runs until `stop`.
 pub(super) async fn run(
@@ -16,10 +16,10 @@ pub(super) async fn run(
     metrics: Arc<Metrics>,
     engine: Arc<Engine>,
     clock: Arc<dyn Clock>,
-    interval: Duration,
-    chunk: usize,
+    config: StoreConfig,
     stop: CancellationToken,
 ) {
+    let (interval, chunk) = (config.compaction_interval, config.compaction_chunk.get());
     loop {
         let now = clock.now_ms();
         let s = Arc::clone(&store);
@@ -34,6 +34,7 @@ pub(super) async fn run(
             Err(e) => tracing::error!(error = %e, "compaction task failed"),
         }
         metrics.store(store.counts(), store.disk_bytes().unwrap_or(0), store.fsyncs());
+        metrics.store_volume(&config.path);
         metrics.set_in_flight(engine.in_flight());
         // Sleep until the next record expires, but wake at least every interval (new
         // records with earlier expiries may arrive) and refresh gauges every few seconds.

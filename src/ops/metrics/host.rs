@@ -1,0 +1,68 @@
+//! What an operator reads beside the pipeline's metrics: which build runs
+//! (`dedupd_build_info`), what the process uses (Prometheus' standard `process_*` metrics:
+//! CPU, resident memory, file descriptors, threads, start time), and how full the store's
+//! volume is (`dedupd_store_volume_size_bytes`, `dedupd_store_volume_free_bytes`), so that
+//! an alert predicts a full disk from the volume's own capacity, whatever its size.
+
+use std::path::Path;
+
+use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
+
+use super::MetricsError;
+
+/// The build and volume gauges, in dedupd's registry.
+pub(super) struct HostMetrics {
+    build_info: IntGaugeVec,
+    volume_size: IntGauge,
+    volume_free: IntGauge,
+}
+
+impl HostMetrics {
+    pub(super) fn new() -> Result<HostMetrics, MetricsError> {
+        let host = HostMetrics {
+            build_info: IntGaugeVec::new(
+                Opts::new("build_info", "Always 1; its labels say which build runs."),
+                &["version"],
+            )?,
+            volume_size: IntGauge::new(
+                "store_volume_size_bytes",
+                "Size of the filesystem that holds the store (0 until first read).",
+            )?,
+            volume_free: IntGauge::new(
+                "store_volume_free_bytes",
+                "Bytes of the store's filesystem that dedupd may still write (0 until first read).",
+            )?,
+        };
+        host.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        Ok(host)
+    }
+
+    pub(super) fn register(&self, registry: &Registry) -> Result<(), MetricsError> {
+        registry.register(Box::new(self.build_info.clone()))?;
+        registry.register(Box::new(self.volume_size.clone()))?;
+        registry.register(Box::new(self.volume_free.clone()))?;
+        Ok(())
+    }
+
+    /// Reads the size and free space of the filesystem holding `path`; an error leaves the
+    /// gauges as they were (a volume that cannot be read is not a volume that is empty).
+    pub(super) fn read_volume(&self, path: &Path) -> std::io::Result<()> {
+        let stat = rustix::fs::statvfs(path)?;
+        let block = stat.f_frsize;
+        self.volume_size.set(gauge(stat.f_blocks.saturating_mul(block)));
+        self.volume_free.set(gauge(stat.f_bavail.saturating_mul(block)));
+        Ok(())
+    }
+}
+
+/// The process collector's `process_*` metrics, in a registry without dedupd's prefix:
+/// their names are the Prometheus client libraries' convention, which dashboards expect.
+pub(super) fn process_registry() -> Result<Registry, MetricsError> {
+    let registry = Registry::new();
+    registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+    Ok(registry)
+}
+
+fn gauge(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
