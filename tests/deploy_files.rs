@@ -5,7 +5,9 @@
 //!   kustomization lists exists;
 //! - every `dedupd_*` metric an alert rule, a rule unit test or a dashboard panel queries is
 //!   one dedupd exports, and every alert links to a section of docs/runbook.md;
-//! - the dedupd configs of compose and of the Kubernetes ConfigMap pass dedupd's validation.
+//! - the dedupd configs of compose and of the Kubernetes ConfigMap pass dedupd's validation;
+//! - Kubernetes: probes, the headless Service, the generated ConfigMap, monitoring as an
+//!   optional component whose PrometheusRule holds rules.yml.
 //!
 //! Run with `cargo test --test deploy_files`.
 
@@ -79,6 +81,7 @@ fn exported_metrics() -> BTreeSet<String> {
     m.duplicate_age(Some("r"), 1.0);
     m.set_refused_partitions(0);
     m.set_restoring(0, false);
+    m.set_sink_circuit_open("s", false);
     let names: BTreeSet<String> = m
         .render()
         .lines()
@@ -90,20 +93,24 @@ fn exported_metrics() -> BTreeSet<String> {
     names
 }
 
-/// The `dedupd_*` metric names a PromQL text refers to, without histogram suffixes.
+/// The `dedupd_*` and `process_*` metric names a PromQL text refers to, without histogram
+/// suffixes.
 fn metrics_in(promql: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    let mut rest = promql;
-    while let Some(at) = rest.find("dedupd_") {
-        let preceded_by_word = rest[..at].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
-        let tail = &rest[at..];
-        let len = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
-        if !preceded_by_word {
-            let name = &tail[..len];
-            let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
-            out.insert(base.to_string());
+    for prefix in ["dedupd_", "process_"] {
+        let mut rest = promql;
+        while let Some(at) = rest.find(prefix) {
+            let preceded_by_word =
+                rest[..at].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            let tail = &rest[at..];
+            let len = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+            if !preceded_by_word {
+                let name = &tail[..len];
+                let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+                out.insert(base.to_string());
+            }
+            rest = &tail[len..];
         }
-        rest = &tail[len..];
     }
     out
 }
@@ -203,27 +210,74 @@ fn every_file_the_dockerfile_copies_exists() {
     assert!(dockerfile.contains("USER 10001"), "the runtime image runs as a non-root user");
 }
 
-#[test]
-fn kubernetes_manifests_are_complete() {
-    let kustomization = yaml("deploy/k8s/kustomization.yaml");
-    let mut kinds = BTreeSet::new();
+/// The documents of a kustomization's `resources` (files, not directories), by kind.
+fn kustomize_resources(dir: &str) -> Vec<(String, Value)> {
+    let kustomization = yaml(&format!("{dir}/kustomization.yaml"));
+    let mut docs = Vec::new();
     for resource in kustomization["resources"].as_sequence().expect("resources") {
-        let rel = format!("deploy/k8s/{}", resource.as_str().expect("resource path"));
+        let rel = format!("{dir}/{}", resource.as_str().expect("resource path"));
         for doc in yaml_documents(&rel) {
             assert!(doc["apiVersion"].is_string() && doc["metadata"]["name"].is_string(), "{rel}: apiVersion and name");
-            kinds.insert(doc["kind"].as_str().expect("kind").to_string());
-            if doc["kind"] == "StatefulSet" {
-                assert!(doc["spec"]["volumeClaimTemplates"].is_sequence(), "{rel}: the store needs a volume claim");
-            }
-            if doc["kind"] == "ConfigMap" {
-                let toml = doc["data"]["dedupd.toml"].as_str().expect("ConfigMap data dedupd.toml");
-                Config::from_toml_str(toml, Vec::<(String, String)>::new())
-                    .unwrap_or_else(|e| panic!("{rel}: dedupd.toml does not validate: {e}"));
-            }
+            docs.push((doc["kind"].as_str().expect("kind").to_string(), doc));
         }
     }
-    let expected = ["ConfigMap", "PodDisruptionBudget", "Service", "ServiceMonitor", "StatefulSet"];
-    assert_eq!(kinds, expected.iter().map(|s| s.to_string()).collect(), "kinds in deploy/k8s");
+    docs
+}
+
+#[test]
+fn kubernetes_manifests_are_complete() {
+    let base = kustomize_resources("deploy/k8s");
+    let kinds: BTreeSet<&str> = base.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds, BTreeSet::from(["PodDisruptionBudget", "Service", "StatefulSet"]), "kinds in deploy/k8s");
+
+    // The config comes from a generator (a new name per content, so a change rolls the
+    // pods), and it validates.
+    let kustomization = yaml("deploy/k8s/kustomization.yaml");
+    let generator = &kustomization["configMapGenerator"][0];
+    assert_eq!(generator["name"], "dedupd-config");
+    assert_eq!(generator["files"][0], "dedupd.toml");
+    let path = root().join("deploy/k8s/dedupd.toml");
+    let config = Config::load(&path, Vec::<(String, String)>::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(config.store.changelog, "deploy/k8s runs the store on Kafka");
+
+    for (kind, doc) in &base {
+        if kind == "StatefulSet" {
+            assert!(doc["spec"]["volumeClaimTemplates"].is_sequence(), "the store needs a volume claim");
+            let pod = &doc["spec"]["template"]["spec"];
+            assert_eq!(pod["volumes"][0]["configMap"]["name"], "dedupd-config", "the generated ConfigMap");
+            let container = &pod["containers"][0];
+            assert_eq!(container["startupProbe"]["httpGet"]["path"], "/healthz");
+            assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+            assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+            assert!(container["livenessProbe"]["initialDelaySeconds"].is_null(), "the startupProbe covers the start");
+        }
+        if kind == "Service" {
+            // The admin API and the scrape must reach a pod while /readyz is 503.
+            assert_eq!(doc["spec"]["publishNotReadyAddresses"], true, "headless Service");
+        }
+    }
+
+    // Monitoring is an optional component: the base works on a cluster without the
+    // Prometheus Operator's CRDs.
+    let component = yaml("deploy/k8s/monitoring/kustomization.yaml");
+    assert_eq!(component["kind"], "Component");
+    let monitoring = kustomize_resources("deploy/k8s/monitoring");
+    let kinds: BTreeSet<&str> = monitoring.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds, BTreeSet::from(["PrometheusRule", "ServiceMonitor"]));
+    let example = yaml("deploy/k8s/examples/with-monitoring/kustomization.yaml");
+    assert_eq!(example["resources"][0], "../..");
+    assert_eq!(example["components"][0], "../../monitoring");
+}
+
+#[test]
+fn the_prometheus_rule_holds_rules_yml() {
+    let rule = yaml("deploy/k8s/monitoring/prometheusrule.yaml");
+    assert_eq!(rule["kind"], "PrometheusRule");
+    assert_eq!(
+        rule["spec"]["groups"],
+        yaml("deploy/prometheus/rules.yml")["groups"],
+        "prometheusrule.yaml differs from rules.yml: run scripts/alert-rules"
+    );
 }
 
 #[test]
@@ -282,7 +336,8 @@ fn every_alert_has_severity_annotations_and_a_runbook_section() {
     let anchors: BTreeSet<String> =
         runbook.lines().filter_map(|l| l.strip_prefix('#')).map(|l| anchor(l.trim_start_matches('#'))).collect();
     let rules = alert_rules();
-    assert!(rules.len() >= 6, "rules.yml has {} alerts", rules.len());
+    assert!(rules.len() >= 15, "rules.yml has {} alerts", rules.len());
+    let mut bases = BTreeSet::new();
     for rule in rules {
         let name = rule["alert"].as_str().expect("alert");
         assert!(
@@ -293,8 +348,12 @@ fn every_alert_has_severity_annotations_and_a_runbook_section() {
         for key in ["summary", "description", "runbook_url"] {
             assert!(rule["annotations"][key].is_string(), "{name}: annotation {key}");
         }
+        // Absolute, under one base (scripts/alert-rules --runbook-base changes it).
         let url = rule["annotations"]["runbook_url"].as_str().unwrap_or("");
-        let fragment = url.strip_prefix("docs/runbook.md#").unwrap_or_else(|| panic!("{name}: runbook_url {url}"));
+        let (base, fragment) = url.split_once('#').unwrap_or_else(|| panic!("{name}: runbook_url {url}"));
+        assert!(base.starts_with("https://") || base.starts_with("http://"), "{name}: runbook_url {url}");
+        bases.insert(base.to_string());
         assert!(anchors.contains(fragment), "{name}: docs/runbook.md has no section #{fragment}");
     }
+    assert_eq!(bases.len(), 1, "one runbook base: {bases:?}");
 }
