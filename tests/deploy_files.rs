@@ -7,7 +7,8 @@
 //!   one dedupd exports, and every alert links to a section of docs/runbook.md;
 //! - the dedupd configs of compose and of the Kubernetes ConfigMap pass dedupd's validation;
 //! - Kubernetes: probes, the headless Service, the generated ConfigMap, monitoring as an
-//!   optional component whose PrometheusRule holds rules.yml.
+//!   optional component whose PrometheusRule holds rules.yml; rendered by `kustomize build`
+//!   (the base, and the base with the component).
 //!
 //! Run with `cargo test --test deploy_files`.
 
@@ -264,9 +265,46 @@ fn kubernetes_manifests_are_complete() {
     let monitoring = kustomize_resources("deploy/k8s/monitoring");
     let kinds: BTreeSet<&str> = monitoring.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(kinds, BTreeSet::from(["PrometheusRule", "ServiceMonitor"]));
-    let example = yaml("deploy/k8s/examples/with-monitoring/kustomization.yaml");
-    assert_eq!(example["resources"][0], "../..");
-    assert_eq!(example["components"][0], "../../monitoring");
+    let example = yaml("deploy/k8s-with-monitoring/kustomization.yaml");
+    assert_eq!(example["resources"][0], "../k8s");
+    assert_eq!(example["components"][0], "../k8s/monitoring");
+}
+
+/// `kustomize build DIR`, or `None` when kustomize is not installed (scripts/test installs
+/// it and sets `DEDUPD_REQUIRE_KUSTOMIZE`, which makes its absence a failure).
+fn kustomize_build(dir: &str) -> Option<Vec<Value>> {
+    let out = match std::process::Command::new("kustomize").arg("build").arg(root().join(dir)).output() {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(std::env::var_os("DEDUPD_REQUIRE_KUSTOMIZE").is_none(), "kustomize: {e}");
+            eprintln!("kustomize not found: {dir} not rendered");
+            return None;
+        }
+    };
+    assert!(out.status.success(), "kustomize build {dir}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    Some(serde_norway::Deserializer::from_str(&text).map(|d| Value::deserialize(d).expect("rendered YAML")).collect())
+}
+
+#[test]
+fn kustomize_renders_the_base_and_the_monitoring_overlay() {
+    let Some(base) = kustomize_build("deploy/k8s") else { return };
+    let kind_of = |d: &Value| d["kind"].as_str().unwrap_or("").to_string();
+    let kinds: BTreeSet<String> = base.iter().map(kind_of).collect();
+    let expected = ["ConfigMap", "PodDisruptionBudget", "Service", "StatefulSet"];
+    assert_eq!(kinds, expected.iter().map(|k| k.to_string()).collect());
+    // The generated ConfigMap's name carries its hash, and the StatefulSet follows it.
+    let config_map = base.iter().find(|d| d["kind"] == "ConfigMap").expect("ConfigMap");
+    let name = config_map["metadata"]["name"].as_str().expect("name");
+    assert!(name.starts_with("dedupd-config-"), "{name}");
+    let set = base.iter().find(|d| d["kind"] == "StatefulSet").expect("StatefulSet");
+    assert_eq!(set["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"].as_str(), Some(name));
+    assert_eq!(config_map["data"]["dedupd.toml"].as_str(), Some(read("deploy/k8s/dedupd.toml").as_str()));
+
+    let Some(with_monitoring) = kustomize_build("deploy/k8s-with-monitoring") else { return };
+    let kinds: BTreeSet<String> = with_monitoring.iter().map(kind_of).collect();
+    let expected = ["ConfigMap", "PodDisruptionBudget", "PrometheusRule", "Service", "ServiceMonitor", "StatefulSet"];
+    assert_eq!(kinds, expected.iter().map(|k| k.to_string()).collect());
 }
 
 #[test]
