@@ -15,7 +15,8 @@
 //! - [`pipeline`]: `dedupd run`: consumer thread, partition table, workers, publisher, purge.
 //! - [`config`]: the TOML file composed of every section's type, env overrides, validation
 //!   naming the key.
-//! - [`ops`]: the HTTP listener (metrics, health, admin API) and the metrics catalogue.
+//! - [`ops`]: the HTTP listener (metrics, health, liveness, admin API, `/v1/status`) and the
+//!   metrics catalogue.
 //! - [`engine`]: a batch of commands as named steps: queue by key, start, claim, run sinks,
 //!   complete, release or wait.
 //! - [`sinks`]: `Sink`, the kinds' `SinkKind`/`SinkEffect` traits and the `sink_kinds!`

@@ -92,6 +92,7 @@ fn api(store: &Arc<KeyStore>) -> AdminApi {
         token: TOKEN.into(),
         resolve_ttl: Duration::from_secs(3600),
         compaction_chunk: 100,
+        status: None,
     }
 }
 
@@ -132,6 +133,7 @@ async fn every_route_needs_the_right_token() {
         (Method::DELETE, "/v1/keys/done", None),
         (Method::POST, "/v1/keys/unknown-effect/resolve", Some(r#"{"as":"succeeded"}"#.to_string())),
         (Method::GET, "/v1/stats", None),
+        (Method::GET, "/v1/status", None),
         (Method::POST, "/v1/compact", None),
         (Method::GET, "/v1/export", None),
         (Method::POST, "/v1/import", Some(String::new())),
@@ -158,6 +160,10 @@ async fn every_route_needs_the_right_token() {
     assert_eq!(store.get("done").unwrap(), done_before);
     assert_eq!(store.get("unknown-effect").unwrap(), Some(indeterminate(3)));
     assert!(store.get("old").unwrap().is_some(), "the expired record was not compacted");
+    // With the token: the status needs a pipeline, which this listener has not.
+    let (status, _, answer) = call(Method::GET, &format!("{}/v1/status", server.base), Some(TOKEN), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("dedupd run"), "{answer}");
     server.stop().await;
 }
 

@@ -27,6 +27,8 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
+/// The admin API's token (`/v1/status`).
+const ADMIN_TOKEN: &str = "metrics-run-admin-token";
 /// Input partitions; every one gets records, so every one must report its lag.
 const PARTITIONS: i32 = 3;
 /// Distinct commands per route.
@@ -215,6 +217,7 @@ ttl = "{BRIEF_TTL}"
 
 [http]
 listen = "127.0.0.1:0"
+admin_token = "{ADMIN_TOKEN}"
 
 [log]
 format = "json"
@@ -308,6 +311,7 @@ async fn metrics_after_a_run_match_what_the_run_did() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     check_scrape(&scrape, &truth, &input);
+    check_status(&client, &http, &input, &truth).await;
 
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
     // Nothing more than one result per input and one dead letter per bad or stale record.
@@ -315,6 +319,39 @@ async fn metrics_after_a_run_match_what_the_run_did() {
     assert_eq!(kafka::count_records(&bootstrap, &dlq).await, n_dead as i64, "records in the dead-letter topic");
     check_store(&store, &scrape);
     receiver.stop().await;
+}
+
+/// `/v1/status` of the settled instance, and `dedupd status --admin` printing it: every
+/// input partition running at lag 0, nothing in flight, the sink's circuit closed, the
+/// store's completed records as the topics say.
+async fn check_status(client: &reqwest::Client, http: &str, input: &str, truth: &Truth) {
+    let answer = client.get(format!("http://{http}/v1/status")).bearer_auth(ADMIN_TOKEN).send().await.expect("status");
+    assert_eq!(answer.status(), 200, "GET /v1/status");
+    let status: dedupd::ops::Status = answer.json().await.expect("status JSON");
+    assert!(status.ready && status.alive, "ready and alive: {status:?}");
+    let partitions: Vec<(String, String, Option<i64>)> =
+        status.partitions.iter().map(|p| (p.partition.clone(), p.state.clone(), p.lag)).collect();
+    let expected: Vec<(String, String, Option<i64>)> =
+        (0..PARTITIONS).map(|p| (format!("{input}/{p}"), "running".to_string(), Some(0))).collect();
+    assert_eq!(partitions, expected, "partitions in /v1/status");
+    assert_eq!(status.in_flight, 0);
+    assert_eq!(status.circuits.get("receiver").map(String::as_str), Some("closed"));
+    assert_eq!(status.store.records.get("completed").map(|n| *n as f64), Some(truth.main_completed));
+    assert!(status.store.volume_size_bytes > 0 && status.store.disk_bytes > 0, "{:?}", status.store);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupd"))
+        .args(["status", "--admin", &format!("http://{http}")])
+        .env("DEDUPD_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("dedupd status");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "dedupd status: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(table.contains("  ready  alive  in flight 0"), "{table}");
+    for p in 0..PARTITIONS {
+        let line = table.lines().find(|l| l.starts_with(&format!("{input}/{p} "))).unwrap_or_default();
+        assert!(line.contains("running") && line.trim_end().ends_with(" 0"), "partition {p} in\n{table}");
+    }
+    assert!(table.contains("receiver") && table.contains("closed"), "{table}");
 }
 
 /// Checks every result and dead letter against the input it came from; returns the counts

@@ -14,6 +14,7 @@ mod direct;
 mod librdkafka;
 mod output;
 mod remote;
+mod status;
 mod transfer;
 
 pub use librdkafka::LibrdkafkaBuild;
@@ -102,6 +103,13 @@ pub enum Command {
     },
     /// Record counts per state, disk usage, next expiry.
     Stats,
+    /// A running instance at a glance (needs --admin): ready and alive, each partition's
+    /// state and lag, commands in flight, circuits, the store and its volume.
+    Status {
+        /// Refresh every two seconds until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
+    },
     /// Remove expired records now.
     Compact,
     /// Write every record and partition watermark to FILE as JSON Lines (docs/admin.md).
@@ -176,6 +184,9 @@ pub enum CliError {
     /// Neither --admin nor --config.
     #[error("say where: --admin URL for a running instance, or -c FILE for a stopped one's store")]
     NoTarget,
+    /// `status` without --admin.
+    #[error("status shows a running instance: use --admin URL (or DEDUPD_ADMIN_URL) with DEDUPD_ADMIN_TOKEN")]
+    StatusNeedsAdmin,
     /// `run` or `check-config` without a config file.
     #[error("say which config: -c FILE (or DEDUPD_CONFIG=FILE)")]
     NoConfig,
@@ -250,6 +261,9 @@ impl Target {
 
 /// Runs an operator command; a missing key exits 4, a refusal 3.
 async fn operate(command: Command, target: &Target) -> Result<ExitCode, CliError> {
+    if matches!(command, Command::Status { .. }) && target.admin.is_none() {
+        return Err(CliError::StatusNeedsAdmin);
+    }
     let result = match target.connect() {
         Ok(conn) => run_operator(command, conn).await,
         Err(e) => Err(e),
@@ -295,6 +309,10 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
             Conn::Direct(d) => d.stats(),
             Conn::Remote(r) => r.stats().await,
         }?),
+        Command::Status { watch } => match conn {
+            Conn::Remote(r) => status::show(&r, watch).await,
+            Conn::Direct(_) => Err(CliError::StatusNeedsAdmin),
+        },
         Command::Compact => {
             let removed = match conn {
                 Conn::Direct(d) => d.compact(),

@@ -80,7 +80,7 @@ impl Remote {
         Ok(url)
     }
 
-    async fn call(&self, method: Method, url: Url, body: Option<Value>) -> Result<Value, CliError> {
+    pub(super) async fn call(&self, method: Method, url: Url, body: Option<Value>) -> Result<Value, CliError> {
         let mut request = self.request(method, url);
         if let Some(b) = body {
             request = request.json(&b);

@@ -43,6 +43,8 @@ pub struct AdminApi {
     pub resolve_ttl: Duration,
     /// Expired records removed per compaction chunk (`store.compaction_chunk`).
     pub compaction_chunk: usize,
+    /// What `/v1/status` shows: set by `dedupd run`; without it the route answers 404.
+    pub status: Option<super::StatusSources>,
 }
 
 /// An error answer: the status and `{"error": "..."}`.
@@ -93,6 +95,7 @@ pub fn router(admin: Option<AdminApi>) -> Router {
         .route("/v1/keys", get(inspect_query).delete(forget_query))
         .route("/v1/resolve", post(resolve_query))
         .route("/v1/stats", get(stats))
+        .route("/v1/status", get(status))
         .route("/v1/compact", post(compact))
         .route("/v1/export", get(export))
         .route("/v1/import", post(import))
@@ -250,6 +253,13 @@ async fn resolve_key(a: AdminApi, key: String, body: Bytes) -> ApiResult {
 
 async fn stats(State(a): State<AdminApi>) -> ApiResult {
     blocking(move || Ok(axum::Json(a.store.stats_json().map_err(internal)?).into_response())).await
+}
+
+async fn status(State(a): State<AdminApi>) -> ApiResult {
+    let Some(sources) = a.status else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "no pipeline runs here: /v1/status is served by dedupd run"));
+    };
+    Ok(axum::Json(sources.status()).into_response())
 }
 
 async fn compact(State(a): State<AdminApi>) -> ApiResult {

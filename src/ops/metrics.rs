@@ -6,7 +6,10 @@ use prometheus::{
     TextEncoder,
 };
 
+mod figures;
 mod host;
+
+pub use figures::Figures;
 
 use crate::envelope::RejectReason;
 use crate::outcome::Outcome;

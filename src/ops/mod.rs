@@ -1,9 +1,11 @@
 //! Operating surface: the one HTTP listener (`/metrics`, `/healthz`, `/readyz`, and the
-//! admin API under `/v1` when `http.admin_token` is set) and the metrics catalogue.
+//! admin API under `/v1` when `http.admin_token` is set, `/v1/status` among it) and the
+//! metrics catalogue.
 
 pub mod admin;
 mod config;
 pub mod metrics;
+pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -21,6 +23,7 @@ use parking_lot::Mutex;
 pub use admin::AdminApi;
 pub use config::HttpConfig;
 pub use metrics::Metrics;
+pub use status::{PartitionsView, Status, StatusSources};
 
 /// What `/readyz` reports: ready once the consumer joined its group, not ready while any
 /// partition is refused (store watermark behind the committed offset, or not checked yet
@@ -36,6 +39,8 @@ pub struct Health {
     store_failure: Mutex<Option<String>>,
     /// The consumer loop's last turn, once `dedupd run` watches it (`/healthz`).
     consumer_loop: Mutex<Option<LoopWatch>>,
+    /// The running consumer's partitions (`/v1/status`).
+    partitions: Mutex<Option<Arc<dyn PartitionsView>>>,
 }
 
 /// When the consumer loop last turned, and how long it may go without a turn.
@@ -113,6 +118,32 @@ impl Health {
             watch.bound.as_secs()
         ))
     }
+    /// The partitions of the consumer that runs now (a replaced consumer's view goes).
+    pub fn show_partitions(&self, view: Arc<dyn PartitionsView>) {
+        *self.partitions.lock() = Some(view);
+    }
+    /// The partitions held now, each with what stops it, if anything.
+    pub fn held_partitions(&self) -> Vec<(String, Option<&'static str>)> {
+        let view = self.partitions.lock().clone();
+        view.map(|v| v.partitions()).unwrap_or_default()
+    }
+    /// Why it is not ready, or `None` when it is.
+    pub fn why_not_ready(&self) -> Option<String> {
+        if self.is_ready() {
+            return None;
+        }
+        let (refused, down) = (self.refused(), self.down());
+        Some(if let Some(failure) = self.store_failure() {
+            format!("store failed, stopping: {failure}")
+        } else if !down.is_empty() {
+            let each: Vec<String> = down.iter().map(|(p, r)| format!("{p} ({r})")).collect();
+            format!("partitions down: {}", each.join(", "))
+        } else if refused.is_empty() {
+            "consumer has not joined its group".to_string()
+        } else {
+            format!("partitions refused (store watermark behind committed offset): {}", refused.join(", "))
+        })
+    }
     /// Ready to do its job.
     pub fn is_ready(&self) -> bool {
         self.joined.load(Ordering::SeqCst)
@@ -184,21 +215,9 @@ async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    if s.health.is_ready() {
-        (StatusCode::OK, "ready\n".to_string())
-    } else {
-        let (refused, down) = (s.health.refused(), s.health.down());
-        let why = if let Some(failure) = s.health.store_failure() {
-            format!("not ready: store failed, stopping: {failure}\n")
-        } else if !down.is_empty() {
-            let each: Vec<String> = down.iter().map(|(p, r)| format!("{p} ({r})")).collect();
-            format!("not ready: partitions down: {}\n", each.join(", "))
-        } else if refused.is_empty() {
-            "not ready: consumer has not joined its group\n".to_string()
-        } else {
-            format!("not ready: partitions refused (store watermark behind committed offset): {}\n", refused.join(", "))
-        };
-        (StatusCode::SERVICE_UNAVAILABLE, why)
+    match s.health.why_not_ready() {
+        None => (StatusCode::OK, "ready\n".to_string()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
     }
 }
 

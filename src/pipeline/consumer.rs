@@ -61,7 +61,7 @@ struct CheckRetry {
 /// State the rebalance callbacks need.
 pub struct PipelineContext {
     /// Every partition's state and worker, and the rule for whether it is fetched.
-    partitions: PartitionTable,
+    partitions: Arc<PartitionTable>,
     runtime: tokio::runtime::Handle,
     store: Arc<KeyStore>,
     metrics: Arc<Metrics>,

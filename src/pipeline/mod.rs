@@ -417,6 +417,10 @@ impl Background {
             token,
             resolve_ttl: config.store.default_ttl,
             compaction_chunk: config.store.compaction_chunk.get(),
+            status: Some(crate::ops::StatusSources {
+                health: Arc::clone(&core.health),
+                metrics: Arc::clone(&core.metrics),
+            }),
         });
         let metrics = Arc::clone(&core.metrics);
         let stopped = stop.clone().cancelled_owned();

@@ -62,6 +62,19 @@ pub(super) enum Stopped {
     HeldForFullQueue,
 }
 
+impl Stopped {
+    /// Its name in `/v1/status`.
+    fn as_str(self) -> &'static str {
+        match self {
+            Stopped::NotAssigned => "not_assigned",
+            Stopped::Refused => "refused",
+            Stopped::Unchecked => "unchecked",
+            Stopped::PausedForCircuit => "paused_for_circuit",
+            Stopped::HeldForFullQueue => "held_for_full_queue",
+        }
+    }
+}
+
 /// What became of a record handed to [`PartitionTable::dispatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Dispatched {
@@ -112,6 +125,15 @@ impl State {
         } else {
             Ok(())
         }
+    }
+}
+
+/// What `/v1/status` shows of the table.
+impl crate::ops::PartitionsView for PartitionTable {
+    fn partitions(&self) -> Vec<(String, Option<&'static str>)> {
+        let state = self.state.lock();
+        let name = |tp: &Tp| format!("{}/{}", tp.0, tp.1);
+        state.assigned.keys().map(|tp| (name(tp), state.may_run(tp).err().map(Stopped::as_str))).collect()
     }
 }
 

@@ -44,6 +44,11 @@ impl HostMetrics {
         Ok(())
     }
 
+    /// The volume's size and free bytes as last read.
+    pub(super) fn volume(&self) -> (i64, i64) {
+        (self.volume_size.get(), self.volume_free.get())
+    }
+
     /// Reads the size and free space of the filesystem holding `path`; an error leaves the
     /// gauges as they were (a volume that cannot be read is not a volume that is empty).
     pub(super) fn read_volume(&self, path: &Path) -> std::io::Result<()> {

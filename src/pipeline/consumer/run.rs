@@ -62,7 +62,7 @@ fn create_consumer(
     runtime: &tokio::runtime::Handle,
 ) -> Result<Arc<BaseConsumer<PipelineContext>>, PipelineError> {
     let ctx = PipelineContext {
-        partitions: PartitionTable::default(),
+        partitions: Arc::new(PartitionTable::default()),
         runtime: runtime.clone(),
         store: Arc::clone(parts.shared.engine.store()),
         metrics: Arc::clone(&parts.shared.metrics),
@@ -92,6 +92,7 @@ fn create_consumer(
             reason: crate::connection::check::redact_all(&config, &e.to_string()),
         })?;
     let consumer = Arc::new(consumer);
+    parts.health.show_partitions(Arc::clone(&consumer.context().partitions) as Arc<dyn crate::ops::PartitionsView>);
     // Before the first poll, where rebalance callbacks run.
     let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
     let mut topics: Vec<&str> = parts.kafka.input_topics.iter().map(String::as_str).collect();

@@ -15,7 +15,7 @@ use crate::store::{StoreBackend, SyncMode};
 fn context(dir: &std::path::Path) -> PipelineContext {
     let store = KeyStore::open(StoreBackend::ALL[0], dir, SyncMode::Batch).expect("store");
     PipelineContext {
-        partitions: PartitionTable::default(),
+        partitions: std::sync::Arc::new(PartitionTable::default()),
         runtime: tokio::runtime::Handle::current(),
         store: Arc::new(store),
         metrics: Arc::new(Metrics::new().expect("metrics")),

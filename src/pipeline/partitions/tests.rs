@@ -278,3 +278,25 @@ async fn a_record_from_the_consumer_queue_starts_the_worker_with_the_split_queue
     assert_eq!(got_split, Some(true), "one worker reads both, the channel first");
     assert!(start_split(&table, &mut running).is_empty());
 }
+
+#[test]
+fn the_status_view_names_each_partition_with_what_stops_it() {
+    use crate::ops::PartitionsView;
+    let (table, kafka) = (PartitionTable::default(), FakeFetching::default());
+    let (a, b, c, d) = (tp(0), tp(1), tp(2), tp(3));
+    table.assign(&kafka, &[a.clone(), b.clone(), c.clone(), d.clone()]);
+    table.refuse(&kafka, &b);
+    table.pause_for_circuit(&kafka, &c, &["http"]);
+    table.mark_unchecked(&kafka, std::slice::from_ref(&d));
+    let mut view = table.partitions();
+    view.sort();
+    assert_eq!(
+        view,
+        vec![
+            ("in/0".to_string(), None),
+            ("in/1".to_string(), Some("refused")),
+            ("in/2".to_string(), Some("paused_for_circuit")),
+            ("in/3".to_string(), Some("unchecked")),
+        ]
+    );
+}
