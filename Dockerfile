@@ -29,10 +29,19 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -m 0755 target/release/dedupd /usr/local/bin/dedupd
 
 FROM debian:bookworm-slim AS runtime
+# OCI image labels; scripts/release passes VERSION and REVISION (docker build --build-arg).
+ARG VERSION=dev
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="dedupd" \
+      org.opencontainers.image.description="Consumer-side deduplication for side-effect commands on Kafka" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.documentation="README.md, docs/runbook.md"
 # ca-certificates: HTTPS sinks, and Kafka over TLS with "ssl.ca.location" = "probe",
-# verify servers against the system roots.
+# verify servers against the system roots. tini: PID 1 that forwards SIGTERM to dedupd (whose
+# drain needs it) and reaps the `exec` sink's children.
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates tini \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 dedupd \
  && useradd --system --uid 10001 --gid dedupd --home-dir /var/lib/dedupd --shell /usr/sbin/nologin dedupd \
@@ -50,5 +59,5 @@ EXPOSE 9464
 # No curl in the image: bash's /dev/tcp speaks enough HTTP for /healthz.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
   CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9464 && printf 'GET /healthz HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200 '"]
-ENTRYPOINT ["dedupd"]
+ENTRYPOINT ["/usr/bin/tini", "--", "dedupd"]
 CMD ["run"]

@@ -209,6 +209,12 @@ fn every_file_the_dockerfile_copies_exists() {
     }
     assert!(copies >= 4, "found {copies} COPY sources");
     assert!(dockerfile.contains("USER 10001"), "the runtime image runs as a non-root user");
+    // An init process as PID 1 (signals forwarded, children reaped) and OCI labels.
+    assert!(dockerfile.contains(r#"ENTRYPOINT ["/usr/bin/tini", "--", "dedupd"]"#), "tini runs dedupd");
+    assert!(dockerfile.contains("ca-certificates tini"), "tini is installed");
+    for label in ["title", "description", "version", "revision"] {
+        assert!(dockerfile.contains(&format!("org.opencontainers.image.{label}=")), "OCI label {label}");
+    }
 }
 
 /// The documents of a kustomization's `resources` (files, not directories), by kind.

@@ -18,6 +18,7 @@
 //! open, which in a debug build costs ~0.5 s per MB, so one store for all kills would make
 //! the test quadratic). Seed: `STORE_CRASH_SEED` (default: from the clock; printed, to
 //! replay a failure).
+#![cfg(feature = "failpoints")] // its child process (src/bin/store-crash-child.rs) needs the feature
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

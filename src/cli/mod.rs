@@ -11,6 +11,7 @@
 
 mod check;
 mod direct;
+mod generate;
 mod librdkafka;
 mod output;
 mod remote;
@@ -72,6 +73,15 @@ pub enum Command {
         #[arg(long, default_value_t = 2000)]
         commands: usize,
     },
+    /// Print the shell completion script for SHELL (e.g. `dedupd completions bash >
+    /// /etc/bash_completion.d/dedupd`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff; `dedupd man > dedupd.1`, `man ./dedupd.1`).
+    Man,
     /// Validate a config file: report every problem (with its line) and exit non-zero.
     CheckConfig {
         /// Also connect to the cluster: both clients authenticate, the topics exist, the
@@ -339,9 +349,11 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
             }?;
             print_json(&serde_json::to_value(report).map_err(|e| CliError::Other(e.to_string()))?)
         }
-        Command::Run { .. } | Command::Demo { .. } | Command::CheckConfig { .. } => {
-            Err(CliError::Other("not an operator command".into()))
-        }
+        Command::Run { .. }
+        | Command::Demo { .. }
+        | Command::CheckConfig { .. }
+        | Command::Completions { .. }
+        | Command::Man => Err(CliError::Other("not an operator command".into())),
     }
 }
 
@@ -363,6 +375,8 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
             print_line(&summary)?;
             Ok(if summary.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Command::Completions { shell } => generate::completions(shell).map(|()| ExitCode::SUCCESS),
+        Command::Man => generate::man().map(|()| ExitCode::SUCCESS),
         Command::CheckConfig { connect } => {
             let path = target.config.as_deref().ok_or(CliError::NoConfig)?;
             let path = path.to_path_buf();
