@@ -42,8 +42,6 @@ pub struct Metrics {
     transaction_commit: Histogram,
     state: StateMetrics,
     host: host::HostMetrics,
-    /// The process collector's `process_*` metrics, without dedupd's prefix.
-    process: Registry,
 }
 
 /// The metrics of `store.changelog`'s restores.
@@ -118,7 +116,6 @@ impl Metrics {
     // The metric catalogue: one definition per metric with its name, help text and labels,
     // read top to bottom against docs/metrics.md.
     pub fn new() -> Result<Metrics, MetricsError> {
-        let registry = Registry::new_custom(Some("dedupd".into()), None)?;
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -192,8 +189,7 @@ impl Metrics {
             state: StateMetrics::new()?,
             transaction_commit: histogram("transaction_commit_seconds", COMMIT_HELP, LATENCY_BUCKETS.to_vec())?,
             host: host::HostMetrics::new()?,
-            process: host::process_registry()?,
-            registry,
+            registry: Registry::new_custom(Some("dedupd".into()), None)?,
         };
         m.register_all()?;
         m.zero_fixed_series();
@@ -405,7 +401,7 @@ impl Metrics {
         let mut buf = Vec::new();
         let encoder = TextEncoder::new();
         let mut families = self.registry.gather();
-        families.extend(self.process.gather());
+        families.extend(self.host.process.gather());
         if let Err(e) = encoder.encode(&families, &mut buf) {
             return format!("# error encoding metrics: {e}\n");
         }

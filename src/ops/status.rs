@@ -15,13 +15,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{Health, Metrics};
 
-/// The partitions a running pipeline holds.
-pub trait PartitionsView: Send + Sync {
-    /// Every assigned partition (`topic/partition`), with what keeps it from being fetched,
-    /// if anything (`refused`, `unchecked`, `paused_for_circuit`, `held_for_full_queue`).
-    fn partitions(&self) -> Vec<(String, Option<&'static str>)>;
-}
-
 /// Where the status comes from.
 #[derive(Clone)]
 pub struct StatusSources {
@@ -122,4 +115,11 @@ impl StatusSources {
             },
         }
     }
+}
+
+/// The partitions a running pipeline holds.
+pub trait PartitionsView: Send + Sync {
+    /// Every assigned partition (`topic/partition`), with what keeps it from being fetched,
+    /// if anything (`refused`, `unchecked`, `paused_for_circuit`, `held_for_full_queue`).
+    fn partitions(&self) -> Vec<(String, Option<&'static str>)>;
 }

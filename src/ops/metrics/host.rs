@@ -10,11 +10,15 @@ use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::MetricsError;
 
-/// The build and volume gauges, in dedupd's registry.
+/// The build and volume gauges, in dedupd's registry, and the process collector in a
+/// registry of its own.
 pub(super) struct HostMetrics {
     build_info: IntGaugeVec,
     volume_size: IntGauge,
     volume_free: IntGauge,
+    /// The process collector's `process_*` metrics, without dedupd's prefix: their names
+    /// are the Prometheus client libraries' convention, which dashboards expect.
+    pub(super) process: Registry,
 }
 
 impl HostMetrics {
@@ -32,7 +36,9 @@ impl HostMetrics {
                 "store_volume_free_bytes",
                 "Bytes of the store's filesystem that dedupd may still write (0 until first read).",
             )?,
+            process: Registry::new(),
         };
+        host.process.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
         host.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         Ok(host)
     }
@@ -58,14 +64,6 @@ impl HostMetrics {
         self.volume_free.set(gauge(stat.f_bavail.saturating_mul(block)));
         Ok(())
     }
-}
-
-/// The process collector's `process_*` metrics, in a registry without dedupd's prefix:
-/// their names are the Prometheus client libraries' convention, which dashboards expect.
-pub(super) fn process_registry() -> Result<Registry, MetricsError> {
-    let registry = Registry::new();
-    registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
-    Ok(registry)
 }
 
 fn gauge(bytes: u64) -> i64 {
