@@ -93,6 +93,7 @@ fn api(store: &Arc<KeyStore>) -> AdminApi {
         resolve_ttl: Duration::from_secs(3600),
         compaction_chunk: 100,
         status: None,
+        owner: None,
     }
 }
 
@@ -354,5 +355,46 @@ async fn a_large_export_streams_both_ways() {
     assert_eq!(other.counts().completed, N as i64);
     let key = format!("key-{:06}-{}", N - 1, "x".repeat(200));
     assert_eq!(other.get(&key).unwrap(), store.get(&key).unwrap());
+    server.stop().await;
+}
+
+/// Holds only the keys it lists (as an instance holds only its state partitions).
+struct Holds(&'static [&'static str]);
+
+impl dedupd::ops::KeyOwner for Holds {
+    fn check(&self, key: &str) -> Result<(), String> {
+        match self.0.contains(&key) {
+            true => Ok(()),
+            false => Err(format!("key {key:?} belongs to a state partition this instance does not hold")),
+        }
+    }
+}
+
+#[tokio::test]
+async fn writes_to_a_key_another_instance_owns_are_misdirected_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_records(dir.path());
+    let server = start(Some(AdminApi { owner: Some(Arc::new(Holds(&["done"]))), ..api(&store) })).await;
+    let url = |path: &str| format!("{}{path}", server.base);
+    let t = Some(TOKEN);
+    let before = store.get("unknown-effect").unwrap();
+    let resolve = Some(r#"{"as":"succeeded"}"#.to_string());
+    for (method, path, body) in [
+        (Method::DELETE, "/v1/keys/unknown-effect", None),
+        (Method::DELETE, "/v1/keys?key=unknown-effect", None),
+        (Method::POST, "/v1/keys/unknown-effect/resolve", resolve.clone()),
+        (Method::POST, "/v1/resolve?key=unknown-effect", resolve),
+    ] {
+        let (status, _, answer) = call(method.clone(), &url(path), t, body).await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{method} {path}: {answer}");
+        assert!(answer["error"].as_str().unwrap().contains("does not hold"), "{answer}");
+    }
+    assert_eq!(store.get("unknown-effect").unwrap(), before, "nothing changed");
+    // Reads go anywhere; a key it owns is changed as ever.
+    let (status, _, _) = call(Method::GET, &url("/v1/keys/unknown-effect"), t, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, answer) = call(Method::DELETE, &url("/v1/keys/done"), t, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(store.get("done").unwrap().is_none());
     server.stop().await;
 }

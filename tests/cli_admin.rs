@@ -54,6 +54,7 @@ async fn start(store: &Arc<KeyStore>) -> Server {
         resolve_ttl: Duration::from_secs(3600),
         compaction_chunk: 100,
         status: None,
+        owner: None,
     };
     let metrics = Arc::new(Metrics::new().unwrap());
     let health = Arc::new(Health::default());

@@ -17,12 +17,15 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::kafka;
-use common::pay_kills::{calls_per_key, results, succeeded_and_indeterminate, wait_for_every_result};
+use common::pay_kills::{self, calls_per_key, results, succeeded_and_indeterminate, wait_for_every_result};
 use common::process::{DedupdProcess, TopicTail, tail_of_file, wait_for_http_addr, wait_for_line};
 use common::state_group::{PATIENCE, StateGroup, changelog, metric, restores};
 use dedupd::outcome::Outcome;
+use dedupd::pipeline::state_partition;
 
 const PARTITIONS: i32 = 2;
+/// B's admin API token.
+const ADMIN_TOKEN: &str = "standby-test-admin-token";
 const KEYS: usize = 600;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,7 +35,12 @@ async fn a_takeover_restores_only_what_the_standby_copy_had_not_applied() {
     let pipeline = "max_in_flight = 8\nbatch_size = 8";
     let (config_a, config_b) = (
         group.config("a", "standby = true\n", pipeline, |t| t),
-        group.config("b", "standby = true\n", pipeline, |t| t),
+        group.config("b", "standby = true\n", pipeline, |t| {
+            t.replace(
+                "listen = \"127.0.0.1:0\"\n",
+                &format!("listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN_TOKEN}\"\n"),
+            )
+        }),
     );
     let (log_a, log_b) = (group.log("a"), group.log("b"));
     let committed = TopicTail::start(&bootstrap, &group.topics[1], 1);
@@ -55,6 +63,7 @@ async fn a_takeover_restores_only_what_the_standby_copy_had_not_applied() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let owned_by_b: Vec<String> = restores(&log_b).into_iter().map(|(p, _)| p).collect();
+    operator_writes_go_to_the_owner(&http_b, &owned_by_b, input).await;
 
     // A works through the second half and is SIGKILLed halfway.
     let second = kafka::produce_all_to(&bootstrap, input, (KEYS / 2..KEYS).map(|i| group.placed(i)).collect()).await;
@@ -110,4 +119,45 @@ async fn a_takeover_restores_only_what_the_standby_copy_had_not_applied() {
     assert!(status.is_some_and(|s| s.success()), "B did not stop cleanly: {status:?}\n{}", tail_of_file(&log_b, 40));
     committed.stop();
     group.receiver.stop().await;
+}
+
+/// B's admin API takes an operator's write only for a key of a state partition B holds
+/// (`owned`): for A's it answers 421 and changes nothing. Resolving a completed key is
+/// refused either way, so the check changes no state: 409 at the owner (not
+/// indeterminate), 421 elsewhere. `/v1/status` lists B's one input partition as running.
+async fn operator_writes_go_to_the_owner(http_b: &str, owned: &[String], input: &str) {
+    let number = |name: &String| name.rsplit('/').next().and_then(|p| p.parse::<i32>().ok()).expect("partition");
+    let owned: Vec<i32> = owned.iter().map(number).collect();
+    let key_on = |want_owned: bool| {
+        (0..KEYS / 2)
+            .map(pay_kills::key)
+            .find(|k| owned.contains(&state_partition(k, PARTITIONS)) == want_owned)
+            .expect("a key of each partition")
+    };
+    let client = reqwest::Client::new();
+    for (key, expected) in [(key_on(true), 409), (key_on(false), 421)] {
+        let answer = client
+            .post(format!("http://{http_b}/v1/keys/{key}/resolve"))
+            .bearer_auth(ADMIN_TOKEN)
+            .body(r#"{"as":"failed"}"#)
+            .send()
+            .await
+            .expect("POST resolve");
+        let status = answer.status().as_u16();
+        let body = answer.text().await.unwrap_or_default();
+        assert_eq!(status, expected, "resolve {key} at B (owns {owned:?}): {body}");
+    }
+    let status: dedupd::ops::Status = client
+        .get(format!("http://{http_b}/v1/status"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("GET /v1/status")
+        .json()
+        .await
+        .expect("status JSON");
+    let running: Vec<(String, String)> = status.partitions.into_iter().map(|p| (p.partition, p.state)).collect();
+    let expected: Vec<(String, String)> =
+        owned.iter().map(|p| (format!("{input}/{p}"), "running".to_string())).collect();
+    assert_eq!(running, expected, "B's partitions in /v1/status");
 }

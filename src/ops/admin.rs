@@ -45,6 +45,25 @@ pub struct AdminApi {
     pub compaction_chunk: usize,
     /// What `/v1/status` shows: set by `dedupd run`; without it the route answers 404.
     pub status: Option<super::StatusSources>,
+    /// With several instances (`store.changelog`): whether this one may change a key now.
+    pub owner: Option<Arc<dyn KeyOwner>>,
+}
+
+/// Says whether this instance may change a key's record now. With the store on Kafka a key
+/// belongs to one state partition, and only the instance that holds it (restored) may
+/// write it: a write elsewhere would reach the changelog but not the owner's copy, which
+/// goes on deciding from the old record.
+pub trait KeyOwner: Send + Sync {
+    /// `Ok` when this instance holds `key`'s state partition, else why not (for the answer).
+    fn check(&self, key: &str) -> Result<(), String>;
+}
+
+/// Refuses a write to a key this instance does not own: 421 Misdirected Request.
+fn check_owner(a: &AdminApi, key: &str) -> Result<(), ApiError> {
+    match &a.owner {
+        Some(owner) => owner.check(key).map_err(|why| ApiError::new(StatusCode::MISDIRECTED_REQUEST, why)),
+        None => Ok(()),
+    }
 }
 
 /// An error answer: the status and `{"error": "..."}`.
@@ -206,6 +225,7 @@ async fn forget_query(
 }
 
 async fn forget_key(a: AdminApi, key: String, force: bool) -> ApiResult {
+    check_owner(&a, &key)?;
     blocking(move || match a.store.forget_checked(&key, force) {
         Ok(was) => Ok(axum::Json(serde_json::json!({"forgot": key, "was": was.state().as_str()})).into_response()),
         Err(e @ ForgetError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
@@ -238,6 +258,7 @@ async fn resolve_key(a: AdminApi, key: String, body: Bytes) -> ApiResult {
     let body: ResolveBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(StatusCode::BAD_REQUEST, format!("body must be {{\"as\": \"succeeded\"|\"failed\"}}: {e}"))
     })?;
+    check_owner(&a, &key)?;
     blocking(move || {
         let now = SystemClock.now_ms();
         let ttl = i64::try_from(a.resolve_ttl.as_millis()).unwrap_or(i64::MAX);

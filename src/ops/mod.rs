@@ -20,7 +20,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
 
-pub use admin::AdminApi;
+pub use admin::{AdminApi, KeyOwner};
 pub use config::HttpConfig;
 pub use metrics::Metrics;
 pub use status::{PartitionsView, Status, StatusSources};

@@ -421,6 +421,7 @@ impl Background {
                 health: Arc::clone(&core.health),
                 metrics: Arc::clone(&core.metrics),
             }),
+            owner: core.changelog.as_ref().map(changelog::Changelog::key_owner),
         });
         let metrics = Arc::clone(&core.metrics);
         let stopped = stop.clone().cancelled_owned();

@@ -47,6 +47,33 @@ pub(crate) struct Changelog {
     pub(crate) by_key: Option<String>,
 }
 
+impl Changelog {
+    /// Who may change a key through the admin API: the holder of its state partition.
+    pub(crate) fn key_owner(&self) -> Arc<dyn crate::ops::KeyOwner> {
+        Arc::new(StateOwner { restorer: Arc::clone(&self.restorer), partitions: self.partitions })
+    }
+}
+
+/// A key's state partition must be one this instance holds, restored, for an operator's
+/// write to it (docs/decisions.md, "State on Kafka": operator writes go to the owner).
+struct StateOwner {
+    restorer: Arc<Restorer>,
+    partitions: i32,
+}
+
+impl crate::ops::KeyOwner for StateOwner {
+    fn check(&self, key: &str) -> Result<(), String> {
+        let p = state_partition(key, self.partitions);
+        if self.restorer.owned().contains(&p) {
+            return Ok(());
+        }
+        Err(format!(
+            "key {key:?} belongs to state partition {p}, which this instance does not hold (restored) now: \
+             send the request to the instance that does (`dedupd status --admin URL` lists an instance's partitions)"
+        ))
+    }
+}
+
 /// Opens the store as the changelog's cache. Its own writes need no fsync: what is durable
 /// is what the changelog committed, and a store left by a crash is rebuilt from it.
 pub(crate) fn open_store(config: &StoreConfig) -> Result<KeyStore, PipelineError> {
