@@ -25,6 +25,10 @@ pub use config::HttpConfig;
 pub use metrics::Metrics;
 pub use status::{PartitionsView, Status, StatusSources};
 
+/// The reason a state partition is down while it is restored (a long restore adds how far
+/// it got): `/readyz` names it, and `/v1/status` tells a restore from a failure by it.
+pub const RESTORING: &str = "restoring its state from the changelog";
+
 /// What `/readyz` reports: ready once the consumer joined its group, not ready while any
 /// partition is refused (store watermark behind the committed offset, or not checked yet
 /// because the committed offsets could not be read) or down (its worker panicked), nor

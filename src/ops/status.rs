@@ -81,7 +81,7 @@ impl StatusSources {
             .map(|(name, stopped)| {
                 let detail = down.get(&name).cloned();
                 let state = match (&detail, stopped) {
-                    (Some(d), _) if d.starts_with("restoring") => "restoring",
+                    (Some(d), _) if d.starts_with(super::RESTORING) => "restoring",
                     (Some(_), None) => "down",
                     (_, Some(why)) => why,
                     (None, None) => "running",

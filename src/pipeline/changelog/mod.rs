@@ -64,7 +64,7 @@ struct StateOwner {
 impl crate::ops::KeyOwner for StateOwner {
     fn check(&self, key: &str) -> Result<(), String> {
         let p = state_partition(key, self.partitions);
-        if self.restorer.owned().contains(&p) {
+        if self.restorer.owns(p) {
             return Ok(());
         }
         Err(format!(

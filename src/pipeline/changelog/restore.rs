@@ -164,7 +164,7 @@ impl Restorer {
         let started = Instant::now();
         for &p in &todo {
             self.metrics.set_restoring(p, true);
-            self.health.set_down(&self.name(p), Some("restoring its state from the changelog"));
+            self.health.set_down(&self.name(p), Some(crate::ops::RESTORING));
         }
         let restored = {
             let _restoring = self.store.restoring();
@@ -259,8 +259,7 @@ impl Restorer {
                     r.next = m.offset() + 1;
                     if r.chunk.len() >= RESTORE_CHUNK {
                         r.applied += self.apply(m.partition(), std::mem::take(&mut r.chunk), r.next, &mut r.expired)?;
-                        let progress =
-                            format!("restoring its state from the changelog: at offset {} of {}", r.next, r.high);
+                        let progress = format!("{}: at offset {} of {}", crate::ops::RESTORING, r.next, r.high);
                         self.health.set_down(&self.name(m.partition()), Some(&progress));
                         // The consumer loop is in this restore: progress keeps it alive.
                         self.health.consumer_loop_turned();
@@ -329,6 +328,11 @@ impl Restorer {
             held.owned.remove(&p);
         }
         checkpoints
+    }
+
+    /// Whether state partition `p` is owned: assigned and restored.
+    pub(crate) fn owns(&self, p: i32) -> bool {
+        self.held.lock().owned.contains(&p)
     }
 
     /// Every state partition restored and not let go.
