@@ -107,6 +107,8 @@ async fn main() {
                 source: SourcePos { topic: "in".into(), partition: 0, offset: i as i64 },
                 parsed: parse(&record, &config.envelope, &config.limits, &router),
                 traceparent: None,
+                tracestate: None,
+                span: None,
             }
         })
         .collect();

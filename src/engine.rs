@@ -67,6 +67,7 @@ use crate::envelope::{Command, Rejection};
 use crate::routes::Router;
 use crate::sinks::Sink;
 use crate::store::{KeyStore, SourcePos, StoreError};
+use crate::telemetry::CommandSpan;
 
 pub use crate::outcome::Processed;
 
@@ -81,6 +82,10 @@ pub struct Item {
     pub parsed: Result<Command, Rejection>,
     /// `traceparent` of the input (also inside a parsed command).
     pub traceparent: Option<String>,
+    /// `tracestate` of the input.
+    pub tracestate: Option<String>,
+    /// With traces on: the command's span, the parent of its sink calls' spans.
+    pub span: Option<CommandSpan>,
 }
 
 /// What became of one item.

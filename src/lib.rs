@@ -30,7 +30,9 @@
 //! - [`fingerprint`]: RFC 8785 canonical JSON + SHA-256, with route exclusions.
 //! - [`connection`]: `[kafka.connection]`, the librdkafka settings every Kafka client
 //!   shares; secrets from env or files, redacted; offline checks and a connect probe.
-//! - [`log`]: the `[log]` section and the tracing subscriber.
+//! - [`telemetry`]: `[telemetry]`, OpenTelemetry spans of commands and sink calls, exported
+//!   over OTLP; the W3C trace context they pass on.
+//! - [`log`]: the `[log]` section and the tracing subscriber (JSON lines carry `trace_id`).
 //! - [`time`]: the clock and RFC 3339 instants.
 //! - [`crash`]: named crash points for the crash suite, compiled in only with the
 //!   `failpoints` feature.
@@ -59,4 +61,5 @@ pub mod pipeline;
 pub mod routes;
 pub mod sinks;
 pub mod store;
+pub mod telemetry;
 pub mod time;

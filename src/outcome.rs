@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::store::SourcePos;
+use crate::telemetry::CommandSpan;
 pub use crate::time::rfc3339_ms;
 
 /// The `outcome` of a result record.
@@ -120,8 +121,13 @@ pub struct Processed {
     pub dead_letter: Option<DeadLetter>,
     /// For a duplicate: ms since the key's first sighting (`duplicate_age_seconds`).
     pub duplicate_age_ms: Option<i64>,
-    /// The `traceparent` to carry to the result.
+    /// The `traceparent` to carry to the result: the input's, or with traces on the one
+    /// naming the command's span.
     pub traceparent: Option<String>,
+    /// The `tracestate` to carry with it.
+    pub tracestate: Option<String>,
+    /// With traces on: the command's span, ended once the result is acknowledged.
+    pub span: Option<CommandSpan>,
     /// True when this record's processing called the sink (for metrics and tests).
     pub sink_called: bool,
 }

@@ -6,13 +6,13 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-/// `dedupd check-config -c PATH` with `env` and no other `DEDUPD_*` variable; returns
+/// `dedupd check-config -c PATH` with `env` and no other `DEDUPD_*` or `OTEL_*` variable; returns
 /// (exit code, stdout + stderr).
 fn check_config(path: &Path, env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupd"));
     cmd.args(["check-config", "-c"]).arg(path).stdin(Stdio::null());
     for (k, _) in std::env::vars() {
-        if k.starts_with("DEDUPD_") {
+        if k.starts_with("DEDUPD_") || k.starts_with("OTEL_") {
             cmd.env_remove(&k);
         }
     }
@@ -125,4 +125,20 @@ fn a_good_config_shows_its_connection_with_secrets_redacted() {
     assert!(out.contains("kafka.connection: sasl.username = \"u\""), "{out}");
     assert!(out.contains("kafka.connection: client.id = { env = \"DEDUPD_CHECK_TEST_CLIENT_ID\" }"), "{out}");
     assert!(!out.contains("hunter2") && !out.contains("from-a-file"), "a secret was printed:\n{out}");
+}
+
+#[test]
+fn a_standard_otel_variable_run_would_refuse_is_reported_at_the_telemetry_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let head =
+        "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\ninput_topics = [\"in\"]\n\n[telemetry]\ntraces = \"otlp\"\n";
+    let path = write(dir.path(), head);
+    let (code, out) = check_config(&path, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains(":6: environment variable OTEL_EXPORTER_OTLP_PROTOCOL=\"grpc\""), "{out}");
+    // The same variable with traces off is no problem, nor http/protobuf with them on.
+    let (code, out) = check_config(&path, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = check_config(&path, &[("OTEL_TRACES_EXPORTER", "none"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+    assert_eq!(code, 0, "{out}");
 }

@@ -368,7 +368,11 @@ async fn a_lost_store_refuses_partitions_until_accepted() {
     p.shutdown().await;
 
     // The operator accepts the empty store: the new commands run, history does not.
-    let p = start(config(&bootstrap, &t, &path, &receiver, 16), RunOptions { accept_empty_store: true }).await;
+    let p = start(
+        config(&bootstrap, &t, &path, &receiver, 16),
+        RunOptions { accept_empty_store: true, ..RunOptions::default() },
+    )
+    .await;
     let all = kafka::read_all(&bootstrap, &t.results, 150, Duration::from_secs(120)).await;
     p.shutdown().await;
     assert_eq!(all.len(), 150);

@@ -4,37 +4,32 @@
 //! - with `log.format = "json"` every line is JSON, and every command has a `command` span
 //!   with its key, topic, partition, offset and outcome; sink runs have a `sink_run` span.
 //!
+//! - with traces on, spans reach a real OTLP/HTTP receiver (tests/common/otlp.rs) linked
+//!   input → command → sink call, and the request, the result and the log lines name them.
+//!
 //! Run with `scripts/kafka/kafka.sh with cargo test --test logs_traces`.
 
 mod common;
+#[path = "common/otlp.rs"]
+mod otlp;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use common::kafka;
 use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, tail_of_file, wait_for_http_addr};
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use otlp::{OtlpReceiver, ReceivedSpan};
 use serde_json::{Value, json};
 
 fn traceparent(i: usize) -> String {
     format!("00-{:032x}-{:016x}-01", 0xabc0_0000 + i, 0x1000 + i)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn traceparent_flows_through_and_every_command_has_a_span() {
-    let Some(bootstrap) = kafka::bootstrap() else {
-        return;
-    };
-    let (input, results, dlq) = (kafka::unique("lt-in"), kafka::unique("lt-results"), kafka::unique("lt-dlq"));
-    kafka::create_topics(&bootstrap, &[(&input, 2), (&results, 1), (&dlq, 1)]).await;
-    let receiver = SlowReceiver::start((0, 0), 7).await;
-
-    let dir = KeptOnFailure::new();
-    let config_path = dir.path().join("dedupd.toml");
-    let log_path = dir.path().join("dedupd.log");
-    std::fs::write(
-        &config_path,
-        format!(
-            r#"{kafka_table}
+/// A config with one http sink at `url` for every type, JSON logs at debug, and `extra`.
+fn write_config(path: &std::path::Path, kafka_table: &str, store: &std::path::Path, url: &str, extra: &str) {
+    let text = format!(
+        r#"{kafka_table}
 [store]
 path = "{store}"
 
@@ -53,13 +48,26 @@ listen = "127.0.0.1:0"
 [log]
 format = "json"
 level = "info,dedupd=debug"
-"#,
-            kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("lt-group"), &input, &results, &dlq),
-            store = dir.path().join("store").display(),
-            url = receiver.url("/hook"),
-        ),
-    )
-    .expect("write config");
+{extra}"#,
+        store = store.display(),
+    );
+    std::fs::write(path, text).expect("write config");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traceparent_flows_through_and_every_command_has_a_span() {
+    let Some(bootstrap) = kafka::bootstrap() else {
+        return;
+    };
+    let (input, results, dlq) = (kafka::unique("lt-in"), kafka::unique("lt-results"), kafka::unique("lt-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, 2), (&results, 1), (&dlq, 1)]).await;
+    let receiver = SlowReceiver::start((0, 0), 7).await;
+
+    let dir = KeptOnFailure::new();
+    let config_path = dir.path().join("dedupd.toml");
+    let log_path = dir.path().join("dedupd.log");
+    let kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("lt-group"), &input, &results, &dlq);
+    write_config(&config_path, &kafka_table, &dir.path().join("store"), &receiver.url("/hook"), "");
     let mut dedupd = DedupdProcess::run(&config_path, &log_path);
     wait_for_http_addr(&log_path, &mut dedupd, Duration::from_secs(60)).await;
 
@@ -70,6 +78,7 @@ level = "info,dedupd=debug"
     };
     let mut records: Vec<kafka::Outgoing> =
         (0..3).map(|i| (format!("lt-{i}"), command(i), vec![("traceparent".to_string(), traceparent(i))])).collect();
+    records[0].2.push(("tracestate".to_string(), "vendor=abc".to_string()));
     records.push(("lt-0".into(), command(0), vec![("traceparent".to_string(), traceparent(9))]));
     records.push(("bad".into(), b"{not json".to_vec(), vec![("traceparent".to_string(), traceparent(8))]));
     let positions = kafka::produce_all(&bootstrap, &input, records.clone()).await;
@@ -100,6 +109,9 @@ level = "info,dedupd=debug"
         assert!(by_source.contains_key(&pos), "no result for input {n} at {pos:?}");
         assert_eq!(tp_of[&pos].as_deref(), Some(headers[0].1.as_str()), "traceparent of the result of input {n}");
     }
+    // The tracestate that came with a traceparent goes on with it, unchanged.
+    let first = published.iter().find(|m| result_source(m) == positions[0]).expect("result of input 0");
+    assert_eq!(kafka::header(first, "tracestate").as_deref(), Some("vendor=abc"));
     let outcome_of = |n: usize| by_source[&positions[n]]["outcome"].as_str().unwrap_or("").to_string();
     assert_eq!(
         (0..5).map(outcome_of).collect::<Vec<_>>(),
@@ -114,6 +126,8 @@ level = "info,dedupd=debug"
     let want: Vec<(Option<String>, Option<String>)> =
         (0..3).map(|i| (Some(format!("lt-{i}")), Some(traceparent(i)))).collect();
     assert_eq!(got, want, "what the http sink received");
+    let states: Vec<Option<&str>> = seen.iter().map(|s| s.tracestate.as_deref()).collect();
+    assert_eq!(states, [Some("vendor=abc"), None, None], "tracestate passed on with the traceparent");
 
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
     receiver.stop().await;
@@ -155,4 +169,145 @@ level = "info,dedupd=debug"
             .count();
         assert_eq!(calls, 1, "sink call events of {key} in a sink_run span");
     }
+}
+
+/// The trace id and parent span id of `traceparent(i)`.
+fn ids_of(i: usize) -> (String, String) {
+    (format!("{:032x}", 0xabc0_0000 + i), format!("{:016x}", 0x1000 + i))
+}
+
+/// `traceparent` naming `span_id` of `trace_id`, sampled.
+fn naming(trace_id: &str, span_id: &str) -> String {
+    format!("00-{trace_id}-{span_id}-01")
+}
+
+/// With `[telemetry] traces = "otlp"`, to a real OTLP/HTTP receiver on loopback: each input
+/// has a consumer span, the child of its own trace context, with Kafka's messaging
+/// attributes; each sink call a client span, the child of its command's, whose context is
+/// the request's `traceparent` (with the input's `tracestate`); the result names the
+/// command's span; the JSON log lines of a traced command carry its `trace_id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
+    let Some(bootstrap) = kafka::bootstrap() else {
+        return;
+    };
+    let (input, results, dlq) = (kafka::unique("ot-in"), kafka::unique("ot-results"), kafka::unique("ot-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, 1), (&results, 1), (&dlq, 1)]).await;
+    let receiver = SlowReceiver::start((0, 0), 7).await;
+    let otlp = OtlpReceiver::start().await;
+
+    let dir = KeptOnFailure::new();
+    let (config_path, log_path) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+    let group = kafka::unique("ot-group");
+    let kafka_table = kafka::kafka_table(&bootstrap, &group, &input, &results, &dlq);
+    let telemetry = "\n[telemetry]\ntraces = \"otlp\"\n";
+    write_config(&config_path, &kafka_table, &dir.path().join("store"), &receiver.url("/hook"), telemetry);
+    let endpoint = otlp.endpoint();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "100")];
+    let mut dedupd = DedupdProcess::spawn_with_env(&["run", "-c", config_path.to_str().unwrap()], &env, &log_path);
+    wait_for_http_addr(&log_path, &mut dedupd, Duration::from_secs(60)).await;
+
+    // 0: a command with trace context and tracestate; 1: its repeat, in another trace;
+    // 2: a command without trace context; 3: a record that is not a command.
+    let command = |i: usize| {
+        serde_json::to_vec(&json!({"id": format!("ot-{i}"), "type": "hook.fire", "payload": {"i": i}})).unwrap()
+    };
+    let context = |i: usize| vec![("traceparent".to_string(), traceparent(i))];
+    let mut first = context(0);
+    first.push(("tracestate".to_string(), "vendor=abc".to_string()));
+    let records: Vec<kafka::Outgoing> = vec![
+        ("ot-0".into(), command(0), first),
+        ("ot-0".into(), command(0), context(1)),
+        ("ot-2".into(), command(2), Vec::new()),
+        ("bad".into(), b"{not json".to_vec(), context(3)),
+    ];
+    let positions = kafka::produce_all(&bootstrap, &input, records.clone()).await;
+    let published = kafka::read_all(&bootstrap, &results, records.len(), Duration::from_secs(60)).await;
+    assert_eq!(published.len(), records.len(), "results; dedupd log:\n{}", tail_of_file(&log_path, 40));
+    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
+
+    // A clean stop exports what is left: every span is in by now, or within a bound.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while otlp.spans().len() < 6 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spans = otlp.spans();
+    let consumer: HashMap<i64, &ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Consumer as i32)
+        .map(|s| (s.attributes["messaging.kafka.offset"].parse().unwrap(), s))
+        .collect();
+    let clients: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.kind == SpanKind::Client as i32).collect();
+    assert_eq!((consumer.len(), clients.len(), spans.len()), (4, 2, 6), "spans received: {spans:#?}");
+
+    // A consumer span per input, with the messaging attributes, the child of its input's
+    // trace context (a new trace without one).
+    let command_span = |n: usize| consumer[&positions[n].1];
+    for (n, pos) in positions.iter().enumerate() {
+        let s = command_span(n);
+        assert_eq!(s.name, format!("process {input}"));
+        let attr = |k: &str| s.attributes.get(k).map(String::as_str);
+        assert_eq!(attr("messaging.system"), Some("kafka"));
+        assert_eq!(attr("messaging.destination.name"), Some(input.as_str()));
+        assert_eq!(attr("messaging.destination.partition.id"), Some(pos.0.to_string().as_str()));
+        assert_eq!(attr("messaging.consumer.group.name"), Some(group.as_str()));
+        assert_eq!(s.resource.get("service.name").map(String::as_str), Some("dedupd"));
+    }
+    for n in [0, 1, 3] {
+        let (trace, parent) = ids_of(n);
+        assert_eq!((&command_span(n).trace_id, &command_span(n).parent_span_id), (&trace, &parent), "input {n}");
+    }
+    assert_eq!(command_span(0).trace_state, "vendor=abc");
+    assert_eq!(command_span(2).parent_span_id, "", "no trace context: the command's span starts a trace");
+    assert_eq!(command_span(1).attributes["dedupd.outcome"], "duplicate");
+    assert_eq!(command_span(3).status, 2, "a rejected record's span has an error status");
+    assert_eq!(command_span(0).status, 0);
+
+    // A client span per sink call, the child of its command's span, named in the request.
+    let mut seen = receiver.seen();
+    seen.sort_by(|a, b| a.key.cmp(&b.key));
+    assert_eq!(seen.len(), 2, "the sink ran ot-0 and ot-2 once each: {seen:?}");
+    for (request, n) in seen.iter().zip([0, 2]) {
+        let parent = command_span(n);
+        let call = clients.iter().find(|c| c.parent_span_id == parent.span_id).expect("the sink call's span");
+        assert_eq!(call.trace_id, parent.trace_id);
+        assert_eq!(call.attributes["dedupd.sink"], "hook");
+        assert_eq!(request.traceparent.as_deref(), Some(naming(&call.trace_id, &call.span_id).as_str()), "input {n}");
+        let state = (n == 0).then_some("vendor=abc");
+        assert_eq!(request.tracestate.as_deref(), state, "tracestate of input {n} passed on");
+    }
+
+    // Each result names its command's span.
+    for (n, pos) in positions.iter().enumerate() {
+        let m = published.iter().find(|m| result_source(m) == *pos).expect("result of the input");
+        let s = command_span(n);
+        assert_eq!(kafka::header(m, "traceparent"), Some(naming(&s.trace_id, &s.span_id)), "result of input {n}");
+        assert_eq!(kafka::header(m, "tracestate").as_deref(), (n == 0).then_some("vendor=abc"));
+    }
+
+    // JSON log lines about a traced command carry its trace and span id at the top level.
+    let text = std::fs::read_to_string(&log_path).expect("log");
+    let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    for (n, message) in [(0, "sink call"), (1, "command done"), (3, "command done")] {
+        let s = command_span(n);
+        let found = lines.iter().any(|v| {
+            v["fields"]["message"] == message
+                && v["trace_id"] == s.trace_id.as_str()
+                && v["span_id"] == s.span_id.as_str()
+        });
+        assert!(
+            found,
+            "a {message:?} line of input {n} with trace_id {}:\n{}",
+            s.trace_id,
+            tail_of_file(&log_path, 30)
+        );
+    }
+    receiver.stop().await;
+    otlp.stop().await;
+}
+
+/// The input position a result record names.
+fn result_source(m: &rdkafka::message::OwnedMessage) -> (i32, i64) {
+    let v: Value = serde_json::from_slice(rdkafka::Message::payload(m).unwrap_or_default()).expect("result JSON");
+    (v["source"]["partition"].as_i64().unwrap() as i32, v["source"]["offset"].as_i64().unwrap())
 }

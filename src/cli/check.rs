@@ -30,6 +30,7 @@ pub(super) fn check_config(path: &Path, connect: bool) -> Result<ExitCode, CliEr
         .into_iter()
         .map(|e| (line_of(&text, &key_of_error(&e)), e.to_string()))
         .chain(kafka_client_problems(&config).into_iter().map(|p| (line_of(&text, &p.key), p.to_string())))
+        .chain(telemetry_problem(&config).map(|message| (line_of(&text, "telemetry.traces"), message)))
         .collect();
     // In file order; problems of no one line (a whole client) last.
     problems.sort_by_key(|(line, _)| line.unwrap_or(usize::MAX));
@@ -58,6 +59,11 @@ pub(super) fn check_config(path: &Path, connect: bool) -> Result<ExitCode, CliEr
         return check_cluster(&config);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A standard `OTEL_*` variable `run` would refuse with these traces settings.
+fn telemetry_problem(config: &Config) -> Option<String> {
+    crate::telemetry::config::chosen(&config.telemetry, &|var| std::env::var(var).ok()).err().map(|e| e.to_string())
 }
 
 fn key_of_error(e: &ConfigError) -> String {

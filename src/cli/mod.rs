@@ -30,6 +30,7 @@ use self::output::{print_json, print_line};
 use crate::config::{Config, ConfigError};
 use crate::log::LogFormat;
 use crate::store::{Completion, StoreError, TransferError};
+use crate::telemetry::Traces;
 
 /// dedupd: execute side-effect commands from Kafka at most once per idempotency key.
 #[derive(Debug, Parser)]
@@ -215,6 +216,9 @@ pub enum CliError {
     /// The demo failed.
     #[error("{0}")]
     Demo(#[from] crate::demo::DemoError),
+    /// OpenTelemetry cannot be set up as asked.
+    #[error("{0}")]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -365,8 +369,15 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
             let config = load(target.config.as_deref().ok_or(CliError::NoConfig)?)?;
             init_tracing(config.log.format, &config.log.level);
             librdkafka::log_build();
-            let options = crate::pipeline::RunOptions { accept_empty_store };
-            crate::pipeline::run(config, options, shutdown_signal(), |_| {}).await?;
+            let traces = Traces::start(&config.telemetry, &|var| std::env::var(var).ok())?;
+            let tracer = traces.as_ref().map(Traces::tracer);
+            let options = crate::pipeline::RunOptions { accept_empty_store, tracer };
+            let ran = crate::pipeline::run(config, options, shutdown_signal(), |_| {}).await;
+            if let Some(traces) = traces {
+                // The last spans go out on the exporter's thread: wait for it off the runtime.
+                let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+            }
+            ran?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo { commands } => {

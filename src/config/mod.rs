@@ -19,6 +19,7 @@ use crate::pipeline::config::{KafkaConfig, PipelineConfig};
 use crate::routes::RouteConfig;
 use crate::sinks::SinkConfig;
 use crate::store::StoreConfig;
+use crate::telemetry::TelemetryConfig;
 
 mod env;
 mod lines;
@@ -74,6 +75,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// Logging.
     pub log: LogConfig,
+    /// OpenTelemetry traces.
+    pub telemetry: TelemetryConfig,
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use super::{Engine, Item};
 use crate::envelope::{Command, Rejection};
 use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
 use crate::store::{Completed, Completion, Record};
+use crate::telemetry::TraceHeaders;
 
 /// A stored sink result as JSON (as text, if it somehow is not JSON).
 fn stored_result(bytes: &[u8]) -> Value {
@@ -34,6 +35,7 @@ impl Engine {
     /// The parts of a result every outcome shares.
     fn base(&self, item: &Item, cmd: Option<&Command>, outcome: Outcome) -> Processed {
         let route = cmd.and_then(|c| self.router.routes().get(c.route));
+        let TraceHeaders { traceparent, tracestate } = result_trace(item, cmd);
         Processed {
             result: ResultRecord {
                 key: cmd.map(|c| c.key.clone()),
@@ -52,9 +54,9 @@ impl Engine {
             },
             dead_letter: None,
             duplicate_age_ms: None,
-            // The envelope's trace context (CloudEvents attributes included) when there is
-            // a command; the raw header otherwise.
-            traceparent: cmd.and_then(|c| c.traceparent.clone()).or_else(|| item.traceparent.clone()),
+            traceparent,
+            tracestate,
+            span: item.span.clone(),
             sink_called: false,
         }
     }
@@ -152,10 +154,22 @@ impl Engine {
     }
 }
 
+/// The trace context a result carries: with traces on, the one naming the command's span;
+/// else the input's as it came: the envelope's (CloudEvents attributes included) when
+/// there is a command, the raw headers otherwise.
+fn result_trace(item: &Item, cmd: Option<&Command>) -> TraceHeaders {
+    match (&item.span, cmd) {
+        (Some(span), _) => span.headers(),
+        (None, Some(c)) => TraceHeaders { traceparent: c.traceparent.clone(), tracestate: c.tracestate.clone() },
+        (None, None) => TraceHeaders { traceparent: item.traceparent.clone(), tracestate: item.tracestate.clone() },
+    }
+}
+
 /// The result of a record that is not a command (or a command refused by `decide`); also
 /// made by the pipeline for a record the by-key hop rejects before forwarding it.
 pub fn rejected(item: &Item, rejection: &Rejection) -> Processed {
     let error = rejection.message.clone();
+    let TraceHeaders { traceparent, tracestate } = result_trace(item, None);
     Processed {
         result: ResultRecord {
             key: rejection.key.clone(),
@@ -174,7 +188,9 @@ pub fn rejected(item: &Item, rejection: &Rejection) -> Processed {
         },
         dead_letter: Some(DeadLetter { reason: rejection.reason.as_str(), error }),
         duplicate_age_ms: None,
-        traceparent: item.traceparent.clone(),
+        traceparent,
+        tracestate,
+        span: item.span.clone(),
         sink_called: false,
     }
 }

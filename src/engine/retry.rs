@@ -17,6 +17,7 @@ use crate::sinks::circuit::{Admission, Verdict};
 use crate::sinks::limit::LimitPermit;
 use crate::sinks::{CallWatch, Sink, SinkError, SinkRequest};
 use crate::store::DurableClaim;
+use crate::telemetry::{CommandSpan, SinkCallSpan};
 
 /// How a sink run ended.
 #[derive(Debug)]
@@ -71,6 +72,8 @@ pub(super) struct SinkRun<'a> {
     /// With a changelog: asked before every call whether this instance still owns the
     /// key's state partition ([`ChangeLog::prove_owned`]).
     pub(super) owner: Option<&'a dyn ChangeLog>,
+    /// With traces on: the command's span, the parent of each call's.
+    pub(super) span: Option<&'a CommandSpan>,
 }
 
 /// Calls `sink` for `claim` until it succeeds, fails permanently, runs out of attempts, or
@@ -90,7 +93,7 @@ pub(super) async fn run_with_retry<'a>(
     limiter: &'a Semaphore,
     cancel: &CancellationToken,
 ) -> RunEnd {
-    let SinkRun { sink, claim, command, mut ticket, owner } = run;
+    let SinkRun { sink, claim, command, mut ticket, owner, span } = run;
     let max = retry.max_attempts.get();
     let mut tally = Tally::default();
     let mut permit = None;
@@ -107,15 +110,25 @@ pub(super) async fn run_with_retry<'a>(
         }
         let watch = CallWatch::new(cancel);
         let attempt = claim.record().attempts.saturating_sub(1) + tally.calls + 1;
-        let mut request =
-            SinkRequest::new(claim, &command.kind, &command.payload, attempt, command.traceparent.as_deref())
-                .watched_by(&watch);
+        // With traces on the call passes on its own span's context, else the input's.
+        let call_span = span.map(|s| s.sink_call(sink.name(), attempt));
+        let call_trace = call_span.as_ref().map(SinkCallSpan::headers);
+        let (traceparent, tracestate) = match &call_trace {
+            Some(t) => (t.traceparent.as_deref(), t.tracestate.as_deref()),
+            None => (command.traceparent.as_deref(), command.tracestate.as_deref()),
+        };
+        let mut request = SinkRequest::new(claim, &command.kind, &command.payload, attempt, traceparent)
+            .with_tracestate(tracestate)
+            .watched_by(&watch);
         if limits.is_some() {
             request = request.with_limits_taken();
         }
         let probe = admission.as_ref().is_some_and(Admission::is_probe);
         tracing::debug!(sink = sink.name(), attempt = tally.calls + 1, probe, "sink call");
         let outcome = sink.execute(request).await;
+        if let Some(call) = call_span {
+            call.end(outcome.as_ref().err().map(ToString::to_string).as_deref());
+        }
         // The sink's concurrency permit (if taken ahead) is held for the call only.
         drop(limits);
         if watch.never_sent() && cancel.is_cancelled() {

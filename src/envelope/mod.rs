@@ -30,7 +30,8 @@
 //! - A negative Kafka timestamp (Kafka's -1 = none) is unknown, so it cannot make every
 //!   command look stale.
 //! - `traceparent`: the header; for CloudEvents also the distributed-tracing extension
-//!   (`ce_traceparent` header, `traceparent` attribute). Not UTF-8: dropped, not rejected.
+//!   (`ce_traceparent` header, `traceparent` attribute); `tracestate` from the same place.
+//!   Not UTF-8: dropped, not rejected.
 //! - `stale` is never produced here: it needs the clock, see [`crate::decide`].
 
 mod config;
@@ -169,6 +170,8 @@ pub struct Command {
     pub produced_at_ms: Option<i64>,
     /// W3C `traceparent` header, carried to the result.
     pub traceparent: Option<String>,
+    /// W3C `tracestate` that came with `traceparent`, passed on with it.
+    pub tracestate: Option<String>,
     /// The shape it came in.
     pub shape: Shape,
 }
@@ -288,7 +291,7 @@ pub fn parse(
     let (ttl, created_at_ms) =
         read_fields(shape, record, &doc).map_err(|m| reject(RejectReason::BadField, m, known))?;
 
-    let traceparent = read_traceparent(shape, record, &doc);
+    let (traceparent, tracestate) = read_trace_context(shape, record, &doc);
 
     let payload = take_payload(shape, &mut doc).map_err(|m| reject(RejectReason::BadEnvelope, m, known))?;
 
@@ -327,6 +330,7 @@ pub fn parse(
         created_at_ms,
         produced_at_ms,
         traceparent,
+        tracestate,
         shape,
     })
 }

@@ -165,16 +165,27 @@ pub(super) fn read_fields(
     }
 }
 
-/// W3C trace context: the `traceparent` header; for CloudEvents also the distributed
-/// tracing extension (`ce_traceparent` header, `traceparent` attribute). Not UTF-8: dropped.
-pub(super) fn read_traceparent(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Option<String> {
+/// W3C trace context, `traceparent` and `tracestate` from the same place: the headers; for
+/// CloudEvents also the distributed tracing extension (`ce_traceparent`/`ce_tracestate`
+/// headers, `traceparent`/`tracestate` attributes). Not UTF-8: dropped. No `tracestate`
+/// without a `traceparent` (W3C: it means nothing alone).
+pub(super) fn read_trace_context(
+    shape: Shape,
+    record: &InputRecord<'_>,
+    doc: &Value,
+) -> (Option<String>, Option<String>) {
     let from_header =
         |name: &str| header(record.headers, name).and_then(|b| std::str::from_utf8(b).ok()).map(str::to_string);
-    from_header("traceparent").or_else(|| match shape {
-        Shape::CloudEventsBinary => from_header("ce_traceparent"),
-        Shape::CloudEventsStructured => doc.get("traceparent").and_then(Value::as_str).map(str::to_string),
-        Shape::Native | Shape::ToolCall => None,
-    })
+    let from_doc = |name: &str| doc.get(name).and_then(Value::as_str).map(str::to_string);
+    if let Some(traceparent) = from_header("traceparent") {
+        return (Some(traceparent), from_header("tracestate"));
+    }
+    let (traceparent, tracestate) = match shape {
+        Shape::CloudEventsBinary => (from_header("ce_traceparent"), from_header("ce_tracestate")),
+        Shape::CloudEventsStructured => (from_doc("traceparent"), from_doc("tracestate")),
+        Shape::Native | Shape::ToolCall => (None, None),
+    };
+    (traceparent.clone(), tracestate.filter(|_| traceparent.is_some()))
 }
 
 /// Moves the payload out of the parsed value. Errors are `bad_envelope` messages.

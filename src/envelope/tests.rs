@@ -644,6 +644,22 @@ fn traceparent_is_carried() {
     assert_eq!(rec(&v).ok().traceparent.as_deref(), Some(tp));
 }
 
+#[test]
+fn tracestate_comes_from_where_the_traceparent_came_from() {
+    let (tp, ts) =
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7");
+    let state = |r: Rec| r.ok().tracestate;
+    assert_eq!(state(rec(NATIVE).h("traceparent", tp).h("tracestate", ts)).as_deref(), Some(ts));
+    // Alone it means nothing (W3C), and it never pairs with a traceparent from elsewhere.
+    assert_eq!(state(rec(NATIVE).h("tracestate", ts)), None);
+    assert_eq!(state(binary("{}").h("ce_traceparent", tp).h("tracestate", ts)), None);
+    assert_eq!(state(binary("{}").h("ce_traceparent", tp).h("ce_tracestate", ts)).as_deref(), Some(ts));
+    let v = format!(
+        r#"{{"specversion":"1.0","id":"e","source":"s","type":"com.example.x","traceparent":"{tp}","tracestate":"{ts}"}}"#
+    );
+    assert_eq!(state(rec(&v)).as_deref(), Some(ts));
+}
+
 // ---- fingerprint ----
 
 #[test]

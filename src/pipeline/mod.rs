@@ -117,6 +117,8 @@ pub enum PipelineError {
 pub struct RunOptions {
     /// Process partitions whose committed offset is beyond the store's watermark.
     pub accept_empty_store: bool,
+    /// With traces on (`[telemetry]`): makes the spans of commands and sink calls.
+    pub tracer: Option<crate::telemetry::CommandTracer>,
 }
 
 /// A running pipeline's handles, for the demo and tests.
@@ -477,6 +479,8 @@ fn start_consumer(
             by_key: c.by_key.clone(),
             forward_limit,
         }),
+        tracer: options.tracer.clone(),
+        group: config.kafka.group_id.clone(),
     });
     consumer::spawn(consumer::ConsumerParts {
         kafka: config.kafka.clone(),

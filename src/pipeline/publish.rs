@@ -330,8 +330,10 @@ fn result_record<'a>(topic: &'a str, processed: &'a Processed, value: &'a [u8]) 
     if processed.result.replay {
         headers = headers.insert(Header { key: "idempotent-replay", value: Some("true") });
     }
-    if let Some(tp) = &processed.traceparent {
-        headers = headers.insert(Header { key: "traceparent", value: Some(tp.as_str()) });
+    for (key, value) in [("traceparent", &processed.traceparent), ("tracestate", &processed.tracestate)] {
+        if let Some(value) = value {
+            headers = headers.insert(Header { key, value: Some(value.as_str()) });
+        }
     }
     let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(value).headers(headers);
     if let Some(k) = &processed.result.key {

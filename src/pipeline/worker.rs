@@ -24,6 +24,7 @@ use crate::envelope::{InputRecord, ReadHeaders, parse, read_headers};
 use crate::ops::{Health, Metrics};
 use crate::outcome::{Outcome, Processed};
 use crate::store::SourcePos;
+use crate::telemetry::{CommandEnd, CommandSpan, CommandTracer, Consumed, TraceHeaders};
 
 mod supervise;
 pub(crate) use supervise::{BatchOffsets, PanicWatch, supervise};
@@ -66,6 +67,10 @@ pub(crate) struct WorkerShared {
     pub transactions: Option<Arc<Transactions>>,
     /// Under `store.changelog`: where records are decided.
     pub state: Option<StatePartitions>,
+    /// With traces on: makes each command's span.
+    pub tracer: Option<CommandTracer>,
+    /// `kafka.group_id`, for the spans.
+    pub group: String,
 }
 
 /// Under `store.changelog`: the state partitions, and how records reach them.
@@ -445,27 +450,46 @@ impl PartitionWorker {
             value: m.payload(),
             headers: &headers,
         };
-        let traceparent = headers
-            .iter()
-            .rev()
-            .find(|(k, _)| k.eq_ignore_ascii_case("traceparent"))
-            .and_then(|(_, v)| v.as_ref())
-            .and_then(|v| String::from_utf8(v.clone()).ok());
+        let header = |name: &str| {
+            headers
+                .iter()
+                .rev()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .and_then(|(_, v)| v.as_ref())
+                .and_then(|v| String::from_utf8(v.clone()).ok())
+        };
+        let traceparent = header("traceparent");
+        let tracestate = traceparent.as_ref().and_then(|_| header("tracestate"));
         let parsed = parse(&record, &self.shared.envelope, &self.shared.limits, self.shared.engine.router());
         let parsed = match (parsed, check_among) {
             (Ok(cmd), Some(n)) => copartitioned(cmd, self.partition, n),
             (parsed, _) => parsed,
         };
+        let span = self.shared.tracer.as_ref().map(|tracer| {
+            // The envelope's trace context (CloudEvents attributes included) when there is
+            // a command; the raw headers otherwise.
+            let incoming = match &parsed {
+                Ok(cmd) => TraceHeaders { traceparent: cmd.traceparent.clone(), tracestate: cmd.tracestate.clone() },
+                Err(_) => TraceHeaders { traceparent: traceparent.clone(), tracestate: tracestate.clone() },
+            };
+            let consumed =
+                Consumed { topic: m.topic(), partition: m.partition(), offset: m.offset(), group: &self.shared.group };
+            tracer.command_span(&consumed, &incoming)
+        });
         Item {
             source: SourcePos { topic: m.topic().to_string(), partition: m.partition(), offset: m.offset() },
             parsed,
             traceparent,
+            tracestate,
+            span,
         }
     }
 }
 
 /// One span per command once its result is acknowledged: key, topic, partition, offset and
-/// outcome, with a debug event in it (`log.level = "dedupd=debug"` shows every command).
+/// outcome (with traces on, also its trace and span id), with a debug event in it
+/// (`log.level = "dedupd=debug"` shows every command). With traces on, the command's
+/// OpenTelemetry span ends here.
 fn log_command(m: &OwnedMessage, p: &Processed) {
     let r = &p.result;
     let span = tracing::info_span!(
@@ -475,9 +499,22 @@ fn log_command(m: &OwnedMessage, p: &Processed) {
         partition = m.partition(),
         offset = m.offset(),
         outcome = r.outcome.as_str(),
+        trace_id = p.span.as_ref().map(CommandSpan::trace_id),
+        span_id = p.span.as_ref().map(CommandSpan::span_id),
     );
     let _entered = span.enter();
     tracing::debug!(route = r.route.as_deref(), sink_called = p.sink_called, replay = r.replay, "command done");
+    if let Some(command) = &p.span {
+        // A span's error status means the command did not do what was asked; a replay did.
+        let succeeded = matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate);
+        command.end(&CommandEnd {
+            key: r.key.as_deref(),
+            kind: r.kind.as_deref(),
+            outcome: r.outcome.as_str(),
+            route: r.route.as_deref(),
+            error: (!succeeded).then(|| r.error.as_deref().unwrap_or(r.outcome.as_str())),
+        });
+    }
 }
 
 /// `cmd` read from input partition `partition`, or the rejection of a record that is not on

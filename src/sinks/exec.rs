@@ -5,7 +5,7 @@
 //!   is fine);
 //! - an environment cleared of everything but `PATH`, the names listed in
 //!   `env_passthrough`, and `DEDUPD_KEY` (the idempotency key, always set), `DEDUPD_TYPE`,
-//!   `DEDUPD_ATTEMPT` and `TRACEPARENT` (when the input carried one);
+//!   `DEDUPD_ATTEMPT`, and `TRACEPARENT` and `TRACESTATE` when there is a trace context;
 //! - `timeout` for the whole run: when it expires the process is killed and the attempt is
 //!   a transient failure.
 //!
@@ -163,6 +163,9 @@ impl ExecSink {
             .env("DEDUPD_ATTEMPT", request.attempt().to_string());
         if let Some(traceparent) = request.traceparent() {
             command.env("TRACEPARENT", traceparent);
+        }
+        if let Some(tracestate) = request.tracestate() {
+            command.env("TRACESTATE", tracestate);
         }
         // A group of its own, so that abandoning the run can kill the program's children too.
         command.process_group(0);

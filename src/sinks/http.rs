@@ -9,7 +9,7 @@
 //!   honours it (which decides what happens to a claim orphaned by a crash), it never
 //!   suppresses the header;
 //! - `Content-Type: application/json`, `Dedupd-Command-Type: <type>`,
-//!   `Dedupd-Attempt: <n>`, and `traceparent` when the input carried one;
+//!   `Dedupd-Attempt: <n>`, and `traceparent` (with `tracestate`) when there is one;
 //! - the configured `headers`, `headers_from_env` and `auth` (`Authorization`), the
 //!   environment read once when the sink is built.
 //!
@@ -177,6 +177,7 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 const COMMAND_TYPE: HeaderName = HeaderName::from_static("dedupd-command-type");
 const ATTEMPT: HeaderName = HeaderName::from_static("dedupd-attempt");
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// Why an `http` sink could not be built from its config.
 #[derive(Debug, thiserror::Error)]
@@ -289,14 +290,15 @@ impl HttpSink {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(COMMAND_TYPE, kind);
         headers.insert(ATTEMPT, HeaderValue::from(request.attempt()));
-        if let Some(traceparent) = request.traceparent() {
-            // Trace context is best effort: a malformed one is dropped, not fatal.
-            match HeaderValue::from_str(traceparent) {
+        // Trace context is best effort: a malformed one is dropped, not fatal.
+        for (name, value) in [(TRACEPARENT, request.traceparent()), (TRACESTATE, request.tracestate())] {
+            let Some(value) = value else { continue };
+            match HeaderValue::from_str(value) {
                 Ok(value) => {
-                    headers.insert(TRACEPARENT, value);
+                    headers.insert(name, value);
                 }
                 Err(_) => {
-                    tracing::warn!(sink = %self.name, key = request.key(), "traceparent is not a valid header value; not forwarded")
+                    tracing::warn!(sink = %self.name, key = request.key(), header = %name, "not a valid header value; not forwarded")
                 }
             }
         }
@@ -463,5 +465,20 @@ mod tests {
         assert_eq!(headers.get(IDEMPOTENCY_KEY).unwrap().as_bytes(), "clé".as_bytes());
         assert!(headers.get(TRACEPARENT).is_none(), "a malformed traceparent is dropped");
         assert_eq!(headers.get(ATTEMPT).unwrap(), "1");
+    }
+
+    #[test]
+    fn trace_context_is_passed_on_with_its_tracestate() {
+        let sink = HttpSink::new("s", &config("http://127.0.0.1:1/")).unwrap();
+        let payload = json!({});
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let request = SinkRequest::unclaimed("k", "t", &payload, 1, Some(tp)).with_tracestate(Some("rojo=1"));
+        let headers = sink.headers(&request).unwrap();
+        assert_eq!(headers.get(TRACEPARENT).unwrap(), tp);
+        assert_eq!(headers.get(TRACESTATE).unwrap(), "rojo=1");
+        let bad = SinkRequest::unclaimed("k", "t", &payload, 1, Some(tp)).with_tracestate(Some("a\nb"));
+        let headers = sink.headers(&bad).unwrap();
+        assert!(headers.get(TRACESTATE).is_none(), "a malformed tracestate is dropped, the traceparent kept");
+        assert_eq!(headers.get(TRACEPARENT).unwrap(), tp);
     }
 }

@@ -5,7 +5,7 @@
 //! What goes out, per attempt:
 //! - record key = the idempotency key (so one command always lands in one partition);
 //! - headers `idempotency-key: <key>`, `dedupd-command-type: <type>`, `dedupd-attempt: <n>`,
-//!   and `traceparent` when the input carried one;
+//!   and `traceparent` (with `tracestate`) when there is one;
 //! - value = the payload as JSON, or `template` rendered from it (a JSON value whose
 //!   string leaves may name payload fields, see [`super::template`]).
 //!
@@ -265,8 +265,10 @@ impl SinkEffect for KafkaSink {
             .insert(Header { key: "idempotency-key", value: Some(request.key()) })
             .insert(Header { key: "dedupd-command-type", value: Some(request.kind()) })
             .insert(Header { key: "dedupd-attempt", value: Some(attempt.as_str()) });
-        if let Some(traceparent) = request.traceparent() {
-            headers = headers.insert(Header { key: "traceparent", value: Some(traceparent) });
+        for (key, value) in [("traceparent", request.traceparent()), ("tracestate", request.tracestate())] {
+            if let Some(value) = value {
+                headers = headers.insert(Header { key, value: Some(value) });
+            }
         }
         let record = FutureRecord::to(&self.topic).key(request.key()).payload(&bytes).headers(headers);
         // librdkafka reports every message within message.timeout.ms; the outer bound is

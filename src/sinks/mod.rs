@@ -124,6 +124,7 @@ pub struct SinkRequest<'a> {
     payload: &'a Value,
     attempt: u32,
     traceparent: Option<&'a str>,
+    tracestate: Option<&'a str>,
     watch: Option<&'a CallWatch>,
     /// The caller holds what the sink's limits ask for this call (see [`Sink::try_reserve`]).
     limits_taken: bool,
@@ -164,7 +165,21 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest { key: claim.key(), kind, payload, attempt, traceparent, watch: None, limits_taken: false }
+        SinkRequest {
+            key: claim.key(),
+            kind,
+            payload,
+            attempt,
+            traceparent,
+            tracestate: None,
+            watch: None,
+            limits_taken: false,
+        }
+    }
+
+    /// The same request, passing on `tracestate` with its `traceparent`.
+    pub fn with_tracestate(self, tracestate: Option<&'a str>) -> SinkRequest<'a> {
+        SinkRequest { tracestate, ..self }
     }
 
     /// The same request, watched by `watch` (see [`CallWatch`]).
@@ -208,7 +223,7 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest { key, kind, payload, attempt, traceparent, watch: None, limits_taken: false }
+        SinkRequest { key, kind, payload, attempt, traceparent, tracestate: None, watch: None, limits_taken: false }
     }
 
     /// The idempotency key.
@@ -231,9 +246,15 @@ impl<'a> SinkRequest<'a> {
         self.attempt
     }
 
-    /// W3C trace context of the input, if any.
+    /// W3C `traceparent` to pass on, if any: the input's, or with traces on the one naming
+    /// this call's span.
     pub fn traceparent(&self) -> Option<&'a str> {
         self.traceparent
+    }
+
+    /// W3C `tracestate` to pass on with [`traceparent`](Self::traceparent), if any.
+    pub fn tracestate(&self) -> Option<&'a str> {
+        self.tracestate
     }
 }
 

@@ -182,6 +182,7 @@ pub fn command(key: &str, payload: u8, produced_at_ms: i64, ttl: Duration) -> Co
         created_at_ms: None,
         produced_at_ms: Some(produced_at_ms),
         traceparent: None,
+        tracestate: None,
         shape: Shape::Native,
     }
 }
@@ -192,6 +193,8 @@ pub fn item(key: &str, payload: u8, produced_at_ms: i64, ttl: Duration, offset: 
         source: SourcePos { topic: "in".into(), partition: 0, offset },
         parsed: Ok(command(key, payload, produced_at_ms, ttl)),
         traceparent: None,
+        tracestate: None,
+        span: None,
     }
 }
 

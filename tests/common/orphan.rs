@@ -61,12 +61,15 @@ impl EngineWithSink {
             created_at_ms: None,
             produced_at_ms: None,
             traceparent: None,
+            tracestate: None,
             shape: Shape::Native,
         };
         Item {
             source: SourcePos { topic: "in".into(), partition: 0, offset: self.offset },
             parsed: Ok(command),
             traceparent: None,
+            tracestate: None,
+            span: None,
         }
     }
 

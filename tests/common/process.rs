@@ -222,6 +222,8 @@ pub struct Seen {
     pub attempt: Option<String>,
     /// `traceparent`, if sent.
     pub traceparent: Option<String>,
+    /// `tracestate`, if sent.
+    pub tracestate: Option<String>,
     /// The body.
     pub body: Bytes,
 }
@@ -265,6 +267,7 @@ async fn slow_receive(
             key: header("idempotency-key"),
             attempt: header("dedupd-attempt"),
             traceparent: header("traceparent"),
+            tracestate: header("tracestate"),
             body,
         });
         *s.last_arrival.lock() = Some(Instant::now());

@@ -58,6 +58,8 @@ fn input(i: usize) -> (OwnedMessage, Processed) {
         dead_letter: i.is_multiple_of(3).then(|| DeadLetterOf { reason: "invalid_envelope", error: "test".into() }),
         duplicate_age_ms: None,
         traceparent: None,
+        tracestate: None,
+        span: None,
         sink_called: true,
     };
     (message, processed)

@@ -54,11 +54,12 @@ impl HttpAuthConfig {
 }
 
 /// Headers dedupd sets itself (or that `auth` sets), which config cannot override.
-const RESERVED_HEADERS: [&str; 7] = [
+const RESERVED_HEADERS: [&str; 8] = [
     "idempotency-key",
     "dedupd-command-type",
     "dedupd-attempt",
     "traceparent",
+    "tracestate",
     "content-type",
     "content-length",
     "host",

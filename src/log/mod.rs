@@ -1,6 +1,13 @@
 //! Logging: the `[log]` section and the tracing subscriber it sets up.
+//!
+//! - `trace_ids`: JSON lines carry the `trace_id` and `span_id` of the command they are
+//!   about (with traces on, see [`crate::telemetry`]).
+
+mod trace_ids;
 
 use serde::{Deserialize, Serialize};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -39,11 +46,17 @@ pub fn init(format: LogFormat, level: &str) {
     }
     let filter =
         tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     // try_init: a second call (tests that start several pipelines) keeps the first subscriber.
     let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => {
+            let lines = tracing_subscriber::fmt::layer()
+                .json()
+                .event_format(trace_ids::JsonWithTraceIds(tracing_subscriber::fmt::format().json()))
+                .with_writer(std::io::stderr);
+            registry.with(trace_ids::TraceIdLayer).with(lines).try_init()
+        }
+        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init(),
     };
 }
 
