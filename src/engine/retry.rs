@@ -15,7 +15,7 @@ use super::ticket::Ticket;
 use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
 use crate::sinks::limit::LimitPermit;
-use crate::sinks::{CallWatch, Sink, SinkError, SinkRequest};
+use crate::sinks::{CallWatch, Sink, SinkError, SinkOutput, SinkRequest};
 use crate::store::DurableClaim;
 use crate::telemetry::{CommandSpan, SinkCallSpan};
 
@@ -110,25 +110,10 @@ pub(super) async fn run_with_retry<'a>(
         }
         let watch = CallWatch::new(cancel);
         let attempt = claim.record().attempts.saturating_sub(1) + tally.calls + 1;
-        // With traces on the call passes on its own span's context, else the input's.
-        let call_span = span.map(|s| s.sink_call(sink.name(), attempt));
-        let call_trace = call_span.as_ref().map(SinkCallSpan::headers);
-        let (traceparent, tracestate) = match &call_trace {
-            Some(t) => (t.traceparent.as_deref(), t.tracestate.as_deref()),
-            None => (command.traceparent.as_deref(), command.tracestate.as_deref()),
-        };
-        let mut request = SinkRequest::new(claim, &command.kind, &command.payload, attempt, traceparent)
-            .with_tracestate(tracestate)
-            .watched_by(&watch);
-        if limits.is_some() {
-            request = request.with_limits_taken();
-        }
         let probe = admission.as_ref().is_some_and(Admission::is_probe);
         tracing::debug!(sink = sink.name(), attempt = tally.calls + 1, probe, "sink call");
-        let outcome = sink.execute(request).await;
-        if let Some(call) = call_span {
-            call.end(outcome.as_ref().err().map(ToString::to_string).as_deref());
-        }
+        let call = OneCall { sink, claim, command, attempt, span, watch: &watch, limits_taken: limits.is_some() };
+        let outcome = call.run().await;
         // The sink's concurrency permit (if taken ahead) is held for the call only.
         drop(limits);
         if watch.never_sent() && cancel.is_cancelled() {
@@ -177,8 +162,45 @@ pub(super) async fn run_with_retry<'a>(
     }
 }
 
-/// What the next call goes on: the ticket taken before the claim for the first call, its
-/// own turn for a retry (see [`take_turn`]). `None` when `cancel` fired.
+/// One call of a sink for a claim.
+struct OneCall<'a> {
+    sink: &'a Sink,
+    claim: &'a DurableClaim,
+    command: &'a Command,
+    /// As the sink sees it (crash re-runs counted).
+    attempt: u32,
+    /// With traces on: the command's span.
+    span: Option<&'a CommandSpan>,
+    watch: &'a CallWatch,
+    /// The caller holds the sink's limits for it.
+    limits_taken: bool,
+}
+
+impl OneCall<'_> {
+    /// Makes the call; with traces on in a span of its own, whose context the call passes
+    /// on (else the input's).
+    async fn run(self) -> Result<SinkOutput, SinkError> {
+        let OneCall { sink, claim, command, attempt, span, watch, limits_taken } = self;
+        let call_span = span.map(|s| s.sink_call(sink.name(), attempt));
+        let call_trace = call_span.as_ref().map(SinkCallSpan::headers);
+        let (traceparent, tracestate) = match &call_trace {
+            Some(t) => (t.traceparent.as_deref(), t.tracestate.as_deref()),
+            None => (command.traceparent.as_deref(), command.tracestate.as_deref()),
+        };
+        let mut request = SinkRequest::new(claim, &command.kind, &command.payload, attempt, traceparent)
+            .with_tracestate(tracestate)
+            .watched_by(watch);
+        if limits_taken {
+            request = request.with_limits_taken();
+        }
+        let outcome = sink.execute(request).await;
+        if let Some(call) = call_span {
+            call.end(outcome.as_ref().err().map(ToString::to_string).as_deref());
+        }
+        outcome
+    }
+}
+
 /// Whether this instance may call the sink for `claim`: always without a changelog; with
 /// one, once it has proved it still owns the key's state partition.
 async fn still_owned(owner: Option<&dyn ChangeLog>, claim: &DurableClaim) -> bool {
@@ -192,6 +214,8 @@ async fn still_owned(owner: Option<&dyn ChangeLog>, claim: &DurableClaim) -> boo
     }
 }
 
+/// What the next call goes on: the ticket taken before the claim for the first call, its
+/// own turn for a retry (see [`take_turn`]). `None` when `cancel` fired.
 async fn next_turn<'a>(
     ticket: &mut Option<Ticket<'a>>,
     sink: &'a Sink,

@@ -3,7 +3,8 @@
 //! producer. It takes the next batch while Kafka acknowledges, and stores a batch's last
 //! offset only once its results and those of every earlier batch are acknowledged. Under
 //! the by-key hop an input partition's worker forwards its commands instead (`forward`),
-//! and a by-key partition's worker decides each as the input it was made of.
+//! and a by-key partition's worker decides each as the input it was made of. `record`
+//! turns each record into an engine item and ends each command (its log line and span).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -13,24 +14,23 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use tokio_util::sync::CancellationToken;
 
-use super::changelog::state_partition;
 use super::control::PartitionControl;
 use super::publish::{Acks, NotTaken, Parts, Publisher, all_parts};
 use super::queue::QueueReceiver;
 use super::transactions::Transactions;
 use crate::engine::{BatchReport, Clock, Engine, Item, ItemResult, SystemClock};
-use crate::envelope::{Command, EnvelopeConfig, LimitsConfig, RejectReason, Rejection};
-use crate::envelope::{InputRecord, ReadHeaders, parse, read_headers};
+use crate::envelope::{EnvelopeConfig, LimitsConfig};
 use crate::ops::{Health, Metrics};
 use crate::outcome::{Outcome, Processed};
-use crate::store::SourcePos;
-use crate::telemetry::{CommandEnd, CommandSpan, CommandTracer, Consumed, TraceHeaders};
+use crate::telemetry::CommandTracer;
 
 mod supervise;
 pub(crate) use supervise::{BatchOffsets, PanicWatch, supervise};
 
 mod forward;
+mod record;
 mod resend;
+use record::log_command;
 
 /// Batches whose results may await acknowledgement at once, per partition. Enough to
 /// keep the engine busy while Kafka acknowledges; bounded so an unresponsive broker stops
@@ -426,111 +426,4 @@ impl PartitionWorker {
             m.duplicate_age(p.result.route.as_deref(), age as f64 / 1000.0);
         }
     }
-
-    /// `m` parsed; with `check_among`, checked to be on its key's partition of that many
-    /// (this worker's partition: under the hop `m` names its input's).
-    fn item(&self, m: &OwnedMessage, check_among: Option<i32>) -> Item {
-        let ReadHeaders { headers, unreadable } = m.headers().map(read_headers).unwrap_or_default();
-        if unreadable > 0 {
-            // A name that is not UTF-8 is never one dedupd reads (names are ASCII): ignored.
-            tracing::debug!(
-                topic = m.topic(),
-                partition = m.partition(),
-                offset = m.offset(),
-                unreadable,
-                "ignored headers whose name is not UTF-8"
-            );
-        }
-        let record = InputRecord {
-            topic: m.topic(),
-            partition: m.partition(),
-            offset: m.offset(),
-            timestamp_ms: m.timestamp().to_millis(),
-            key: m.key(),
-            value: m.payload(),
-            headers: &headers,
-        };
-        let header = |name: &str| {
-            headers
-                .iter()
-                .rev()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .and_then(|(_, v)| v.as_ref())
-                .and_then(|v| String::from_utf8(v.clone()).ok())
-        };
-        let traceparent = header("traceparent");
-        let tracestate = traceparent.as_ref().and_then(|_| header("tracestate"));
-        let parsed = parse(&record, &self.shared.envelope, &self.shared.limits, self.shared.engine.router());
-        let parsed = match (parsed, check_among) {
-            (Ok(cmd), Some(n)) => copartitioned(cmd, self.partition, n),
-            (parsed, _) => parsed,
-        };
-        let span = self.shared.tracer.as_ref().map(|tracer| {
-            // The envelope's trace context (CloudEvents attributes included) when there is
-            // a command; the raw headers otherwise.
-            let incoming = match &parsed {
-                Ok(cmd) => TraceHeaders { traceparent: cmd.traceparent.clone(), tracestate: cmd.tracestate.clone() },
-                Err(_) => TraceHeaders { traceparent: traceparent.clone(), tracestate: tracestate.clone() },
-            };
-            let consumed =
-                Consumed { topic: m.topic(), partition: m.partition(), offset: m.offset(), group: &self.shared.group };
-            tracer.command_span(&consumed, &incoming)
-        });
-        Item {
-            source: SourcePos { topic: m.topic().to_string(), partition: m.partition(), offset: m.offset() },
-            parsed,
-            traceparent,
-            tracestate,
-            span,
-        }
-    }
-}
-
-/// One span per command once its result is acknowledged: key, topic, partition, offset and
-/// outcome (with traces on, also its trace and span id), with a debug event in it
-/// (`log.level = "dedupd=debug"` shows every command). With traces on, the command's
-/// OpenTelemetry span ends here.
-fn log_command(m: &OwnedMessage, p: &Processed) {
-    let r = &p.result;
-    let span = tracing::info_span!(
-        "command",
-        key = r.key.as_deref().unwrap_or(""),
-        topic = m.topic(),
-        partition = m.partition(),
-        offset = m.offset(),
-        outcome = r.outcome.as_str(),
-        trace_id = p.span.as_ref().map(CommandSpan::trace_id),
-        span_id = p.span.as_ref().map(CommandSpan::span_id),
-    );
-    let _entered = span.enter();
-    tracing::debug!(route = r.route.as_deref(), sink_called = p.sink_called, replay = r.replay, "command done");
-    if let Some(command) = &p.span {
-        // A span's error status means the command did not do what was asked; a replay did.
-        let succeeded = matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate);
-        command.end(&CommandEnd {
-            key: r.key.as_deref(),
-            kind: r.kind.as_deref(),
-            outcome: r.outcome.as_str(),
-            route: r.route.as_deref(),
-            error: (!succeeded).then(|| r.error.as_deref().unwrap_or(r.outcome.as_str())),
-        });
-    }
-}
-
-/// `cmd` read from input partition `partition`, or the rejection of a record that is not on
-/// its key's state partition (one of `partitions`): its key's history is kept elsewhere, so
-/// deciding it here could run it twice.
-fn copartitioned(cmd: Command, partition: i32, partitions: i32) -> Result<Command, Rejection> {
-    let expected = state_partition(&cmd.key, partitions);
-    if expected == partition {
-        return Ok(cmd);
-    }
-    Err(Rejection {
-        reason: RejectReason::NotCopartitioned,
-        message: format!(
-            "key {:?} belongs to partition {expected} of {partitions} (Kafka's murmur2 of the key), not {partition}: kafka.copartitioned needs producers to key records by the idempotency key",
-            cmd.key
-        ),
-        key: Some(cmd.key),
-    })
 }
