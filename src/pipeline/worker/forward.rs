@@ -29,7 +29,7 @@ impl PartitionWorker {
         let mut commands: Vec<(OwnedMessage, String)> = Vec::with_capacity(batch.len());
         let mut rejections: Vec<(OwnedMessage, Processed)> = Vec::new();
         for m in batch {
-            let mut item: Item = self.item(&m, None);
+            let mut item: Item = self.untraced_item(&m, None);
             if let Ok(cmd) = &item.parsed {
                 let size = forward_size(by_key, &cmd.key, &m);
                 if size > state.forward_limit {
@@ -42,6 +42,8 @@ impl PartitionWorker {
                     commands.push((m, key));
                 }
                 Err(rejection) => {
+                    // Decided here: its span is this partition's.
+                    item.span = self.command_span(&m, &item);
                     let processed = rejected(&item, rejection);
                     rejections.push((m, processed));
                 }

@@ -13,9 +13,18 @@ use crate::store::SourcePos;
 use crate::telemetry::{CommandEnd, CommandSpan, Consumed, TraceHeaders};
 
 impl PartitionWorker {
-    /// `m` parsed; with `check_among`, checked to be on its key's partition of that many
-    /// (this worker's partition: under the hop `m` names its input's).
+    /// `m` parsed as [`untraced_item`](Self::untraced_item) does, its command's span
+    /// started (with traces on).
     pub(super) fn item(&self, m: &OwnedMessage, check_among: Option<i32>) -> Item {
+        let mut item = self.untraced_item(m, check_among);
+        item.span = self.command_span(m, &item);
+        item
+    }
+
+    /// `m` parsed; with `check_among`, checked to be on its key's partition of that many
+    /// (this worker's partition: under the hop `m` names its input's). No span yet: under
+    /// the hop a command's span starts where it is decided, not where it is forwarded.
+    pub(super) fn untraced_item(&self, m: &OwnedMessage, check_among: Option<i32>) -> Item {
         let ReadHeaders { headers, unreadable } = m.headers().map(read_headers).unwrap_or_default();
         if unreadable > 0 {
             // A name that is not UTF-8 is never one dedupd reads (names are ASCII): ignored.
@@ -51,24 +60,27 @@ impl PartitionWorker {
             (Ok(cmd), Some(n)) => copartitioned(cmd, self.partition, n),
             (parsed, _) => parsed,
         };
-        let span = self.shared.tracer.as_ref().map(|tracer| {
-            // The envelope's trace context (CloudEvents attributes included) when there is
-            // a command; the raw headers otherwise.
-            let incoming = match &parsed {
-                Ok(cmd) => TraceHeaders { traceparent: cmd.traceparent.clone(), tracestate: cmd.tracestate.clone() },
-                Err(_) => TraceHeaders { traceparent: traceparent.clone(), tracestate: tracestate.clone() },
-            };
-            let consumed =
-                Consumed { topic: m.topic(), partition: m.partition(), offset: m.offset(), group: &self.shared.group };
-            tracer.command_span(&consumed, &incoming)
-        });
         Item {
             source: SourcePos { topic: m.topic().to_string(), partition: m.partition(), offset: m.offset() },
             parsed,
             traceparent,
             tracestate,
-            span,
+            span: None,
         }
+    }
+
+    /// With traces on, the span of what `m` became (`item`), started now: the child of the
+    /// envelope's trace context (CloudEvents attributes included) when it is a command, of
+    /// the raw headers' otherwise.
+    pub(super) fn command_span(&self, m: &OwnedMessage, item: &Item) -> Option<CommandSpan> {
+        let tracer = self.shared.tracer.as_ref()?;
+        let incoming = match &item.parsed {
+            Ok(cmd) => TraceHeaders { traceparent: cmd.traceparent.clone(), tracestate: cmd.tracestate.clone() },
+            Err(_) => TraceHeaders { traceparent: item.traceparent.clone(), tracestate: item.tracestate.clone() },
+        };
+        let consumed =
+            Consumed { topic: m.topic(), partition: m.partition(), offset: m.offset(), group: &self.shared.group };
+        Some(tracer.command_span(&consumed, &incoming))
     }
 }
 
