@@ -26,12 +26,20 @@ fn traceparent(i: usize) -> String {
     format!("00-{:032x}-{:016x}-01", 0xabc0_0000 + i, 0x1000 + i)
 }
 
-/// A config with one http sink at `url` for every type, JSON logs at debug, and `extra`.
-fn write_config(path: &std::path::Path, kafka_table: &str, store: &std::path::Path, url: &str, extra: &str) {
+/// A config with one http sink at `url` for every type, JSON logs at debug, and `extra`;
+/// `store_extra` goes into `[store]`.
+fn write_config(
+    path: &std::path::Path,
+    (kafka_table, store_extra): (&str, &str),
+    store: &std::path::Path,
+    url: &str,
+    extra: &str,
+) {
     let text = format!(
         r#"{kafka_table}
 [store]
 path = "{store}"
+{store_extra}
 
 [sinks.hook]
 kind = "http"
@@ -67,7 +75,7 @@ async fn traceparent_flows_through_and_every_command_has_a_span() {
     let config_path = dir.path().join("dedupd.toml");
     let log_path = dir.path().join("dedupd.log");
     let kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("lt-group"), &input, &results, &dlq);
-    write_config(&config_path, &kafka_table, &dir.path().join("store"), &receiver.url("/hook"), "");
+    write_config(&config_path, (&kafka_table, ""), &dir.path().join("store"), &receiver.url("/hook"), "");
     let mut dedupd = DedupdProcess::run(&config_path, &log_path);
     wait_for_http_addr(&log_path, &mut dedupd, Duration::from_secs(60)).await;
 
@@ -172,6 +180,36 @@ async fn traceparent_flows_through_and_every_command_has_a_span() {
 }
 
 /// The trace id and parent span id of `traceparent(i)`.
+/// `dedupd run` in `dir` with traces on, exporting to `otlp` (every 100 ms), its config
+/// made of `kafka_table` and `store_extra` with the http sink at `sink_url`, serving;
+/// returns it and its log's path.
+async fn run_traced(
+    dir: &KeptOnFailure,
+    kafka_table: &str,
+    store_extra: &str,
+    sink_url: &str,
+    otlp: &OtlpReceiver,
+) -> (DedupdProcess, std::path::PathBuf) {
+    let (config_path, log_path) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+    let telemetry = "\n[telemetry]\ntraces = \"otlp\"\n";
+    write_config(&config_path, (kafka_table, store_extra), &dir.path().join("store"), sink_url, telemetry);
+    let endpoint = otlp.endpoint();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "100")];
+    let mut dedupd = DedupdProcess::spawn_with_env(&["run", "-c", config_path.to_str().unwrap()], &env, &log_path);
+    wait_for_http_addr(&log_path, &mut dedupd, Duration::from_secs(60)).await;
+    (dedupd, log_path)
+}
+
+/// The spans `otlp` holds once it has `n` of them (a clean stop exports what is left), or
+/// after a bound: what it holds then.
+async fn spans_after_stop(otlp: &OtlpReceiver, n: usize) -> Vec<ReceivedSpan> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while otlp.spans().len() < n && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    otlp.spans()
+}
+
 fn ids_of(i: usize) -> (String, String) {
     (format!("{:032x}", 0xabc0_0000 + i), format!("{:016x}", 0x1000 + i))
 }
@@ -195,17 +233,10 @@ async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
     kafka::create_topics(&bootstrap, &[(&input, 1), (&results, 1), (&dlq, 1)]).await;
     let receiver = SlowReceiver::start((0, 0), 7).await;
     let otlp = OtlpReceiver::start().await;
-
     let dir = KeptOnFailure::new();
-    let (config_path, log_path) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
     let group = kafka::unique("ot-group");
     let kafka_table = kafka::kafka_table(&bootstrap, &group, &input, &results, &dlq);
-    let telemetry = "\n[telemetry]\ntraces = \"otlp\"\n";
-    write_config(&config_path, &kafka_table, &dir.path().join("store"), &receiver.url("/hook"), telemetry);
-    let endpoint = otlp.endpoint();
-    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "100")];
-    let mut dedupd = DedupdProcess::spawn_with_env(&["run", "-c", config_path.to_str().unwrap()], &env, &log_path);
-    wait_for_http_addr(&log_path, &mut dedupd, Duration::from_secs(60)).await;
+    let (mut dedupd, log_path) = run_traced(&dir, &kafka_table, "", &receiver.url("/hook"), &otlp).await;
 
     // 0: a command with trace context and tracestate; 1: its repeat, in another trace;
     // 2: a command without trace context; 3: a record that is not a command.
@@ -226,12 +257,7 @@ async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
     assert_eq!(published.len(), records.len(), "results; dedupd log:\n{}", tail_of_file(&log_path, 40));
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
 
-    // A clean stop exports what is left: every span is in by now, or within a bound.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while otlp.spans().len() < 6 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let spans = otlp.spans();
+    let spans = spans_after_stop(&otlp, 6).await;
     let consumer: HashMap<i64, &ReceivedSpan> = spans
         .iter()
         .filter(|s| s.kind == SpanKind::Consumer as i32)
@@ -302,6 +328,74 @@ async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
             tail_of_file(&log_path, 30)
         );
     }
+    receiver.stop().await;
+    otlp.stop().await;
+}
+
+/// Under the by-key hop (`store.changelog`, not copartitioned) a command's span is made
+/// where it is decided, once, naming its input record: the forwarding partition makes
+/// none of its own, and a record rejected before the hop has its span there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_by_key_hop_each_input_has_one_span_linked_to_its_context() {
+    let Some(bootstrap) = kafka::bootstrap() else {
+        return;
+    };
+    let (input, results, dlq) = (kafka::unique("oh-in"), kafka::unique("oh-results"), kafka::unique("oh-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, 2), (&results, 1), (&dlq, 1)]).await;
+    let receiver = SlowReceiver::start((0, 0), 7).await;
+    let otlp = OtlpReceiver::start().await;
+    let dir = KeptOnFailure::new();
+    let kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("oh-group"), &input, &results, &dlq)
+        + "transactional_results = true\n";
+    let (mut dedupd, log_path) =
+        run_traced(&dir, &kafka_table, "changelog = true\n", &receiver.url("/hook"), &otlp).await;
+
+    // A command on partition 0, its repeat on partition 1 (both decided where the key's
+    // state is), and a bad record on partition 1 (rejected before the hop).
+    let command = serde_json::to_vec(&json!({"id": "oh-0", "type": "hook.fire", "payload": {}})).unwrap();
+    let context = |i: usize| vec![("traceparent".to_string(), traceparent(i))];
+    let records: Vec<kafka::OutgoingTo> = vec![
+        ("oh-0".into(), command.clone(), context(0), Some(0)),
+        ("oh-0".into(), command, context(1), Some(1)),
+        ("bad".into(), b"{not json".to_vec(), context(2), Some(1)),
+    ];
+    let positions = kafka::produce_all_to(&bootstrap, &input, records).await;
+    let published = kafka::read_all(&bootstrap, &results, 3, Duration::from_secs(60)).await;
+    assert_eq!(published.len(), 3, "results; dedupd log:\n{}", tail_of_file(&log_path, 40));
+    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
+
+    let spans = spans_after_stop(&otlp, 4).await;
+    let consumer: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.kind == SpanKind::Consumer as i32).collect();
+    assert_eq!(consumer.len(), 3, "one span per input, none for a forward: {consumer:#?}");
+    let span_of = |n: usize| {
+        let (partition, offset) = positions[n];
+        let of_input = |s: &&&ReceivedSpan| {
+            s.attributes["messaging.destination.partition.id"] == partition.to_string()
+                && s.attributes["messaging.kafka.offset"] == offset.to_string()
+        };
+        *consumer.iter().find(of_input).unwrap_or_else(|| panic!("no span for input {n}: {consumer:#?}"))
+    };
+    for n in 0..3 {
+        let s = span_of(n);
+        assert_eq!(s.attributes["messaging.destination.name"], input, "the span names the input topic");
+        assert_eq!(
+            (s.trace_id.clone(), s.parent_span_id.clone()),
+            ids_of(n),
+            "input {n}'s span is its context's child"
+        );
+    }
+    // The two partitions' forwards reach the key's partition in either order: one runs.
+    let mut outcomes = [0, 1].map(|n| span_of(n).attributes["dedupd.outcome"].clone());
+    let ran = if outcomes[0] == "succeeded" { 0 } else { 1 };
+    outcomes.sort();
+    assert_eq!(outcomes, ["duplicate", "succeeded"]);
+    assert_eq!(span_of(2).status, 2, "the rejected record's span has an error status");
+
+    let clients: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.kind == SpanKind::Client as i32).collect();
+    let seen = receiver.seen();
+    assert_eq!((clients.len(), seen.len()), (1, 1), "one sink call: {clients:#?}");
+    assert_eq!(clients[0].parent_span_id, span_of(ran).span_id, "the call is the child of the span that ran");
+    assert_eq!(seen[0].traceparent.as_deref(), Some(naming(&clients[0].trace_id, &clients[0].span_id).as_str()));
     receiver.stop().await;
     otlp.stop().await;
 }
