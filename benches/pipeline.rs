@@ -29,11 +29,12 @@
 //! of 10,000 after a clean stop. With `--instances`, only drains with 1, 2 and 3 instances
 //! in one group, and with `--failover` only the failover of a killed instance at `--rate`,
 //! with `--state N` keys on the changelog first and `--standby` for standby copies
-//! (`pipeline/instances.rs`).
+//! (`pipeline/instances.rs`). With `--traces`, only drains with OpenTelemetry traces off
+//! and on, alternated, on the first backend (`pipeline/traces.rs`).
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
 //! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--changelog] [--drain-only]
-//! [--restore N] [--instances] [--failover [--state N] [--standby]]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
+//! [--restore N] [--instances] [--failover [--state N] [--standby]] [--traces]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
 //! only step 3, e.g. under `perf`).
 
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupd::config::Config;
+use dedupd::pipeline::RunOptions;
 use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
@@ -60,6 +62,8 @@ mod instances;
 mod restore;
 #[path = "pipeline/streams.rs"]
 mod streams;
+#[path = "pipeline/traces.rs"]
+mod traces;
 
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
@@ -430,11 +434,18 @@ fn drain_rate(seen: &HashMap<(i32, i64), i64>) -> f64 {
 }
 
 async fn start_pipeline(config: Config) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<dedupd::ops::Health>) {
+    start_pipeline_with(config, RunOptions::default()).await
+}
+
+async fn start_pipeline_with(
+    config: Config,
+    options: RunOptions,
+) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<dedupd::ops::Health>) {
     let stop = CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let s = stop.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = dedupd::pipeline::run(config, Default::default(), s.cancelled_owned(), move |r| {
+        if let Err(e) = dedupd::pipeline::run(config, options, s.cancelled_owned(), move |r| {
             let _ = tx.send(Arc::clone(&r.health));
         })
         .await
@@ -461,10 +472,23 @@ async fn measure_drain(bootstrap: &str, input: &str, backend: StoreBackend, n: u
 
 /// [`measure_drain`] with the store's history where `mode` says.
 async fn measure_drain_in(mode: Mode, bootstrap: &str, input: &str, backend: StoreBackend, n: usize) -> f64 {
+    measure_drain_with(mode, bootstrap, input, backend, n, RunOptions::default()).await
+}
+
+/// [`measure_drain_in`] with `options` (e.g. a tracer).
+async fn measure_drain_with(
+    mode: Mode,
+    bootstrap: &str,
+    input: &str,
+    backend: StoreBackend,
+    n: usize,
+    options: RunOptions,
+) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let results = unique("bench-results");
     create_topic(bootstrap, &results, 6).await;
-    let (stop, task, _) = start_pipeline(config_in(mode, bootstrap, input, &results, backend, dir.path())).await;
+    let config = config_in(mode, bootstrap, input, &results, backend, dir.path());
+    let (stop, task, _) = start_pipeline_with(config, options).await;
     let b = bootstrap.to_string();
     let seen = tokio::task::spawn_blocking(move || read_after_drain(&b, &results, n, Duration::from_secs(600)))
         .await
@@ -474,8 +498,13 @@ async fn measure_drain_in(mode: Mode, bootstrap: &str, input: &str, backend: Sto
     drain_rate(&seen)
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() {
+fn main() {
+    // The receiver's address goes into the environment before any thread exists.
+    let traces_receiver = std::env::args().any(|a| a == "--traces").then(traces::bind_receiver);
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime").block_on(run(traces_receiver));
+}
+
+async fn run(traces_receiver: Option<std::net::TcpListener>) {
     if std::env::var("RUST_LOG").is_ok() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -507,6 +536,11 @@ async fn main() {
         for backend in &a.backends {
             instances::drain_with_instances(&bootstrap, &input, *backend, a.records).await;
         }
+        return;
+    }
+    if let Some(listener) = traces_receiver {
+        let backend = a.backends.first().copied().unwrap_or(StoreBackend::Fjall);
+        traces::measure(&bootstrap, &input, backend, a.records, listener).await;
         return;
     }
     if a.drain_only {
