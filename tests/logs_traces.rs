@@ -20,6 +20,7 @@ use common::kafka;
 use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, tail_of_file, wait_for_http_addr};
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use otlp::{OtlpReceiver, ReceivedSpan};
+use rdkafka::message::OwnedMessage;
 use serde_json::{Value, json};
 
 fn traceparent(i: usize) -> String {
@@ -179,25 +180,60 @@ async fn traceparent_flows_through_and_every_command_has_a_span() {
     }
 }
 
-/// The trace id and parent span id of `traceparent(i)`.
-/// `dedupd run` in `dir` with traces on, exporting to `otlp` (every 100 ms), its config
-/// made of `kafka_table` and `store_extra` with the http sink at `sink_url`, serving;
-/// returns it and its log's path.
-async fn run_traced(
-    dir: &KeptOnFailure,
-    kafka_table: &str,
-    store_extra: &str,
-    sink_url: &str,
-    otlp: &OtlpReceiver,
-) -> (DedupdProcess, std::path::PathBuf) {
-    let (config_path, log_path) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
-    let telemetry = "\n[telemetry]\ntraces = \"otlp\"\n";
-    write_config(&config_path, (kafka_table, store_extra), &dir.path().join("store"), sink_url, telemetry);
-    let endpoint = otlp.endpoint();
-    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "100")];
-    let mut dedupd = DedupdProcess::spawn_with_env(&["run", "-c", config_path.to_str().unwrap()], &env, &log_path);
-    wait_for_http_addr(&log_path, &mut dedupd, Duration::from_secs(60)).await;
-    (dedupd, log_path)
+/// One test's `dedupd run` with traces on: its topics, an http sink receiver, the OTLP
+/// receiver it exports to (every 100 ms), and the process, serving.
+struct Traced {
+    input: String,
+    results: String,
+    group: String,
+    receiver: SlowReceiver,
+    otlp: OtlpReceiver,
+    dedupd: DedupdProcess,
+    log_path: std::path::PathBuf,
+    _dir: KeptOnFailure,
+}
+
+impl Traced {
+    /// Topics named after `name` (the input with `partitions`), the config's `[kafka]` with
+    /// `kafka_extra` and its `[store]` with `store_extra`.
+    async fn start(bootstrap: &str, name: &str, partitions: i32, kafka_extra: &str, store_extra: &str) -> Traced {
+        let unique = |what: &str| kafka::unique(&format!("{name}-{what}"));
+        let (input, results, dlq, group) = (unique("in"), unique("results"), unique("dlq"), unique("group"));
+        kafka::create_topics(bootstrap, &[(&input, partitions), (&results, 1), (&dlq, 1)]).await;
+        let receiver = SlowReceiver::start((0, 0), 7).await;
+        let otlp = OtlpReceiver::start().await;
+        let dir = KeptOnFailure::new();
+        let (config_path, log_path) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+        let kafka_table = kafka::kafka_table(bootstrap, &group, &input, &results, &dlq) + kafka_extra;
+        let telemetry = "\n[telemetry]\ntraces = \"otlp\"\n";
+        let sink_url = receiver.url("/hook");
+        write_config(&config_path, (&kafka_table, store_extra), &dir.path().join("store"), &sink_url, telemetry);
+        let endpoint = otlp.endpoint();
+        let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "100")];
+        let mut dedupd = DedupdProcess::spawn_with_env(&["run", "-c", config_path.to_str().unwrap()], &env, &log_path);
+        wait_for_http_addr(&log_path, &mut dedupd, Duration::from_secs(60)).await;
+        Traced { input, results, group, receiver, otlp, dedupd, log_path, _dir: dir }
+    }
+
+    /// Waits for the `results` results, stops dedupd cleanly, and returns the results and
+    /// the spans received once there are `spans` of them (or after a bound).
+    async fn stop_after(
+        &mut self,
+        bootstrap: &str,
+        results: usize,
+        spans: usize,
+    ) -> (Vec<OwnedMessage>, Vec<ReceivedSpan>) {
+        let published = kafka::read_all(bootstrap, &self.results, results, Duration::from_secs(60)).await;
+        assert_eq!(published.len(), results, "results; dedupd log:\n{}", tail_of_file(&self.log_path, 40));
+        let stopped = self.dedupd.terminate(Duration::from_secs(30));
+        assert!(stopped.is_some_and(|s| s.success()), "dedupd did not stop cleanly");
+        (published, spans_after_stop(&self.otlp, spans).await)
+    }
+
+    async fn stop_receivers(self) {
+        self.receiver.stop().await;
+        self.otlp.stop().await;
+    }
 }
 
 /// The spans `otlp` holds once it has `n` of them (a clean stop exports what is left), or
@@ -210,6 +246,7 @@ async fn spans_after_stop(otlp: &OtlpReceiver, n: usize) -> Vec<ReceivedSpan> {
     otlp.spans()
 }
 
+/// The trace id and parent span id of `traceparent(i)`.
 fn ids_of(i: usize) -> (String, String) {
     (format!("{:032x}", 0xabc0_0000 + i), format!("{:016x}", 0x1000 + i))
 }
@@ -229,14 +266,8 @@ async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
     let Some(bootstrap) = kafka::bootstrap() else {
         return;
     };
-    let (input, results, dlq) = (kafka::unique("ot-in"), kafka::unique("ot-results"), kafka::unique("ot-dlq"));
-    kafka::create_topics(&bootstrap, &[(&input, 1), (&results, 1), (&dlq, 1)]).await;
-    let receiver = SlowReceiver::start((0, 0), 7).await;
-    let otlp = OtlpReceiver::start().await;
-    let dir = KeptOnFailure::new();
-    let group = kafka::unique("ot-group");
-    let kafka_table = kafka::kafka_table(&bootstrap, &group, &input, &results, &dlq);
-    let (mut dedupd, log_path) = run_traced(&dir, &kafka_table, "", &receiver.url("/hook"), &otlp).await;
+    let mut run = Traced::start(&bootstrap, "ot", 1, "", "").await;
+    let (input, group) = (run.input.clone(), run.group.clone());
 
     // 0: a command with trace context and tracestate; 1: its repeat, in another trace;
     // 2: a command without trace context; 3: a record that is not a command.
@@ -253,11 +284,7 @@ async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
         ("bad".into(), b"{not json".to_vec(), context(3)),
     ];
     let positions = kafka::produce_all(&bootstrap, &input, records.clone()).await;
-    let published = kafka::read_all(&bootstrap, &results, records.len(), Duration::from_secs(60)).await;
-    assert_eq!(published.len(), records.len(), "results; dedupd log:\n{}", tail_of_file(&log_path, 40));
-    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
-
-    let spans = spans_after_stop(&otlp, 6).await;
+    let (published, spans) = run.stop_after(&bootstrap, records.len(), 6).await;
     let consumer: HashMap<i64, &ReceivedSpan> = spans
         .iter()
         .filter(|s| s.kind == SpanKind::Consumer as i32)
@@ -290,7 +317,7 @@ async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
     assert_eq!(command_span(0).status, 0);
 
     // A client span per sink call, the child of its command's span, named in the request.
-    let mut seen = receiver.seen();
+    let mut seen = run.receiver.seen();
     seen.sort_by(|a, b| a.key.cmp(&b.key));
     assert_eq!(seen.len(), 2, "the sink ran ot-0 and ot-2 once each: {seen:?}");
     for (request, n) in seen.iter().zip([0, 2]) {
@@ -312,7 +339,7 @@ async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
     }
 
     // JSON log lines about a traced command carry its trace and span id at the top level.
-    let text = std::fs::read_to_string(&log_path).expect("log");
+    let text = std::fs::read_to_string(&run.log_path).expect("log");
     let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     for (n, message) in [(0, "sink call"), (1, "command done"), (3, "command done")] {
         let s = command_span(n);
@@ -325,11 +352,10 @@ async fn with_traces_on_spans_link_input_command_sink_call_and_result() {
             found,
             "a {message:?} line of input {n} with trace_id {}:\n{}",
             s.trace_id,
-            tail_of_file(&log_path, 30)
+            tail_of_file(&run.log_path, 30)
         );
     }
-    receiver.stop().await;
-    otlp.stop().await;
+    run.stop_receivers().await;
 }
 
 /// Under the by-key hop (`store.changelog`, not copartitioned) a command's span is made
@@ -340,15 +366,8 @@ async fn under_the_by_key_hop_each_input_has_one_span_linked_to_its_context() {
     let Some(bootstrap) = kafka::bootstrap() else {
         return;
     };
-    let (input, results, dlq) = (kafka::unique("oh-in"), kafka::unique("oh-results"), kafka::unique("oh-dlq"));
-    kafka::create_topics(&bootstrap, &[(&input, 2), (&results, 1), (&dlq, 1)]).await;
-    let receiver = SlowReceiver::start((0, 0), 7).await;
-    let otlp = OtlpReceiver::start().await;
-    let dir = KeptOnFailure::new();
-    let kafka_table = kafka::kafka_table(&bootstrap, &kafka::unique("oh-group"), &input, &results, &dlq)
-        + "transactional_results = true\n";
-    let (mut dedupd, log_path) =
-        run_traced(&dir, &kafka_table, "changelog = true\n", &receiver.url("/hook"), &otlp).await;
+    let mut run = Traced::start(&bootstrap, "oh", 2, "transactional_results = true\n", "changelog = true\n").await;
+    let input = run.input.clone();
 
     // A command on partition 0, its repeat on partition 1 (both decided where the key's
     // state is), and a bad record on partition 1 (rejected before the hop).
@@ -360,11 +379,7 @@ async fn under_the_by_key_hop_each_input_has_one_span_linked_to_its_context() {
         ("bad".into(), b"{not json".to_vec(), context(2), Some(1)),
     ];
     let positions = kafka::produce_all_to(&bootstrap, &input, records).await;
-    let published = kafka::read_all(&bootstrap, &results, 3, Duration::from_secs(60)).await;
-    assert_eq!(published.len(), 3, "results; dedupd log:\n{}", tail_of_file(&log_path, 40));
-    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
-
-    let spans = spans_after_stop(&otlp, 4).await;
+    let (_, spans) = run.stop_after(&bootstrap, 3, 4).await;
     let consumer: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.kind == SpanKind::Consumer as i32).collect();
     assert_eq!(consumer.len(), 3, "one span per input, none for a forward: {consumer:#?}");
     let span_of = |n: usize| {
@@ -392,16 +407,15 @@ async fn under_the_by_key_hop_each_input_has_one_span_linked_to_its_context() {
     assert_eq!(span_of(2).status, 2, "the rejected record's span has an error status");
 
     let clients: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.kind == SpanKind::Client as i32).collect();
-    let seen = receiver.seen();
+    let seen = run.receiver.seen();
     assert_eq!((clients.len(), seen.len()), (1, 1), "one sink call: {clients:#?}");
     assert_eq!(clients[0].parent_span_id, span_of(ran).span_id, "the call is the child of the span that ran");
     assert_eq!(seen[0].traceparent.as_deref(), Some(naming(&clients[0].trace_id, &clients[0].span_id).as_str()));
-    receiver.stop().await;
-    otlp.stop().await;
+    run.stop_receivers().await;
 }
 
 /// The input position a result record names.
-fn result_source(m: &rdkafka::message::OwnedMessage) -> (i32, i64) {
+fn result_source(m: &OwnedMessage) -> (i32, i64) {
     let v: Value = serde_json::from_slice(rdkafka::Message::payload(m).unwrap_or_default()).expect("result JSON");
     (v["source"]["partition"].as_i64().unwrap() as i32, v["source"]["offset"].as_i64().unwrap())
 }
