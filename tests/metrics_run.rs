@@ -44,11 +44,11 @@ const FLAKY_KEY: &str = "main-1";
 /// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md, and
 /// `store_write_errors_total`, at 0 unless a store write failed,
 /// `transaction_commit_seconds`, empty without transactional results, and
-/// `state_restore_records_total`, `state_standby_records_total`, `state_standby_partitions`
-/// and `fenced_total`, at 0 without `store.changelog`; `state_restoring` has no series until
-/// a restore), then `build_info`, the store volume's gauges and the process collector's
-/// `process_*` (no prefix: the Prometheus client libraries' names).
-const CATALOGUE: [(&str, &str); 32] = [
+/// `state_restore_records_total`, `state_standby_records_total`, `state_standby_partitions`,
+/// `fenced_total` and `stalled_transactions_aborted_total`, at 0 without `store.changelog`;
+/// `state_restoring` has no series until a restore), then `build_info`, the store volume's
+/// gauges and the process collector's `process_*` (no prefix: the Prometheus client libraries' names).
+const CATALOGUE: [(&str, &str); 33] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -71,6 +71,7 @@ const CATALOGUE: [(&str, &str); 32] = [
     ("dedupd_state_standby_records_total", "counter"),
     ("dedupd_state_standby_partitions", "gauge"),
     ("dedupd_fenced_total", "counter"),
+    ("dedupd_stalled_transactions_aborted_total", "counter"),
     ("dedupd_build_info", "gauge"),
     ("dedupd_store_volume_size_bytes", "gauge"),
     ("dedupd_store_volume_free_bytes", "gauge"),

@@ -51,6 +51,7 @@ struct StateMetrics {
     standby_records: IntCounter,
     standby_partitions: IntGauge,
     fenced: IntCounter,
+    stalled_aborted: IntCounter,
 }
 
 impl StateMetrics {
@@ -75,6 +76,10 @@ impl StateMetrics {
             fenced: IntCounter::new(
                 "fenced_total",
                 "Times this instance found its group generation gone with work in the open transaction: the transaction was aborted (no claim in it committed, no sink called for it) and the pipeline restarted in process.",
+            )?,
+            stalled_aborted: IntCounter::new(
+                "stalled_transactions_aborted_total",
+                "Transactions of another instance that held a partition of dedupd's own topics past the session or transaction timeout, aborted by taking over their transactional.id.",
             )?,
         })
     }
@@ -223,6 +228,7 @@ impl Metrics {
             Box::new(self.state.standby_records.clone()),
             Box::new(self.state.standby_partitions.clone()),
             Box::new(self.state.fenced.clone()),
+            Box::new(self.state.stalled_aborted.clone()),
         ] {
             self.registry.register(c)?;
         }
@@ -361,6 +367,12 @@ impl Metrics {
         self.state.fenced.inc();
     }
 
+    /// Another instance's stalled transaction was aborted (see `pipeline::transactions`,
+    /// invariant 8).
+    pub fn stalled_transaction_aborted(&self) {
+        self.state.stalled_aborted.inc();
+    }
+
     /// A rebalance happened.
     pub fn rebalance(&self) {
         self.rebalances.inc();
@@ -439,6 +451,7 @@ mod tests {
             "dedupd_sink_circuit_open{sink=\"smtp\"} 1",
             "dedupd_transaction_commit_seconds_count 0",
             "dedupd_fenced_total 0",
+            "dedupd_stalled_transactions_aborted_total 0",
             "dedupd_state_standby_records_total 0",
             "dedupd_state_standby_partitions 0",
         ] {

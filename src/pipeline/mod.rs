@@ -195,7 +195,8 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     kept.http_addr = Some(background.http_addr);
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
-    let standby = changelog::start_standby(core.changelog.as_ref(), config, &core.metrics)?;
+    let own_id = core.transactions.as_ref().map(|t| t.id());
+    let changelog_threads = changelog::Threads::start(core.changelog.as_ref(), own_id, config, &core.metrics)?;
     let consumer_stop = CancellationToken::new();
     let consumer_thread = start_consumer(config, &core, options, forward_limit, (&fatal, &consumer_stop))?;
     let committer_stop = CancellationToken::new();
@@ -235,7 +236,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     if let Some(purge) = purge {
         let _ = purge.await;
     }
-    changelog::stop_standby(standby).await;
+    changelog_threads.stop().await;
     if let Some(changelog) = &core.changelog
         && !fatal.is_cancelled()
     {
@@ -384,12 +385,13 @@ impl Core {
         let id = format!("dedupd-{}", store.identity()?);
         let publisher = Publisher::with(&config.kafka, Some(&id), dead_letter_limit)?;
         let session = config.kafka.session_timeout();
-        let transactions = transactions::Transactions::start(publisher.producer(), metrics, session).map_err(|e| {
-            PipelineError::Transactions(format!(
-                "could not open a transaction as `{id}` (kafka.transactional_results): {e}; the cluster must \
+        let transactions =
+            transactions::Transactions::start(publisher.producer(), &id, metrics, session).map_err(|e| {
+                PipelineError::Transactions(format!(
+                    "could not open a transaction as `{id}` (kafka.transactional_results): {e}; the cluster must \
                  support transactions (its transaction state log needs enough brokers)"
-            ))
-        })?;
+                ))
+            })?;
         tracing::info!(transactional_id = %id, "results are published in transactions");
         Ok((Arc::new(publisher), Some(Arc::new(transactions))))
     }

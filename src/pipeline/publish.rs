@@ -155,7 +155,10 @@ pub fn producer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionEr
 }
 
 /// [`producer_config`], transactional under `transactional_id` when one is given.
-fn producer_config_with(kafka: &KafkaConfig, transactional_id: Option<&str>) -> Result<ClientConfig, ConnectionError> {
+pub(crate) fn producer_config_with(
+    kafka: &KafkaConfig,
+    transactional_id: Option<&str>,
+) -> Result<ClientConfig, ConnectionError> {
     let max_bytes = super::config::RESULTS_PRODUCER_MAX_BYTES.to_string();
     let mut c = kafka.client_config(
         &[("linger.ms", "2"), ("message.timeout.ms", "60000"), ("message.max.bytes", &max_bytes)],
@@ -171,11 +174,11 @@ fn producer_config_with(kafka: &KafkaConfig, transactional_id: Option<&str>) -> 
         // (BENCHMARKS.md, "Several instances: throughput and failover"). Commits come every
         // transaction interval.
         if c.get("transaction.timeout.ms").is_none() {
-            c.set("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS);
+            c.set("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS.to_string());
         }
         // librdkafka wants a message's timeout within its transaction's.
         if !kafka.producer.contains_key("message.timeout.ms") {
-            let timeout = c.get("transaction.timeout.ms").unwrap_or(TRANSACTION_TIMEOUT_MS).to_string();
+            let timeout = c.get("transaction.timeout.ms").map_or(TRANSACTION_TIMEOUT_MS.to_string(), str::to_string);
             c.set("message.timeout.ms", timeout);
         }
         // Every commit sends offsets (transactions.rs, invariant 6), and the coordinator
@@ -191,7 +194,13 @@ fn producer_config_with(kafka: &KafkaConfig, transactional_id: Option<&str>) -> 
 }
 
 /// The transactional producer's `transaction.timeout.ms` unless the config sets one.
-const TRANSACTION_TIMEOUT_MS: &str = "10000";
+const TRANSACTION_TIMEOUT_MS: u64 = 10_000;
+
+/// The transactional producer's `transaction.timeout.ms`: `kafka.producer`'s, else dedupd's.
+pub(crate) fn transaction_timeout(kafka: &KafkaConfig) -> std::time::Duration {
+    let ms = kafka.producer.get("transaction.timeout.ms").and_then(|v| v.trim().parse().ok());
+    std::time::Duration::from_millis(ms.unwrap_or(TRANSACTION_TIMEOUT_MS))
+}
 /// The transactional producer's `retry.backoff.ms` unless the config sets one (librdkafka
 /// backs off exponentially from it, up to `retry.backoff.max.ms`).
 const RETRY_BACKOFF_MS: &str = "10";

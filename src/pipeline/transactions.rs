@@ -42,6 +42,14 @@
 //!    commit started. Past it, [`Transactions::prove_owned`] makes such a commit first. A
 //!    process paused between its claim's commit and its call (longer than the lease) so
 //!    proves its ownership again on waking, and is fenced instead of calling.
+//! 8. What this producer writes to dedupd's own topics names its `transactional.id` in a
+//!    [`WRITER_HEADER`]: every forward to the by-key topic, and the first record of each
+//!    changelog partition in each transaction. So the first record of a transaction left
+//!    open on either topic (its writer dead or frozen) says whose it is, and another
+//!    instance fences that id once it has held the partition's last stable offset for
+//!    longer than the group session or the transaction timeout, whichever is shorter
+//!    (`changelog::stalled`): the coordinator aborts it then, not at its next check for
+//!    timed-out transactions. A producer fenced so is a fence here too (invariant 6).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,6 +66,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::control::Tp;
 use crate::ops::Metrics;
+
+/// The header naming the `transactional.id` that wrote a record (invariant 8).
+pub(crate) const WRITER_HEADER: &str = "dedupd-transaction";
 
 /// How long a commit waits for the gate: a queueing waits at most a minute for room in
 /// the producer's queue (`publish`), after which the worker gives up.
@@ -96,7 +107,9 @@ impl TransactionError {
             },
             _ => return false,
         };
-        matches!(code, C::IllegalGeneration | C::UnknownMemberId | C::FencedInstanceId)
+        // `ProducerFenced`/`Fenced`: another holder of the `transactional.id` fenced it, as a
+        // survivor does to a transaction that stalls its partitions (invariant 8).
+        matches!(code, C::IllegalGeneration | C::UnknownMemberId | C::FencedInstanceId | C::ProducerFenced | C::Fenced)
     }
 }
 
@@ -116,6 +129,9 @@ struct Pending {
 /// The process's one transactional producer and its open transaction.
 pub(crate) struct Transactions {
     producer: FutureProducer,
+    /// The producer's `transactional.id`, named in what it writes to dedupd's own topics
+    /// (invariant 8).
+    id: String,
     gate: Arc<RwLock<()>>,
     pending: Mutex<Pending>,
     group: Mutex<Option<Arc<ConsumerGroupMetadata>>>,
@@ -164,6 +180,7 @@ impl Transactions {
     /// `session_timeout` is the consumer's group session (invariant 7's lease is half).
     pub(crate) fn start(
         producer: FutureProducer,
+        id: &str,
         metrics: Arc<Metrics>,
         session_timeout: Duration,
     ) -> Result<Transactions, KafkaError> {
@@ -171,6 +188,7 @@ impl Transactions {
         producer.begin_transaction()?;
         Ok(Transactions {
             producer,
+            id: id.to_string(),
             gate: Arc::new(RwLock::new(())),
             pending: Mutex::new(Pending::default()),
             group: Mutex::new(None),
@@ -185,6 +203,11 @@ impl Transactions {
             done: watch::channel(Done::default()).0,
             wake: Notify::new(),
         })
+    }
+
+    /// The producer's `transactional.id`.
+    pub(crate) fn id(&self) -> &str {
+        &self.id
     }
 
     /// A [`Member`] once no commit holds the gate; drop it as soon as the batch's results

@@ -11,10 +11,14 @@
 //! - `restore`: on assignment, each state partition is read back from its checkpoint before
 //!   any of its records is processed; when let go, its checkpoint moves to the end;
 //! - `standby`: with `store.standby`, the partitions not held are tailed into the store, so
-//!   that a restore of one finds its checkpoint near the end.
+//!   that a restore of one finds its checkpoint near the end;
+//! - `stalled`: a transaction another instance left open on the changelog or by-key topic
+//!   (killed, frozen) is aborted by fencing its writer, once it has held a partition's last
+//!   stable offset for the group session or the transaction timeout.
 
 mod partition;
 mod restore;
+mod stalled;
 mod standby;
 mod topic;
 mod writer;
@@ -37,6 +41,8 @@ use crate::store::{CacheOpened, KeyStore, StoreConfig, SyncMode};
 
 /// What `run` keeps of the changelog.
 pub(crate) struct Changelog {
+    /// The changelog topic.
+    pub(crate) topic: String,
     /// Sends and commits the store's changes.
     pub(crate) writer: Arc<ChangelogWriter>,
     /// Restores state partitions on assignment.
@@ -103,6 +109,7 @@ impl Changelog {
         let writer = ChangelogWriter::new(Arc::clone(store), Arc::clone(transactions), producer, topic);
         let restorer = Restorer::new(kafka, topic, Arc::clone(store), Arc::clone(metrics), Arc::clone(health))?;
         Ok(Changelog {
+            topic: topic.name.clone(),
             writer: Arc::new(writer),
             restorer: Arc::new(restorer),
             partitions: topic.partitions,
@@ -135,13 +142,45 @@ impl Changelog {
     }
 }
 
+/// The threads of this module that run beside the pipeline: with `store.standby` the
+/// standby copies, and the stalled-transaction thread.
+pub(crate) struct Threads {
+    standby: Option<ThreadRunning>,
+    stalled: Option<ThreadRunning>,
+}
+
+impl Threads {
+    /// Starts them (none without `store.changelog`); `own_id` is this instance's
+    /// `transactional.id`.
+    pub(crate) fn start(
+        changelog: Option<&Changelog>,
+        own_id: Option<&str>,
+        config: &crate::config::Config,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Threads, PipelineError> {
+        let standby = start_standby(changelog, config, metrics)?;
+        let stalled = start_stalled(changelog, own_id, &config.kafka, metrics)?;
+        Ok(Threads { standby, stalled })
+    }
+
+    /// Stops them and waits until they have (the standby thread before the clean stop's
+    /// checkpoints: `standby`, invariant 3).
+    pub(crate) async fn stop(self) {
+        for running in [self.standby, self.stalled].into_iter().flatten() {
+            running.stop.cancel();
+            let thread = running.thread;
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
 /// With `store.changelog` and `store.standby`: the standby thread, tailing what this
 /// instance does not hold.
-pub(crate) fn start_standby(
+fn start_standby(
     changelog: Option<&Changelog>,
     config: &crate::config::Config,
     metrics: &Arc<Metrics>,
-) -> Result<Option<StandbyRunning>, PipelineError> {
+) -> Result<Option<ThreadRunning>, PipelineError> {
     let Some(changelog) = changelog.filter(|_| config.store.standby) else { return Ok(None) };
     let standby = standby::Standby::new(
         &config.kafka,
@@ -153,21 +192,33 @@ pub(crate) fn start_standby(
     let thread = standby
         .spawn(stop.clone())
         .map_err(|e| PipelineError::Changelog(format!("starting the standby thread: {e}")))?;
-    Ok(Some(StandbyRunning { stop, thread }))
+    Ok(Some(ThreadRunning { stop, thread }))
 }
 
-/// Stops the standby thread, if one runs, and waits until it has (before the clean stop's
-/// checkpoints: `standby`, invariant 3).
-pub(crate) async fn stop_standby(standby: Option<StandbyRunning>) {
-    if let Some(standby) = standby {
-        standby.stop.cancel();
-        let thread = standby.thread;
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+/// With `store.changelog`: the thread that aborts the transactions other instances left
+/// open on the changelog and by-key topics (`stalled`), this instance's own
+/// `transactional.id` being `own_id`.
+fn start_stalled(
+    changelog: Option<&Changelog>,
+    own_id: Option<&str>,
+    kafka: &KafkaConfig,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<ThreadRunning>, PipelineError> {
+    let (Some(changelog), Some(own_id)) = (changelog, own_id) else { return Ok(None) };
+    let mut topics = vec![(changelog.topic.as_str(), changelog.partitions)];
+    if let Some(by_key) = &changelog.by_key {
+        topics.push((by_key.as_str(), changelog.partitions));
     }
+    let stalled = stalled::StalledTransactions::new(kafka, &topics, own_id, Arc::clone(metrics))?;
+    let stop = CancellationToken::new();
+    let thread = stalled
+        .spawn(stop.clone())
+        .map_err(|e| PipelineError::Changelog(format!("starting the stalled-transaction thread: {e}")))?;
+    Ok(Some(ThreadRunning { stop, thread }))
 }
 
-/// The standby thread while it runs.
-pub(crate) struct StandbyRunning {
+/// A thread of this module while it runs.
+struct ThreadRunning {
     stop: CancellationToken,
     thread: std::thread::JoinHandle<()>,
 }

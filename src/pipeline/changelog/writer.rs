@@ -3,14 +3,16 @@
 //! queues them), for the engine's durability points ([`ChangeLog`]) and the periodic
 //! committer.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::partition::state_partition;
 use crate::engine::ChangeLog;
 use crate::pipeline::publish::Publisher;
-use crate::pipeline::transactions::{BeforeCommit, Transactions};
+use crate::pipeline::transactions::{BeforeCommit, Transactions, WRITER_HEADER};
 use crate::store::{Change, KeyStore};
 
 /// The store's changes to the changelog topic.
@@ -21,9 +23,18 @@ pub(crate) struct ChangelogWriter {
     topic: String,
     partitions: i32,
     /// Held while taking and queueing changes, so that two callers cannot queue one key's
-    /// changes out of the order the store made them (`store::changelog`, invariant 1); it
-    /// holds the number of the commit that carries the changes queued last.
-    sending: tokio::sync::Mutex<u64>,
+    /// changes out of the order the store made them (`store::changelog`, invariant 1).
+    sending: tokio::sync::Mutex<Sending>,
+}
+
+/// What the writer knows of the open transaction.
+#[derive(Default)]
+struct Sending {
+    /// The number of the commit that carries the changes queued last.
+    carried_by: u64,
+    /// The partitions written in that transaction so far: the first record of each names
+    /// the writer (`transactions`, invariant 8), and this writer is the changelog's only one.
+    named: HashSet<i32>,
 }
 
 impl ChangelogWriter {
@@ -39,7 +50,7 @@ impl ChangelogWriter {
             producer,
             topic: topic.name.clone(),
             partitions: topic.partitions,
-            sending: tokio::sync::Mutex::new(0),
+            sending: tokio::sync::Mutex::new(Sending::default()),
         }
     }
 
@@ -48,18 +59,26 @@ impl ChangelogWriter {
     /// first, the one that carries what it queued). A change that cannot be queued fails the
     /// transaction (it must not commit without it).
     pub(crate) async fn send_changes(&self) -> Result<u64, String> {
-        let mut carried_by = self.sending.lock().await;
+        let mut sending = self.sending.lock().await;
         if !self.store.has_changes() {
-            return Ok(*carried_by);
+            return Ok(sending.carried_by);
         }
         let member = self.transactions.join().await.map_err(|e| e.to_string())?;
         // Taken inside the member, so that the commit letting a partition go carries every
         // expiry of it taken before its expiries stopped (store::expiries, invariant 5).
         let changes = self.store.take_changes();
-        *carried_by = self.transactions.carrying_commit(&member);
+        let carried_by = self.transactions.carrying_commit(&member);
+        if carried_by != sending.carried_by {
+            sending.named.clear();
+            sending.carried_by = carried_by;
+        }
+        let writer = OwnedHeaders::new().insert(Header { key: WRITER_HEADER, value: Some(self.transactions.id()) });
         for Change { key, value } in &changes {
-            let record =
-                FutureRecord::to(&self.topic).partition(state_partition(key, self.partitions)).key(key.as_bytes());
+            let partition = state_partition(key, self.partitions);
+            let mut record = FutureRecord::to(&self.topic).partition(partition).key(key.as_bytes());
+            if sending.named.insert(partition) {
+                record = record.headers(writer.clone());
+            }
             let record = match value {
                 Some(v) => record.payload(v.as_slice()),
                 None => record,
@@ -72,7 +91,7 @@ impl ChangelogWriter {
         }
         drop(member);
         tracing::debug!(changes = changes.len(), "changes queued");
-        Ok(*carried_by)
+        Ok(carried_by)
     }
 
     /// Sends the captured changes and commits them itself, for when no committer runs

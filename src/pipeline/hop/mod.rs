@@ -8,8 +8,9 @@
 //! A forward is the input record itself, keyed by the idempotency key, with the input's
 //! headers, value and timestamp, and four headers appended last, in this order:
 //! `dedupd-source-topic`, `dedupd-source-partition`, `dedupd-source-offset` (decimal) and
-//! `dedupd-source-key` (the input's own key; a null value when it had none). [`original`]
-//! takes them off again, so that the decision, the result and any dead letter see and name
+//! `dedupd-source-key` (the input's own key; a null value when it had none), then
+//! `dedupd-transaction`, the `transactional.id` of the instance that forwarded it
+//! (`transactions`, invariant 8). [`original`] takes them off again, so that the decision, the result and any dead letter see and name
 //! the input record, never the by-key topic.
 //! - `purge`: what the group has committed on the by-key topic is deleted from it.
 
@@ -22,18 +23,19 @@ use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 
 use crate::envelope::read_headers;
+use crate::pipeline::transactions::WRITER_HEADER;
 
 /// The headers a forward carries after the input's own, in this order.
 const SOURCE_HEADERS: [&str; 4] =
     ["dedupd-source-topic", "dedupd-source-partition", "dedupd-source-offset", "dedupd-source-key"];
 
 /// The forward of `input`, whose idempotency key is `key`, to partition `partition` of
-/// `topic`.
+/// `topic`, by the producer whose `transactional.id` is `writer`.
 pub(crate) fn forward_record<'a>(
-    topic: &'a str,
-    partition: i32,
+    (topic, partition): (&'a str, i32),
     key: &'a str,
     input: &'a OwnedMessage,
+    writer: &str,
 ) -> FutureRecord<'a, [u8], [u8]> {
     let headers = input
         .headers()
@@ -42,7 +44,8 @@ pub(crate) fn forward_record<'a>(
         .insert(Header { key: SOURCE_HEADERS[0], value: Some(input.topic()) })
         .insert(Header { key: SOURCE_HEADERS[1], value: Some(&input.partition().to_string()) })
         .insert(Header { key: SOURCE_HEADERS[2], value: Some(&input.offset().to_string()) })
-        .insert(Header { key: SOURCE_HEADERS[3], value: input.key() });
+        .insert(Header { key: SOURCE_HEADERS[3], value: input.key() })
+        .insert(Header { key: WRITER_HEADER, value: Some(writer) });
     let mut record = FutureRecord::<[u8], [u8]>::to(topic).partition(partition).key(key.as_bytes()).headers(headers);
     if let Some(value) = input.payload() {
         record = record.payload(value);
@@ -54,10 +57,10 @@ pub(crate) fn forward_record<'a>(
 }
 
 /// The bytes of `input`'s forward under the idempotency key `key` (to a topic named
-/// `topic`): its key, value and headers, the source headers included.
-pub(crate) fn forward_size(topic: &str, key: &str, input: &OwnedMessage) -> usize {
-    let names: usize = SOURCE_HEADERS.iter().map(|n| n.len()).sum();
-    let ours = names + input.topic().len() + 11 + 20 + input.key().map_or(0, <[u8]>::len);
+/// `topic`, written by `writer`): its key, value and headers, dedupd's included.
+pub(crate) fn forward_size(topic: &str, key: &str, input: &OwnedMessage, writer: &str) -> usize {
+    let names: usize = SOURCE_HEADERS.iter().map(|n| n.len()).sum::<usize>() + WRITER_HEADER.len();
+    let ours = names + input.topic().len() + 11 + 20 + input.key().map_or(0, <[u8]>::len) + writer.len();
     let theirs = input.headers().map_or(0, crate::envelope::header_bytes);
     topic.len() + key.len() + input.payload().map_or(0, <[u8]>::len) + theirs + ours
 }
@@ -68,6 +71,11 @@ pub(crate) fn forward_size(topic: &str, key: &str, input: &OwnedMessage) -> usiz
 pub(crate) fn original(forward: OwnedMessage) -> OwnedMessage {
     let Some(headers) = forward.headers() else { return forward };
     let mut all = read_headers(headers).headers;
+    // Forwards made before the writer was named (an upgrade under way) end at the source
+    // headers.
+    if all.last().is_some_and(|(name, _)| name == WRITER_HEADER) {
+        all.pop();
+    }
     let Some(at) = all.len().checked_sub(SOURCE_HEADERS.len()) else { return forward };
     let names_match = all[at..].iter().zip(SOURCE_HEADERS).all(|((name, _), expected)| name == expected);
     if !names_match {
@@ -137,10 +145,16 @@ mod tests {
             .insert(Header { key: "traceparent", value: Some("00-abc-def-01") })
             .insert(Header { key: "empty", value: None::<&[u8]> });
         let original_input = input(Some(b"producer-key"), Some(headers));
-        let record = forward_record("g.dedupd-by-key", 5, "order-17", &original_input);
+        let record = forward_record(("g.dedupd-by-key", 5), "order-17", &original_input, "dedupd-0123456789abcdef");
         assert_eq!((record.topic, record.partition, record.key), ("g.dedupd-by-key", Some(5), Some(&b"order-17"[..])));
         let forward = consumed(&record, 900);
         assert_eq!(forward.timestamp().to_millis(), Some(1_700_000_000_000), "the input's timestamp is kept");
+        let last = names_and_values(&forward).pop();
+        assert_eq!(
+            last,
+            Some((WRITER_HEADER.to_string(), Some(b"dedupd-0123456789abcdef".to_vec()))),
+            "names its writer"
+        );
         let back = original(forward);
         assert_eq!((back.topic(), back.partition(), back.offset()), ("commands", 2, 41));
         assert_eq!(back.key(), Some(&b"producer-key"[..]));
@@ -153,11 +167,11 @@ mod tests {
     fn a_forwards_size_counts_what_goes_to_the_broker() {
         let headers = OwnedHeaders::new().insert(Header { key: "h", value: Some("0123456789") });
         let original_input = input(Some(b"producer-key"), Some(headers));
-        let record = forward_record("hop", 1, "order-17", &original_input);
+        let record = forward_record(("hop", 1), "order-17", &original_input, "dedupd-0123456789abcdef");
         let value = record.payload.map_or(0, <[u8]>::len);
         let headers = record.headers.as_ref().map_or(0, crate::envelope::header_bytes);
         let exact = record.key.map_or(0, <[u8]>::len) + value + headers;
-        let counted = forward_size("hop", "order-17", &original_input);
+        let counted = forward_size("hop", "order-17", &original_input, "dedupd-0123456789abcdef");
         assert!(counted >= exact, "{counted} < {exact}: a forward could be larger than counted");
         assert!(counted <= exact + 64, "{counted} counts far more than {exact}");
     }
@@ -165,10 +179,27 @@ mod tests {
     #[test]
     fn an_input_without_key_or_headers_comes_back_without_them() {
         let original_input = input(None, None);
-        let back = original(consumed(&forward_record("hop", 0, "k", &original_input), 3));
+        let back = original(consumed(&forward_record(("hop", 0), "k", &original_input, "dedupd-0123456789abcdef"), 3));
         assert_eq!(back.key(), None);
         assert!(back.headers().is_none());
         assert_eq!((back.topic(), back.partition(), back.offset()), ("commands", 2, 41));
+    }
+
+    #[test]
+    fn a_forward_that_names_no_writer_reads_back_as_its_input_too() {
+        let original_input = input(Some(b"producer-key"), None);
+        let mut record = forward_record(("hop", 0), "k", &original_input, "dedupd-0123456789abcdef");
+        // As forwarded before writers were named (an upgrade under way): the source headers last.
+        let all = names_and_values(&consumed(&record, 3));
+        let mut headers = OwnedHeaders::new();
+        for (name, value) in &all[..all.len() - 1] {
+            headers = headers.insert(Header { key: name, value: value.as_deref() });
+        }
+        record.headers = Some(headers);
+        let back = original(consumed(&record, 3));
+        assert_eq!((back.topic(), back.partition(), back.offset()), ("commands", 2, 41));
+        assert_eq!(back.key(), Some(&b"producer-key"[..]));
+        assert!(back.headers().is_none());
     }
 
     #[test]

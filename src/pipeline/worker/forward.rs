@@ -23,6 +23,9 @@ impl PartitionWorker {
         state: &StatePartitions,
     ) -> Result<(Option<Unacked>, bool), Stop> {
         let (by_key, partitions) = (state.by_key.as_deref().unwrap_or_default(), state.count);
+        // The hop runs only in transactions (config validation); the writer names itself in
+        // each forward (transactions.rs, invariant 8).
+        let writer = self.shared.transactions.as_ref().map_or("", |t| t.id());
         let started = Instant::now();
         let Some(last_offset) = batch.last().map(Message::offset) else { return Ok((None, true)) };
         self.in_batch.set(&batch);
@@ -31,7 +34,7 @@ impl PartitionWorker {
         for m in batch {
             let mut item: Item = self.untraced_item(&m, None);
             if let Ok(cmd) = &item.parsed {
-                let size = forward_size(by_key, &cmd.key, &m);
+                let size = forward_size(by_key, &cmd.key, &m, writer);
                 if size > state.forward_limit {
                     item.parsed = Err(too_large_to_forward(cmd, size, state.forward_limit));
                 }
@@ -49,8 +52,10 @@ impl PartitionWorker {
                 }
             }
         }
-        let forwards =
-            commands.iter().map(|(m, key)| forward_record(by_key, state_partition(key, partitions), key, m)).collect();
+        let forwards = commands
+            .iter()
+            .map(|(m, key)| forward_record((by_key, state_partition(key, partitions)), key, m, writer))
+            .collect();
         let refs: Vec<(&OwnedMessage, &Processed)> = rejections.iter().map(|(m, p)| (m, p)).collect();
         let acks = self.publish(&refs, forwards, last_offset).await?;
         tracing::debug!(topic = %self.topic, partition = self.partition, forwarded = commands.len(), rejected = rejections.len(), "batch forwarded");
