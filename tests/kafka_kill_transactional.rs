@@ -1,4 +1,4 @@
-//! Transactional results (`kafka.transactional_results = true`, src/pipeline/transactions.rs)
+//! Transactional results (`kafka.transactional_results = true`, src/pipeline/transactions/mod.rs)
 //! across SIGKILLs: a `read_committed` reader of the results topic sees exactly one result per
 //! input record, nothing is lost, and a sink that does not forward the key is called at most
 //! once per key.

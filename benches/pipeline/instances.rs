@@ -150,6 +150,9 @@ pub async fn failover(bootstrap: &str, backend: StoreBackend, run: &Failover) {
     let _ = Command::new("kill").arg("-TERM").arg(children[0].id().to_string()).status();
     let _ = children[0].wait();
     let _ = children[1].wait();
+    if std::env::var_os("DEDUPD_BENCH_KEEP_LOGS").is_some() {
+        println!("logs kept in {} (0.log: the survivor, 1.log: the one killed)", dir.keep().display());
+    }
 }
 
 /// The instance to kill, and the log of the one that survives it.

@@ -31,7 +31,7 @@ pub struct KafkaConfig {
     /// Topic receiving invalid and stale input, unchanged, with reason headers.
     pub dead_letter_topic: String,
     /// Publish results and dead letters in Kafka transactions that also commit their input
-    /// offsets (pipeline/transactions.rs), so a `read_committed` reader sees exactly one
+    /// offsets (pipeline/transactions/mod.rs), so a `read_committed` reader sees exactly one
     /// result per input record, also across crashes.
     pub transactional_results: bool,
     /// Under `transactional_results`: how often the open transaction commits. Longer means

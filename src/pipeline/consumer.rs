@@ -107,7 +107,7 @@ impl ConsumerContext for PipelineContext {
             && !matches!(rebalance, Rebalance::Error(_))
         {
             // Offsets from now on commit with the generation this callback belongs to
-            // (transactions.rs, invariant 5): the one about to end for an eager revoke,
+            // (transactions, invariant 5): the one about to end for an eager revoke,
             // the new one for an assignment and for a cooperative revoke, whose commit
             // (`end_transaction`) the broker would refuse with the one before.
             transactions.set_group(consumer.group_metadata());
@@ -139,7 +139,7 @@ impl ConsumerContext for PipelineContext {
             self.restore(consumer, &parts);
             let committed = read_committed(consumer, &parts);
             if let Some(transactions) = &self.transactions {
-                // Every commit carries the owned partitions' offsets (transactions.rs,
+                // Every commit carries the owned partitions' offsets (transactions,
                 // invariant 6).
                 if let Ok(committed) = &committed {
                     transactions.own(committed.iter().map(|(tp, offset)| match offset {
@@ -248,7 +248,7 @@ impl PipelineContext {
     /// Commits the open results transaction with what the drained workers recorded, or, when
     /// the assignment was lost, aborts it: its generation can commit nothing more, and its
     /// other partitions' results go with it, so this instance is fenced and the pipeline
-    /// starts again, reading them again (transactions.rs, invariants 4 and 6).
+    /// starts again, reading them again (transactions, invariants 4 and 6).
     pub(super) fn end_transaction(&self, transactions: &Transactions, lost: bool, when: &str) {
         if lost {
             tracing::error!(

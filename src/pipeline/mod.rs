@@ -137,7 +137,7 @@ pub struct Running {
 ///
 /// Under `kafka.transactional_results`, an instance that finds its group generation gone
 /// with work in the open transaction (fenced: paused past its session, its partitions
-/// moved; transactions.rs, invariant 6) aborts that transaction and starts the pipeline
+/// moved; transactions, invariant 6) aborts that transaction and starts the pipeline
 /// again in process, as a restart would: from the committed offsets, with its store
 /// rebuilt from the changelog under `store.changelog`. The metrics and the HTTP address
 /// carry over, so `dedupd_fenced_total` counts every fence.
@@ -160,6 +160,13 @@ pub async fn run(
     let ended = loop {
         match run_once(&config, &options, &shutdown_requested, &mut kept, &mut on_start).await {
             Ok(Ended::Fenced(store)) if !shutdown_requested.is_cancelled() => {
+                if !kept.fences.allows(std::time::Instant::now()) {
+                    tracing::error!(
+                        "fenced again and again: another process may take this store's transactional.id each time \
+                         (a copied store?); stopping"
+                    );
+                    break Err(PipelineError::Fatal);
+                }
                 if let Err(e) = restart_after_fence(store, &shutdown_requested).await {
                     break Err(e);
                 }

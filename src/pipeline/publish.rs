@@ -181,7 +181,7 @@ pub(crate) fn producer_config_with(
             let timeout = c.get("transaction.timeout.ms").map_or(TRANSACTION_TIMEOUT_MS.to_string(), str::to_string);
             c.set("message.timeout.ms", timeout);
         }
-        // Every commit sends offsets (transactions.rs, invariant 6), and the coordinator
+        // Every commit sends offsets (transactions, invariant 6), and the coordinator
         // answers the first request of a transaction `CONCURRENT_TRANSACTIONS` while it
         // still writes the markers of the one before; librdkafka then waits
         // `retry.backoff.ms` (100 ms by default) to ask again, for every commit under load

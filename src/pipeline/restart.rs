@@ -1,9 +1,10 @@
 //! What carries over when a fenced run of the pipeline starts again in process (see
 //! [`super::run`]), and the wait before it does.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -16,6 +17,35 @@ use crate::store::KeyStore;
 pub(super) struct Kept {
     pub(super) metrics: Option<Arc<Metrics>>,
     pub(super) http_addr: Option<SocketAddr>,
+    pub(super) fences: FenceBudget,
+}
+
+/// At most this many fenced restarts within [`FENCE_WINDOW`]; one more stops the process.
+const MAX_FENCED_RESTARTS: usize = 10;
+const FENCE_WINDOW: Duration = Duration::from_secs(600);
+
+/// The fenced restarts made recently. A fence is rare (a pause past the session, another
+/// instance finding this one's transaction stalled); fences in a row mean another process
+/// takes this store's `transactional.id` each time this one takes it back (a copied
+/// store), which only stopping one of them ends.
+#[derive(Default)]
+pub(super) struct FenceBudget {
+    restarts: VecDeque<Instant>,
+}
+
+impl FenceBudget {
+    /// Whether a fence at `now` may start the pipeline again (and counts it): not when
+    /// [`MAX_FENCED_RESTARTS`] were made within [`FENCE_WINDOW`] before it.
+    pub(super) fn allows(&mut self, now: Instant) -> bool {
+        while self.restarts.front().is_some_and(|&at| now.saturating_duration_since(at) > FENCE_WINDOW) {
+            self.restarts.pop_front();
+        }
+        if self.restarts.len() >= MAX_FENCED_RESTARTS {
+            return false;
+        }
+        self.restarts.push_back(now);
+        true
+    }
 }
 
 /// How one run of the pipeline ended without an error.
@@ -54,4 +84,21 @@ pub(super) async fn restart_after_fence(
         () = tokio::time::sleep(FENCED_RESTART_DELAY) => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_in_a_row_stop_the_restarts_and_old_ones_are_forgotten() {
+        let (mut budget, t0) = (FenceBudget::default(), Instant::now());
+        for i in 0..MAX_FENCED_RESTARTS {
+            assert!(budget.allows(t0 + Duration::from_secs(i as u64)), "restart {i}");
+        }
+        assert!(!budget.allows(t0 + Duration::from_secs(30)), "one too many within the window");
+        let later = t0 + FENCE_WINDOW + Duration::from_millis(500);
+        assert!(budget.allows(later), "the first has left the window");
+        assert!(!budget.allows(later), "and only it");
+    }
 }

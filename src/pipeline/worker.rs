@@ -169,7 +169,7 @@ impl PartitionWorker {
             let Some(first) = first else { break Stop::Drain };
             if !first_seen && let Some(transactions) = &self.shared.transactions {
                 // Every commit proves this generation still owns the partition
-                // (transactions.rs, invariant 6), also before the group holds an offset for it.
+                // (transactions, invariant 6), also before the group holds an offset for it.
                 transactions.note_first_offset(&(self.topic.clone(), self.partition), first.offset());
             }
             first_seen = true;
@@ -327,7 +327,7 @@ impl PartitionWorker {
 
     /// Hands a batch's results (and, under the hop, its forwards) to the producer; the
     /// batch's sent part ends at `last_offset`. Under transactional results, as a member of
-    /// the open transaction, with that offset recorded in it (transactions.rs, invariants
+    /// the open transaction, with that offset recorded in it (transactions, invariants
     /// 1–3); a batch that could not be queued whole then stops the process, as its queued
     /// part would otherwise commit without its offset.
     async fn publish(
@@ -345,6 +345,10 @@ impl PartitionWorker {
             Stop::Fatal
         })?;
         let results = self.send_until_queued(refs, all_parts(refs)).await;
+        if !forwards.is_empty() {
+            // Each names its writer (transactions, invariant 8).
+            transactions.named(&member);
+        }
         let forwarded = self.shared.publisher.send_forwards(forwards).await;
         let (Some(results), None) = (results, &forwarded.rest) else {
             tracing::error!(topic = %self.topic, partition = self.partition, "results or forwards only partly queued in the open transaction; aborting it and stopping");
@@ -369,7 +373,7 @@ impl PartitionWorker {
         if let (Err(not_taken), Some(transactions)) = (&acked, &self.shared.transactions) {
             // The open transaction cannot commit without this record: abort it and stop.
             tracing::error!(error = %not_taken.error, topic = %self.topic, partition = self.partition, "a result of the open transaction was not acknowledged; aborting it and stopping");
-            transactions.fail();
+            transactions.fail_on(&not_taken.error);
             self.shared.fatal.cancel();
             return false;
         }

@@ -19,6 +19,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::ops::{Health, Metrics};
 use crate::pipeline::control::Tp;
+use crate::pipeline::transactions::WRITER_KEY_PREFIX;
 use crate::pipeline::{KafkaConfig, PipelineError};
 use crate::store::{Change, KeyStore};
 use crate::time::{Clock, SystemClock};
@@ -255,7 +256,10 @@ impl Restorer {
                     let Some(r) = reading.get_mut(&m.partition()).filter(|r| !r.done) else { continue };
                     let key = std::str::from_utf8(m.key().unwrap_or_default())
                         .map_err(|_| format!("the record at offset {} has a key that is not UTF-8", m.offset()))?;
-                    r.chunk.push(Change { key: key.to_string(), value: m.payload().map(<[u8]>::to_vec) });
+                    // A record that only names its writer holds no key (transactions, invariant 8).
+                    if !key.starts_with(WRITER_KEY_PREFIX) {
+                        r.chunk.push(Change { key: key.to_string(), value: m.payload().map(<[u8]>::to_vec) });
+                    }
                     r.next = m.offset() + 1;
                     if r.chunk.len() >= RESTORE_CHUNK {
                         r.applied += self.apply(m.partition(), std::mem::take(&mut r.chunk), r.next, &mut r.expired)?;

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::restore::{RestoreContext, Restorer, reader_config};
 use crate::ops::Metrics;
+use crate::pipeline::transactions::WRITER_KEY_PREFIX;
 use crate::pipeline::{KafkaConfig, PipelineError};
 use crate::store::Change;
 use crate::time::{Clock, SystemClock};
@@ -106,7 +107,10 @@ impl Standby {
                         ));
                         continue;
                     };
-                    tail.chunk.push(Change { key: key.to_string(), value: m.payload().map(<[u8]>::to_vec) });
+                    // A record that only names its writer holds no key (transactions, invariant 8).
+                    if !key.starts_with(WRITER_KEY_PREFIX) {
+                        tail.chunk.push(Change { key: key.to_string(), value: m.payload().map(<[u8]>::to_vec) });
+                    }
                     tail.next = m.offset() + 1;
                     if tail.chunk.len() >= CHUNK {
                         self.apply(p);

@@ -6,13 +6,12 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::partition::state_partition;
 use crate::engine::ChangeLog;
 use crate::pipeline::publish::Publisher;
-use crate::pipeline::transactions::{BeforeCommit, Transactions, WRITER_HEADER};
+use crate::pipeline::transactions::{BeforeCommit, Transactions, writer_headers};
 use crate::store::{Change, KeyStore};
 
 /// The store's changes to the changelog topic.
@@ -72,7 +71,7 @@ impl ChangelogWriter {
             sending.named.clear();
             sending.carried_by = carried_by;
         }
-        let writer = OwnedHeaders::new().insert(Header { key: WRITER_HEADER, value: Some(self.transactions.id()) });
+        let writer = writer_headers(self.transactions.id());
         for Change { key, value } in &changes {
             let partition = state_partition(key, self.partitions);
             let mut record = FutureRecord::to(&self.topic).partition(partition).key(key.as_bytes());
@@ -83,11 +82,14 @@ impl ChangelogWriter {
                 Some(v) => record.payload(v.as_slice()),
                 None => record,
             };
-            // Its acknowledgement is the commit's to wait for (transactions.rs, invariant 2).
+            // Its acknowledgement is the commit's to wait for (transactions, invariant 2).
             if let Err(e) = Publisher::enqueue_on(&self.producer, record).await {
                 self.transactions.fail();
                 return Err(format!("queueing a change of key {key:?} to {}: {e}", self.topic));
             }
+        }
+        if !sending.named.is_empty() {
+            self.transactions.named(&member);
         }
         drop(member);
         tracing::debug!(changes = changes.len(), "changes queued");

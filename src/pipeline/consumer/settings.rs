@@ -26,7 +26,7 @@ pub fn consumer_config(kafka: &KafkaConfig) -> Result<ClientConfig, ConnectionEr
     // refuses these keys in `kafka.consumer`).
     c.set("group.id", &kafka.group_id).set("enable.auto.offset.store", "false");
     if kafka.transactional_results {
-        // Offsets are committed in the results transaction only (pipeline/transactions.rs).
+        // Offsets are committed in the results transaction only (pipeline/transactions/mod.rs).
         c.set("enable.auto.commit", "false");
     }
     Ok(c)

@@ -24,7 +24,7 @@ impl PartitionWorker {
     ) -> Result<(Option<Unacked>, bool), Stop> {
         let (by_key, partitions) = (state.by_key.as_deref().unwrap_or_default(), state.count);
         // The hop runs only in transactions (config validation); the writer names itself in
-        // each forward (transactions.rs, invariant 8).
+        // each forward (transactions, invariant 8).
         let writer = self.shared.transactions.as_ref().map_or("", |t| t.id());
         let started = Instant::now();
         let Some(last_offset) = batch.last().map(Message::offset) else { return Ok((None, true)) };

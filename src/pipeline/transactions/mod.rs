@@ -43,9 +43,10 @@
 //!    process paused between its claim's commit and its call (longer than the lease) so
 //!    proves its ownership again on waking, and is fenced instead of calling.
 //! 8. What this producer writes to dedupd's own topics names its `transactional.id` in a
-//!    [`WRITER_HEADER`]: every forward to the by-key topic, and the first record of each
-//!    changelog partition in each transaction. So the first record of a transaction left
-//!    open on either topic (its writer dead or frozen) says whose it is, and another
+//!    [`WRITER_HEADER`]: every forward to the by-key topic, the first record of each
+//!    changelog partition in each transaction, and in a transaction with neither, a record
+//!    of its own (`named`). So the first record of a transaction left open on either topic
+//!    (its writer dead or frozen) says whose it is, and another
 //!    instance fences that id once it has held the partition's last stable offset for
 //!    longer than the group session or the transaction timeout, whichever is shorter
 //!    (`changelog::stalled`): the coordinator aborts it then, not at its next check for
@@ -67,51 +68,16 @@ use tokio_util::sync::CancellationToken;
 use super::control::Tp;
 use crate::ops::Metrics;
 
-/// The header naming the `transactional.id` that wrote a record (invariant 8).
-pub(crate) const WRITER_HEADER: &str = "dedupd-transaction";
+mod error;
+mod named;
+pub(crate) use error::TransactionError;
+pub(crate) use named::{WRITER_HEADER, WRITER_KEY_PREFIX, writer_headers};
 
 /// How long a commit waits for the gate: a queueing waits at most a minute for room in
 /// the producer's queue (`publish`), after which the worker gives up.
 const GATE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long each call to the transaction coordinator may take.
 const COORDINATOR_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why a transaction did not commit. Every one of them stops the process (invariant 4).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum TransactionError {
-    /// A worker held the gate too long (the producer's queue stayed full).
-    #[error("results could not be queued within {0:?}")]
-    GateTimeout(Duration),
-    /// Offsets to commit, but no group generation to commit them for.
-    #[error("no consumer group metadata to commit offsets with")]
-    NoGroup,
-    /// Kafka refused or failed the transaction; it was aborted when it could be.
-    #[error("transaction failed: {0}")]
-    Kafka(#[from] KafkaError),
-    /// An earlier transaction failed; nothing goes out any more.
-    #[error("an earlier transaction failed")]
-    Failed,
-}
-
-impl TransactionError {
-    /// Whether the broker refused the commit because this member's group generation is
-    /// gone (it was paused past its session, or its partitions moved): an abortable error
-    /// for librdkafka, a fence for dedupd (invariant 6).
-    fn is_fence(&self) -> bool {
-        use rdkafka::types::RDKafkaErrorCode as C;
-        let code = match self {
-            TransactionError::Kafka(KafkaError::Transaction(e)) => e.code(),
-            TransactionError::Kafka(e) => match e.rdkafka_error_code() {
-                Some(code) => code,
-                None => return false,
-            },
-            _ => return false,
-        };
-        // `ProducerFenced`/`Fenced`: another holder of the `transactional.id` fenced it, as a
-        // survivor does to a transaction that stalls its partitions (invariant 8).
-        matches!(code, C::IllegalGeneration | C::UnknownMemberId | C::FencedInstanceId | C::ProducerFenced | C::Fenced)
-    }
-}
 
 /// Leave to queue records in the open transaction and record their offset: a shared hold
 /// on the gate, released when dropped (nothing reads the guard itself).
@@ -132,6 +98,7 @@ pub(crate) struct Transactions {
     /// The producer's `transactional.id`, named in what it writes to dedupd's own topics
     /// (invariant 8).
     id: String,
+    naming: named::Naming,
     gate: Arc<RwLock<()>>,
     pending: Mutex<Pending>,
     group: Mutex<Option<Arc<ConsumerGroupMetadata>>>,
@@ -189,6 +156,7 @@ impl Transactions {
         Ok(Transactions {
             producer,
             id: id.to_string(),
+            naming: named::Naming::default(),
             gate: Arc::new(RwLock::new(())),
             pending: Mutex::new(Pending::default()),
             group: Mutex::new(None),
@@ -208,6 +176,23 @@ impl Transactions {
     /// The producer's `transactional.id`.
     pub(crate) fn id(&self) -> &str {
         &self.id
+    }
+
+    /// What was queued under `member` names the writer (invariant 8).
+    pub(crate) fn named(&self, member: &Member) {
+        self.naming.named(self.carrying_commit(member));
+    }
+
+    /// The key of the changelog record naming this writer in a commit that names it
+    /// nowhere else (invariant 8).
+    pub(crate) fn writer_key(&self) -> String {
+        format!("{WRITER_KEY_PREFIX}{}", self.id)
+    }
+
+    /// Under `store.changelog`: a commit that names the writer nowhere else names it on
+    /// partition `partition` of the changelog `topic` (invariant 8).
+    pub(crate) fn name_on(&self, topic: &str, partition: i32) {
+        self.naming.name_on(topic, partition, self.writer_key());
     }
 
     /// A [`Member`] once no commit holds the gate; drop it as soon as the batch's results
@@ -287,6 +272,15 @@ impl Transactions {
         self.failed.store(true, Ordering::Release);
     }
 
+    /// [`Transactions::fail`] for a record Kafka did not take for `error`: a fence when it
+    /// says this producer was fenced (invariant 8).
+    pub(crate) fn fail_on(&self, error: &KafkaError) {
+        if TransactionError::Kafka(error.clone()).is_fence() {
+            self.mark_fenced();
+        }
+        self.fail();
+    }
+
     /// Commits the open transaction with every offset included in it and opens the next;
     /// does nothing when nothing was queued or included. On failure the transaction is aborted
     /// and no member is handed out any more (invariant 4).
@@ -306,6 +300,12 @@ impl Transactions {
         if pending.offsets.is_empty() && !pending.joined {
             self.done.send_modify(|d| d.number = number);
             return Ok(());
+        }
+        if let Some(record) = self.naming.record_for(number, writer_headers(&self.id)) {
+            // Invariant 8. Without it the transaction is only not named: commit anyway.
+            if let Err((e, _)) = self.producer.send_result(record) {
+                tracing::warn!(error = %e, "could not queue the record naming this writer in its transaction");
+            }
         }
         let group = self.group.lock().clone();
         let producer = self.producer.clone();
