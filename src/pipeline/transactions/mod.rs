@@ -46,11 +46,11 @@
 //!    [`WRITER_HEADER`]: every forward to the by-key topic, the first record of each
 //!    changelog partition in each transaction, and in a transaction with neither, a record
 //!    of its own (`named`). So the first record of a transaction left open on either topic
-//!    (its writer dead or frozen) says whose it is, and another
-//!    instance fences that id once it has held the partition's last stable offset for
-//!    longer than the group session or the transaction timeout, whichever is shorter
-//!    (`changelog::stalled`): the coordinator aborts it then, not at its next check for
-//!    timed-out transactions. A producer fenced so is a fence here too (invariant 6).
+//!    (its writer dead or frozen) says whose it is, and another instance fences that id
+//!    once it has held the partition's last stable offset for longer than the group
+//!    session or the transaction timeout, whichever is shorter (`changelog::stalled`): the
+//!    coordinator aborts it then, not at its next check for timed-out transactions. A
+//!    producer fenced so is a fence here too (invariant 6).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -404,6 +404,11 @@ fn commit_and_begin(
     group: Option<Arc<ConsumerGroupMetadata>>,
 ) -> Result<(), TransactionError> {
     let committed = (|| {
+        // The records first, then the offsets, so that the broker never holds this
+        // transaction's offsets without its records on dedupd's topics, which name the
+        // writer (invariant 8): pending offsets hold every read of the group's committed
+        // offsets, and only a record naming the writer lets another instance end them.
+        wait_until_delivered(producer, COORDINATOR_TIMEOUT);
         if !offsets.is_empty() {
             let group = group.ok_or(TransactionError::NoGroup)?;
             let mut list = TopicPartitionList::with_capacity(offsets.len());
@@ -414,7 +419,6 @@ fn commit_and_begin(
                 producer.send_offsets_to_transaction(&list, &group, COORDINATOR_TIMEOUT)
             })?;
         }
-        wait_until_delivered(producer, COORDINATOR_TIMEOUT);
         crate::crash::point("transaction.delivered");
         retrying("committing the transaction", || producer.commit_transaction(COORDINATOR_TIMEOUT))
     })();
