@@ -19,6 +19,7 @@ use common::exposition::Exposition;
 use common::kafka;
 use common::pay_kills::{self, results};
 use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, TopicTail, tail_of_file, wait_for_http_addr};
+use common::state_group::WRITER_KEY_PREFIX;
 use dedupd::outcome::Outcome;
 use dedupd::pipeline::state_partition;
 use dedupd::store::{Completed, Completion, Record};
@@ -32,8 +33,6 @@ const PARTITIONS: i32 = 3;
 const KEY: usize = 7;
 /// The header dedupd names a record's writer in.
 const WRITER_HEADER: &str = "dedupd-transaction";
-/// How the key of a changelog record that only names its writer begins.
-const WRITER_KEY_PREFIX: &str = "\u{0}dedupd-writer/";
 /// The broker would abort the dead instance's transaction after this long: far beyond the
 /// wait for the result below.
 const DEAD_TRANSACTION_TIMEOUT_MS: &str = "120000";

@@ -81,7 +81,17 @@ impl StateGroup {
 /// Every record of the changelog `topic` `read_committed`, read to the end, as (partition,
 /// key, record or `None` for a tombstone).
 pub async fn changelog(bootstrap: &str, topic: &str) -> Vec<(i32, String, Option<Record>)> {
-    kafka::read_to_end(bootstrap, topic, "read_committed").await.iter().map(decoded).collect()
+    let records = kafka::read_to_end(bootstrap, topic, "read_committed").await;
+    records.iter().map(decoded).filter(|(_, key, _)| !names_a_writer(key)).collect()
+}
+
+/// How the key of a changelog record that only names its writer begins (a transaction
+/// with nothing else on dedupd's topics has one: src/pipeline/transactions/named.rs).
+pub const WRITER_KEY_PREFIX: &str = "\u{0}dedupd-writer/";
+
+/// Whether a changelog record keyed `key` only names its writer: no key's record.
+pub fn names_a_writer(key: &str) -> bool {
+    key.starts_with(WRITER_KEY_PREFIX)
 }
 
 fn decoded(m: &OwnedMessage) -> (i32, String, Option<Record>) {
