@@ -21,7 +21,7 @@ use common::pay_kills::{self, calls_per_key, results, wait_for_every_result};
 use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, TopicTail, tail_of_file};
 use dedupd::outcome::{Outcome, ResultRecord};
 use dedupd::pipeline::state_partition;
-use dedupd::store::{Completed, Completion, Record};
+use dedupd::store::Record;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
@@ -64,7 +64,7 @@ async fn abort_a_transaction_on(bootstrap: &str, changelog: &str) {
     producer.init_transactions(Duration::from_secs(30)).expect("init transactions");
     producer.begin_transaction().expect("begin");
     let ghost = pay_kills::key(GHOST);
-    let completed = completed_record(GHOST);
+    let completed = common::state_group::completed_record(GHOST);
     let key0 = pay_kills::key(0);
     let ghost_record = FutureRecord::to(changelog)
         .partition(state_partition(&ghost, PARTITIONS))
@@ -223,22 +223,6 @@ async fn wait_for_restore_lines(log: &Path, p: &mut DedupdProcess) {
 /// Keys written straight to the changelog for the restore-progress test.
 const RESTORED_KEYS: usize = 100_000;
 
-/// A completed record, as dedupd writes one.
-fn completed_record(i: usize) -> Vec<u8> {
-    Record::Completed(Completed {
-        fingerprint: dedupd::fingerprint::Fingerprint([7; 32]),
-        outcome: Completion::Succeeded,
-        result: format!("{{\"i\":{i}}}").into_bytes(),
-        error: None,
-        first_seen_at_ms: 1,
-        completed_at_ms: 2,
-        expires_at_ms: 4_000_000_000_000,
-        attempts: 1,
-        source: None,
-    })
-    .encode()
-}
-
 /// The value of the metric sample `line_start` (name and labels) in a scrape, if present.
 fn sample(scrape: &str, line_start: &str) -> Option<f64> {
     scrape.lines().find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
@@ -255,7 +239,7 @@ async fn a_restore_shows_in_readyz_and_the_metrics_until_it_ends() {
         .map(|i| {
             let key = format!("r-{i}");
             let partition = state_partition(&key, PARTITIONS);
-            (key, completed_record(i), Vec::new(), Some(partition))
+            (key, common::state_group::completed_record(i), Vec::new(), Some(partition))
         })
         .collect();
     kafka::produce_all_with(&producer, changelog, records).await;
@@ -322,7 +306,7 @@ async fn a_restore_waits_for_a_transaction_open_at_assignment_and_sees_what_it_c
     producer.init_transactions(Duration::from_secs(30)).expect("init transactions");
     producer.begin_transaction().expect("begin");
     let key = pay_kills::key(PENDING);
-    let completed = completed_record(PENDING);
+    let completed = common::state_group::completed_record(PENDING);
     let record = FutureRecord::to(changelog)
         .partition(state_partition(&key, PARTITIONS))
         .key(key.as_bytes())

@@ -22,7 +22,6 @@ use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, TopicTail, tai
 use common::state_group::WRITER_KEY_PREFIX;
 use dedupd::outcome::Outcome;
 use dedupd::pipeline::state_partition;
-use dedupd::store::{Completed, Completion, Record};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -40,23 +39,6 @@ const DEAD_TRANSACTION_TIMEOUT_MS: &str = "120000";
 /// thread, the restore and the call, with room for a slow machine; well short of the
 /// coordinator's own abort.
 const RESULT_WITHIN: Duration = Duration::from_secs(60);
-
-/// A completion of command `i` with another fingerprint than the command's: restored, it
-/// would make the command a conflict without a call.
-fn completed_record(i: usize) -> Vec<u8> {
-    Record::Completed(Completed {
-        fingerprint: dedupd::fingerprint::Fingerprint([7; 32]),
-        outcome: Completion::Succeeded,
-        result: format!("{{\"i\":{i}}}").into_bytes(),
-        error: None,
-        first_seen_at_ms: 1,
-        completed_at_ms: 2,
-        expires_at_ms: 4_000_000_000_000,
-        attempts: 1,
-        source: None,
-    })
-    .encode()
-}
 
 /// One test's topics, config, sink and `dedupd run` (not started).
 struct Setup {
@@ -177,7 +159,7 @@ async fn a_transaction_a_dead_instance_left_open_on_the_changelog_is_aborted_by_
     // there naming its writer, as dedupd's would.
     let (dead, dead_id) = run.dead_instance();
     let key = pay_kills::key(KEY);
-    let completed = completed_record(KEY);
+    let completed = common::state_group::completed_record(KEY);
     let record = FutureRecord::to(&run.changelog)
         .partition(state_partition(&key, PARTITIONS))
         .key(key.as_bytes())

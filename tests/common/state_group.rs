@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use dedupd::pipeline::state_partition;
-use dedupd::store::Record;
+use dedupd::store::{Completed, Completion, Record};
 use rdkafka::message::{Message, OwnedMessage};
 
 use super::exposition::Exposition;
@@ -120,3 +120,20 @@ pub fn restores(log: &std::path::Path) -> Vec<(String, u64)> {
 
 /// How long a test waits for a condition on the group.
 pub const PATIENCE: Duration = Duration::from_secs(90);
+
+/// A completed record of command `i`, as dedupd writes one, with another fingerprint than
+/// the command's: restored, it makes the command a conflict without a call.
+pub fn completed_record(i: usize) -> Vec<u8> {
+    Record::Completed(Completed {
+        fingerprint: dedupd::fingerprint::Fingerprint([7; 32]),
+        outcome: Completion::Succeeded,
+        result: format!("{{\"i\":{i}}}").into_bytes(),
+        error: None,
+        first_seen_at_ms: 1,
+        completed_at_ms: 2,
+        expires_at_ms: 4_000_000_000_000,
+        attempts: 1,
+        source: None,
+    })
+    .encode()
+}
