@@ -8,6 +8,8 @@
 //! - `writer`: the store's captured changes go out in the process's open transaction, and
 //!   the engine's durability points wait for their commit (a claim is committed there
 //!   before its sink runs; a completion before its result and offset);
+//! - `ends`: a partition's end offsets, read again while a client's metadata does not know
+//!   the partition yet (a topic just created);
 //! - `restore`: on assignment, each state partition is read back from its checkpoint before
 //!   any of its records is processed; when let go, its checkpoint moves to the end;
 //! - `standby`: with `store.standby`, the partitions not held are tailed into the store, so
@@ -16,6 +18,7 @@
 //!   (killed, frozen) is aborted by fencing its writer, once it has held a partition's last
 //!   stable offset for the group session or the transaction timeout.
 
+mod ends;
 mod partition;
 mod restore;
 mod stalled;

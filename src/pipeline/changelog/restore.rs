@@ -17,6 +17,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::ends::end_offsets;
 use crate::ops::{Health, Metrics};
 use crate::pipeline::control::Tp;
 use crate::pipeline::transactions::WRITER_KEY_PREFIX;
@@ -218,11 +219,8 @@ impl Restorer {
         let mut reading = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
         for &p in partitions {
-            let (low, high) = self
-                .end_reader
-                .lock()
-                .fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT)
-                .map_err(|e| e.to_string())?;
+            let (low, high) =
+                end_offsets(&self.end_reader.lock(), &self.topic, p, WATERMARKS_TIMEOUT).map_err(|e| e.to_string())?;
             let from = self.store.checkpoint(&self.topic, p).map_err(|e| e.to_string())?.unwrap_or(low).max(low);
             reading.insert(p, Restoring::starting(from, high));
             if from < high {
@@ -312,7 +310,7 @@ impl Restorer {
             if !self.held.lock().owned.contains(&p) {
                 continue;
             }
-            let end = self.consumer.lock().fetch_watermarks(&self.topic, p, WATERMARKS_TIMEOUT);
+            let end = end_offsets(&self.consumer.lock(), &self.topic, p, WATERMARKS_TIMEOUT);
             let mut held = self.held.lock();
             match end {
                 Ok((_, high)) => {

@@ -35,6 +35,7 @@ use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use super::ends::end_offsets;
 use super::restore::{RestoreContext, reader_config};
 use crate::envelope::read_headers;
 use crate::ops::Metrics;
@@ -175,8 +176,8 @@ impl StalledTransactions {
 
     /// The partition's last stable offset and high watermark.
     fn ends(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
-        let (_, stable) = self.committed.fetch_watermarks(topic, partition, READ_TIMEOUT)?;
-        let (_, high) = self.uncommitted.fetch_watermarks(topic, partition, READ_TIMEOUT)?;
+        let (_, stable) = end_offsets(&self.committed, topic, partition, READ_TIMEOUT)?;
+        let (_, high) = end_offsets(&self.uncommitted, topic, partition, READ_TIMEOUT)?;
         Ok((stable, high))
     }
 

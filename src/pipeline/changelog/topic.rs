@@ -8,7 +8,7 @@
 //! A changelog topic that exists with another count is refused: its records would be on the
 //! wrong partitions.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -169,7 +169,44 @@ async fn create(
         }
     }
     tracing::info!(topic = %name, ?purpose, partitions, replication_factor = rf, min_insync_replicas = min_isr, "topic created");
+    let name = name.to_string();
+    let listed = tokio::task::spawn_blocking(move || wait_until_listed(&admin, &name, partitions, timeout)).await;
+    if let Ok(Err(topic)) = listed {
+        // Not an error: restores read a partition again while their client does not know it (ends.rs).
+        tracing::warn!(%topic, ?timeout, "topic created but not yet listed with all its partitions led; going on");
+    }
     Ok(())
+}
+
+/// Waits up to `timeout` until the cluster's metadata lists `name` with `partitions`
+/// partitions, each with a leader: a broker learns of a new topic after its controller, and
+/// a client that asks it meanwhile is told the partition is unknown. Blocking; `Err(name)`
+/// when the time is up.
+fn wait_until_listed(
+    admin: &AdminClient<DefaultClientContext>,
+    name: &str,
+    partitions: i32,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let listed = admin.inner().fetch_metadata(Some(name), left).is_ok_and(|metadata| {
+            metadata.topics().iter().any(|t| {
+                t.name() == name
+                    && t.error().is_none()
+                    && t.partitions().len() == usize::try_from(partitions).unwrap_or(0)
+                    && t.partitions().iter().all(|p| p.error().is_none() && p.leader() >= 0)
+            })
+        });
+        if listed {
+            return Ok(());
+        }
+        if left.is_zero() {
+            return Err(name.to_string());
+        }
+        std::thread::sleep(Duration::from_millis(100).min(left));
+    }
 }
 
 #[cfg(test)]
