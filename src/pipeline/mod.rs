@@ -29,6 +29,8 @@
 //!   the open transaction, and the restore of a state partition before it is processed.
 //! - `hop`: under `store.changelog` without `kafka.copartitioned`, the by-key topic's
 //!   records (a forward and the input it was made of) and its purge.
+//! - `background`: what serves beside the consumer until `run` stops (HTTP, purge, the
+//!   circuit gauges).
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
 //!   gauges. `restart`: what carries over when a fenced run starts again.
 //!
@@ -37,6 +39,7 @@
 //! `hop` and `transactions`; `hop` uses none of them; `changelog` uses `publish` and `transactions`; `partitions` uses
 //! `control` and `queue`, `circuits` and `transactions` only `control`.
 
+mod background;
 mod changelog;
 mod circuits;
 pub mod config;
@@ -59,7 +62,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -67,6 +69,7 @@ use crate::engine::{Clock, Engine, EngineError, EngineParts, SystemClock};
 use crate::ops::{Health, Metrics};
 use crate::sinks::{self, Sink};
 use crate::store::{KeyStore, StoreError};
+use background::Background;
 use restart::{Ended, Kept, restart_after_fence};
 
 pub use changelog::state_partition;
@@ -401,66 +404,6 @@ impl Core {
             })?;
         tracing::info!(transactional_id = %id, "results are published in transactions");
         Ok((Arc::new(publisher), Some(Arc::new(transactions))))
-    }
-}
-
-/// What serves beside the consumer until `stop`: HTTP, purge and the circuit gauges.
-struct Background {
-    http_addr: SocketAddr,
-    http: JoinHandle<()>,
-    purge: JoinHandle<()>,
-    circuit_gauges: Vec<JoinHandle<()>>,
-}
-
-impl Background {
-    async fn start(
-        config: &Config,
-        listen: SocketAddr,
-        core: &Core,
-        sinks: SinksByName,
-        stop: &CancellationToken,
-    ) -> Result<Background, PipelineError> {
-        let circuit_gauges = circuits::spawn_gauges(&sinks, &core.metrics, stop);
-        // From here on the engine alone keeps the sinks.
-        drop(sinks);
-        let admin = config.http.admin_token.clone().map(|token| crate::ops::AdminApi {
-            store: Arc::clone(&core.store),
-            token,
-            resolve_ttl: config.store.default_ttl,
-            compaction_chunk: config.store.compaction_chunk.get(),
-            status: Some(crate::ops::StatusSources {
-                health: Arc::clone(&core.health),
-                metrics: Arc::clone(&core.metrics),
-            }),
-            owner: core.changelog.as_ref().map(changelog::Changelog::key_owner),
-        });
-        let metrics = Arc::clone(&core.metrics);
-        let stopped = stop.clone().cancelled_owned();
-        let (http_addr, http) = crate::ops::serve_with_admin(listen, metrics, Arc::clone(&core.health), admin, stopped)
-            .await
-            .map_err(|e| PipelineError::Ops(e.to_string()))?;
-        // The listener's own errors end it; `run` goes on draining regardless.
-        let http = tokio::spawn(async move {
-            let _ = http.await;
-        });
-        let purge = tokio::spawn(purge::run(
-            Arc::clone(&core.store),
-            Arc::clone(&core.metrics),
-            Arc::clone(&core.engine),
-            Arc::clone(&core.clock),
-            config.store.clone(),
-            stop.clone(),
-        ));
-        Ok(Background { http_addr, http, purge, circuit_gauges })
-    }
-
-    /// Waits for every task once `stop` is cancelled.
-    async fn join(self) {
-        let _ = self.purge.await;
-        let _ = self.http.await;
-        for gauge in self.circuit_gauges {
-            let _ = gauge.await;
-        }
     }
 }
 

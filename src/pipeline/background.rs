@@ -1,0 +1,71 @@
+//! What serves beside the consumer until `run` stops: the HTTP listener (metrics, health,
+//! the admin API), TTL compaction (`purge`) and the circuit gauges.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{Core, PipelineError, SinksByName, changelog, circuits, purge};
+use crate::config::Config;
+
+/// What serves beside the consumer until `stop`: HTTP, purge and the circuit gauges.
+pub(super) struct Background {
+    pub(super) http_addr: SocketAddr,
+    http: JoinHandle<()>,
+    purge: JoinHandle<()>,
+    circuit_gauges: Vec<JoinHandle<()>>,
+}
+
+impl Background {
+    pub(super) async fn start(
+        config: &Config,
+        listen: SocketAddr,
+        core: &Core,
+        sinks: SinksByName,
+        stop: &CancellationToken,
+    ) -> Result<Background, PipelineError> {
+        let circuit_gauges = circuits::spawn_gauges(&sinks, &core.metrics, stop);
+        // From here on the engine alone keeps the sinks.
+        drop(sinks);
+        let admin = config.http.admin_token.clone().map(|token| crate::ops::AdminApi {
+            store: Arc::clone(&core.store),
+            token,
+            resolve_ttl: config.store.default_ttl,
+            compaction_chunk: config.store.compaction_chunk.get(),
+            status: Some(crate::ops::StatusSources {
+                health: Arc::clone(&core.health),
+                metrics: Arc::clone(&core.metrics),
+            }),
+            owner: core.changelog.as_ref().map(changelog::Changelog::key_owner),
+        });
+        let metrics = Arc::clone(&core.metrics);
+        let stopped = stop.clone().cancelled_owned();
+        let (http_addr, http) = crate::ops::serve_with_admin(listen, metrics, Arc::clone(&core.health), admin, stopped)
+            .await
+            .map_err(|e| PipelineError::Ops(e.to_string()))?;
+        // The listener's own errors end it; `run` goes on draining regardless.
+        let http = tokio::spawn(async move {
+            let _ = http.await;
+        });
+        let purge = tokio::spawn(purge::run(
+            Arc::clone(&core.store),
+            Arc::clone(&core.metrics),
+            Arc::clone(&core.engine),
+            Arc::clone(&core.clock),
+            config.store.clone(),
+            stop.clone(),
+        ));
+        Ok(Background { http_addr, http, purge, circuit_gauges })
+    }
+
+    /// Waits for every task once `stop` is cancelled.
+    pub(super) async fn join(self) {
+        let _ = self.purge.await;
+        let _ = self.http.await;
+        for gauge in self.circuit_gauges {
+            let _ = gauge.await;
+        }
+    }
+}
