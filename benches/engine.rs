@@ -53,7 +53,7 @@ async fn main() {
     let batch: usize = arg("--batch", "500").parse().expect("--batch B");
     let partitions: usize = arg("--partitions", "1").parse().expect("--partitions P");
     let backend: StoreBackend = arg("--backend", StoreBackend::default().name()).parse().expect("--backend NAME");
-    let default_in_flight = Config::default().pipeline.max_in_flight.get().to_string();
+    let default_in_flight = Config::default().max_in_flight().get().to_string();
     let max_in_flight: usize = arg("--max-in-flight", &default_in_flight).parse().expect("--max-in-flight N");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = Config::default();

@@ -355,7 +355,7 @@ fn config_in(
     }
     // DEDUPD_BENCH_MAX_IN_FLIGHT=N: `pipeline.max_in_flight` (also the most claims per round).
     if let Some(n) = std::env::var("DEDUPD_BENCH_MAX_IN_FLIGHT").ok().and_then(|v| v.parse().ok()) {
-        c.pipeline.max_in_flight = n;
+        c.pipeline.max_in_flight = Some(n);
     }
     // DEDUPD_BENCH_BATCH_SIZE=N: `pipeline.batch_size`.
     if let Some(n) = std::env::var("DEDUPD_BENCH_BATCH_SIZE").ok().and_then(|v| v.parse().ok()) {

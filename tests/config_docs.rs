@@ -96,6 +96,7 @@ fn every_key_set() -> Config {
     c.http.admin_token = Some("0123456789abcdef0123".into());
     c.store.cache_bytes = dedupd::store::CacheSize(std::num::NonZeroU64::new(64 << 20));
     c.store.changelog_topic = Some("dedupd.dedupd-state".into());
+    c.pipeline.max_in_flight = std::num::NonZeroUsize::new(64);
     c.sinks.insert(
         "api".into(),
         SinkConfig::Http(HttpSinkConfig {

@@ -121,7 +121,7 @@ async fn broker_restart_mid_run() {
     config.kafka.consumer.insert("session.timeout.ms".into(), "6000".into());
     config.kafka.consumer.insert("heartbeat.interval.ms".into(), "1500".into());
     // Slow enough that the first half is still running when the broker goes away.
-    config.pipeline.max_in_flight = std::num::NonZeroUsize::new(4).expect("nonzero");
+    config.pipeline.max_in_flight = std::num::NonZeroUsize::new(4);
     config.pipeline.batch_size = std::num::NonZeroUsize::new(50).expect("nonzero");
     config.store.path = store_dir.path().join("store");
     config.http.listen = "127.0.0.1:0".parse().expect("addr");

@@ -108,7 +108,7 @@ fn config(bootstrap: &str, t: &Topics, store: &std::path::Path, receiver: &SlowR
     c.kafka.consumer.insert("heartbeat.interval.ms".into(), "1000".into());
     c.store.path = store.to_path_buf();
     c.http.listen = "127.0.0.1:0".parse().expect("addr");
-    c.pipeline.max_in_flight = std::num::NonZeroUsize::new(in_flight).expect("nonzero");
+    c.pipeline.max_in_flight = std::num::NonZeroUsize::new(in_flight);
     c.pipeline.batch_size = std::num::NonZeroUsize::new(50).expect("nonzero");
     c.sinks.insert(
         "slow".into(),

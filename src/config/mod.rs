@@ -7,6 +7,7 @@
 //! sections, ranges, patterns), naming the key.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -15,7 +16,7 @@ use crate::engine::RetryConfig;
 use crate::envelope::{EnvelopeConfig, LimitsConfig};
 use crate::log::LogConfig;
 use crate::ops::HttpConfig;
-use crate::pipeline::config::{KafkaConfig, PipelineConfig};
+use crate::pipeline::config::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_ON_KAFKA, KafkaConfig, PipelineConfig};
 use crate::routes::RouteConfig;
 use crate::sinks::SinkConfig;
 use crate::store::StoreConfig;
@@ -44,6 +45,13 @@ impl Config {
     /// The router of this config's routes, with the TTL defaults of `[store]`.
     pub fn router(&self) -> Result<crate::routes::Router, crate::routes::RouteError> {
         crate::routes::Router::new(&self.routes, self.store.default_ttl, self.store.max_ttl)
+    }
+
+    /// `pipeline.max_in_flight`, or when unset the store mode's default: more slots with the
+    /// store on Kafka, whose durability point (a transaction commit) each slot waits through.
+    pub fn max_in_flight(&self) -> NonZeroUsize {
+        let default = if self.store.changelog { DEFAULT_MAX_IN_FLIGHT_ON_KAFKA } else { DEFAULT_MAX_IN_FLIGHT };
+        self.pipeline.max_in_flight.unwrap_or(NonZeroUsize::new(default).unwrap_or(NonZeroUsize::MIN))
     }
 }
 

@@ -25,7 +25,23 @@ mod unit {
         ];
         let c = Config::from_toml_str("[kafka]\nbootstrap_servers = \"a:1\"\n", env).unwrap();
         assert_eq!(c.kafka.bootstrap_servers, "10.0.0.1:9093");
-        assert_eq!(c.pipeline.max_in_flight.get(), 7);
+        assert_eq!(c.max_in_flight().get(), 7);
+    }
+
+    #[test]
+    fn max_in_flight_unset_is_the_store_modes_default_and_set_is_itself() {
+        let embedded = Config::from_toml_str("", no_env()).unwrap();
+        assert_eq!(embedded.max_in_flight().get(), 256);
+        let on_kafka =
+            Config::from_toml_str("[kafka]\ntransactional_results = true\n[store]\nchangelog = true\n", no_env())
+                .unwrap();
+        assert_eq!(on_kafka.max_in_flight().get(), 4096);
+        let set = Config::from_toml_str(
+            "[kafka]\ntransactional_results = true\n[store]\nchangelog = true\n[pipeline]\nmax_in_flight = 300\n",
+            no_env(),
+        )
+        .unwrap();
+        assert_eq!(set.max_in_flight().get(), 300);
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

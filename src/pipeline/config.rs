@@ -128,12 +128,22 @@ impl KafkaConfig {
     }
 }
 
+/// `pipeline.max_in_flight` unset, with the embedded store.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// `pipeline.max_in_flight` unset, with the store on Kafka: a slot is held through the
+/// claim's durability point, there a transaction commit (~20 ms) instead of an fsync (~0.2 ms),
+/// so as many calls need sixteen times the slots (docs/decisions.md, "Slots with the store on
+/// Kafka"), as Kafka Streams' defaults change with its processing guarantee.
+pub const DEFAULT_MAX_IN_FLIGHT_ON_KAFKA: usize = 4096;
+
 /// Pipeline settings.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PipelineConfig {
-    /// Most commands executing at once across all partitions.
-    pub max_in_flight: NonZeroUsize,
+    /// Most commands executing at once across all partitions; unset, the mode's default
+    /// (`Config::max_in_flight`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<NonZeroUsize>,
     /// Most records taken into one batch (one claim flush, one completion flush).
     pub batch_size: NonZeroUsize,
     /// How long a batch waits for more records once it has one. 0 (default): take what is
@@ -149,7 +159,7 @@ pub struct PipelineConfig {
 impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
-            max_in_flight: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
+            max_in_flight: None,
             batch_size: NonZeroUsize::new(500).unwrap_or(NonZeroUsize::MIN),
             batch_linger: Duration::ZERO,
             partition_buffer_bytes: NonZeroUsize::new(16 << 20).unwrap_or(NonZeroUsize::MIN),

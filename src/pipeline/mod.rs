@@ -354,7 +354,7 @@ impl Core {
             store: Arc::clone(&store),
             router,
             sinks: metered_sinks.clone(),
-            max_in_flight: config.pipeline.max_in_flight.get(),
+            max_in_flight: config.max_in_flight().get(),
             retry: config.retry.clone(),
             stale_guard: config.envelope.stale_guard,
             clock: Arc::clone(&clock),
