@@ -5,7 +5,8 @@
 //! [`transfer`] for export and import). Both paths print the same things.
 //!
 //! `-c FILE` and `--admin URL` are global: they go before or after the subcommand. Output
-//! goes through [`output`], which stops quietly when stdout is closed.
+//! goes through [`output`], which stops quietly when stdout is closed. `run` raises its open
+//! files limit first ([`open_files`]).
 //!
 //! Exit codes: 0 done, 2 error, 3 refused because of the key's state, 4 no such key.
 
@@ -13,6 +14,7 @@ mod check;
 mod direct;
 mod generate;
 mod librdkafka;
+mod open_files;
 mod output;
 mod remote;
 mod status;
@@ -369,6 +371,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
             let config = load(target.config.as_deref().ok_or(CliError::NoConfig)?)?;
             init_tracing(config.log.format, &config.log.level);
             librdkafka::log_build();
+            open_files::raise_open_files_limit();
             let traces = Traces::start(&config.telemetry, &|var| std::env::var(var).ok())?;
             let tracer = traces.as_ref().map(Traces::tracer);
             let options = crate::pipeline::RunOptions { accept_empty_store, tracer };
