@@ -44,6 +44,21 @@ mod unit {
         assert_eq!(set.max_in_flight().get(), 300);
     }
 
+    #[test]
+    fn sinks_left_to_the_larger_slot_default_are_those_holding_a_resource_per_call_without_a_bound() {
+        let sinks = "[sinks.api]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/x\"\n\
+                     [sinks.bounded]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/y\"\n\
+                     [sinks.bounded.limits]\nmax_concurrency = 8\n\
+                     [sinks.audit]\nkind = \"log\"\n";
+        let on_kafka = "[kafka]\ntransactional_results = true\n[store]\nchangelog = true\n";
+        let c = Config::from_toml_str(&format!("{on_kafka}{sinks}"), no_env()).unwrap();
+        assert_eq!(c.sinks_unbounded_by_default(), vec!["api"]);
+        let set = Config::from_toml_str(&format!("{on_kafka}[pipeline]\nmax_in_flight = 4096\n{sinks}"), no_env());
+        assert!(set.unwrap().sinks_unbounded_by_default().is_empty(), "an explicit max_in_flight is the operator's");
+        let embedded = Config::from_toml_str(sinks, no_env()).unwrap();
+        assert!(embedded.sinks_unbounded_by_default().is_empty());
+    }
+
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }

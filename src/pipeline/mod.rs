@@ -158,6 +158,15 @@ pub async fn run(
             requested.cancel();
         })
     };
+    for sink in config.sinks_unbounded_by_default() {
+        tracing::warn!(
+            sink,
+            max_in_flight = config.max_in_flight().get(),
+            "with store.changelog and pipeline.max_in_flight unset, this many calls of the sink may run at once, \
+             each with its connection or process; set [sinks.NAME.limits] max_concurrency to bound them \
+             (docs/decisions.md, \"Slots with the store on Kafka\")"
+        );
+    }
     let mut on_start = Some(on_start);
     let mut kept = Kept::default();
     let ended = loop {
