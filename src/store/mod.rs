@@ -440,13 +440,15 @@ impl KeyStore {
     fn coalesced_flush(&self) -> Result<(), StoreError> {
         // Every write of this caller happened before this load.
         let wanted = self.flushes_started.load(Ordering::SeqCst) + 1;
+        // Before the lock, so that a test can hold every caller that has come and count them
+        // (tests/engine_group_commit.rs); an injected error fails this caller's flush alone.
+        fault::failpoint("store.flush")
+            .map_err(|e| StoreError::Backend { backend: self.backend.name(), message: e.to_string() })?;
         let mut last_done = self.flush_done.lock();
         if *last_done >= wanted {
             return Ok(());
         }
         let number = self.flushes_started.fetch_add(1, Ordering::SeqCst) + 1;
-        fault::failpoint("store.flush")
-            .map_err(|e| StoreError::Backend { backend: self.backend.name(), message: e.to_string() })?;
         self.backend.flush()?;
         *last_done = number;
         Ok(())
