@@ -39,6 +39,11 @@ impl SinkKind for FileSinkConfig {
         true
     }
 
+    fn call_holds_a_resource(&self) -> bool {
+        // One file shared by every call.
+        false
+    }
+
     fn limits(&self) -> &SinkLimits {
         &self.limits
     }

@@ -55,8 +55,9 @@ impl Config {
     }
 
     /// The sinks that the store on Kafka's larger slot default (`max_in_flight`, left unset)
-    /// leaves with nothing of their own to bound their calls at once: kinds whose every call
-    /// holds a connection or a process, without `limits.max_concurrency`. Empty otherwise.
+    /// leaves with nothing of their own to bound their calls at once: those whose every call
+    /// holds a connection or a process (`SinkKind::call_holds_a_resource`), without
+    /// `limits.max_concurrency`. Empty otherwise.
     pub fn sinks_unbounded_by_default(&self) -> Vec<&str> {
         if !self.store.changelog || self.pipeline.max_in_flight.is_some() {
             return Vec::new();
@@ -64,16 +65,13 @@ impl Config {
         self.sinks
             .iter()
             .filter(|(_, sink)| {
-                CALL_HOLDS_A_RESOURCE.contains(&sink.kind()) && sink.as_kind().limits().max_concurrency.is_none()
+                let kind = sink.as_kind();
+                kind.call_holds_a_resource() && kind.limits().max_concurrency.is_none()
             })
             .map(|(name, _)| name.as_str())
             .collect()
     }
 }
-
-/// Sink kinds each call of which holds a connection (`http`, `smtp`) or a process (`exec`);
-/// `kafka` and `log` calls share one producer or none.
-const CALL_HOLDS_A_RESOURCE: &[&str] = &["http", "smtp", "exec"];
 
 fn invalid(key: &str, value: impl std::fmt::Display, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.to_string(), value: value.to_string(), reason: reason.into() }

@@ -114,6 +114,11 @@ impl SinkKind for ExecSinkConfig {
         self.forward_key
     }
 
+    fn call_holds_a_resource(&self) -> bool {
+        // A process, with its pipes, per call.
+        true
+    }
+
     fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         self.validate(&format!("sinks.{name}")).map_err(|(key, value, reason)| SinkBuildError {
             name: name.to_string(),

@@ -158,6 +158,11 @@ impl SinkKind for HttpSinkConfig {
         self.forward_key
     }
 
+    fn call_holds_a_resource(&self) -> bool {
+        // A connection per call in flight (the pool reuses only idle ones).
+        true
+    }
+
     fn limits(&self) -> &SinkLimits {
         &self.limits
     }

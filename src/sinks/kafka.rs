@@ -178,6 +178,11 @@ impl SinkKind for KafkaSinkConfig {
         true
     }
 
+    fn call_holds_a_resource(&self) -> bool {
+        // Every call goes through one producer.
+        false
+    }
+
     fn limits(&self) -> &SinkLimits {
         &self.limits
     }

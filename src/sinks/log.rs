@@ -29,6 +29,10 @@ impl SinkKind for LogSinkConfig {
         true
     }
 
+    fn call_holds_a_resource(&self) -> bool {
+        false
+    }
+
     fn limits(&self) -> &SinkLimits {
         &self.limits
     }

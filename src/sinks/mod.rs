@@ -42,6 +42,10 @@ pub trait SinkKind {
     /// Whether an instance with this config passes the key downstream so that re-running an
     /// orphaned claim is safe (docs/contract.md §4); `false` makes such a claim `indeterminate`.
     fn forwards_key(&self) -> bool;
+    /// Whether each call in flight holds a resource of its own (a connection, a process), so
+    /// that thousands at once need `limits.max_concurrency` or the machine's room
+    /// ([`crate::config::Config::sinks_unbounded_by_default`]).
+    fn call_holds_a_resource(&self) -> bool;
     /// The instance's `[sinks.NAME.limits]` (a `limits: SinkLimits` field with
     /// `#[serde(default)]` on the kind's config); [`Sink::build`] applies them to every kind.
     fn limits(&self) -> &SinkLimits;

@@ -195,6 +195,11 @@ impl SinkKind for SmtpSinkConfig {
         self.forward_key
     }
 
+    fn call_holds_a_resource(&self) -> bool {
+        // A connection per call in flight.
+        true
+    }
+
     fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         Ok(Arc::new(SmtpSink::new(name, self)?))
     }

@@ -440,8 +440,7 @@ impl KeyStore {
     fn coalesced_flush(&self) -> Result<(), StoreError> {
         // Every write of this caller happened before this load.
         let wanted = self.flushes_started.load(Ordering::SeqCst) + 1;
-        // Before the lock, so that a test can hold every caller that has come and count them
-        // (tests/engine_group_commit.rs); an injected error fails this caller's flush alone.
+        // Before the lock: a test holds and counts every caller here (engine_group_commit).
         fault::failpoint("store.flush")
             .map_err(|e| StoreError::Backend { backend: self.backend.name(), message: e.to_string() })?;
         let mut last_done = self.flush_done.lock();

@@ -35,7 +35,6 @@ use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use super::ends::end_offsets;
 use super::restore::{RestoreContext, reader_config};
 use crate::envelope::read_headers;
 use crate::ops::Metrics;
@@ -176,8 +175,9 @@ impl StalledTransactions {
 
     /// The partition's last stable offset and high watermark.
     fn ends(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
-        let (_, stable) = end_offsets(&self.committed, topic, partition, READ_TIMEOUT)?;
-        let (_, high) = end_offsets(&self.uncommitted, topic, partition, READ_TIMEOUT)?;
+        // Not `ends::end_offsets`: a partition not known yet is read again at the next look.
+        let (_, stable) = self.committed.fetch_watermarks(topic, partition, READ_TIMEOUT)?;
+        let (_, high) = self.uncommitted.fetch_watermarks(topic, partition, READ_TIMEOUT)?;
         Ok((stable, high))
     }
 
