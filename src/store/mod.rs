@@ -37,6 +37,7 @@ pub mod record;
 mod scan;
 mod sled_backend;
 pub mod transfer;
+mod watermarks;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -55,6 +56,8 @@ pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
 pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
+#[cfg(test)]
+use watermarks::watermark_key;
 
 /// A key and its value, as a scan returns them.
 pub type KeyValue = (Vec<u8>, Vec<u8>);
@@ -197,10 +200,6 @@ pub(crate) fn split_expiry_key(k: &[u8]) -> Option<(i64, &[u8])> {
     let (head, key) = k.split_at(8);
     let raw = u64::from_be_bytes(head.try_into().ok()?);
     Some(((raw ^ (1 << 63)) as i64, key))
-}
-
-fn watermark_key(topic: &str, partition: i32) -> Vec<u8> {
-    format!("wm/{topic}/{partition}").into_bytes()
 }
 
 impl KeyStore {
@@ -465,34 +464,6 @@ impl KeyStore {
                 return Ok(current);
             }
         }
-    }
-
-    /// The highest input offset recorded for a partition.
-    pub fn watermark(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
-        match self.backend.get(Tree::Meta, &watermark_key(topic, partition))? {
-            None => Ok(None),
-            Some(v) => {
-                let arr: [u8; 8] = v.as_slice().try_into().map_err(|_| StoreError::Corrupt {
-                    key: format!("watermark {topic}/{partition}"),
-                    source: record::DecodeError("not 8 bytes".into()),
-                })?;
-                Ok(Some(i64::from_le_bytes(arr)))
-            }
-        }
-    }
-
-    /// Raises the watermarks of the given partitions (never lowers one). Durable with the
-    /// next flush.
-    pub fn raise_watermarks(&self, offsets: &[(String, i32, i64)]) -> Result<(), StoreError> {
-        let _gate = self.gate.read();
-        let mut ops = Vec::new();
-        for (topic, partition, offset) in offsets {
-            let current = self.watermark(topic, *partition)?;
-            if current.is_none_or(|c| c < *offset) {
-                ops.push(Op::Put(Tree::Meta, watermark_key(topic, *partition), offset.to_le_bytes().to_vec()));
-            }
-        }
-        if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) }
     }
 }
 
