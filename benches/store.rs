@@ -24,13 +24,14 @@
 //! Keys look like idempotency keys (36-byte UUID text, random order), generated per batch
 //! outside the clock (the bench holds no list of all keys, so its RSS is the store's);
 //! values are the 142-byte encoding of each key's completed record (the raw floor stores
-//! the same bytes). The lookup sample is `--lookups` keys drawn at random (default 100k). Disk is measured right after the writes and a flush, and again once
-//! the engine's background work has settled (two readings 1 s apart within 1%, at most
-//! 60 s). Lookups run 3 rounds and the best is reported, for both sides (the machine may be
-//! shared), with the first round's rate (nothing cached by an earlier round); then, once the
-//! child has used under 5% of a core for 5 s (the engine's compaction of what the bench just
-//! wrote has finished; at most 30 min), a second sample is read once. RSS from /proc/self/status: VmRSS growth over the writes, VmHWM growth at the
-//! end.
+//! the same bytes). The lookup sample is `--lookups` keys drawn at random (default 100k).
+//! Disk is measured right after the writes and a flush, and again once the engine's
+//! background work has settled (two readings 1 s apart within 1%, at most 60 s). Lookups run
+//! 3 rounds and the best is reported, for both sides (the machine may be shared), with the
+//! first round's rate (nothing cached by an earlier round); then, once the child has used
+//! under 5% of a core for 5 s (the engine's compaction of what the bench just wrote has
+//! finished; at most 30 min), a second sample is read once. RSS from /proc/self/status:
+//! VmRSS growth over the writes, VmHWM growth at the end.
 
 use std::collections::BTreeMap;
 
