@@ -10,7 +10,9 @@
 //!   then sleeps 10–30 ms.
 //!
 //! The input is produced in chunks, one as each incarnation starts, each with two compaction
-//! fodder commands (a route whose records expire after a second). Every incarnation ends in
+//! fodder commands (a route whose records expire after two seconds); before an incarnation
+//! meant to die in compaction, records that expire two seconds later are imported into the
+//! store. Every incarnation ends in
 //! a SIGKILL, in one of two ways, shuffled:
 //! - **at a crash point** (src/crash.rs), 25 times per point: the process kills itself the
 //!   first or second time it reaches the point: claims written but not synced (also while
@@ -142,7 +144,8 @@ fn schedule(rng: &mut SplitMix, point_kills: usize, random_kills: usize) -> Vec<
     for point in dedupd::crash::POINTS {
         for _ in 0..point_kills {
             let delay_ms = (point == "sink.call").then(|| rng.between(DURING_CALL_MS.0, DURING_CALL_MS.1));
-            // Compaction meets only the fodder that expired (two records a chunk); every
+            // Compaction meets only expired records (the fodder, and those planted before
+            // each incarnation meant to die there: `plant_expiring`); every
             // other point is met a few times by each incarnation's chunk (one claim round,
             // sink call, batch... per partition), so passing it once still lands in work.
             let skip = if point == "compaction.chunk" { 0 } else { rng.between(0, 1) };
@@ -379,6 +382,13 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
     let mut failures: Vec<String> = Vec::new();
     for (incarnation, ending) in endings.iter().enumerate() {
         go.send(incarnation).expect("producer task alive");
+        if let Ending::At { point: "compaction.chunk", .. } = ending
+            && let Err(e) =
+                workload::plant_expiring(&lane.config_path, &lane.dir.path().join("planted.jsonl"), incarnation)
+        {
+            failures.push(format!("incarnation {incarnation}: {e}"));
+            break;
+        }
         let log_from = file_len(&lane.log_path);
         let failpoints = ending.failpoints();
         let args = ["run", "-c", lane.config_path.to_str().expect("utf-8")];

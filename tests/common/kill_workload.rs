@@ -15,9 +15,8 @@ use super::kafka;
 use super::kill_check::Plan;
 
 /// The TTL of the fodder route. Fodder read more than this after it was produced (its
-/// incarnation died first) is `stale`, dead-lettered and never stored, so an incarnation
-/// meant to die at `compaction.chunk` needs its own chunk's fodder fresh: two seconds cover
-/// its start (store open, group join), one second did not always.
+/// incarnation died first) is `stale`, dead-lettered and never stored; what is stored
+/// expires while later incarnations run, so that random kills can land in compaction too.
 pub const FODDER_TTL: Duration = Duration::from_secs(2);
 
 /// A fodder command: its own key, never repeated on purpose (a redelivery after its record
@@ -26,6 +25,54 @@ pub fn fodder_command(n: usize) -> (String, Vec<u8>) {
     let key = format!("fodder-{n}");
     let value = json!({"id": key, "type": "fodder.apply", "payload": {"n": n}});
     (key, serde_json::to_vec(&value).expect("json"))
+}
+
+/// How long records planted for compaction live ([`plant_expiring`]).
+pub const PLANTED_TTL: Duration = Duration::from_secs(2);
+/// Records planted for each incarnation meant to die in compaction.
+const PLANTED: usize = 2;
+
+/// Plants [`PLANTED`] completed records expiring [`PLANTED_TTL`] from now into the store of
+/// a stopped incarnation (`dedupd import -c CONFIG`, through `file`), for the next one to
+/// compact: an incarnation meant to die at `compaction.chunk` then meets the point however
+/// far behind its input is (stream fodder read after its TTL is `stale`, dead-lettered and
+/// never stored, which a backlog on a loaded machine made common). `Err` when the import
+/// fails or imports fewer.
+pub fn plant_expiring(config: &Path, file: &Path, incarnation: usize) -> Result<(), String> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?.as_millis()
+        as i64;
+    let expires_at = now + PLANTED_TTL.as_millis() as i64;
+    let mut lines =
+        vec![json!({"v": 1, "type": "header", "exported_at_ms": now, "backend": "any", "records_estimate": PLANTED})];
+    lines.extend((0..PLANTED).map(|n| {
+        json!({
+            "v": 1, "type": "record", "key": format!("planted-{incarnation}-{n}"), "state": "completed",
+            "fingerprint": format!("sha256:{}", "0".repeat(64)), "outcome": "succeeded", "result": {"planted": true},
+            "error": null, "first_seen_at_ms": now, "completed_at_ms": now, "expires_at_ms": expires_at, "attempts": 1,
+            "source": {"topic": "planted", "partition": 0, "offset": n},
+        })
+    }));
+    lines.push(json!({"v": 1, "type": "end", "records": PLANTED, "watermarks": 0}));
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(file, text).map_err(|e| format!("write {}: {e}", file.display()))?;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupd"))
+        .args(["import", path_str(file)?, "-c", path_str(config)?])
+        .output()
+        .map_err(|e| format!("run dedupd import: {e}"))?;
+    let counts: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    match counts["imported"].as_u64() {
+        Some(n) if out.status.success() && n == PLANTED as u64 => Ok(()),
+        _ => Err(format!(
+            "planting records to compact: dedupd import {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
+}
+
+fn path_str(p: &Path) -> Result<&str, String> {
+    p.to_str().ok_or_else(|| format!("not UTF-8: {}", p.display()))
 }
 
 pub const PARTITIONS: i32 = 6;
