@@ -1,0 +1,238 @@
+//! Expiry buckets benchmark: what keeping a TTL'd key set in one leveled fjall keyspace
+//! costs against keeping it in keyspaces of its own per slice of time, dropped whole when
+//! the slice expires (no dedupd code on either side).
+//!
+//! ```text
+//! cargo bench --bench buckets -- [--keys N] [--buckets B] [--lookups N] [--dir DIR]
+//! ```
+//!
+//! Both sides write the same `N` keys (36-byte UUID text in random order, 142-byte values, as
+//! the store bench) in atomic batches of 1,000 with an fsync per batch, each in a child
+//! process of its own, one after the other:
+//! - `single`: one keyspace, as dedupd's `records` is today (its settings); expiring
+//!   the oldest `N/B` keys deletes them in batches of 10,000 with an fsync per batch;
+//! - `buckets`: `B` keyspaces with the same settings, the keys written into them in order (the first `N/B` into the
+//!   first...), as if each held the keys whose expiry falls in one slice of time; a lookup
+//!   probes them newest first (each table's bloom filter is in memory) until it finds the key;
+//!   expiring the oldest `N/B` keys drops the oldest keyspace.
+//!
+//! Per side: the write rate; the bytes the process wrote to the disk (`/proc/self/io`) by
+//! the end of the writes and once the engine's compaction has gone idle (under 5% of a
+//! core for 5 s, at most 30 min), each against the logical bytes written; lookups of a
+//! random sample of the keys once idle (best of three rounds); the time to expire the
+//! oldest slice. This measures the lever BENCHMARKS.md names for a store of 100M keys
+//! (compaction that rewrites less), not a design dedupd has.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const BATCH: u64 = 1_000;
+const DELETE_BATCH: usize = 10_000;
+const VALUE_BYTES: usize = 142;
+const LOOKUP_ROUNDS: usize = 3;
+const IDLE_WAIT_MAX: Duration = Duration::from_secs(1_800);
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e3779b97f4a7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z ^ (z >> 31)
+}
+
+/// A UUID-shaped key, random-looking in `i` (the store bench's).
+fn key(i: u64) -> String {
+    let (a, b) = (splitmix(i), splitmix(i ^ 0xdead_beef_cafe_f00d));
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// Random bytes, so that neither side gains from compression (a stored record has a
+/// random fingerprint and result, and some text that compresses).
+fn value(i: u64) -> Vec<u8> {
+    let mut v: Vec<u8> =
+        (0..VALUE_BYTES.div_ceil(8) as u64).flat_map(|w| splitmix(i ^ (w << 56)).to_le_bytes()).collect();
+    v.truncate(VALUE_BYTES);
+    v
+}
+
+/// Bytes this process has had written to the disk so far (`write_bytes` of /proc/self/io).
+fn written_bytes() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    io.lines().find_map(|l| l.strip_prefix("write_bytes:")?.trim().parse().ok()).unwrap_or(0)
+}
+
+/// User + system CPU time of this process so far (clock ticks of 10 ms).
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name.split_whitespace().skip(11).take(2).filter_map(|f| f.parse::<u64>().ok()).sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Waits until the process used under 5% of a core over 5 s; returns how long it waited.
+fn wait_until_idle() -> Duration {
+    const WINDOW: Duration = Duration::from_secs(5);
+    let start = Instant::now();
+    let mut cpu = process_cpu();
+    while start.elapsed() < IDLE_WAIT_MAX {
+        std::thread::sleep(WINDOW);
+        let now = process_cpu();
+        if now.saturating_sub(cpu) * 20 < WINDOW {
+            break;
+        }
+        cpu = now;
+    }
+    start.elapsed()
+}
+
+fn emit(name: &str, v: f64) {
+    println!("FIG {name} {v}");
+}
+
+/// dedupd's settings for its `records` keyspace (src/store/fjall_backend.rs), on both sides:
+/// with fjall's defaults, index and filter blocks below the first levels are not pinned and
+/// random gets in a large single keyspace read whole blocks per probe (2.3k gets/s at 30M).
+fn records_options() -> fjall::KeyspaceCreateOptions {
+    use fjall::config::PinningPolicy;
+    fjall::KeyspaceCreateOptions::default()
+        .max_memtable_size(32 * 1024 * 1024)
+        .index_block_pinning_policy(PinningPolicy::all(true))
+        .filter_block_pinning_policy(PinningPolicy::all(true))
+}
+
+/// One side, in this (child) process.
+fn child(side: &str, n: u64, buckets: u64, lookups: u64, dir: &Path) {
+    // dedupd's database settings too: a 64 MiB block cache, journals capped at 64 MiB.
+    let db = fjall::Database::builder(dir).cache_size(64 << 20).max_journaling_size(64 << 20).open().unwrap();
+    let count = if side == "buckets" { buckets } else { 1 };
+    let spaces: Vec<fjall::Keyspace> =
+        (0..count).map(|b| db.keyspace(&format!("records-{b}"), records_options).unwrap()).collect();
+    let per_space = n.div_ceil(count);
+    let t = Instant::now();
+    for start in (0..n).step_by(BATCH as usize) {
+        let mut batch = db.batch();
+        for i in start..(start + BATCH).min(n) {
+            batch.insert(&spaces[(i / per_space) as usize], key(i).as_str(), value(i));
+        }
+        batch.commit().unwrap();
+        db.persist(fjall::PersistMode::SyncAll).unwrap();
+    }
+    emit("write_per_s", n as f64 / t.elapsed().as_secs_f64());
+    emit("written_after_writes", written_bytes() as f64);
+    emit("idle_wait_s", wait_until_idle().as_secs_f64());
+    emit("written_once_idle", written_bytes() as f64);
+    emit("disk_bytes", db.disk_space().unwrap() as f64);
+    let sample: Vec<String> = (0..lookups).map(|j| key(splitmix(j ^ 0x5eed) % n)).collect();
+    let best = (0..LOOKUP_ROUNDS)
+        .map(|_| {
+            let t = Instant::now();
+            let found = sample.iter().filter(|k| spaces.iter().rev().any(|s| s.get(k.as_bytes()).unwrap().is_some()));
+            assert_eq!(found.count(), sample.len());
+            sample.len() as f64 / t.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max);
+    emit("get_per_s", best);
+    let t = Instant::now();
+    if side == "buckets" {
+        let oldest = spaces.into_iter().next().unwrap();
+        db.delete_keyspace(oldest).unwrap();
+    } else {
+        let oldest: Vec<u64> = (0..per_space.min(n)).collect();
+        for chunk in oldest.chunks(DELETE_BATCH) {
+            let mut batch = db.batch();
+            for &i in chunk {
+                batch.remove(&spaces[0], key(i).as_str());
+            }
+            batch.commit().unwrap();
+            db.persist(fjall::PersistMode::SyncAll).unwrap();
+        }
+    }
+    emit("expire_oldest_s", t.elapsed().as_secs_f64());
+}
+
+struct Args {
+    keys: u64,
+    buckets: u64,
+    lookups: u64,
+    dir: PathBuf,
+    child: Option<String>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args { keys: 10_000_000, buckets: 24, lookups: 100_000, dir: std::env::temp_dir(), child: None };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--keys" => a.keys = val().parse().expect("--keys N"),
+            "--buckets" => a.buckets = val().parse().expect("--buckets B"),
+            "--lookups" => a.lookups = val().parse().expect("--lookups N"),
+            "--dir" => a.dir = PathBuf::from(val()),
+            "--child" => a.child = Some(val()),
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    assert!(a.keys > 0 && a.buckets > 0, "--keys and --buckets must be positive");
+    a
+}
+
+/// Runs one side in a child process; returns its figures.
+fn run_side(side: &str, a: &Args) -> Vec<(String, f64)> {
+    let dir = tempfile::tempdir_in(&a.dir).expect("a directory under --dir");
+    let out = Command::new(std::env::current_exe().expect("own path"))
+        .args(["--keys", &a.keys.to_string(), "--buckets", &a.buckets.to_string()])
+        .args(["--lookups", &a.lookups.to_string(), "--dir", dir.path().to_str().expect("utf-8 dir")])
+        .args(["--child", side])
+        .output()
+        .expect("run the child");
+    assert!(out.status.success(), "{side}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.strip_prefix("FIG ")?.split(' ');
+            Some((f.next()?.to_string(), f.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn main() {
+    let a = parse_args();
+    if let Some(side) = &a.child {
+        return child(side, a.keys, a.buckets, a.lookups, &a.dir);
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("{} keys, {} buckets, {} lookups; load average {}", a.keys, a.buckets, a.lookups, load.trim());
+    let logical = a.keys as f64 * (key(0).len() + VALUE_BYTES) as f64;
+    println!(
+        "| side | write (keys/s) | written after the writes / once idle (× logical) | idle wait | disk | lookups (gets/s) | expire the oldest 1/{} |",
+        a.buckets
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|");
+    for side in ["single", "buckets"] {
+        let f = run_side(side, &a);
+        let get = |name: &str| f.iter().find(|(n, _)| n == name).map_or(f64::NAN, |(_, v)| *v);
+        println!(
+            "| {side} | {:.1} k | {:.1} / {:.1} GB ({:.1}× / {:.1}×) | {:.0} s | {:.2} GB | {:.1} k | {:.2} s |",
+            get("write_per_s") / 1e3,
+            get("written_after_writes") / 1e9,
+            get("written_once_idle") / 1e9,
+            get("written_after_writes") / logical,
+            get("written_once_idle") / logical,
+            get("idle_wait_s"),
+            get("disk_bytes") / 1e9,
+            get("get_per_s") / 1e3,
+            get("expire_oldest_s"),
+        );
+    }
+}
