@@ -147,7 +147,8 @@ fn child(side: &str, n: u64, buckets: u64, lookups: u64, dir: &Path) {
         let oldest = spaces.into_iter().next().unwrap();
         db.delete_keyspace(oldest).unwrap();
     } else {
-        let oldest: Vec<u64> = (0..per_space.min(n)).collect();
+        // The same oldest slice the other side drops: the first N/B keys written.
+        let oldest: Vec<u64> = (0..n.div_ceil(buckets).min(n)).collect();
         for chunk in oldest.chunks(DELETE_BATCH) {
             let mut batch = db.batch();
             for &i in chunk {
