@@ -27,6 +27,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+#[path = "support/idle.rs"]
+mod idle;
+
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -71,30 +74,6 @@ fn written_bytes() -> u64 {
     io.lines().find_map(|l| l.strip_prefix("write_bytes:")?.trim().parse().ok()).unwrap_or(0)
 }
 
-/// User + system CPU time of this process so far (clock ticks of 10 ms).
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after_name.split_whitespace().skip(11).take(2).filter_map(|f| f.parse::<u64>().ok()).sum();
-    Duration::from_millis(ticks * 10)
-}
-
-/// Waits until the process used under 5% of a core over 5 s; returns how long it waited.
-fn wait_until_idle() -> Duration {
-    const WINDOW: Duration = Duration::from_secs(5);
-    let start = Instant::now();
-    let mut cpu = process_cpu();
-    while start.elapsed() < IDLE_WAIT_MAX {
-        std::thread::sleep(WINDOW);
-        let now = process_cpu();
-        if now.saturating_sub(cpu) * 20 < WINDOW {
-            break;
-        }
-        cpu = now;
-    }
-    start.elapsed()
-}
-
 fn emit(name: &str, v: f64) {
     println!("FIG {name} {v}");
 }
@@ -129,7 +108,7 @@ fn child(side: &str, n: u64, buckets: u64, lookups: u64, dir: &Path) {
     }
     emit("write_per_s", n as f64 / t.elapsed().as_secs_f64());
     emit("written_after_writes", written_bytes() as f64);
-    emit("idle_wait_s", wait_until_idle().as_secs_f64());
+    emit("idle_wait_s", idle::wait_until_idle(IDLE_WAIT_MAX).as_secs_f64());
     emit("written_once_idle", written_bytes() as f64);
     emit("disk_bytes", db.disk_space().unwrap() as f64);
     let sample: Vec<String> = (0..lookups).map(|j| key(splitmix(j ^ 0x5eed) % n)).collect();

@@ -35,6 +35,9 @@
 
 use std::collections::BTreeMap;
 
+#[path = "support/idle.rs"]
+mod idle;
+
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -229,35 +232,8 @@ fn measure_lookups(samples: &LookupSamples, mut get: impl FnMut(&str) -> bool) {
     let rounds = lookup_rounds(&samples.after_writes, &mut get);
     emit("get_per_s", rounds.iter().copied().fold(0.0, f64::max));
     emit("get_first_round_per_s", rounds[0]);
-    emit("idle_wait_s", wait_until_idle().as_secs_f64());
+    emit("idle_wait_s", idle::wait_until_idle(IDLE_WAIT_MAX).as_secs_f64());
     emit("get_idle_per_s", lookup_rounds(&samples.once_idle, &mut get)[0]);
-}
-
-/// Waits until the process (the engine's background threads: flushes, compaction) used
-/// less than 5% of a core over 5 s, or `IDLE_WAIT_MAX`; returns how long it waited.
-fn wait_until_idle() -> Duration {
-    const WINDOW: Duration = Duration::from_secs(5);
-    let start = Instant::now();
-    let mut cpu = process_cpu();
-    while start.elapsed() < IDLE_WAIT_MAX {
-        std::thread::sleep(WINDOW);
-        let now = process_cpu();
-        if now.saturating_sub(cpu) * 20 < WINDOW {
-            break;
-        }
-        cpu = now;
-    }
-    start.elapsed()
-}
-
-/// User + system CPU time of this process so far (`/proc/self/stat`, clock ticks of 10 ms).
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at the state, field 3;
-    // utime and stime are fields 14 and 15.
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after_name.split_whitespace().skip(11).take(2).filter_map(|f| f.parse::<u64>().ok()).sum();
-    Duration::from_millis(ticks * 10)
 }
 
 /// The raw floor: the engine's own API, default configuration, no dedupd code.
