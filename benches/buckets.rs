@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 
 #[path = "support/idle.rs"]
 mod idle;
+#[path = "support/keys.rs"]
+mod keys;
+use keys::{key, splitmix};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -38,26 +41,6 @@ const DELETE_BATCH: usize = 10_000;
 const VALUE_BYTES: usize = 142;
 const LOOKUP_ROUNDS: usize = 3;
 const IDLE_WAIT_MAX: Duration = Duration::from_secs(1_800);
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e3779b97f4a7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-    z ^ (z >> 31)
-}
-
-/// A UUID-shaped key, random-looking in `i` (the store bench's).
-fn key(i: u64) -> String {
-    let (a, b) = (splitmix(i), splitmix(i ^ 0xdead_beef_cafe_f00d));
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        a >> 32,
-        (a >> 16) & 0xffff,
-        a & 0xffff,
-        b >> 48,
-        b & 0xffff_ffff_ffff
-    )
-}
 
 /// Random bytes, so that neither side gains from compression (a stored record has a
 /// random fingerprint and result, and some text that compresses).

@@ -37,6 +37,9 @@ use std::collections::BTreeMap;
 
 #[path = "support/idle.rs"]
 mod idle;
+#[path = "support/keys.rs"]
+mod keys;
+use keys::{key, splitmix};
 
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
@@ -53,27 +56,6 @@ const BATCH: usize = 1_000;
 const CHUNK: usize = 10_000;
 /// Every completion expires at BASE_EXPIRY + i; compaction runs at a later "now".
 const BASE_EXPIRY: i64 = 1_700_000_000_000;
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e3779b97f4a7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-    z ^ (z >> 31)
-}
-
-/// A UUID-shaped key, random-looking in `i`.
-fn key(i: u64) -> String {
-    let a = splitmix(i);
-    let b = splitmix(i ^ 0xdead_beef_cafe_f00d);
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        a >> 32,
-        (a >> 16) & 0xffff,
-        a & 0xffff,
-        b >> 48,
-        b & 0xffff_ffff_ffff
-    )
-}
 
 fn fingerprint(i: u64) -> Fingerprint {
     let mut fp = [0u8; 32];
