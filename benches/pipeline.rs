@@ -54,6 +54,8 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
+#[path = "pipeline/cpu.rs"]
+mod cpu;
 #[path = "support/floor.rs"]
 mod floor;
 #[path = "pipeline/instances.rs"]
@@ -268,6 +270,7 @@ async fn plain_relay(bootstrap: &str, input: &str, output: &str, n: usize) -> f6
         .set("linger.ms", "2")
         .create()
         .expect("producer");
+    let cpu_from = cpu::Snapshot::take();
     let result = vec![b'r'; 370];
     let mut acks = Vec::with_capacity(n);
     let mut first: Option<Instant> = None;
@@ -291,7 +294,9 @@ async fn plain_relay(bootstrap: &str, input: &str, output: &str, n: usize) -> f6
     for a in futures::future::join_all(acks).await {
         a.expect("ack").expect("delivered");
     }
-    got as f64 / first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64())
+    let rate = got as f64 / first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64());
+    cpu_from.print_per_record(&cpu::Snapshot::take(), got, "plain relay");
+    rate
 }
 
 /// Where the store's history lives in a run.
@@ -403,12 +408,19 @@ fn read_results(bootstrap: &str, topic: &str, n: usize, bound: Duration) -> Hash
 /// took about a sixth of the process's CPU, which the drain is measured with (the plain
 /// relay has no such reader). The rate comes from the records' timestamps either way.
 fn read_after_drain(bootstrap: &str, topic: &str, n: usize, bound: Duration) -> HashMap<(i32, i64), i64> {
+    let deadline = Instant::now() + bound;
+    wait_for_results(bootstrap, topic, n, deadline);
+    read_results(bootstrap, topic, n, deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(60))
+}
+
+/// Waits until `topic` holds `n` records or `deadline` passes, asking only for its end
+/// offsets (see [`read_after_drain`]).
+fn wait_for_results(bootstrap: &str, topic: &str, n: usize, deadline: Instant) {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("bench-watermarks"))
         .create()
         .expect("watermarks");
-    let deadline = Instant::now() + bound;
     let partitions = c
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .ok()
@@ -423,7 +435,6 @@ fn read_after_drain(bootstrap: &str, topic: &str, n: usize, bound: Duration) -> 
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    read_results(bootstrap, topic, n, deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(60))
 }
 
 /// Commands/s from the first result's timestamp to the last (so the time to join the group
@@ -488,13 +499,23 @@ async fn measure_drain_with(
     let results = unique("bench-results");
     create_topic(bootstrap, &results, 6).await;
     let config = config_in(mode, bootstrap, input, &results, backend, dir.path());
+    let cpu_from = cpu::Snapshot::take();
     let (stop, task, _) = start_pipeline_with(config, options).await;
     let b = bootstrap.to_string();
-    let seen = tokio::task::spawn_blocking(move || read_after_drain(&b, &results, n, Duration::from_secs(600)))
-        .await
-        .expect("read");
+    let seen = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        wait_for_results(&b, &results, n, deadline);
+        // The results are all on the topic: the drain's CPU ends here, before reading them.
+        let cpu_to = cpu::Snapshot::take();
+        let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(60);
+        (read_results(&b, &results, n, left), cpu_to)
+    })
+    .await
+    .expect("read");
     stop.cancel();
     let _ = task.await;
+    let (seen, cpu_to) = seen;
+    cpu_from.print_per_record(&cpu_to, n, &format!("dedupd run draining, {backend:?}, {mode:?}"));
     drain_rate(&seen)
 }
 
