@@ -1,8 +1,8 @@
 //! The open-files limit, raised at start to what the system allows.
 //!
 //! Each sink call in flight may hold a socket (`http`, `smtp`) or a process's pipes
-//! (`exec`), beside librdkafka's sockets and the store's files, and with the store on Kafka
-//! up to 4096 calls may be in flight by default (`Config::max_in_flight`): a soft limit of
+//! (`exec`), beside librdkafka's sockets and the store's files, and up to 4096 calls may be
+//! in flight by default (`Config::max_in_flight`): a soft limit of
 //! 1024, systemd's default for a service, is below that. So `dedupd run` raises its soft
 //! limit to the hard one, as Go's runtime does for every program at start.
 

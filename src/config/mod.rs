@@ -16,7 +16,9 @@ use crate::engine::RetryConfig;
 use crate::envelope::{EnvelopeConfig, LimitsConfig};
 use crate::log::LogConfig;
 use crate::ops::HttpConfig;
-use crate::pipeline::config::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_ON_KAFKA, KafkaConfig, PipelineConfig};
+use crate::pipeline::config::{
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_UNBOUNDED_SINKS, KafkaConfig, PipelineConfig,
+};
 use crate::routes::RouteConfig;
 use crate::sinks::SinkConfig;
 use crate::store::StoreConfig;
@@ -47,21 +49,43 @@ impl Config {
         crate::routes::Router::new(&self.routes, self.store.default_ttl, self.store.max_ttl)
     }
 
-    /// `pipeline.max_in_flight`, or when unset the store mode's default: more slots with the
-    /// store on Kafka, whose durability point (a transaction commit) each slot waits through.
+    /// `pipeline.max_in_flight`, or when unset [`DEFAULT_MAX_IN_FLIGHT`], except with the
+    /// embedded store while [`Config::sinks_holding_the_default_down`] names a sink: then
+    /// [`DEFAULT_MAX_IN_FLIGHT_UNBOUNDED_SINKS`].
     pub fn max_in_flight(&self) -> NonZeroUsize {
-        let default = if self.store.changelog { DEFAULT_MAX_IN_FLIGHT_ON_KAFKA } else { DEFAULT_MAX_IN_FLIGHT };
+        let default = if self.sinks_holding_the_default_down().is_empty() {
+            DEFAULT_MAX_IN_FLIGHT
+        } else {
+            DEFAULT_MAX_IN_FLIGHT_UNBOUNDED_SINKS
+        };
         self.pipeline.max_in_flight.unwrap_or(NonZeroUsize::new(default).unwrap_or(NonZeroUsize::MIN))
     }
 
-    /// The sinks that the store on Kafka's larger slot default (`max_in_flight`, left unset)
-    /// leaves with nothing of their own to bound their calls at once: those whose every call
-    /// holds a connection or a process (`SinkKind::call_holds_a_resource`), without
-    /// `limits.max_concurrency`. Empty otherwise.
+    /// With the embedded store and `max_in_flight` unset, the sinks that keep its default at
+    /// [`DEFAULT_MAX_IN_FLIGHT_UNBOUNDED_SINKS`] (see [`Config::sinks_without_own_bound`]).
+    /// Empty otherwise.
+    pub fn sinks_holding_the_default_down(&self) -> Vec<&str> {
+        if self.store.changelog || self.pipeline.max_in_flight.is_some() {
+            return Vec::new();
+        }
+        self.sinks_without_own_bound()
+    }
+
+    /// With the store on Kafka and `max_in_flight` unset, the sinks its default of
+    /// [`DEFAULT_MAX_IN_FLIGHT`] leaves with nothing of their own to bound their calls at
+    /// once (see [`Config::sinks_without_own_bound`]); `run` warns of each. Empty otherwise.
     pub fn sinks_unbounded_by_default(&self) -> Vec<&str> {
         if !self.store.changelog || self.pipeline.max_in_flight.is_some() {
             return Vec::new();
         }
+        self.sinks_without_own_bound()
+    }
+
+    /// The sinks whose every call holds a connection or a process
+    /// (`SinkKind::call_holds_a_resource`) without `limits.max_concurrency`. They are also
+    /// the only kinds that may be set not to forward the key, whose claims a crash leaves
+    /// `indeterminate`.
+    fn sinks_without_own_bound(&self) -> Vec<&str> {
         self.sinks
             .iter()
             .filter(|(_, sink)| {

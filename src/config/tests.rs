@@ -28,35 +28,53 @@ mod unit {
         assert_eq!(c.max_in_flight().get(), 7);
     }
 
-    #[test]
-    fn max_in_flight_unset_is_the_store_modes_default_and_set_is_itself() {
-        let embedded = Config::from_toml_str("", no_env()).unwrap();
-        assert_eq!(embedded.max_in_flight().get(), 256);
-        let on_kafka =
-            Config::from_toml_str("[kafka]\ntransactional_results = true\n[store]\nchangelog = true\n", no_env())
-                .unwrap();
-        assert_eq!(on_kafka.max_in_flight().get(), 4096);
-        let set = Config::from_toml_str(
-            "[kafka]\ntransactional_results = true\n[store]\nchangelog = true\n[pipeline]\nmax_in_flight = 300\n",
-            no_env(),
-        )
-        .unwrap();
-        assert_eq!(set.max_in_flight().get(), 300);
+    /// A sink of each kind; `api` and `run` hold a connection or a process per call and
+    /// have no bound of their own, `bounded` has one.
+    const EVERY_KIND: &str = "[sinks.api]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/x\"\n\
+                              [sinks.run]\nkind = \"exec\"\nprogram = \"/bin/true\"\n\
+                              [sinks.bounded]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/y\"\n\
+                              [sinks.bounded.limits]\nmax_concurrency = 8\n\
+                              [sinks.audit]\nkind = \"log\"\n\
+                              [sinks.shipments]\nkind = \"kafka\"\ntopic = \"shipments\"\n";
+    const ON_KAFKA: &str = "[kafka]\ntransactional_results = true\n[store]\nchangelog = true\n";
+
+    fn max_in_flight_of(toml: &str) -> usize {
+        Config::from_toml_str(toml, no_env()).unwrap().max_in_flight().get()
     }
 
     #[test]
-    fn sinks_left_to_the_larger_slot_default_are_those_holding_a_resource_per_call_without_a_bound() {
-        let sinks = "[sinks.api]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/x\"\n\
-                     [sinks.bounded]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/y\"\n\
-                     [sinks.bounded.limits]\nmax_concurrency = 8\n\
-                     [sinks.audit]\nkind = \"log\"\n";
-        let on_kafka = "[kafka]\ntransactional_results = true\n[store]\nchangelog = true\n";
-        let c = Config::from_toml_str(&format!("{on_kafka}{sinks}"), no_env()).unwrap();
-        assert_eq!(c.sinks_unbounded_by_default(), vec!["api"]);
-        let set = Config::from_toml_str(&format!("{on_kafka}[pipeline]\nmax_in_flight = 4096\n{sinks}"), no_env());
-        assert!(set.unwrap().sinks_unbounded_by_default().is_empty(), "an explicit max_in_flight is the operator's");
-        let embedded = Config::from_toml_str(sinks, no_env()).unwrap();
+    fn max_in_flight_unset_is_4096_but_256_on_the_embedded_store_beside_an_unbounded_connection_sink() {
+        assert_eq!(max_in_flight_of(""), 4096);
+        let fast = "[sinks.audit]\nkind = \"log\"\n[sinks.shipments]\nkind = \"kafka\"\ntopic = \"shipments\"\n";
+        assert_eq!(max_in_flight_of(fast), 4096, "log and kafka sinks hold nothing per call and forward the key");
+        let bounded =
+            "[sinks.api]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/x\"\n[sinks.api.limits]\nmax_concurrency = 8\n";
+        assert_eq!(
+            max_in_flight_of(&format!("{fast}{bounded}")),
+            4096,
+            "every connection sink bounded by its own limit"
+        );
+        assert_eq!(max_in_flight_of(EVERY_KIND), 256);
+        assert_eq!(max_in_flight_of("[sinks.run]\nkind = \"exec\"\nprogram = \"/bin/true\"\n"), 256);
+        assert_eq!(max_in_flight_of(&format!("{ON_KAFKA}{EVERY_KIND}")), 4096, "the store on Kafka warns instead");
+        assert_eq!(max_in_flight_of(&format!("{ON_KAFKA}[pipeline]\nmax_in_flight = 300\n")), 300);
+        assert_eq!(max_in_flight_of(&format!("[pipeline]\nmax_in_flight = 5000\n{EVERY_KIND}")), 5000);
+    }
+
+    #[test]
+    fn sinks_without_a_bound_of_their_own_are_those_holding_a_resource_per_call_without_max_concurrency() {
+        let on_kafka = Config::from_toml_str(&format!("{ON_KAFKA}{EVERY_KIND}"), no_env()).unwrap();
+        assert_eq!(on_kafka.sinks_unbounded_by_default(), vec!["api", "run"]);
+        assert!(on_kafka.sinks_holding_the_default_down().is_empty());
+        let embedded = Config::from_toml_str(EVERY_KIND, no_env()).unwrap();
+        assert_eq!(embedded.sinks_holding_the_default_down(), vec!["api", "run"]);
         assert!(embedded.sinks_unbounded_by_default().is_empty());
+        for mode in [ON_KAFKA, ""] {
+            let set = Config::from_toml_str(&format!("{mode}[pipeline]\nmax_in_flight = 4096\n{EVERY_KIND}"), no_env());
+            let set = set.unwrap();
+            assert!(set.sinks_unbounded_by_default().is_empty(), "an explicit max_in_flight is the operator's");
+            assert!(set.sinks_holding_the_default_down().is_empty(), "an explicit max_in_flight is the operator's");
+        }
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -128,13 +128,18 @@ impl KafkaConfig {
     }
 }
 
-/// `pipeline.max_in_flight` unset, with the embedded store.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
-/// `pipeline.max_in_flight` unset, with the store on Kafka: a slot is held through the
-/// claim's durability point, there a transaction commit (~20 ms) instead of an fsync (~0.2 ms),
-/// so as many calls need sixteen times the slots (docs/decisions.md, "Slots with the store on
-/// Kafka"), as Kafka Streams' defaults change with its processing guarantee.
-pub const DEFAULT_MAX_IN_FLIGHT_ON_KAFKA: usize = 4096;
+/// `pipeline.max_in_flight` unset: a slot is held through its claim's durability point as
+/// well as its call, so with sinks that answer at once the slots cap the rate near
+/// `slots / that point's time`, and rounds of many claims cost less CPU per command than
+/// small ones (docs/decisions.md, "Slots by sink"). With the store on Kafka that point is a
+/// transaction commit (~20 ms), as Kafka Streams' defaults change with its processing
+/// guarantee ("Slots with the store on Kafka").
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
+/// `pipeline.max_in_flight` unset with the embedded store while a sink whose every call
+/// holds a connection or a process (the only kinds that may not forward the key) has no
+/// `limits.max_concurrency`: the bound on that downstream's calls at once, and on the claims
+/// a crash can leave `indeterminate` for it.
+pub const DEFAULT_MAX_IN_FLIGHT_UNBOUNDED_SINKS: usize = 256;
 
 /// Pipeline settings.
 #[derive(Debug, Clone, Deserialize, Serialize)]

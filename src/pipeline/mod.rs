@@ -167,6 +167,16 @@ pub async fn run(
              (docs/decisions.md, \"Slots with the store on Kafka\")"
         );
     }
+    let holding_down = config.sinks_holding_the_default_down();
+    if !holding_down.is_empty() {
+        tracing::info!(
+            sinks = ?holding_down,
+            max_in_flight = config.max_in_flight().get(),
+            "pipeline.max_in_flight unset: these sinks hold a connection or a process per call without \
+             [sinks.NAME.limits] max_concurrency, so at most this many calls run at once rather than 4096 \
+             (docs/decisions.md, \"Slots by sink\")"
+        );
+    }
     let mut on_start = Some(on_start);
     let mut kept = Kept::default();
     let ended = loop {
