@@ -4,11 +4,14 @@
 //! calls hang: four claims are out, one per running call, where each partition's round used
 //! to claim its four keys before it waited for a permit (24 claims out, 20 of them for calls
 //! that could not start: `indeterminate` keys after a crash, for a sink that does not forward
-//! the key).
+//! the key). The same holds with the slots left at their default of 4096 and the sink bounded
+//! by its own `limits.max_concurrency = 4` instead, which is what lets the default be 4096
+//! beside such a sink (docs/decisions.md, "Slots by sink").
 
 mod common;
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,6 +19,7 @@ use std::time::Duration;
 use common::engine::{ManualClock, poll_until, router, spawn_partition_batches, test_retry};
 use dedupd::engine::{Engine, EngineParts, ItemResult};
 use dedupd::outcome::Outcome;
+use dedupd::sinks::limit::SinkLimits;
 use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::{KeyStore, StoreBackend, SyncMode};
 use parking_lot::Mutex;
@@ -23,7 +27,18 @@ use tokio::sync::watch;
 
 const PARTITIONS: usize = 6;
 const KEYS_PER_PARTITION: usize = 12;
-const MAX_IN_FLIGHT: usize = 4;
+/// The calls that can run at once: the slots, or the sink's own `max_concurrency`.
+const CALLS: usize = 4;
+
+/// What bounds the calls at once.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    /// `max_in_flight = CALLS`, the sink without limits.
+    Slots,
+    /// `max_in_flight = 4096` (the default beside bounded sinks), the sink's own
+    /// `max_concurrency = CALLS`.
+    SinkConcurrency,
+}
 
 /// A sink whose calls wait until the gate opens; counts calls running and records keys
 /// (`started` as calls begin, `keys` as they end).
@@ -61,7 +76,7 @@ impl SinkEffect for GatedSink {
     }
 }
 
-async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
+async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend, bound: Bound) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(KeyStore::open(backend, dir.path(), SyncMode::Batch).expect("store"));
     let (open, gate) = watch::channel(false);
@@ -73,13 +88,19 @@ async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
         keys: Mutex::new(Vec::new()),
     });
     // Does not forward the key: the sink whose unstarted claims a crash turns indeterminate.
-    let sinks = HashMap::from([("s".to_string(), Arc::new(Sink::new("s", false, sink.clone())))]);
+    let (max_in_flight, limits) = match bound {
+        Bound::Slots => (CALLS, SinkLimits::default()),
+        Bound::SinkConcurrency => {
+            (4096, SinkLimits { max_concurrency: NonZeroUsize::new(CALLS), ..Default::default() })
+        }
+    };
+    let sinks = HashMap::from([("s".to_string(), Arc::new(Sink::new("s", false, sink.clone()).with_limits(&limits)))]);
     let engine = Arc::new(
         Engine::new(EngineParts {
             store: Arc::clone(&store),
             router: Arc::new(router(Duration::from_secs(3600))),
             sinks,
-            max_in_flight: MAX_IN_FLIGHT,
+            max_in_flight,
             retry: test_retry(),
             stale_guard: true,
             clock: Arc::new(ManualClock::new(1_000_000)),
@@ -91,20 +112,20 @@ async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
     // Every permit is at a call, and every partition without one has started its first
     // round: it waits for a ticket with only the head it waits for marked in flight (a
     // round decides no head past the first that finds no ticket).
-    assert!(poll_until(Duration::from_secs(10), || sink.running.load(Ordering::SeqCst) == MAX_IN_FLIGHT).await);
+    assert!(poll_until(Duration::from_secs(10), || sink.running.load(Ordering::SeqCst) == CALLS).await);
     let waiting = || PARTITIONS - sink.partitions_called();
-    let all_started = poll_until(Duration::from_secs(10), || engine.in_flight() == MAX_IN_FLIGHT + waiting()).await;
-    assert!(all_started, "{} keys in flight, {} partitions waiting", engine.in_flight(), waiting());
+    let all_started = poll_until(Duration::from_secs(10), || engine.in_flight() == CALLS + waiting()).await;
+    assert!(all_started, "{bound:?}: {} keys in flight, {} partitions waiting", engine.in_flight(), waiting());
     // Nothing more may be claimed while the calls hang. A claim made before its ticket would
     // be written within milliseconds of the marks; give it a whole second to show up.
-    let more_claimed = poll_until(Duration::from_secs(1), || store.counts().in_progress > MAX_IN_FLIGHT as i64).await;
+    let more_claimed = poll_until(Duration::from_secs(1), || store.counts().in_progress > CALLS as i64).await;
     assert!(
         !more_claimed,
-        "{} claims out for {} calls that can run",
+        "{bound:?}: {} claims out for {} calls that can run",
         store.counts().in_progress,
         sink.running.load(Ordering::SeqCst)
     );
-    assert_eq!(store.counts().in_progress, MAX_IN_FLIGHT as i64, "one claim per running call");
+    assert_eq!(store.counts().in_progress, CALLS as i64, "{bound:?}: one claim per running call");
 
     open.send_replace(true);
     for batch in batches {
@@ -121,13 +142,20 @@ async fn claims_wait_for_the_calls_that_can_start(backend: StoreBackend) {
     keys.dedup();
     assert_eq!(keys.len(), PARTITIONS * KEYS_PER_PARTITION, "every key ran once");
     assert_eq!(sink.keys.lock().len(), PARTITIONS * KEYS_PER_PARTITION, "and only once");
-    assert!(sink.most_running.load(Ordering::SeqCst) <= MAX_IN_FLIGHT, "max_in_flight holds");
+    assert!(sink.most_running.load(Ordering::SeqCst) <= CALLS, "{bound:?} holds");
     assert_eq!(store.counts().in_progress, 0, "no claim left out");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_wait_for_the_calls_that_can_start_on_every_backend() {
     for backend in StoreBackend::ALL {
-        claims_wait_for_the_calls_that_can_start(*backend).await;
+        claims_wait_for_the_calls_that_can_start(*backend, Bound::Slots).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sinks_own_max_concurrency_bounds_its_claims_under_the_default_slots() {
+    for backend in StoreBackend::ALL {
+        claims_wait_for_the_calls_that_can_start(*backend, Bound::SinkConcurrency).await;
     }
 }
