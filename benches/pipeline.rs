@@ -12,7 +12,10 @@
 //! 4. latency at a fixed rate: produce at R commands/s for 2 s of warm-up (not measured) and
 //!    then S seconds to a running pipeline;
 //!    latency = result record timestamp (when dedupd handed it to its producer, after the
-//!    completion was flushed) minus the input's produce time; p50/p99.
+//!    completion was flushed) minus the input's produce time; p50/p99. The plain relay's
+//!    latency is measured the same way once (after its backlog), with the disk's fsync p99,
+//!    and the table gives issue 13's bound on dedupd's p99 from them (relay p99 + two fsync
+//!    p99 + 5 ms).
 //!
 //! With `--streams`, once after the relay: Kafka Streams' own dedup recipe (the Java program
 //! in `benches/streams-dedup`: a persistent RocksDB store with its changelog, commands
@@ -60,6 +63,8 @@ mod cpu;
 mod floor;
 #[path = "pipeline/instances.rs"]
 mod instances;
+#[path = "pipeline/latency.rs"]
+mod latency;
 #[path = "pipeline/restore.rs"]
 mod restore;
 #[path = "pipeline/streams.rs"]
@@ -249,11 +254,21 @@ fn plain_consume(bootstrap: &str, topic: &str, n: usize) -> f64 {
     got as f64 / secs
 }
 
-/// A plain relay, the Kafka ceiling of any consume → produce service on this machine:
-/// reads the input topic and produces one result-sized record per input (dedupd's
-/// producer settings), no dedupd code. Records/s from the first input read to the last
-/// acknowledgement.
-async fn plain_relay(bootstrap: &str, input: &str, output: &str, n: usize) -> f64 {
+/// The plain relay, the Kafka ceiling of any consume → produce service on this machine: it
+/// reads `n` records of `input` and produces one result-sized JSON record per input to
+/// `output` with dedupd's producer settings, naming the input's partition and offset as
+/// dedupd's results do (so that latency is measured the same way), no dedupd code. Returns
+/// records/s from the first input read to the last acknowledgement; prints the CPU they
+/// cost as `what` (not at a fixed rate, where the window is mostly idle); says on
+/// `assigned` once it holds partitions of `input`.
+async fn plain_relay(
+    bootstrap: &str,
+    input: &str,
+    output: &str,
+    n: usize,
+    what: Option<&str>,
+    mut assigned: Option<tokio::sync::oneshot::Sender<()>>,
+) -> f64 {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("bench-relay"))
@@ -271,15 +286,22 @@ async fn plain_relay(bootstrap: &str, input: &str, output: &str, n: usize) -> f6
         .create()
         .expect("producer");
     let cpu_from = cpu::Snapshot::take();
-    let result = vec![b'r'; 370];
     let mut acks = Vec::with_capacity(n);
     let mut first: Option<Instant> = None;
     let deadline = Instant::now() + Duration::from_secs(300);
     while acks.len() < n && Instant::now() < deadline {
         let msg = tokio::task::block_in_place(|| c.poll(Duration::from_millis(100)));
+        if assigned.is_some() && c.assignment().is_ok_and(|a| a.count() > 0) {
+            assigned.take().map(|tx| tx.send(()));
+        }
         let Some(Ok(m)) = msg else { continue };
         first.get_or_insert_with(Instant::now);
         let key = m.key().unwrap_or_default().to_vec();
+        let mut result =
+            format!("{{\"source\":{{\"partition\":{},\"offset\":{}}},\"pad\":\"", m.partition(), m.offset())
+                .into_bytes();
+        result.resize(RESULT_BYTES - 2, b'r');
+        result.extend_from_slice(b"\"}");
         loop {
             match p.send_result(FutureRecord::to(output).key(&key).payload(&result)) {
                 Ok(f) => {
@@ -295,8 +317,32 @@ async fn plain_relay(bootstrap: &str, input: &str, output: &str, n: usize) -> f6
         a.expect("ack").expect("delivered");
     }
     let rate = got as f64 / first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64());
-    cpu_from.print_per_record(&cpu::Snapshot::take(), got, "plain relay");
+    if let Some(what) = what {
+        cpu_from.print_per_record(&cpu::Snapshot::take(), got, what);
+    }
     rate
+}
+
+/// Bytes of a relayed record (about a result record's).
+const RESULT_BYTES: usize = 370;
+
+/// The plain relay's latency at `rate` for the same warm-up and `seconds` as dedupd's, on
+/// topics of its own, and the fsync p99: returns issue 13's bound on dedupd's p99.
+async fn relay_latency_bound(bootstrap: &str, rate: usize, seconds: u64) -> f64 {
+    let (input, output) = (unique("bench-relay-lat-in"), unique("bench-relay-lat-out"));
+    create_topic(bootstrap, &input, 6).await;
+    create_topic(bootstrap, &output, 6).await;
+    let total = latency::records_at_rate(rate, seconds);
+    let (assigned, relay_ready) = tokio::sync::oneshot::channel();
+    let relay = tokio::spawn({
+        let (b, i, o) = (bootstrap.to_string(), input.clone(), output.clone());
+        async move { plain_relay(&b, &i, &o, total, None, Some(assigned)).await }
+    });
+    // As dedupd's latency waits for its readiness: the group join is not measured.
+    let _ = tokio::time::timeout(Duration::from_secs(60), relay_ready).await;
+    let lat = latency::at_rate(bootstrap, &input, &output, rate, seconds).await;
+    let _ = relay.await;
+    latency::print_bound(&lat, tokio::task::spawn_blocking(latency::fsync_p99_ms).await.expect("fsync probe"))
 }
 
 /// Where the store's history lives in a run.
@@ -579,16 +625,17 @@ async fn run(traces_receiver: Option<std::net::TcpListener>) {
     println!("plain rdkafka consumer: {plain:.0} msgs/s");
     let relay_out = unique("bench-relay-out");
     create_topic(&bootstrap, &relay_out, 6).await;
-    let relay = plain_relay(&bootstrap, &input, &relay_out, a.records).await;
+    let relay = plain_relay(&bootstrap, &input, &relay_out, a.records, Some("plain relay"), None).await;
     println!("plain relay (consume + produce a result each, no dedupd): {relay:.0} records/s");
+    let p99_bound = relay_latency_bound(&bootstrap, a.rate, a.seconds).await;
     if a.streams {
         streams::measure(&bootstrap, &input, a.records).await;
     }
 
     println!(
-        "\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain relay | p50 ms | p99 ms | at rate |"
+        "\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain relay | p50 ms | p99 ms | p99 bound ms | at rate |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for backend in &a.backends {
         let floor_n = a.records.min(100_000);
         let floor = tokio::task::spawn_blocking({
@@ -614,49 +661,11 @@ async fn run(traces_receiver: Option<std::net::TcpListener>) {
         while !health.is_ready() && Instant::now() < ready_by {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        // Two seconds of warm-up at the same rate (fetch positions, connections, caches)
-        // are produced but not measured.
-        let warmup = 2 * a.rate;
-        let total = warmup + a.rate * a.seconds as usize;
-        let p = producer(&bootstrap);
-        let mut acks = Vec::with_capacity(total);
-        let start = Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let mut sent = 0usize;
-        while sent < total {
-            tick.tick().await;
-            let due = ((start.elapsed().as_secs_f64() * a.rate as f64) as usize).min(total);
-            while sent < due {
-                let v = command(10_000_000 + sent);
-                let key = format!("bench-{}", 10_000_000 + sent);
-                let now_ms = chrono::Utc::now().timestamp_millis();
-                let rec = FutureRecord::to(&lat_in).key(&key).payload(&v).timestamp(now_ms);
-                if let Ok(f) = p.send_result(rec) {
-                    acks.push((sent >= warmup, now_ms, f));
-                }
-                sent += 1;
-            }
-        }
-        let mut produced: HashMap<(i32, i64), i64> = HashMap::with_capacity(total);
-        let mut all = 0;
-        for (measured, ts, f) in acks {
-            if let Ok(Ok(d)) = f.await {
-                all += 1;
-                if measured {
-                    produced.insert((d.partition, d.offset), ts);
-                }
-            }
-        }
-        let (b, r, n) = (bootstrap.clone(), lat_out.clone(), all);
-        let seen =
-            tokio::task::spawn_blocking(move || read_results(&b, &r, n, Duration::from_secs(120))).await.expect("read");
+        let lat = latency::at_rate(&bootstrap, &lat_in, &lat_out, a.rate, a.seconds).await;
         stop.cancel();
         let _ = task.await;
-        let mut lat: Vec<i64> = seen.iter().filter_map(|(pos, t)| produced.get(pos).map(|p| t - p)).collect();
-        lat.sort_unstable();
         println!(
-            "| {:?} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {}/s for {} s ({} results) |",
+            "| {:?} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {:.1} | {}/s for {} s ({} results) |",
             backend,
             floor,
             rate,
@@ -664,6 +673,7 @@ async fn run(traces_receiver: Option<std::net::TcpListener>) {
             rate / relay,
             percentile(&lat, 0.5),
             percentile(&lat, 0.99),
+            p99_bound,
             a.rate,
             a.seconds,
             lat.len()
