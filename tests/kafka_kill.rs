@@ -9,7 +9,8 @@
 //! - `exec-once` / `exec-fwd`: a script that appends `SINK KEY ATTEMPT RUN PAYLOAD` to a file,
 //!   then sleeps 10–30 ms.
 //!
-//! The input is produced in chunks, one as each incarnation starts, each with two compaction
+//! The input is produced in chunks, one as each incarnation starts (before it, for one meant
+//! to die where a round carries completions, so that a backlog waits), each with two compaction
 //! fodder commands (a route whose records expire after two seconds); before an incarnation
 //! meant to die in compaction, records that expire two seconds later are imported into the
 //! store. Every incarnation ends in
@@ -315,13 +316,16 @@ impl Lane {
 /// Input record positions (partition, offset), in the order produced.
 type Positions = Vec<(i32, i64)>;
 
+/// What the producer is told: produce chunk `.0`, and say so on `.1` once the broker has it.
+type Go = (usize, Option<tokio::sync::oneshot::Sender<()>>);
+
 /// Produces chunk `j` of the inputs (and its fodder) each time `go` names it; returns the
 /// inputs' positions in order, and the fodder's.
 fn producer(
     lane: &Lane,
     inputs: Arc<Vec<Input>>,
     chunks: Vec<Range<usize>>,
-    mut go: tokio::sync::mpsc::UnboundedReceiver<usize>,
+    mut go: tokio::sync::mpsc::UnboundedReceiver<Go>,
 ) -> tokio::task::JoinHandle<(Positions, Positions)> {
     let (bootstrap, topic) = (lane.bootstrap.clone(), lane.input_topic.clone());
     tokio::spawn(async move {
@@ -329,7 +333,7 @@ fn producer(
         // producers per incarnation (dedupd's own), and each takes a producer id.
         let kafka_producer = kafka::idempotent_producer(&bootstrap);
         let (mut positions, mut fodder) = (Vec::with_capacity(inputs.len()), Vec::new());
-        while let Some(j) = go.recv().await {
+        while let Some((j, produced_tx)) = go.recv().await {
             let records = inputs[chunks[j].clone()]
                 .iter()
                 .map(|r| (r.kafka_key.clone(), r.value.clone(), Vec::new(), Some(r.partition)));
@@ -341,6 +345,9 @@ fn producer(
             let (ours, theirs) = produced.split_at(chunks[j].len());
             positions.extend_from_slice(ours);
             fodder.extend_from_slice(theirs);
+            if let Some(tx) = produced_tx {
+                let _ = tx.send(());
+            }
         }
         (positions, fodder)
     })
@@ -375,13 +382,22 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
     let n = inputs.len();
     let chunks = chunks(&endings, n);
     println!("[{backend}] {n} inputs in {} chunks, {} kills", chunks.len(), endings.len());
-    let (go, go_rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+    let (go, go_rx) = tokio::sync::mpsc::unbounded_channel::<Go>();
     let producing = producer(&lane, Arc::clone(&inputs), chunks, go_rx);
 
     let mut kills: Vec<Kill> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     for (incarnation, ending) in endings.iter().enumerate() {
-        go.send(incarnation).expect("producer task alive");
+        // A round carries the previous round's completions only while more records wait
+        // than the slots hold: records trickling in as the incarnation runs can each fit
+        // one round. So that incarnation starts with its whole chunk on the broker.
+        if let Ending::At { point: "claim.appended_with_completions", .. } = ending {
+            let (produced_tx, produced) = tokio::sync::oneshot::channel();
+            go.send((incarnation, Some(produced_tx))).expect("producer task alive");
+            produced.await.expect("producer task alive");
+        } else {
+            go.send((incarnation, None)).expect("producer task alive");
+        }
         if let Ending::At { point: "compaction.chunk", .. } = ending
             && let Err(e) =
                 workload::plant_expiring(&lane.config_path, &lane.dir.path().join("planted.jsonl"), incarnation)
@@ -401,7 +417,7 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
             }
         }
     }
-    go.send(endings.len()).expect("producer task alive");
+    go.send((endings.len(), None)).expect("producer task alive");
     drop(go);
     let mut last = DedupdProcess::run(&lane.config_path, &lane.log_path);
     let (positions, fodder) = producing.await.expect("producer task");
