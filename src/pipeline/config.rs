@@ -141,6 +141,12 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
 /// a crash can leave `indeterminate` for it.
 pub const DEFAULT_MAX_IN_FLIGHT_UNBOUNDED_SINKS: usize = 256;
 
+/// `pipeline.batch_size` when the config leaves it unset. A batch is abandoned at its next
+/// round once its partition is revoked or the process stops, so the size bounds neither
+/// wait; larger batches make larger rounds, fetches and result bursts, which cost the
+/// broker and dedupd less CPU per command (docs/decisions.md, "Batches of 2,000").
+pub const DEFAULT_BATCH_SIZE: usize = 2000;
+
 /// Pipeline settings.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -149,7 +155,8 @@ pub struct PipelineConfig {
     /// (`Config::max_in_flight`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<NonZeroUsize>,
-    /// Most records taken into one batch (one claim flush, one completion flush).
+    /// Most records taken into one batch (worked in rounds; its results are published
+    /// together once its last round ends).
     pub batch_size: NonZeroUsize,
     /// How long a batch waits for more records once it has one. 0 (default): take what is
     /// queued and go; batches still grow under load, and idle latency stays low.
@@ -165,7 +172,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
             max_in_flight: None,
-            batch_size: NonZeroUsize::new(500).unwrap_or(NonZeroUsize::MIN),
+            batch_size: NonZeroUsize::new(DEFAULT_BATCH_SIZE).unwrap_or(NonZeroUsize::MIN),
             batch_linger: Duration::ZERO,
             partition_buffer_bytes: NonZeroUsize::new(16 << 20).unwrap_or(NonZeroUsize::MIN),
         }

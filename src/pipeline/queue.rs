@@ -10,7 +10,7 @@
 //! drain read every record from the broker about four times over (BENCHMARKS.md).
 //!
 //! Why bytes too in the channel: a bound in records alone lets a partition of 1 MiB
-//! commands buffer `batch_size × 4` of them (2,000 by default: 2 GiB). The channel counts
+//! commands buffer `batch_size × 4` of them (8,000 by default: 8 GiB). The channel counts
 //! each record's key, value and header bytes while it waits; a record that would take it
 //! past its byte budget is refused as if it were full, so the poll thread holds it and
 //! pauses the partition (see `partitions`). An empty channel takes any one record, whatever
