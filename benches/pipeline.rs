@@ -572,12 +572,10 @@ fn main() {
 }
 
 async fn run(traces_receiver: Option<std::net::TcpListener>) {
-    if std::env::var("RUST_LOG").is_ok() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    // The log `dedupd run` sets up (stderr, `info` unless DEDUPD_LOG or RUST_LOG says
+    // otherwise), so the drains pay what a real run pays for its spans; the `log` sink
+    // stands in for a sink that does nothing, so its own line per command is left out.
+    dedupd::log::init(dedupd::log::LogFormat::Text, "info,dedupd::sinks::log=warn");
     let a = args();
     let Ok(bootstrap) = std::env::var("DEDUPD_TEST_KAFKA_BOOTSTRAP") else {
         eprintln!("needs a broker: scripts/kafka/kafka.sh with cargo bench --bench pipeline");

@@ -90,18 +90,22 @@ impl PartitionWorker {
 /// OpenTelemetry span ends here.
 pub(super) fn log_command(m: &OwnedMessage, p: &Processed) {
     let r = &p.result;
-    let span = tracing::info_span!(
-        "command",
-        key = r.key.as_deref().unwrap_or(""),
-        topic = m.topic(),
-        partition = m.partition(),
-        offset = m.offset(),
-        outcome = r.outcome.as_str(),
-        trace_id = p.span.as_ref().map(CommandSpan::trace_id),
-        span_id = p.span.as_ref().map(CommandSpan::span_id),
-    );
-    let _entered = span.enter();
-    tracing::debug!(route = r.route.as_deref(), sink_called = p.sink_called, replay = r.replay, "command done");
+    // The span is there for its debug event alone: made at `info` without it, a log layer
+    // would format its fields for every command and show nothing.
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let span = tracing::info_span!(
+            "command",
+            key = r.key.as_deref().unwrap_or(""),
+            topic = m.topic(),
+            partition = m.partition(),
+            offset = m.offset(),
+            outcome = r.outcome.as_str(),
+            trace_id = p.span.as_ref().map(CommandSpan::trace_id),
+            span_id = p.span.as_ref().map(CommandSpan::span_id),
+        );
+        let _entered = span.enter();
+        tracing::debug!(route = r.route.as_deref(), sink_called = p.sink_called, replay = r.replay, "command done");
+    }
     if let Some(command) = &p.span {
         // A span's error status means the command did not do what was asked; a replay did.
         let succeeded = matches!(r.outcome, Outcome::Succeeded | Outcome::Duplicate);
