@@ -6,8 +6,8 @@
 //!
 //! Run: `cargo bench --bench engine -- [--records N] [--batch B] [--partitions P]
 //! [--backend NAME] [--max-in-flight N]` (P batches through the engine at once, as P
-//! partitions would; NAME a registered store backend, the store's default if not given; N
-//! `pipeline.max_in_flight`, its default if not given).
+//! partitions would; NAME a registered store backend, the store's default if not given; B
+//! and N `pipeline.batch_size` and `pipeline.max_in_flight`, their defaults if not given).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -50,7 +50,8 @@ async fn main() {
             .try_init();
     }
     let records: usize = arg("--records", "100000").parse().expect("--records N");
-    let batch: usize = arg("--batch", "500").parse().expect("--batch B");
+    let default_batch = Config::default().pipeline.batch_size.get().to_string();
+    let batch: usize = arg("--batch", &default_batch).parse().expect("--batch B");
     let partitions: usize = arg("--partitions", "1").parse().expect("--partitions P");
     let backend: StoreBackend = arg("--backend", StoreBackend::default().name()).parse().expect("--backend NAME");
     let default_in_flight = Config::default().max_in_flight().get().to_string();
