@@ -49,7 +49,14 @@ impl Engine {
                 wait_for_others(end.waits, cancel).await;
             }
         }
+        let last_point = std::time::Instant::now();
+        let last_keys = carried.len();
         flushed |= self.sync_and_release(carried).await?;
+        tracing::trace!(
+            keys = last_keys,
+            us = last_point.elapsed().as_micros() as u64,
+            "batch end: µs for the last round's completions made durable"
+        );
         Ok(BatchReport { results: queues.into_results(), flushed })
     }
 
