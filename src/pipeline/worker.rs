@@ -302,7 +302,7 @@ impl PartitionWorker {
         // Where a batch's time goes, for latency analysis: raising the watermark, then the
         // engine's rounds and last durability point (BENCHMARKS.md, "Where a command's
         // latency goes").
-        let engine_us = started.elapsed().as_micros() as u64 - watermark_us;
+        let engine_us = (started.elapsed().as_micros() as u64).saturating_sub(watermark_us);
         tracing::debug!(topic = %self.topic, partition = self.partition, records = total, watermark_us, engine_us, "batch through the engine");
         let Some(&last_offset) = records.len().checked_sub(1).and_then(|last| consumed.get(last)) else {
             return Ok((None, complete));

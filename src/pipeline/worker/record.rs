@@ -84,10 +84,10 @@ impl PartitionWorker {
     }
 }
 
-/// One span per command once its result is acknowledged: key, topic, partition, offset and
-/// outcome (with traces on, also its trace and span id), with a debug event in it
-/// (`log.level = "dedupd=debug"` shows every command). With traces on, the command's
-/// OpenTelemetry span ends here.
+/// With the log at debug (`log.level = "dedupd=debug"`), one span per command once its
+/// result is acknowledged: key, topic, partition, offset and outcome (with traces on, also
+/// its trace and span id), with a debug event in it that shows every command. With traces
+/// on, the command's OpenTelemetry span ends here.
 pub(super) fn log_command(m: &OwnedMessage, p: &Processed) {
     let r = &p.result;
     // The span is there for its debug event alone: made at `info` without it, a log layer
