@@ -28,10 +28,8 @@ mod supervise;
 pub(crate) use supervise::{BatchOffsets, PanicWatch, supervise};
 
 mod forward;
-mod overlap;
 mod record;
 mod resend;
-use overlap::Pending;
 use record::log_command;
 
 /// Batches whose results may await acknowledgement at once, per partition. Enough to
@@ -154,26 +152,8 @@ impl PartitionWorker {
         // still stored strictly in order.
         let mut unacked: VecDeque<Unacked> = VecDeque::new();
         let mut first_seen = false;
-        // The last batch, while its last durability point is under way (worker/overlap.rs).
-        let mut pending: Option<Pending> = None;
         let stop = loop {
             let room = unacked.len() < MAX_UNACKED_BATCHES;
-            if pending.is_some() {
-                // A record already queued starts the next batch beside the point; else the
-                // batch is published now, so an idle partition's latency stays as it was.
-                let queued = match room && !self.cancel.is_cancelled() {
-                    true => self.rx.try_recv().ok(),
-                    false => None,
-                };
-                let stopped = match queued {
-                    Some(first) => self.next_batch(first, &mut pending, &mut unacked).await,
-                    None => self.finish(pending.take()).await.map(|sent| unacked.extend(sent)).err(),
-                };
-                match stopped {
-                    Some(stop) => break stop,
-                    None => continue,
-                }
-            }
             let first = tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => break Stop::Drain,
@@ -193,57 +173,35 @@ impl PartitionWorker {
                 transactions.note_first_offset(&(self.topic.clone(), self.partition), first.offset());
             }
             first_seen = true;
-            if let Some(stop) = self.next_batch(first, &mut pending, &mut unacked).await {
-                break stop;
-            }
-        };
-        // What was run is published before it is settled, unless the process is stopping.
-        let stop = match (stop, pending) {
-            (Stop::Drain, Some(pending)) => match self.finish(Some(pending)).await {
-                Ok(sent) => {
-                    unacked.extend(sent);
-                    Stop::Drain
-                }
-                Err(stop) => stop,
-            },
-            (stop, _) => stop,
-        };
-        self.settle_all(stop, unacked).await;
-    }
-
-    /// Takes a batch starting with `first` and runs it while the previous batch (`pending`)
-    /// reaches its last durability point and is published (see `overlap`); `Some` when the
-    /// worker stops.
-    async fn next_batch(
-        &mut self,
-        first: OwnedMessage,
-        pending: &mut Option<Pending>,
-        unacked: &mut VecDeque<Unacked>,
-    ) -> Option<Stop> {
-        let mut batch = vec![first];
-        // Take what is already queued; wait up to `batch_linger` for more only when it
-        // is set. With the default of 0, batches grow by themselves under load (records
-        // queue while the previous batch is at its sinks) and stay small when idle.
-        while batch.len() < self.shared.batch_size {
-            match self.rx.try_recv() {
-                Ok(m) => batch.push(m),
-                Err(_) => break,
-            }
-        }
-        if !self.shared.batch_linger.is_zero() {
-            let deadline = tokio::time::Instant::now() + self.shared.batch_linger;
+            let mut batch = vec![first];
+            // Take what is already queued; wait up to `batch_linger` for more only when it
+            // is set. With the default of 0, batches grow by themselves under load (records
+            // queue while the previous batch is at its sinks) and stay small when idle.
             while batch.len() < self.shared.batch_size {
-                match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                    Ok(Some(m)) => batch.push(m),
-                    _ => break,
+                match self.rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
                 }
             }
-        }
-        self.overlap(batch, pending, unacked).await
-    }
-
-    /// Settles in order what was sent.
-    async fn settle_all(&self, stop: Stop, mut unacked: VecDeque<Unacked>) {
+            if !self.shared.batch_linger.is_zero() {
+                let deadline = tokio::time::Instant::now() + self.shared.batch_linger;
+                while batch.len() < self.shared.batch_size {
+                    match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                        Ok(Some(m)) => batch.push(m),
+                        _ => break,
+                    }
+                }
+            }
+            match self.process(batch).await {
+                Ok((sent, complete)) => {
+                    unacked.extend(sent);
+                    if !complete {
+                        break Stop::Drain;
+                    }
+                }
+                Err(stop) => break stop,
+            }
+        };
         if let Stop::Fatal = stop {
             // The process starts stopping now; what was sent is still settled below.
             self.shared.fatal.cancel();
@@ -278,11 +236,9 @@ impl PartitionWorker {
 
     /// Runs one batch through the engine (or forwards it, see [`Role`]) and sends its
     /// finished prefix's results. Returns what was sent and whether the whole batch finished.
-    async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Pending>, bool), Stop> {
+    async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Unacked>, bool), Stop> {
         let (check_among, unwrap) = match self.role() {
-            Role::Forward(state) => {
-                return self.forward(batch, state).await.map(|(u, complete)| (u.map(Pending::Sent), complete));
-            }
+            Role::Forward(state) => return self.forward(batch, state).await,
             Role::Decide { check_among, unwrap } => (check_among, unwrap),
         };
         let started = Instant::now();
@@ -306,9 +262,9 @@ impl PartitionWorker {
         self.on_store("raising the watermark", move || raise_store.raise_watermarks(&wm)).await?;
         let watermark_us = started.elapsed().as_micros() as u64;
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
-        let run = self.engine_run(&items);
+        let run = self.shared.engine.process_batch_reporting_flush(&items, &self.cancel);
         let tp = (self.topic.clone(), self.partition);
-        let (BatchReport { results, flushed }, carried) = match super::circuits::pausing_while_open(
+        let BatchReport { results, flushed } = match super::circuits::pausing_while_open(
             &*self.control,
             tp,
             &sinks,
@@ -326,11 +282,10 @@ impl PartitionWorker {
                 return Err(Stop::Fatal);
             }
         };
-        // The watermark must be durable before the offset is committed (docs/contract.md §3):
-        // the engine's flushes and the last point come after the raise and cover it; a batch
-        // of only replays and rejections needs a flush of its own.
-        let durable = (!carried.is_empty()).then(|| overlap::last_point(Arc::clone(&self.shared.engine), carried));
-        if durable.is_none() && !flushed {
+        // The watermark must be durable before the offset is committed (docs/contract.md §3). A flush
+        // the engine made for this batch (claims or completions) came after the raise and
+        // covers it; a batch of only replays and rejections needs one of its own.
+        if !flushed {
             self.on_store("flushing", move || store.flush()).await?;
         }
         // Send the longest prefix of finished records; an abandoned record ends it.
@@ -344,30 +299,18 @@ impl PartitionWorker {
             })
             .collect();
         let complete = records.len() == total;
-        // Where a batch's time goes (BENCHMARKS.md, "Where a command's latency goes"); the
-        // last durability point is traced apart (worker/overlap.rs).
+        // Where a batch's time goes, for latency analysis: raising the watermark, then the
+        // engine's rounds and last durability point (BENCHMARKS.md, "Where a command's
+        // latency goes").
         let engine_us = (started.elapsed().as_micros() as u64).saturating_sub(watermark_us);
         tracing::debug!(topic = %self.topic, partition = self.partition, records = total, watermark_us, engine_us, "batch through the engine");
         let Some(&last_offset) = records.len().checked_sub(1).and_then(|last| consumed.get(last)) else {
             return Ok((None, complete));
         };
-        if let Some(durable) = durable {
-            return Ok((Some(Pending::Deferred { records, last_offset, started, durable }), complete));
-        }
-        Ok((Some(Pending::Sent(self.send_finished(records, last_offset, started).await?)), complete))
-    }
-
-    /// Publishes a batch's finished records, whose completions are durable.
-    async fn send_finished(
-        &self,
-        records: Vec<(OwnedMessage, Processed)>,
-        last_offset: i64,
-        started: Instant,
-    ) -> Result<Unacked, Stop> {
         crate::crash::point("completion.written");
         let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
         let acks = self.publish(&refs, Vec::new(), last_offset).await?;
-        Ok(Unacked { records, acks, started, last_offset })
+        Ok((Some(Unacked { records, acks, started, last_offset }), complete))
     }
 
     /// Runs `write` on the store, on the blocking pool (a store write can wait for another
