@@ -25,6 +25,27 @@ impl Engine {
         items: &[Item],
         cancel: &CancellationToken,
     ) -> Result<BatchReport, EngineError> {
+        let (mut report, carried) = self.process_batch_leaving_last_point(items, cancel).await?;
+        let last_point = std::time::Instant::now();
+        let last_keys = carried.len();
+        report.flushed |= self.sync_and_release(carried).await?;
+        tracing::trace!(
+            keys = last_keys,
+            us = last_point.elapsed().as_micros() as u64,
+            "batch end: µs for the last round's completions made durable"
+        );
+        Ok(report)
+    }
+
+    /// [`Engine::process_batch_reporting_flush`] without its last durability point: also
+    /// returns the keys whose completions are written but not yet durable, still held. The
+    /// caller must pass them to [`Engine::sync_and_release`] before it publishes any of the
+    /// batch's results (the pipeline does it while the partition's next batch starts).
+    pub async fn process_batch_leaving_last_point(
+        &self,
+        items: &[Item],
+        cancel: &CancellationToken,
+    ) -> Result<(BatchReport, Vec<String>), EngineError> {
         let mut queues = KeyQueues::new(items);
         let mut flushed = false;
         // Keys of the last round whose completions are written but not yet durable: the
@@ -49,15 +70,7 @@ impl Engine {
                 wait_for_others(end.waits, cancel).await;
             }
         }
-        let last_point = std::time::Instant::now();
-        let last_keys = carried.len();
-        flushed |= self.sync_and_release(carried).await?;
-        tracing::trace!(
-            keys = last_keys,
-            us = last_point.elapsed().as_micros() as u64,
-            "batch end: µs for the last round's completions made durable"
-        );
-        Ok(BatchReport { results: queues.into_results(), flushed })
+        Ok((BatchReport { results: queues.into_results(), flushed }, carried))
     }
 
     /// One round over `heads`: start, take tickets, claim, run sinks, write the completions.
@@ -106,7 +119,7 @@ impl Engine {
     /// Makes every completion written so far durable (one flush, shared with other
     /// batches flushing at the same moment), then lets go of `keys`. Returns whether it
     /// flushed (not when `keys` is empty: nothing to make durable).
-    async fn sync_and_release(&self, keys: Vec<String>) -> Result<bool, EngineError> {
+    pub async fn sync_and_release(&self, keys: Vec<String>) -> Result<bool, EngineError> {
         if keys.is_empty() {
             return Ok(false);
         }

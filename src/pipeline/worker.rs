@@ -1,7 +1,8 @@
 //! One partition's worker: takes a batch of records in offset order, parses them, raises
 //! the store watermark, runs the batch through the engine and hands every result to the
-//! producer. It takes the next batch while Kafka acknowledges, and stores a batch's last
-//! offset only once its results and those of every earlier batch are acknowledged. Under
+//! producer. It takes the next batch while Kafka acknowledges (and, without transactions,
+//! while the last batch's last durability point is made: `overlap`), and stores a batch's
+//! last offset only once its results and those of every earlier batch are acknowledged. Under
 //! the by-key hop an input partition's worker forwards its commands instead (`forward`),
 //! and a by-key partition's worker decides each as the input it was made of. `record`
 //! turns each record into an engine item and ends each command (its log line and span).
@@ -28,8 +29,10 @@ mod supervise;
 pub(crate) use supervise::{BatchOffsets, PanicWatch, supervise};
 
 mod forward;
+mod overlap;
 mod record;
 mod resend;
+use overlap::{Finished, Ran};
 use record::log_command;
 
 /// Batches whose results may await acknowledgement at once, per partition. Enough to
@@ -152,8 +155,27 @@ impl PartitionWorker {
         // still stored strictly in order.
         let mut unacked: VecDeque<Unacked> = VecDeque::new();
         let mut first_seen = false;
+        // The last batch, while its last durability point is under way (worker/overlap.rs);
+        // never under transactions.
+        let mut deferred: Option<Ran> = None;
         let stop = loop {
             let room = unacked.len() < MAX_UNACKED_BATCHES;
+            if deferred.is_some() {
+                // A record already queued starts the next batch beside the point; else the
+                // batch is published now, so an idle partition's latency stays as it was.
+                let queued = match room && !self.cancel.is_cancelled() {
+                    true => self.rx.try_recv().ok(),
+                    false => None,
+                };
+                let stopped = match queued {
+                    Some(first) => self.next_batch(first, &mut deferred, &mut unacked).await,
+                    None => self.publish_ran(deferred.take()).await.map(|sent| unacked.extend(sent)).err(),
+                };
+                match stopped {
+                    Some(stop) => break stop,
+                    None => continue,
+                }
+            }
             let first = tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => break Stop::Drain,
@@ -173,35 +195,57 @@ impl PartitionWorker {
                 transactions.note_first_offset(&(self.topic.clone(), self.partition), first.offset());
             }
             first_seen = true;
-            let mut batch = vec![first];
-            // Take what is already queued; wait up to `batch_linger` for more only when it
-            // is set. With the default of 0, batches grow by themselves under load (records
-            // queue while the previous batch is at its sinks) and stay small when idle.
-            while batch.len() < self.shared.batch_size {
-                match self.rx.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(_) => break,
-                }
-            }
-            if !self.shared.batch_linger.is_zero() {
-                let deadline = tokio::time::Instant::now() + self.shared.batch_linger;
-                while batch.len() < self.shared.batch_size {
-                    match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                        Ok(Some(m)) => batch.push(m),
-                        _ => break,
-                    }
-                }
-            }
-            match self.process(batch).await {
-                Ok((sent, complete)) => {
-                    unacked.extend(sent);
-                    if !complete {
-                        break Stop::Drain;
-                    }
-                }
-                Err(stop) => break stop,
+            if let Some(stop) = self.next_batch(first, &mut deferred, &mut unacked).await {
+                break stop;
             }
         };
+        // What was run is published before it is settled, unless the process is stopping.
+        let stop = match (stop, deferred) {
+            (Stop::Drain, Some(deferred)) => match self.publish_ran(Some(deferred)).await {
+                Ok(sent) => {
+                    unacked.extend(sent);
+                    Stop::Drain
+                }
+                Err(stop) => stop,
+            },
+            (stop, _) => stop,
+        };
+        self.settle_all(stop, unacked).await;
+    }
+
+    /// Takes a batch starting with `first` and runs it while the previous batch (`deferred`)
+    /// reaches its last durability point and is published (see `overlap`); `Some` when the
+    /// worker stops.
+    async fn next_batch(
+        &mut self,
+        first: OwnedMessage,
+        deferred: &mut Option<Ran>,
+        unacked: &mut VecDeque<Unacked>,
+    ) -> Option<Stop> {
+        let mut batch = vec![first];
+        // Take what is already queued; wait up to `batch_linger` for more only when it
+        // is set. With the default of 0, batches grow by themselves under load (records
+        // queue while the previous batch is at its sinks) and stay small when idle.
+        while batch.len() < self.shared.batch_size {
+            match self.rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
+            }
+        }
+        if !self.shared.batch_linger.is_zero() {
+            let deadline = tokio::time::Instant::now() + self.shared.batch_linger;
+            while batch.len() < self.shared.batch_size {
+                match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                    Ok(Some(m)) => batch.push(m),
+                    _ => break,
+                }
+            }
+        }
+        self.overlap(batch, deferred, unacked).await
+    }
+
+    /// Settles in order what was sent.
+    async fn settle_all(&self, stop: Stop, mut unacked: VecDeque<Unacked>) {
         if let Stop::Fatal = stop {
             // The process starts stopping now; what was sent is still settled below.
             self.shared.fatal.cancel();
@@ -234,11 +278,14 @@ impl PartitionWorker {
         }
     }
 
-    /// Runs one batch through the engine (or forwards it, see [`Role`]) and sends its
-    /// finished prefix's results. Returns what was sent and whether the whole batch finished.
-    async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Unacked>, bool), Stop> {
+    /// Runs one batch through the engine (or forwards it, see [`Role`]). Returns its
+    /// finished prefix, for the caller to publish in offset order (worker/overlap.rs), and
+    /// whether the whole batch finished.
+    async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(Option<Ran>, bool), Stop> {
         let (check_among, unwrap) = match self.role() {
-            Role::Forward(state) => return self.forward(batch, state).await,
+            Role::Forward(state) => {
+                return self.forward(batch, state).await.map(|(u, complete)| (u.map(Ran::Sent), complete));
+            }
             Role::Decide { check_among, unwrap } => (check_among, unwrap),
         };
         let started = Instant::now();
@@ -262,9 +309,9 @@ impl PartitionWorker {
         self.on_store("raising the watermark", move || raise_store.raise_watermarks(&wm)).await?;
         let watermark_us = started.elapsed().as_micros() as u64;
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
-        let run = self.shared.engine.process_batch_reporting_flush(&items, &self.cancel);
+        let run = self.engine_run(&items);
         let tp = (self.topic.clone(), self.partition);
-        let BatchReport { results, flushed } = match super::circuits::pausing_while_open(
+        let (BatchReport { results, flushed }, carried) = match super::circuits::pausing_while_open(
             &*self.control,
             tp,
             &sinks,
@@ -282,10 +329,11 @@ impl PartitionWorker {
                 return Err(Stop::Fatal);
             }
         };
-        // The watermark must be durable before the offset is committed (docs/contract.md §3). A flush
-        // the engine made for this batch (claims or completions) came after the raise and
-        // covers it; a batch of only replays and rejections needs one of its own.
-        if !flushed {
+        // The watermark must be durable before the offset is committed (docs/contract.md §3):
+        // the engine's flushes and the last point come after the raise and cover it; a batch
+        // of only replays and rejections needs a flush of its own.
+        let durable = (!carried.is_empty()).then(|| overlap::last_point(Arc::clone(&self.shared.engine), carried));
+        if durable.is_none() && !flushed {
             self.on_store("flushing", move || store.flush()).await?;
         }
         // Send the longest prefix of finished records; an abandoned record ends it.
@@ -299,18 +347,19 @@ impl PartitionWorker {
             })
             .collect();
         let complete = records.len() == total;
-        // Where a batch's time goes, for latency analysis: raising the watermark, then the
-        // engine's rounds and last durability point (BENCHMARKS.md, "Where a command's
-        // latency goes").
+        // Where a batch's time goes (BENCHMARKS.md, "Where a command's latency goes"); the
+        // last durability point is traced apart (worker/overlap.rs).
         let engine_us = (started.elapsed().as_micros() as u64).saturating_sub(watermark_us);
         tracing::debug!(topic = %self.topic, partition = self.partition, records = total, watermark_us, engine_us, "batch through the engine");
         let Some(&last_offset) = records.len().checked_sub(1).and_then(|last| consumed.get(last)) else {
             return Ok((None, complete));
         };
-        crate::crash::point("completion.written");
-        let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
-        let acks = self.publish(&refs, Vec::new(), last_offset).await?;
-        Ok((Some(Unacked { records, acks, started, last_offset }), complete))
+        let finished = Finished { records, last_offset, started };
+        let ran = match durable {
+            Some(durable) => Ran::Deferred(finished, durable),
+            None => Ran::Durable(finished),
+        };
+        Ok((Some(ran), complete))
     }
 
     /// Runs `write` on the store, on the blocking pool (a store write can wait for another

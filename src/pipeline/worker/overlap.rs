@@ -1,0 +1,164 @@
+//! A partition's batches overlap at their last durability point: a batch's last round's
+//! completions are made durable while the partition's next batch starts (its watermark,
+//! starts, tickets and claims), instead of before it. Measured at 5,000 commands/s, a
+//! partition runs batches back to back and each waited for that point (BENCHMARKS.md,
+//! "Where a command's latency goes"). Only without transactional results (and so without
+//! the store on Kafka): a transaction commits a batch's results and offset together (and,
+//! with the store on Kafka, its completions), so there the point stays in the batch and
+//! the worker runs exactly as without the overlap (nothing is ever [`Ran::Deferred`]).
+//!
+//! The rules stay where they were:
+//! 1. A batch's results are published only once its completions are durable:
+//!    [`PartitionWorker::publish_when_durable`] awaits that point before it publishes
+//!    (the crash point `completion.written` sits between the two).
+//! 2. Its keys stay held until then (`Engine::sync_and_release` flushes, then lets go), so
+//!    a later batch with one of them waits for the point instead of replaying a completion
+//!    a crash could take back.
+//! 3. The point flushes the store, so it also makes the batch's watermark durable (raised
+//!    before the batch ran) before the batch's offset can be stored.
+//! 4. Batches are published in offset order: the engine never publishes, and
+//!    [`PartitionWorker::overlap`] publishes the previous batch before the one it ran
+//!    meanwhile. If the previous batch's point fails, the one run meanwhile is never
+//!    published (the process stops; both come again).
+//!
+//! tests/batch_overlap.rs holds the point with a failpoint and sees the next batch's call
+//! come, and the batch's result wait, meanwhile.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rdkafka::message::OwnedMessage;
+use tokio::task::JoinHandle;
+
+use super::{PartitionWorker, Stop, Unacked};
+use crate::engine::{BatchReport, Engine, EngineError, Item};
+use crate::outcome::Processed;
+
+/// A batch through [`PartitionWorker::process`].
+pub(super) enum Ran {
+    /// Published already: an input partition's forwards, under the by-key hop (which runs
+    /// only in transactions, where nothing is deferred).
+    Sent(Unacked),
+    /// Finished, its completions durable, to be published in offset order.
+    Durable(Finished),
+    /// Finished; its last round's completions are being made durable by `durable` (rule 1).
+    Deferred(Finished, JoinHandle<Result<bool, EngineError>>),
+}
+
+/// A batch's finished records, not yet published.
+pub(super) struct Finished {
+    pub records: Vec<(OwnedMessage, Processed)>,
+    /// The offset consumed last in the batch's finished part (see [`Unacked`]).
+    pub last_offset: i64,
+    pub started: Instant,
+}
+
+/// The batch's last durability point, made while the partition's next batch starts: the
+/// completions of `carried` flushed (with the store, so the watermark too), then their keys
+/// let go.
+pub(super) fn last_point(engine: Arc<Engine>, carried: Vec<String>) -> JoinHandle<Result<bool, EngineError>> {
+    tokio::spawn(async move {
+        if let Some(ms) = held_ms() {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
+        let (point, keys) = (Instant::now(), carried.len());
+        let made = engine.sync_and_release(carried).await;
+        let us = point.elapsed().as_micros() as u64;
+        tracing::trace!(target: "dedupd::engine::batch", keys, us, "batch end: µs for the last round's completions made durable");
+        made
+    })
+}
+
+/// Failpoint `overlap.last_point=return(MS)` (tests only: tests/batch_overlap.rs): holds
+/// every last durability point MS ms before it starts, so that a test sees the next batch
+/// run meanwhile.
+fn held_ms() -> Option<u64> {
+    fail::fail_point!("overlap.last_point", |ms: Option<String>| ms.and_then(|ms| ms.parse().ok()));
+    None
+}
+
+impl PartitionWorker {
+    /// Runs `batch` while the previous batch (`deferred`) reaches its last durability
+    /// point, then publishes both in offset order (rule 4): each published batch joins
+    /// `unacked`; one whose point is still to come becomes `deferred`. `Some` when the
+    /// worker stops.
+    pub(super) async fn overlap(
+        &self,
+        batch: Vec<OwnedMessage>,
+        deferred: &mut Option<Ran>,
+        unacked: &mut VecDeque<Unacked>,
+    ) -> Option<Stop> {
+        let previous = deferred.take();
+        let (ran, published) = futures::future::join(self.process(batch), self.publish_ran(previous)).await;
+        match published {
+            Ok(sent) => unacked.extend(sent),
+            // Rule 4: what ran meanwhile is not published either.
+            Err(stop) => return Some(stop),
+        }
+        let (ran, complete) = match ran {
+            Ok(ran) => ran,
+            Err(stop) => return Some(stop),
+        };
+        match ran {
+            Some(ran @ Ran::Deferred(..)) => *deferred = Some(ran),
+            ran => match self.publish_ran(ran).await {
+                Ok(sent) => unacked.extend(sent),
+                Err(stop) => return Some(stop),
+            },
+        }
+        // An abandoned record ends the batch's finished part, and the worker's run.
+        (!complete).then_some(Stop::Drain)
+    }
+
+    /// The batch through the engine, with the keys whose completions are written but not
+    /// yet durable. Without transactions its last durability point is left to overlap the
+    /// next batch; with them the point stays in the batch (none left), since a transaction
+    /// carries a batch's results and offset (and, with the store on Kafka, its
+    /// completions) and commits them together.
+    pub(super) async fn engine_run(&self, items: &[Item]) -> Result<(BatchReport, Vec<String>), EngineError> {
+        let engine = &self.shared.engine;
+        if self.shared.transactions.is_none() {
+            return engine.process_batch_leaving_last_point(items, &self.cancel).await;
+        }
+        Ok((engine.process_batch_reporting_flush(items, &self.cancel).await?, Vec::new()))
+    }
+
+    /// Publishes `ran` once its completions are durable (rules 1 and 3); the batch then
+    /// waits for its acknowledgements as any other.
+    pub(super) async fn publish_ran(&self, ran: Option<Ran>) -> Result<Option<Unacked>, Stop> {
+        let finished = match ran {
+            None => return Ok(None),
+            Some(Ran::Sent(sent)) => return Ok(Some(sent)),
+            Some(Ran::Durable(finished)) => finished,
+            Some(Ran::Deferred(finished, durable)) => {
+                self.await_point(durable).await?;
+                finished
+            }
+        };
+        let Finished { records, last_offset, started } = finished;
+        crate::crash::point("completion.written");
+        let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
+        let acks = self.publish(&refs, Vec::new(), last_offset).await?;
+        Ok(Some(Unacked { records, acks, started, last_offset }))
+    }
+
+    /// Waits for a batch's last durability point; its failure stops the process.
+    async fn await_point(&self, durable: JoinHandle<Result<bool, EngineError>>) -> Result<(), Stop> {
+        match durable.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(EngineError::Store(e))) => {
+                self.store_failed(&e, "making completions durable");
+                Err(Stop::Fatal)
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");
+                Err(Stop::Fatal)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "making completions durable failed; stopping");
+                Err(Stop::Fatal)
+            }
+        }
+    }
+}
