@@ -302,11 +302,15 @@ impl PartitionWorker {
             false => batch,
         };
         let items: Vec<Item> = batch.iter().map(|m| self.item(m, check_among)).collect();
-        let store = Arc::clone(self.shared.engine.store());
         let last = consumed.last().copied().unwrap_or(0);
         let wm = vec![(self.topic.clone(), self.partition, last)];
-        let raise_store = Arc::clone(&store);
-        self.on_store("raising the watermark", move || raise_store.raise_watermarks(&wm)).await?;
+        // Under transactions the watermark is raised first and the batch's own flushes make
+        // it durable; overlapping, at the batch's last durability point, off its turn
+        // (worker/overlap.rs, rule 3).
+        if !self.overlapping() {
+            let (store, wm) = (Arc::clone(self.shared.engine.store()), wm.clone());
+            self.on_store("raising the watermark", move || store.raise_watermarks(&wm)).await?;
+        }
         let watermark_us = started.elapsed().as_micros() as u64;
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
         let run = self.engine_run(&items);
@@ -329,13 +333,7 @@ impl PartitionWorker {
                 return Err(Stop::Fatal);
             }
         };
-        // The watermark must be durable before the offset is committed (docs/contract.md §3):
-        // the engine's flushes and the last point come after the raise and cover it; a batch
-        // of only replays and rejections needs a flush of its own.
-        let durable = (!carried.is_empty()).then(|| overlap::last_point(Arc::clone(&self.shared.engine), carried));
-        if durable.is_none() && !flushed {
-            self.on_store("flushing", move || store.flush()).await?;
-        }
+        let durable = self.watermark_durable(wm, carried, flushed).await?;
         // Send the longest prefix of finished records; an abandoned record ends it.
         let total = batch.len();
         let records: Vec<(OwnedMessage, Processed)> = batch

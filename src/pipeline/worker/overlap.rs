@@ -14,8 +14,11 @@
 //! 2. Its keys stay held until then (`Engine::sync_and_release` flushes, then lets go), so
 //!    a later batch with one of them waits for the point instead of replaying a completion
 //!    a crash could take back.
-//! 3. The point flushes the store, so it also makes the batch's watermark durable (raised
-//!    before the batch ran) before the batch's offset can be stored.
+//! 3. The point raises the batch's watermark, then flushes the store, so the watermark is
+//!    durable before the batch's offset can be stored (docs/contract.md §3 asks no more).
+//!    The raise is a blocking-pool call of its own, so it is made there, off the batch's
+//!    turn, not before the batch runs; a batch with nothing to make durable raises it and
+//!    flushes in one call.
 //! 4. Batches are published in offset order: the engine never publishes, and
 //!    [`PartitionWorker::overlap`] publishes the previous batch before the one it ran
 //!    meanwhile. If the previous batch's point fails, the one run meanwhile is never
@@ -54,15 +57,23 @@ pub(super) struct Finished {
     pub started: Instant,
 }
 
-/// The batch's last durability point, made while the partition's next batch starts: the
-/// completions of `carried` flushed (with the store, so the watermark too), then their keys
-/// let go.
-pub(super) fn last_point(engine: Arc<Engine>, carried: Vec<String>) -> JoinHandle<Result<bool, EngineError>> {
+/// The batch's last durability point, made while the partition's next batch starts: its
+/// watermark raised to `wm`, then the completions of `carried` flushed (with the store, so
+/// the watermark too), then their keys let go.
+fn last_point(
+    engine: Arc<Engine>,
+    carried: Vec<String>,
+    wm: Vec<(String, i32, i64)>,
+) -> JoinHandle<Result<bool, EngineError>> {
     tokio::spawn(async move {
         if let Some(ms) = held_ms() {
             tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         }
         let (point, keys) = (Instant::now(), carried.len());
+        let store = Arc::clone(engine.store());
+        tokio::task::spawn_blocking(move || store.raise_watermarks(&wm))
+            .await
+            .map_err(|e| EngineError::Join(e.to_string()))??;
         let made = engine.sync_and_release(carried).await;
         let us = point.elapsed().as_micros() as u64;
         tracing::trace!(target: "dedupd::engine::batch", keys, us, "batch end: µs for the last round's completions made durable");
@@ -118,10 +129,44 @@ impl PartitionWorker {
     /// completions) and commits them together.
     pub(super) async fn engine_run(&self, items: &[Item]) -> Result<(BatchReport, Vec<String>), EngineError> {
         let engine = &self.shared.engine;
-        if self.shared.transactions.is_none() {
+        if self.overlapping() {
             return engine.process_batch_leaving_last_point(items, &self.cancel).await;
         }
         Ok((engine.process_batch_reporting_flush(items, &self.cancel).await?, Vec::new()))
+    }
+
+    /// Makes a batch's watermark `wm` durable before its offset can be committed
+    /// (docs/contract.md §3): a flush after the raise makes it so. Overlapping, the batch's
+    /// last point raises it and flushes (rule 3), and is returned to be awaited before the
+    /// batch is published; a batch with no completions to make durable (replays and
+    /// rejections) raises it and flushes in one call. Under transactions it was raised
+    /// before the batch ran, so a flush of the engine's (`flushed`) covers it, else one is
+    /// made here.
+    pub(super) async fn watermark_durable(
+        &self,
+        wm: Vec<(String, i32, i64)>,
+        carried: Vec<String>,
+        flushed: bool,
+    ) -> Result<Option<JoinHandle<Result<bool, EngineError>>>, Stop> {
+        let store = Arc::clone(self.shared.engine.store());
+        if !self.overlapping() {
+            if !flushed {
+                self.on_store("flushing", move || store.flush()).await?;
+            }
+            return Ok(None);
+        }
+        if !carried.is_empty() {
+            return Ok(Some(last_point(Arc::clone(&self.shared.engine), carried, wm)));
+        }
+        self.on_store("raising the watermark", move || store.raise_watermarks(&wm).and_then(|()| store.flush()))
+            .await?;
+        Ok(None)
+    }
+
+    /// Whether this worker's batches overlap at their last durability point: only without
+    /// transactional results.
+    pub(super) fn overlapping(&self) -> bool {
+        self.shared.transactions.is_none()
     }
 
     /// Publishes `ran` once its completions are durable (rules 1 and 3); the batch then
