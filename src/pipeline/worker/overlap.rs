@@ -1,6 +1,6 @@
 //! A partition's batches overlap at their last durability point: a batch's last round's
-//! completions are made durable while the partition's next batch starts (its watermark,
-//! starts, tickets and claims), instead of before it. Measured at 5,000 commands/s, a
+//! completions are made durable while the partition's next batch starts (its starts,
+//! tickets, claims and sink calls), instead of before it. Measured at 5,000 commands/s, a
 //! partition runs batches back to back and each waited for that point (BENCHMARKS.md,
 //! "Where a command's latency goes"). Only without transactional results (and so without
 //! the store on Kafka): a transaction commits a batch's results and offset together (and,
@@ -9,7 +9,7 @@
 //!
 //! The rules stay where they were:
 //! 1. A batch's results are published only once its completions are durable:
-//!    [`PartitionWorker::publish_when_durable`] awaits that point before it publishes
+//!    [`PartitionWorker::publish_ran`] awaits that point before it publishes
 //!    (the crash point `completion.written` sits between the two).
 //! 2. Its keys stay held until then (`Engine::sync_and_release` flushes, then lets go), so
 //!    a later batch with one of them waits for the point instead of replaying a completion
@@ -76,7 +76,7 @@ fn last_point(
             .map_err(|e| EngineError::Join(e.to_string()))??;
         let made = engine.sync_and_release(carried).await;
         let us = point.elapsed().as_micros() as u64;
-        tracing::trace!(target: "dedupd::engine::batch", keys, us, "batch end: µs for the last round's completions made durable");
+        tracing::trace!(target: "dedupd::engine::batch", keys, us, "batch end: µs for the watermark raised and the last round's completions made durable");
         made
     })
 }
