@@ -52,7 +52,7 @@ impl FenceBudget {
 pub(super) enum Ended {
     /// Stopped on request.
     Stopped,
-    /// Fenced (see [`run`]): its store, to be let go before the next run opens it.
+    /// Fenced (see [`run`](super::run)): its store, to be let go before the next run opens it.
     Fenced(std::sync::Weak<KeyStore>),
 }
 
