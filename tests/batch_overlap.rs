@@ -12,35 +12,16 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use axum::Json;
-use axum::extract::State;
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, TopicTail, tail_of_file};
+use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, TopicTail, tail_of_file};
 use dedupd::outcome::ResultRecord;
-use parking_lot::Mutex;
 use rdkafka::message::Message;
 use serde_json::{Value, json};
 
 /// How long the failpoint holds each last durability point.
 const HOLD_MS: u64 = 1500;
-
-/// Each request's payload `i` and when it arrived, Unix ms (comparable to Kafka timestamps).
-#[derive(Default)]
-struct Receiver {
-    arrivals: Mutex<Vec<(u64, i64)>>,
-}
-
-fn unix_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
-async fn receive(State(r): State<Arc<Receiver>>, Json(body): Json<Value>) -> Json<Value> {
-    r.arrivals.lock().push((body["i"].as_u64().unwrap_or(u64::MAX), unix_ms()));
-    Json(json!({"accepted": true}))
-}
 
 fn config(bootstrap: &str, topics: [&str; 3], store: &Path, url: &str) -> String {
     let [input, results, dlq] = topics;
@@ -84,11 +65,9 @@ async fn the_next_batch_runs_while_the_last_durability_point_is_held_and_results
     let (input, results, dlq) =
         (kafka::unique("overlap-in"), kafka::unique("overlap-results"), kafka::unique("overlap-dlq"));
     kafka::create_topics(&bootstrap, &[(&input, 1), (&results, 1), (&dlq, 1)]).await;
-    let receiver = Arc::new(Receiver::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/effects", listener.local_addr().expect("addr"));
-    let app = axum::Router::new().fallback(axum::routing::post(receive)).with_state(Arc::clone(&receiver));
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    // Answers at once: the sink call's time is all the test reads.
+    let receiver = SlowReceiver::start((0, 0), 0).await;
+    let url = receiver.url("/effects");
 
     // Both commands wait on the partition before dedupd starts, so the second is queued
     // when the first one's batch ends.
@@ -115,9 +94,15 @@ async fn the_next_batch_runs_while_the_last_durability_point_is_held_and_results
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
-    server.abort();
-
-    let arrivals = receiver.arrivals.lock().clone();
+    let arrivals: Vec<(u64, i64)> = receiver
+        .seen()
+        .iter()
+        .map(|seen| {
+            let body: Value = serde_json::from_slice(&seen.body).unwrap_or(Value::Null);
+            (body["i"].as_u64().unwrap_or(u64::MAX), seen.at_unix_ms)
+        })
+        .collect();
+    receiver.stop().await;
     let called = |i: u64| arrivals.iter().find(|(n, _)| *n == i).map(|(_, at)| *at);
     let (Some(first_call), Some(second_call)) = (called(0), called(1)) else {
         panic!("both commands should reach the sink once: {arrivals:?}");

@@ -32,7 +32,7 @@ mod forward;
 mod overlap;
 mod record;
 mod resend;
-use overlap::{Finished, Ran};
+use overlap::{Deferred, Finished, Ran};
 use record::log_command;
 
 /// Batches whose results may await acknowledgement at once, per partition. Enough to
@@ -157,7 +157,7 @@ impl PartitionWorker {
         let mut first_seen = false;
         // The last batch, while its last durability point is under way (worker/overlap.rs);
         // never under transactions.
-        let mut deferred: Option<Ran> = None;
+        let mut deferred: Option<Deferred> = None;
         let stop = loop {
             let room = unacked.len() < MAX_UNACKED_BATCHES;
             if deferred.is_some() {
@@ -169,7 +169,11 @@ impl PartitionWorker {
                 };
                 let stopped = match queued {
                     Some(first) => self.next_batch(first, &mut deferred, &mut unacked).await,
-                    None => self.publish_ran(deferred.take()).await.map(|sent| unacked.extend(sent)).err(),
+                    None => self
+                        .publish_ran(deferred.take().map(Ran::Deferred))
+                        .await
+                        .map(|sent| unacked.extend(sent))
+                        .err(),
                 };
                 match stopped {
                     Some(stop) => break stop,
@@ -201,7 +205,7 @@ impl PartitionWorker {
         };
         // What was run is published before it is settled, unless the process is stopping.
         let stop = match (stop, deferred) {
-            (Stop::Drain, Some(deferred)) => match self.publish_ran(Some(deferred)).await {
+            (Stop::Drain, Some(deferred)) => match self.publish_ran(Some(Ran::Deferred(deferred))).await {
                 Ok(sent) => {
                     unacked.extend(sent);
                     Stop::Drain
@@ -219,7 +223,7 @@ impl PartitionWorker {
     async fn next_batch(
         &mut self,
         first: OwnedMessage,
-        deferred: &mut Option<Ran>,
+        deferred: &mut Option<Deferred>,
         unacked: &mut VecDeque<Unacked>,
     ) -> Option<Stop> {
         let mut batch = vec![first];
@@ -315,24 +319,10 @@ impl PartitionWorker {
         let sinks = super::circuits::sinks_of(&self.shared.engine, &items);
         let run = self.engine_run(&items);
         let tp = (self.topic.clone(), self.partition);
-        let (BatchReport { results, flushed }, carried) = match super::circuits::pausing_while_open(
-            &*self.control,
-            tp,
-            &sinks,
-            run,
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(crate::engine::EngineError::Store(e)) => {
-                self.store_failed(&e, "running a batch");
-                return Err(Stop::Fatal);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");
-                return Err(Stop::Fatal);
-            }
-        };
+        let (BatchReport { results, flushed }, carried) =
+            super::circuits::pausing_while_open(&*self.control, tp, &sinks, run)
+                .await
+                .map_err(|e| self.engine_failed(e, "running a batch"))?;
         let durable = self.watermark_durable(wm, carried, flushed).await?;
         // Send the longest prefix of finished records; an abandoned record ends it.
         let total = batch.len();
@@ -354,7 +344,7 @@ impl PartitionWorker {
         };
         let finished = Finished { records, last_offset, started };
         let ran = match durable {
-            Some(durable) => Ran::Deferred(finished, durable),
+            Some(point) => Ran::Deferred(Deferred { finished, point }),
             None => Ran::Durable(finished),
         };
         Ok((Some(ran), complete))
@@ -457,6 +447,18 @@ impl PartitionWorker {
         self.shared.metrics.batch_processed(u.started.elapsed().as_secs_f64());
         tracing::debug!(topic = %self.topic, partition = self.partition, records = u.records.len(), ms = u.started.elapsed().as_millis() as u64, "batch done");
         true
+    }
+
+    /// The engine failed `doing` something: a store failure is reported as such
+    /// ([`PartitionWorker::store_failed`]); either stops the process.
+    fn engine_failed(&self, e: crate::engine::EngineError, doing: &str) -> Stop {
+        match e {
+            crate::engine::EngineError::Store(e) => self.store_failed(&e, doing),
+            e => {
+                tracing::error!(error = %e, doing, topic = %self.topic, partition = self.partition, "engine failed; stopping")
+            }
+        }
+        Stop::Fatal
     }
 
     /// A store failure, which stops the process: logged saying what failed (a full disk

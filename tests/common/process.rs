@@ -226,6 +226,8 @@ pub struct Seen {
     pub tracestate: Option<String>,
     /// The body.
     pub body: Bytes,
+    /// When it arrived, Unix ms (comparable to Kafka record timestamps).
+    pub at_unix_ms: i64,
 }
 
 #[derive(Clone)]
@@ -269,6 +271,9 @@ async fn slow_receive(
             traceparent: header("traceparent"),
             tracestate: header("tracestate"),
             body,
+            at_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
         });
         *s.last_arrival.lock() = Some(Instant::now());
         seq

@@ -5,7 +5,7 @@
 //! "Where a command's latency goes"). Only without transactional results (and so without
 //! the store on Kafka): a transaction commits a batch's results and offset together (and,
 //! with the store on Kafka, its completions), so there the point stays in the batch and
-//! the worker runs exactly as without the overlap (nothing is ever [`Ran::Deferred`]).
+//! the worker runs exactly as without the overlap (nothing is ever [`Deferred`]).
 //!
 //! The rules stay where they were:
 //! 1. A batch's results are published only once its completions are durable:
@@ -45,8 +45,15 @@ pub(super) enum Ran {
     Sent(Unacked),
     /// Finished, its completions durable, to be published in offset order.
     Durable(Finished),
-    /// Finished; its last round's completions are being made durable by `durable` (rule 1).
-    Deferred(Finished, JoinHandle<Result<bool, EngineError>>),
+    /// Finished, its last durability point under way.
+    Deferred(Deferred),
+}
+
+/// A finished batch whose last round's completions `point` is making durable (rule 1): the
+/// one batch a worker holds back while it runs the next.
+pub(super) struct Deferred {
+    pub finished: Finished,
+    pub point: JoinHandle<Result<bool, EngineError>>,
 }
 
 /// A batch's finished records, not yet published.
@@ -97,10 +104,10 @@ impl PartitionWorker {
     pub(super) async fn overlap(
         &self,
         batch: Vec<OwnedMessage>,
-        deferred: &mut Option<Ran>,
+        deferred: &mut Option<Deferred>,
         unacked: &mut VecDeque<Unacked>,
     ) -> Option<Stop> {
-        let previous = deferred.take();
+        let previous = deferred.take().map(Ran::Deferred);
         let (ran, published) = futures::future::join(self.process(batch), self.publish_ran(previous)).await;
         match published {
             Ok(sent) => unacked.extend(sent),
@@ -112,7 +119,7 @@ impl PartitionWorker {
             Err(stop) => return Some(stop),
         };
         match ran {
-            Some(ran @ Ran::Deferred(..)) => *deferred = Some(ran),
+            Some(Ran::Deferred(held)) => *deferred = Some(held),
             ran => match self.publish_ran(ran).await {
                 Ok(sent) => unacked.extend(sent),
                 Err(stop) => return Some(stop),
@@ -176,8 +183,9 @@ impl PartitionWorker {
             None => return Ok(None),
             Some(Ran::Sent(sent)) => return Ok(Some(sent)),
             Some(Ran::Durable(finished)) => finished,
-            Some(Ran::Deferred(finished, durable)) => {
-                self.await_point(durable).await?;
+            Some(Ran::Deferred(Deferred { finished, point })) => {
+                let made = point.await.unwrap_or_else(|e| Err(EngineError::Join(e.to_string())));
+                made.map_err(|e| self.engine_failed(e, "making completions durable"))?;
                 finished
             }
         };
@@ -186,24 +194,5 @@ impl PartitionWorker {
         let refs: Vec<(&OwnedMessage, &Processed)> = records.iter().map(|(m, p)| (m, p)).collect();
         let acks = self.publish(&refs, Vec::new(), last_offset).await?;
         Ok(Some(Unacked { records, acks, started, last_offset }))
-    }
-
-    /// Waits for a batch's last durability point; its failure stops the process.
-    async fn await_point(&self, durable: JoinHandle<Result<bool, EngineError>>) -> Result<(), Stop> {
-        match durable.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(EngineError::Store(e))) => {
-                self.store_failed(&e, "making completions durable");
-                Err(Stop::Fatal)
-            }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "engine failed; stopping");
-                Err(Stop::Fatal)
-            }
-            Err(e) => {
-                tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "making completions durable failed; stopping");
-                Err(Stop::Fatal)
-            }
-        }
     }
 }
