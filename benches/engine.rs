@@ -2,7 +2,7 @@
 //! (decision, claim, sink, completion, with durable group commits, a `log` sink), and
 //! result serialisation, each timed on its own over the same commands, next to the store
 //! floor (the store calls alone, `support/floor.rs`, as in `benches/pipeline.rs`), measured
-//! right after the engine in the same run.
+//! right after the engine in the same run, with the process's CPU per command for each.
 //!
 //! Run: `cargo bench --bench engine -- [--records N] [--batch B] [--partitions P]
 //! [--backend NAME] [--max-in-flight N]` (P batches through the engine at once, as P
@@ -25,6 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "support/floor.rs"]
 mod floor;
+#[path = "support/idle.rs"]
+#[allow(dead_code)] // only its CPU clock
+mod idle;
 
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
@@ -119,7 +122,7 @@ async fn main() {
     // every p-th batch, in order.
     let engine = Arc::new(engine);
     let items = Arc::new(items);
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), idle::process_cpu());
     let streams: Vec<_> = (0..partitions)
         .map(|p| {
             let (engine, items) = (Arc::clone(&engine), Arc::clone(&items));
@@ -138,6 +141,7 @@ async fn main() {
         results.extend(s.await.expect("stream"));
     }
     let engine_us = t.elapsed().as_secs_f64() * 1e6 / records as f64;
+    let engine_cpu_us = (idle::process_cpu() - cpu).as_secs_f64() * 1e6 / records as f64;
 
     let t = Instant::now();
     let mut bytes = 0usize;
@@ -155,10 +159,16 @@ async fn main() {
     println!("  envelope parse + fingerprint : {parse_us:8.2} µs");
     println!("  engine (log sink, durable)   : {engine_us:8.2} µs  ({:.0} commands/s)", 1e6 / engine_us);
     // The same store work alone, on a fresh store, right after (same machine state).
+    let cpu = idle::process_cpu();
     let floor = floor::store_floor(backend, records);
+    let floor_cpu_us = (idle::process_cpu() - cpu).as_secs_f64() * 1e6 / records as f64;
     println!(
         "  store floor (claim + complete, batches of 500): {floor:.0} commands/s; engine / floor = {:.2}",
         1e6 / engine_us / floor
+    );
+    // CPU is steadier than rates on a shared machine: what each side costs the machine.
+    println!(
+        "  CPU per command (user + sys, all threads): engine {engine_cpu_us:.2} µs, store floor {floor_cpu_us:.2} µs"
     );
     println!("  result serialisation         : {serialise_us:8.2} µs  ({} B/result)", bytes / records.max(1));
 }
