@@ -27,9 +27,40 @@ pub fn rfc3339_ms(ms: i64) -> String {
     }
 }
 
+/// [`rfc3339_ms`] for many instants of which few differ (a round's results share their
+/// claim's and their answer's millisecond): the text of the last two instants is reused,
+/// as formatting costs several times the copy.
+#[derive(Debug, Default)]
+pub struct Rfc3339Memo {
+    recent: [Option<(i64, String)>; 2],
+    /// The slot the next new instant replaces.
+    next: usize,
+}
+
+impl Rfc3339Memo {
+    /// `ms` as [`rfc3339_ms`] writes it.
+    pub fn format(&mut self, ms: i64) -> String {
+        if let Some((_, text)) = self.recent.iter().flatten().find(|(at, _)| *at == ms) {
+            return text.clone();
+        }
+        let text = rfc3339_ms(ms);
+        self.recent[self.next] = Some((ms, text.clone()));
+        self.next = (self.next + 1) % self.recent.len();
+        text
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memo_writes_what_rfc3339_ms_writes() {
+        let mut memo = Rfc3339Memo::default();
+        for ms in [5, 1_700_000_000_123, 5, 1_700_000_000_123, 7, 5, i64::MAX, 7] {
+            assert_eq!(memo.format(ms), rfc3339_ms(ms), "{ms}");
+        }
+    }
 
     #[test]
     fn rfc3339_has_milliseconds_and_utc() {

@@ -37,10 +37,16 @@ impl Engine {
         to_claim: Vec<(ToClaim<'a>, Ticket<'a>)>,
         backend: bool,
     ) -> Result<Vec<Claimed<'a>>, EngineError> {
-        let (claims, tickets): (Vec<ToClaim<'a>>, Vec<Ticket<'a>>) = to_claim.into_iter().unzip();
-        let (heads, requests): (Vec<Head<'a>>, Vec<ClaimRequest>) =
-            claims.into_iter().map(|t| (t.head, t.request)).unzip();
-        let previous: Vec<Option<Record>> = requests.iter().map(|r| r.expected.clone()).collect();
+        // One pass: a round's claims are hundreds of KiB, each copy of them a cost.
+        let n = to_claim.len();
+        let (mut heads, mut requests, mut previous, mut tickets) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for (ToClaim { head, request }, ticket) in to_claim {
+            previous.push(request.expected.clone());
+            heads.push(head);
+            requests.push(request);
+            tickets.push(ticket);
+        }
         let store = Arc::clone(&self.store);
         let handed_over = std::time::Instant::now();
         let written = tokio::task::spawn_blocking(move || {

@@ -13,6 +13,7 @@ use super::run::Ran;
 use super::{Engine, EngineError, ItemResult};
 use crate::envelope::Command;
 use crate::store::{Completed, Completion, DurableClaim, KeyStore, Record, SourcePos, StoreError};
+use crate::time::Rfc3339Memo;
 
 /// What a round's sink runs leave to store.
 pub(super) struct Completions {
@@ -29,12 +30,14 @@ impl Engine {
     pub(super) fn settle_runs<'a>(
         &self,
         queues: &mut KeyQueues<'a>,
-        ran: Vec<Ran<'a>>,
+        ran: impl ExactSizeIterator<Item = Ran<'a>>,
     ) -> Result<Completions, EngineError> {
         let mut done = Completions { to_write: Vec::with_capacity(ran.len()), keys: Vec::with_capacity(ran.len()) };
+        // The round's runs have all ended by now: one instant for their answers.
+        let completed_at_ms = self.clock.now_ms();
+        let mut times = Rfc3339Memo::default();
         for Ran { claimed: Claimed { head, claim, previous, .. }, end } in ran {
             let cmd = head.command;
-            let completed_at_ms = self.clock.now_ms();
             let first_seen_ms = claim.record().claimed_at_ms;
             let prior = claim.record().attempts.saturating_sub(1);
             let answer = |completion, result, error, attempts: u32| Answer {
@@ -50,13 +53,13 @@ impl Engine {
                     let answer = answer(Completion::Succeeded, result, None, attempts);
                     let completed = completion(cmd, &answer, &claim.record().source);
                     done.to_write.push((claim, completed));
-                    ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer)))
+                    ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer, &mut times)))
                 }
                 RunEnd::Failed { result, error, attempts } => {
                     let answer = answer(Completion::Failed, result, Some(error), attempts);
                     let completed = completion(cmd, &answer, &claim.record().source);
                     done.to_write.push((claim, completed));
-                    ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer)))
+                    ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer, &mut times)))
                 }
                 RunEnd::NeverRan => {
                     // The sink never saw it: put back what the claim replaced, so the

@@ -8,6 +8,7 @@ use crate::envelope::{Command, Rejection};
 use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
 use crate::store::{Completed, Completion, Record};
 use crate::telemetry::TraceHeaders;
+use crate::time::Rfc3339Memo;
 
 /// A stored sink result as JSON (as text, if it somehow is not JSON).
 fn stored_result(bytes: &[u8]) -> Value {
@@ -61,8 +62,8 @@ impl Engine {
         }
     }
 
-    /// The result of a command its sink answered.
-    pub(super) fn executed(&self, item: &Item, cmd: &Command, answer: Answer) -> Processed {
+    /// The result of a command its sink answered (its instants written through `times`).
+    pub(super) fn executed(&self, item: &Item, cmd: &Command, answer: Answer, times: &mut Rfc3339Memo) -> Processed {
         let outcome = match answer.completion {
             Completion::Succeeded => Outcome::Succeeded,
             Completion::Failed => Outcome::Failed,
@@ -71,8 +72,8 @@ impl Engine {
         p.result.result = answer.result;
         p.result.error = answer.error;
         p.result.attempts = answer.attempts;
-        p.result.first_seen_at = Some(rfc3339_ms(answer.first_seen_ms));
-        p.result.completed_at = Some(rfc3339_ms(answer.completed_at_ms));
+        p.result.first_seen_at = Some(times.format(answer.first_seen_ms));
+        p.result.completed_at = Some(times.format(answer.completed_at_ms));
         p.sink_called = true;
         p
     }

@@ -155,10 +155,19 @@ pub(super) async fn run_with_retry<'a>(
         }
         tracing::warn!(key = claim.key(), attempt = tally.calls, error = %message, "transient sink failure, retrying");
         let wait = backoff(retry, tally.counted + 1, retry_after);
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = cancel.cancelled() => return tally.stopped(),
+        // Boxed, as the turn of a retry is (`next_turn`): a round holds thousands of runs,
+        // most of which never retry, and each would otherwise carry this wait's state.
+        if !Box::pin(sleep_unless_cancelled(wait, cancel)).await {
+            return tally.stopped();
         }
+    }
+}
+
+/// Sleeps for `wait`; `false` when `cancel` fires first.
+async fn sleep_unless_cancelled(wait: Duration, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(wait) => true,
+        () = cancel.cancelled() => false,
     }
 }
 
@@ -229,7 +238,9 @@ async fn next_turn<'a>(
             *permit = Some(taken);
             Some((reservation.admission, reservation.limits))
         }
-        None => match take_turn(sink, claim, limiter, permit, cancel).await {
+        // Boxed: only a retry waits for its turn here, and the wait's state (the circuit's,
+        // the permit's) would otherwise make every run's future about twice as large.
+        None => match Box::pin(take_turn(sink, claim, limiter, permit, cancel)).await {
             Turn::Go(admission) if !cancel.is_cancelled() => Some((admission, None)),
             _ => None,
         },

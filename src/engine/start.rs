@@ -63,7 +63,8 @@ impl Engine {
         wait_first: bool,
         cancel: &CancellationToken,
     ) -> Result<Started<'a>, EngineError> {
-        let mut started = Started { to_claim: Vec::new(), short_of_tickets: false, waits: Vec::new() };
+        let mut started =
+            Started { to_claim: Vec::with_capacity(heads.len()), short_of_tickets: false, waits: Vec::new() };
         for head in heads {
             match self.start(&queues.items()[head.index], head.command, now)? {
                 Start::Done(p) => queues.finish(head, ItemResult::Done(p)),
