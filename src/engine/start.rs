@@ -10,6 +10,8 @@
 //! of a round found no ticket and were decided again and again (about a sixth of the
 //! engine's CPU with six partitions, BENCHMARKS.md).
 
+use std::sync::Arc;
+
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +21,10 @@ use super::{Engine, EngineError, Item, ItemResult};
 use crate::decide::{Action, Arrival, Context, decide};
 use crate::envelope::{Command, Rejection};
 use crate::outcome::{Processed, rfc3339_ms};
-use crate::store::{ClaimRequest, InProgress, Indeterminate, Record};
+use crate::store::{ClaimRequest, InProgress, Indeterminate, ReadStamp, Record};
+
+/// A key's record and the stamp of its read (see [`crate::store::KeyStore::get_stamped`]).
+type StampedRead = (Option<Record>, ReadStamp);
 
 /// The first step for one record.
 enum Start {
@@ -65,8 +70,9 @@ impl Engine {
     ) -> Result<Started<'a>, EngineError> {
         let mut started =
             Started { to_claim: Vec::with_capacity(heads.len()), short_of_tickets: false, waits: Vec::new() };
-        for head in heads {
-            match self.start(&queues.items()[head.index], head.command, now)? {
+        let reads = self.read_heads(&heads).await?;
+        for (head, read) in heads.into_iter().zip(reads) {
+            match self.start(&queues.items()[head.index], head.command, now, read)? {
                 Start::Done(p) => queues.finish(head, ItemResult::Done(p)),
                 Start::Wait(rx) => started.waits.push(rx),
                 Start::Claim(request) => {
@@ -86,9 +92,26 @@ impl Engine {
         Ok(started)
     }
 
-    /// Decides one record and takes the first step. Loops only when a compare-and-swap
-    /// loses a race, re-reading what won.
-    fn start(&self, item: &Item, cmd: &Command, now: i64) -> Result<Start, EngineError> {
+    /// The records of `heads` as they are now, read on the blocking pool: a read waits while
+    /// another partition's claims or completions hold the key's stripe through their write
+    /// (BENCHMARKS.md, "Heads read off the runtime"), and a record not in memory is read
+    /// from disk; neither may hold up a runtime thread. A head decided later in the round
+    /// decides on this read; its claim is checked against the key as it is then (`claim`).
+    async fn read_heads(&self, heads: &[Head<'_>]) -> Result<Vec<StampedRead>, EngineError> {
+        let keys: Vec<String> = heads.iter().map(|h| h.command.key.clone()).collect();
+        let store = Arc::clone(&self.store);
+        let reads = tokio::task::spawn_blocking(move || {
+            keys.iter().map(|key| store.get_stamped(key)).collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|e| EngineError::Join(e.to_string()))?;
+        Ok(reads?)
+    }
+
+    /// Decides one record, first on `read` (its record read at the round's start), and
+    /// takes the first step. Loops only when a compare-and-swap loses a race, re-reading
+    /// what won.
+    fn start(&self, item: &Item, cmd: &Command, now: i64, read: StampedRead) -> Result<Start, EngineError> {
         let sink = &self.route_sinks[cmd.route];
         let arrival = Arrival {
             fingerprint: &cmd.fingerprint,
@@ -96,8 +119,12 @@ impl Engine {
             ttl_ms: i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX),
             source: &item.source,
         };
+        let mut read = Some(read);
         loop {
-            let (stored, stamp) = self.store.get_stamped(&cmd.key)?;
+            let (stored, stamp) = match read.take() {
+                Some(read) => read,
+                None => self.store.get_stamped(&cmd.key)?,
+            };
             let waiter = self
                 .inflight
                 .lock()
