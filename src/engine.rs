@@ -8,8 +8,8 @@
 //!   durability point for both, the two files synced at the same time), or by the batch's
 //!   last flush, and only then are its keys released;
 //! - `queue`: queue by key (each key's records in arrival order, rejections done at once);
-//! - `start`: start the heads (decide each key's oldest record: done without a sink, to
-//!   claim, or wait for another batch);
+//! - `start`: start the heads (read their records in one blocking-pool call, then decide
+//!   each key's oldest record: done without a sink, to claim, or wait for another batch);
 //! - `ticket`: take what each claim's first sink call needs to start at once (a
 //!   `max_in_flight` permit, the sink's circuit and limits) before the claim is written;
 //! - `claim`: write the round's claims and make them durable in one flush, with the

@@ -9,6 +9,11 @@
 //! ticket lets go of its key, and with several partitions sharing `max_in_flight` most heads
 //! of a round found no ticket and were decided again and again (about a sixth of the
 //! engine's CPU with six partitions, BENCHMARKS.md).
+//!
+//! The round's heads are read first, all in one blocking-pool call (`read_heads`), and each
+//! is decided on that read. A claim is checked against its key as it is when written (the
+//! read's stamp, `KeyStore::claim_batch`), so a head whose key changed meanwhile loses
+//! its claim and is decided again next round, as it would after any race.
 
 use std::sync::Arc;
 
