@@ -56,8 +56,24 @@ pub fn init(format: LogFormat, level: &str) {
                 .with_writer(std::io::stderr);
             registry.with(trace_ids::TraceIdLayer).with(lines).try_init()
         }
-        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init(),
+        LogFormat::Text => {
+            let lines = tracing_subscriber::fmt::layer().with_ansi(colours_on_stderr()).with_writer(std::io::stderr);
+            registry.with(lines).try_init()
+        }
     };
+}
+
+/// Whether text lines carry colours: only for a terminal, and not when `NO_COLOR` is set
+/// (no-color.org). A file, a pipe or a container runtime's log gets plain text, not escape
+/// codes, and a span's fields are not wrapped in them for every command.
+fn colours_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref())
+}
+
+/// [`colours_on_stderr`] for a stream that is (or is not) a terminal and a `NO_COLOR` value.
+fn colours(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// The log filter: the first of `DEDUPD_LOG` and `RUST_LOG` that is set and not blank, else
@@ -78,7 +94,16 @@ pub fn filter_text(dedupd_log: Option<String>, rust_log: Option<String>, level: 
 
 #[cfg(test)]
 mod tests {
-    use super::filter_text;
+    use super::{colours, filter_text};
+
+    #[test]
+    fn text_is_coloured_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colours(true, None));
+        assert!(colours(true, Some(OsStr::new(""))), "an empty NO_COLOR does not count (no-color.org)");
+        assert!(!colours(true, Some(OsStr::new("1"))));
+        assert!(!colours(false, None), "a file or a pipe gets plain text");
+    }
 
     fn some(s: &str) -> Option<String> {
         Some(s.to_string())
