@@ -114,11 +114,17 @@ fn count_from_env(var: &str, default: usize) -> usize {
     std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// The inputs `0..n` split into one chunk per incarnation (one more than `endings`). An
+/// The inputs split into one chunk per incarnation (one more than `endings`). An
 /// incarnation meant to die at `claim.appended_with_completions` needs batches of several
 /// rounds (a round's claims carrying the previous round's completions), so its chunk is
 /// six times the others: a few records per partition do not make a second round.
-fn chunks(endings: &[Ending], n: usize) -> Vec<Range<usize>> {
+///
+/// The workload ends in late repeats only (`workload::workload`): keys completed long
+/// before, so replays that claim nothing. A kill chunk made of them could never reach a
+/// claim point, so they all go to the final run's chunk; the kill chunks share the rest.
+fn chunks(endings: &[Ending], inputs: &[Input]) -> Vec<Range<usize>> {
+    let late_tail = inputs.iter().rev().take_while(|input| input.kind == workload::Kind::Late).count();
+    let body = inputs.len() - late_tail;
     let weights: Vec<usize> = endings
         .iter()
         .map(|e| match e {
@@ -129,14 +135,18 @@ fn chunks(endings: &[Ending], n: usize) -> Vec<Range<usize>> {
         .collect();
     let total: usize = weights.iter().sum();
     let mut before = 0;
-    weights
+    let mut ranges: Vec<Range<usize>> = weights
         .iter()
         .map(|w| {
-            let start = before * n / total;
+            let start = before * body / total;
             before += w;
-            start..before * n / total
+            start..before * body / total
         })
-        .collect()
+        .collect();
+    if let Some(last) = ranges.last_mut() {
+        last.end = inputs.len();
+    }
+    ranges
 }
 
 /// Every point `point_kills` times and `random_kills` random kills, shuffled.
@@ -161,6 +171,29 @@ fn schedule(rng: &mut SplitMix, point_kills: usize, random_kills: usize) -> Vec<
         endings.swap(i, rng.between(0, i as u64) as usize);
     }
     endings
+}
+
+/// Every kill chunk, wherever the schedule puts it, holds originals of keys (commands that
+/// claim), one meant to die where a round carries completions at least three per
+/// partition; the chunks cover the inputs in order.
+#[test]
+fn every_kill_chunk_holds_commands_that_claim() {
+    let inputs = workload::workload();
+    for seed in 0..8 {
+        let endings = schedule(&mut SplitMix(seed), POINT_KILLS, RANDOM_KILLS);
+        let chunks = chunks(&endings, &inputs);
+        assert_eq!(chunks.len(), endings.len() + 1);
+        assert_eq!((chunks[0].start, chunks[endings.len()].end), (0, inputs.len()));
+        for (k, ending) in endings.iter().enumerate() {
+            assert_eq!(chunks[k].end, chunks[k + 1].start, "chunks are contiguous");
+            let originals = inputs[chunks[k].clone()].iter().filter(|i| i.kind == workload::Kind::Original).count();
+            let least = match ending {
+                Ending::At { point: "claim.appended_with_completions", .. } => 3 * PARTITIONS as usize,
+                _ => 1,
+            };
+            assert!(originals >= least, "seed {seed}: chunk {k} ({ending:?}) holds {originals} originals");
+        }
+    }
 }
 
 /// What happened at one kill.
@@ -380,7 +413,7 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
     let backend = lane.backend;
     let inputs = Arc::new(workload::workload());
     let n = inputs.len();
-    let chunks = chunks(&endings, n);
+    let chunks = chunks(&endings, &inputs);
     println!("[{backend}] {n} inputs in {} chunks, {} kills", chunks.len(), endings.len());
     let (go, go_rx) = tokio::sync::mpsc::unbounded_channel::<Go>();
     let producing = producer(&lane, Arc::clone(&inputs), chunks, go_rx);
