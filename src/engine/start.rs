@@ -98,8 +98,8 @@ impl Engine {
     }
 
     /// The records of `heads` as they are now, read on the blocking pool: a read waits while
-    /// another partition's claims or completions hold the key's stripe through their write
-    /// (BENCHMARKS.md, "Heads read off the runtime"), and a record not in memory is read
+    /// another partition's claims hold the key's stripe through their write (BENCHMARKS.md,
+    /// "Heads read off the runtime"), and a record not in memory is read
     /// from disk; neither may hold up a runtime thread. A head decided later in the round
     /// decides on this read; its claim is checked against the key as it is then (`claim`).
     async fn read_heads(&self, heads: &[Head<'_>]) -> Result<Vec<StampedRead>, EngineError> {

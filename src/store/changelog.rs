@@ -146,7 +146,7 @@ impl KeyStore {
                 expired.remove(&key);
             }
             let _gate = self.gate.read();
-            let mut stripe = self.stripe(&key).lock();
+            let mut stripe = self.lock_settled(&key);
             let current = self.get_locked(&stripe, &key)?;
             if current != new {
                 self.swap_locked(&mut stripe, &key, current, new.as_ref(), false)?;

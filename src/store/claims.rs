@@ -13,24 +13,35 @@
 //! - reads under a stripe lock ask the stripe's presence filter first (see `presence`): a key
 //!   it does not know is absent, without a store read.
 //!
-//! Every write to a record goes through these or `compare_and_swap`, under the stripe lock,
-//! and the store directory is locked to one process, so the stripe's view is exact.
+//! Every write to a record goes through these or `compare_and_swap`, decided under the
+//! stripe lock, and the store directory is locked to one process, so the stripe's view is
+//! exact. A completion's backend write itself runs after its stripes are let go, its claim
+//! marked meanwhile (`completions` says why and what that keeps).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod completions;
+
+pub(super) use completions::UnderWay;
+
 use super::SyncMode;
-use super::{Completed, InProgress, KeyStore, Op, Record, State, StoreError, Tree, index, presence, state_index};
+use super::{InProgress, KeyStore, Op, Record, State, StoreError, Tree, presence, state_index};
 
 /// What a stripe lock guards.
 #[derive(Debug, Default)]
 pub(super) struct Stripe {
     /// Bumped by every mutation of a key in this stripe.
     version: u64,
-    /// Claims out: key → its token and, for a claim held by the journal, its record.
+    /// Claims out: key → its token and, for a claim held by the journal, its record; also
+    /// the claims whose completion is being written, or landed and not yet dropped.
     claims: foldhash::HashMap<String, OutClaim>,
     /// The keys of this stripe that hold a record *in the backend* (see `presence`).
     pub(super) present: super::presence::Presence,
+    /// How many of `claims` carry a completion's batch (at least: one a claim replaced is
+    /// counted until the next settle), and the oldest such batch (at most).
+    completions: usize,
+    oldest_completion: u64,
 }
 
 /// A claim made by this process and not yet completed or replaced.
@@ -41,25 +52,75 @@ struct OutClaim {
     /// The record, when the claim is held by the journal (not the backend): then this is
     /// the key's only record.
     journaled: Option<InProgress>,
+    /// The batch writing its completion (see `completions`): the claim is no longer out.
+    completion: Option<u64>,
 }
 
 impl Stripe {
     /// `key` was written: any claim of it that was out is no longer current. Returns
     /// whether that claim was held by the journal (then it must be released there once the
-    /// write that replaced it is applied).
+    /// write that replaced it is applied). Called on a settled stripe (`settle`).
     pub(super) fn changed(&mut self, key: &str) -> bool {
         self.version = self.version.wrapping_add(1);
-        self.claims.remove(key).is_some_and(|c| c.journaled.is_some())
+        self.claims.remove(key).is_some_and(|c| c.journaled.is_some() && c.completion.is_none())
     }
 
-    /// The claims of this stripe held by the journal.
+    /// The claims of this stripe held by the journal (none being completed: scans run when
+    /// no completion is under way, and a landed one is the backend's).
     pub(super) fn journaled_claims(&self) -> impl Iterator<Item = (&str, &InProgress)> {
-        self.claims.iter().filter_map(|(k, c)| Some((k.as_str(), c.journaled.as_ref()?)))
+        self.claims
+            .iter()
+            .filter(|(_, c)| c.completion.is_none())
+            .filter_map(|(k, c)| Some((k.as_str(), c.journaled.as_ref()?)))
     }
 
-    /// The record of `key` if its current record is a claim held by the journal.
+    /// The record of `key` if its current record is a claim held by the journal (not one
+    /// being completed).
     pub(super) fn journaled(&self, key: &str) -> Option<&InProgress> {
-        self.claims.get(key).and_then(|c| c.journaled.as_ref())
+        self.claims.get(key).filter(|c| c.completion.is_none()).and_then(|c| c.journaled.as_ref())
+    }
+
+    /// The claim of `key` held by the journal, as the key's record for a read: also while
+    /// its completion is under way (its batch is not older than `under_way`, the oldest
+    /// batch under way), not once the completion landed. One lookup.
+    pub(super) fn held(&self, key: &str, under_way: u64) -> Option<Record> {
+        let out = self.claims.get(key)?;
+        match out.completion {
+            Some(batch) if batch < under_way => None,
+            _ => out.journaled.clone().map(Record::InProgress),
+        }
+    }
+
+    /// Whether `key` carries a completion's batch. Right after [`Stripe::settle`], with the
+    /// lock still held, that batch may still be under way.
+    pub(super) fn marked(&self, key: &str) -> bool {
+        self.completions > 0 && self.claims.get(key).is_some_and(|c| c.completion.is_some())
+    }
+
+    /// Whether the completion of `key` may still be under way.
+    pub(super) fn completing(&self, key: &str, under_way: u64) -> bool {
+        self.completions > 0 && self.claims.get(key).and_then(|c| c.completion).is_some_and(|b| b >= under_way)
+    }
+
+    /// Drops the claims whose completions landed (batches older than `under_way`): their
+    /// records are the backend's now. Only when one may have landed since the last time.
+    pub(super) fn settle(&mut self, under_way: u64) {
+        if self.completions == 0 || self.oldest_completion >= under_way {
+            return;
+        }
+        let (mut kept, mut oldest) = (0, u64::MAX);
+        self.claims.retain(|_, c| match c.completion {
+            Some(batch) if batch < under_way => false,
+            Some(batch) => {
+                kept += 1;
+                oldest = oldest.min(batch);
+                true
+            }
+            None => true,
+        });
+        (self.completions, self.oldest_completion) = (kept, oldest);
+        // A read of a dropped claim (journaled) is stale now.
+        self.version = self.version.wrapping_add(1);
     }
 }
 
@@ -186,7 +247,8 @@ impl KeyStore {
             order
                 .into_iter()
                 .map(|i| {
-                    let guard = self.stripes[i].lock();
+                    let mut guard = self.stripes[i].lock();
+                    guard.settle(self.under_way.oldest());
                     (i, guard.version, guard)
                 })
                 .collect(),
@@ -246,7 +308,12 @@ impl KeyStore {
             let (version, stripe) = locks.get(at)?;
             let trusted = version == req.stamp.stripe_version && req.stamp.compactions == compactions;
             let current = if trusted { req.expected.clone() } else { self.get_locked(stripe, &req.key)? };
-            if current != req.expected {
+            // A claim written now over a key whose completion may be under way could land
+            // in the backend before it: refused as a lost race, to be decided again
+            // (invariant 2 of `completions`). The stripe was settled when locked, so a mark
+            // left on it is such a completion: the batch under way then, even if it landed
+            // since (a fresh look could find it landed and trust a read made before).
+            if current != req.expected || (current.is_some() && stripe.marked(&req.key)) {
                 out.push(Err(current));
                 continue;
             }
@@ -318,7 +385,7 @@ impl KeyStore {
             // single map operation.
             stripe.version = stripe.version.wrapping_add(1);
             let journaled = in_journal.then(|| claim.record.clone());
-            stripe.claims.insert(claim.key.clone(), OutClaim { token: claim.token, journaled });
+            stripe.claims.insert(claim.key.clone(), OutClaim { token: claim.token, journaled, completion: None });
             if in_journal {
                 claim.journal_position = position;
             }
@@ -362,79 +429,5 @@ impl KeyStore {
             (None, false) => {}
         }
         Ok(claims.into_iter().map(|c| DurableClaim { key: c.key, record: c.record, token: c.token }).collect())
-    }
-
-    /// Replaces the durable claim with its completion. Durable after the next [`KeyStore::flush`].
-    pub fn complete(&self, claim: DurableClaim, completed: Completed) -> Result<Record, StoreError> {
-        let mut done = self.complete_batch(vec![(claim, completed)])?;
-        done.pop()
-            .ok_or_else(|| StoreError::Backend { backend: self.backend.name(), message: "empty completion".into() })
-    }
-
-    /// Replaces each durable claim with its completion, all in one atomic write with one
-    /// expiry-index entry per second of expiry. Durable after the next [`KeyStore::flush`].
-    /// Claims that were replaced meanwhile (an operator forgot the key) are left alone and
-    /// reported as [`StoreError::ClaimLost`] once the others are written.
-    pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Vec<Record>, StoreError> {
-        let _gate = self.gate.read();
-        let stripes: Vec<usize> = items.iter().map(|(c, _)| KeyStore::stripe_index(&c.key)).collect();
-        let mut locks = self.lock_stripes(stripes.iter().copied());
-        let mut lost: Option<String> = None;
-        let mut ops = Vec::with_capacity(items.len() + 1);
-        // The claims taken out, by stripe: put back if the write fails, so that a key whose
-        // sink ran never looks absent.
-        let mut taken: Vec<(usize, String, OutClaim)> = Vec::with_capacity(items.len());
-        // Expiries, by position in `taken`.
-        let mut indexed: Vec<(usize, i64)> = Vec::with_capacity(items.len());
-        let mut done = Vec::with_capacity(items.len());
-        for ((claim, completed), at) in items.into_iter().zip(stripes) {
-            let (_, stripe) = locks.get(at)?;
-            // The claim is still the key's record exactly when its token is still out.
-            // Taking it out (one hash lookup) is what `Stripe::changed` does to it.
-            let out = match stripe.claims.remove(&claim.key) {
-                Some(out) if out.token == claim.token => out,
-                other => {
-                    if let Some(newer) = other {
-                        // Someone else's claim of the key: it stays out.
-                        stripe.claims.insert(claim.key.clone(), newer);
-                    }
-                    lost.get_or_insert(claim.key);
-                    continue;
-                }
-            };
-            if out.journaled.is_some() {
-                // Not in the backend yet: into the presence filter before the write.
-                stripe.present.add(presence::key_hash(&claim.key).1);
-            }
-            stripe.version = stripe.version.wrapping_add(1);
-            let new = Record::Completed(completed);
-            ops.push(Op::Put(Tree::Records, claim.key.as_bytes().to_vec(), new.encode()));
-            if let Some(expiry) = new.expires_at_ms() {
-                indexed.push((taken.len(), expiry));
-            }
-            taken.push((at, claim.key, out));
-            done.push(new);
-        }
-        let pairs: Vec<(&str, i64)> = indexed.iter().map(|&(i, expiry)| (taken[i].1.as_str(), expiry)).collect();
-        ops.extend(index::entry_ops(&pairs, self.backend.index_entry_keys())?);
-        self.capture_ops(&ops);
-        if !ops.is_empty()
-            && let Err(e) = self.backend.apply(ops)
-        {
-            for (at, key, out) in taken {
-                locks.get(at)?.1.claims.insert(key, out);
-            }
-            return Err(e);
-        }
-        if let Some(journal) = &self.journal {
-            // Invariant 2: released only now that the completions are applied.
-            journal.release_all(taken.iter().filter(|(_, _, out)| out.journaled.is_some()).map(|(_, k, _)| k.as_str()));
-        }
-        self.counts[state_index(State::InProgress)].fetch_sub(done.len() as i64, Ordering::Relaxed);
-        self.counts[state_index(State::Completed)].fetch_add(done.len() as i64, Ordering::Relaxed);
-        match lost {
-            Some(key) => Err(StoreError::ClaimLost(key)),
-            None => Ok(done),
-        }
     }
 }

@@ -10,7 +10,8 @@
 //! - the claim of a key with no record is held by an append-only claim journal beside the
 //!   backend (`journal`), not the backend: only its completion is written there;
 //! - completions are written in batches ([`KeyStore::complete_batch`]) with one expiry-index
-//!   entry per batch and second of expiry (see `index`);
+//!   entry per batch and second of expiry (see `index`), their backend write made with no
+//!   stripe lock held (`claims::completions`);
 //! - an in-memory presence filter (`presence`), a superset of the keys that hold a record,
 //!   lets a claim of a fresh key skip the store read;
 //! - invariant: the index lists `(key, at)` exactly when `key` holds a completed record
@@ -42,7 +43,7 @@ mod watermarks;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use backends::store_backends;
 
@@ -158,6 +159,11 @@ pub struct KeyStore {
     /// reads cannot change under it.
     gate: RwLock<()>,
     stripes: Box<[Mutex<claims::Stripe>]>,
+    /// One per stripe: notified when completions written there land (see
+    /// `claims::completions`), for the writes waiting for them.
+    settled: Box<[Condvar]>,
+    /// The completion batches whose writes are under way.
+    under_way: claims::UnderWay,
     /// Bumped by every compaction chunk (which removes records without stripe locks), so a
     /// [`ReadStamp`] taken before one is never trusted after it.
     compactions: AtomicU64,
@@ -235,6 +241,8 @@ impl KeyStore {
             sync,
             gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(claims::Stripe::default())).collect(),
+            settled: (0..STRIPES).map(|_| Condvar::new()).collect(),
+            under_way: claims::UnderWay::default(),
             compactions: AtomicU64::new(0),
             index_lock: Mutex::new(()),
             counts: Default::default(),
@@ -287,13 +295,8 @@ impl KeyStore {
 
     /// The record of `key`, if any (expired ones included until compacted).
     pub fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        if self.journal.as_ref().is_some_and(journal::ClaimJournal::any_out) {
-            let stripe = self.stripe(key).lock();
-            if let Some(claim) = stripe.journaled(key) {
-                return Ok(Some(Record::InProgress(claim.clone())));
-            }
-        }
-        self.get_from_backend(key)
+        let stripe = self.stripe(key).lock();
+        self.get_locked(&stripe, key)
     }
 
     fn get_from_backend(&self, key: &str) -> Result<Option<Record>, StoreError> {
@@ -303,12 +306,13 @@ impl KeyStore {
         }
     }
 
-    /// The record of `key`, read with its stripe held: a claim held by the journal, else
-    /// the backend's record; a key the presence filter does not know is absent there,
-    /// without a read.
+    /// The record of `key`, read with its stripe held: a claim held by the journal (also
+    /// while its completion is being written: see `claims::completions`), else the
+    /// backend's record; a key the presence filter does not know is absent there, without a
+    /// read.
     fn get_locked(&self, stripe: &claims::Stripe, key: &str) -> Result<Option<Record>, StoreError> {
-        if let Some(claim) = stripe.journaled(key) {
-            return Ok(Some(Record::InProgress(claim.clone())));
+        if let Some(claim) = stripe.held(key, self.under_way.oldest()) {
+            return Ok(Some(claim));
         }
         if !stripe.present.may_contain(presence::key_hash(key).1) {
             return Ok(None);
@@ -335,7 +339,7 @@ impl KeyStore {
         new: Option<&Record>,
     ) -> Result<Result<(), Option<Record>>, StoreError> {
         let _gate = self.gate.read();
-        let mut stripe = self.stripe(key).lock();
+        let mut stripe = self.lock_settled(key);
         let current = self.get_locked(&stripe, key)?;
         if current.as_ref() != expected {
             return Ok(Err(current));

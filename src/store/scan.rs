@@ -47,6 +47,9 @@ impl KeyStore {
 
     /// Up to `limit` records with keys after `after` (exclusive), for export and stats.
     pub fn scan_records(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
+        // Exclusive: no completion is between the journal's claims and the backend
+        // (invariant 3 of `claims::completions`) while the page is read.
+        let _gate = self.gate.write();
         let start = match after {
             Some(a) => {
                 let mut s = a.as_bytes().to_vec();

@@ -54,6 +54,7 @@ each_backend!(
     claim_batch_mixes_fresh_stale_and_expired,
 );
 
+mod completing;
 mod filter;
 mod journal;
 mod lock;
@@ -730,7 +731,7 @@ fn complete_batch_shares_index_entries(kind: StoreBackend) {
     // a, b, c expire in the same second, d and e in later ones.
     let ats = [10_100, 10_500, 10_999, 11_000, 30_000];
     let items = claims.into_iter().zip(ats).map(|(c, at)| (c, completed(1, at))).collect();
-    assert_eq!(f.store.complete_batch(items).unwrap().len(), 5);
+    assert_eq!(f.store.complete_batch(items).unwrap(), 5);
     assert_eq!(raw_entries(&f.store), vec![(10_999, 3), (11_000, 1), (30_000, 1)]);
     assert_eq!(f.store.counts(), counts(0, 5, 0));
     check_invariants(&f.store);
@@ -897,7 +898,7 @@ fn claim_batch_mixes_fresh_stale_and_expired(kind: StoreBackend) {
     check_invariants(&f.store);
     // The claims are current: they complete.
     let items = durable.into_iter().map(|d| (d, completed(1, 60_000))).collect();
-    assert_eq!(f.store.complete_batch(items).unwrap().len(), 2);
+    assert_eq!(f.store.complete_batch(items).unwrap(), 2);
     assert_eq!(f.store.counts(), counts(1, 3, 0));
     check_invariants(&f.store);
     let f = f.reopen();

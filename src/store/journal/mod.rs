@@ -56,7 +56,7 @@ mod writer;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use parking_lot::Mutex;
 
@@ -103,8 +103,6 @@ pub(super) struct ClaimJournal {
     synced: AtomicU64,
     /// fsyncs of appended claims made so far (each shared by the callers it covered).
     fsyncs: AtomicU64,
-    /// How many claims are out (`Inner::live.len()`), readable without the lock.
-    out: AtomicU64,
 }
 
 struct Inner {
@@ -140,7 +138,6 @@ impl ClaimJournal {
         let mut inner = self.inner.lock();
         self.write_locked(&mut inner, &buf)?;
         inner.live.extend(claims);
-        self.out.store(inner.live.len() as u64, Ordering::Release);
         let position = inner.position;
         if inner.len > rewrite_at_bytes() {
             self.rewrite_locked(&mut inner, flush_backend)?;
@@ -163,7 +160,6 @@ impl ClaimJournal {
         let mut inner = self.inner.lock();
         self.write_locked(&mut inner, &buf)?;
         inner.live.remove(key);
-        self.out.store(inner.live.len() as u64, Ordering::Release);
         Ok(())
     }
 
@@ -175,12 +171,6 @@ impl ClaimJournal {
                 inner.stale = true;
             }
         }
-        self.out.store(inner.live.len() as u64, Ordering::Release);
-    }
-
-    /// Whether any claim is out: when none is, a read need not look for one.
-    pub(super) fn any_out(&self) -> bool {
-        self.out.load(Ordering::Acquire) > 0
     }
 
     /// Returns once everything appended so far is on disk.

@@ -91,7 +91,6 @@ impl ClaimJournal {
             sync_lock: Mutex::new(()),
             synced: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
-            out: AtomicU64::new(0),
         })
     }
 }
