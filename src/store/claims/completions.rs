@@ -145,7 +145,7 @@ impl KeyStore {
         stripe
     }
 
-    /// Step 1: with the stripes locked, gives the claims their completions and builds the
+    /// Step 1: with the stripes locked, marks the claims with the batch's number and builds the
     /// write. On failure nothing is left changed.
     fn begin_completions(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Begun, StoreError> {
         let stripes: Vec<usize> = items.iter().map(|(c, _)| KeyStore::stripe_index(&c.key)).collect();
@@ -156,7 +156,7 @@ impl KeyStore {
             lost: None,
         };
         let mut locks = self.lock_stripes(stripes.iter().copied());
-        if let Err(e) = self.give_completions(&mut locks, items, stripes, &mut begun) {
+        if let Err(e) = self.mark_claims(&mut locks, items, stripes, &mut begun) {
             for t in &begun.taken {
                 if let Ok((_, stripe)) = locks.get(t.at) {
                     make_out_again(stripe, &t.key);
@@ -171,7 +171,7 @@ impl KeyStore {
         Ok(begun)
     }
 
-    fn give_completions(
+    fn mark_claims(
         &self,
         locks: &mut LockedStripes<'_>,
         items: Vec<(DurableClaim, Completed)>,
