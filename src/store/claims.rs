@@ -94,7 +94,7 @@ impl Stripe {
     /// Whether `key` carries a completion's batch. Right after [`Stripe::settle`], with the
     /// lock still held, that batch may still be under way.
     pub(super) fn marked(&self, key: &str) -> bool {
-        self.completions > 0 && self.claims.get(key).is_some_and(|c| c.completion.is_some())
+        self.completing(key, 0)
     }
 
     /// Whether the completion of `key` may still be under way.

@@ -83,7 +83,7 @@ impl UnderWay {
     }
 }
 
-/// A claim given its completion in step 1.
+/// A claim marked in step 1.
 struct Taken {
     /// Its stripe.
     at: usize,
@@ -231,7 +231,8 @@ impl KeyStore {
             // bring back the wait this module exists to avoid.
             if let Some(mut stripe) = self.stripes[at].try_lock() {
                 for t in same_stripe {
-                    // One lookup: the key's entry is this batch's but for a bug.
+                    // One lookup. The entry is this batch's mark unless a writer settled the
+                    // stripe since the write landed and claimed the key anew: that claim stays.
                     match stripe.claims.remove(&t.key) {
                         Some(c) if c.completion == Some(batch) => {
                             stripe.completions = stripe.completions.saturating_sub(1);
@@ -261,8 +262,8 @@ impl KeyStore {
             }
         }
         self.under_way.end(batch);
-        for t in &taken {
-            self.settled[t.at].notify_all();
+        for same_stripe in taken.chunk_by(|a, b| a.at == b.at) {
+            self.settled[same_stripe[0].at].notify_all();
         }
     }
 }
@@ -273,7 +274,7 @@ fn make_out_again(stripe: &mut Stripe, key: &str) {
     if let Some(out) = stripe.claims.get_mut(key)
         && out.completion.take().is_some()
     {
-        stripe.completions -= 1;
+        stripe.completions = stripe.completions.saturating_sub(1);
     }
     stripe.version = stripe.version.wrapping_add(1);
 }
