@@ -33,11 +33,13 @@
 //! in one group, and with `--failover` only the failover of a killed instance at `--rate`,
 //! with `--state N` keys on the changelog first and `--standby` for standby copies
 //! (`pipeline/instances.rs`). With `--traces`, only drains with OpenTelemetry traces off
-//! and on, alternated, on the first backend (`pipeline/traces.rs`).
+//! and on, alternated, on the first backend (`pipeline/traces.rs`). With `--warm-broker`,
+//! before any of these, the backlog is relayed and drained until the broker's JIT compilers
+//! go quiet (`pipeline/warm.rs`).
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
 //! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--changelog] [--drain-only]
-//! [--restore N] [--instances] [--failover [--state N] [--standby]] [--traces]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
+//! [--restore N] [--instances] [--failover [--state N] [--standby]] [--traces] [--warm-broker]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
 //! only step 3, e.g. under `perf`).
 
 use std::collections::HashMap;
@@ -71,6 +73,8 @@ mod restore;
 mod streams;
 #[path = "pipeline/traces.rs"]
 mod traces;
+#[path = "pipeline/warm.rs"]
+mod warm;
 
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
@@ -84,6 +88,8 @@ struct Args {
     streams: bool,
     /// Only the backlog drain (to profile it): no plain consumer, relay, floor or latency.
     drain_only: bool,
+    /// Relay and drain the backlog until the broker's JIT compilers go quiet, first.
+    warm_broker: bool,
     /// Also drain with the store on Kafka (`store.changelog`), beside each embedded drain.
     changelog: bool,
     /// Only the restore phase, with this many keys on the changelog.
@@ -106,6 +112,7 @@ fn args() -> Args {
         backends: StoreBackend::ALL.to_vec(),
         streams: false,
         drain_only: false,
+        warm_broker: false,
         changelog: false,
         restore: None,
         instances: false,
@@ -131,6 +138,11 @@ fn args() -> Args {
             }
             "--drain-only" => {
                 a.drain_only = true;
+                i += 1;
+                continue;
+            }
+            "--warm-broker" => {
+                a.warm_broker = true;
                 i += 1;
                 continue;
             }
@@ -597,6 +609,10 @@ async fn run(traces_receiver: Option<std::net::TcpListener>) {
     let t = Instant::now();
     produce_backlog(&bootstrap, &input, a.records).await;
     println!("produced {} commands in {:.1} s", a.records, t.elapsed().as_secs_f64());
+    if a.warm_broker {
+        let backend = a.backends.first().copied().unwrap_or(StoreBackend::Fjall);
+        warm::warm_broker(&bootstrap, &input, backend, a.records).await;
+    }
     if a.instances {
         for backend in &a.backends {
             instances::drain_with_instances(&bootstrap, &input, *backend, a.records).await;

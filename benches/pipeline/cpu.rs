@@ -3,6 +3,11 @@
 //! machine (every core's busy time, neighbours included). On a machine whose cores the
 //! broker shares, a phase's rate can be at most `cores / machine CPU per record`, so these
 //! figures say how far apart two rates must stay whatever either does with its time.
+//!
+//! The broker's figure also names what its JIT compilers took (HotSpot's `C1`/`C2
+//! CompilerThread`s): a broker started for the bench goes on compiling through its first
+//! couple of million records, and that CPU lands on the same cores as the phase measured
+//! (BENCHMARKS.md, "A broker still compiling"). `--warm-broker` drains until it stops.
 
 use std::time::Instant;
 
@@ -15,17 +20,29 @@ pub struct Snapshot {
     at: Instant,
     process: u64,
     broker: Option<u64>,
+    /// The broker's JIT compiler threads, within `broker`.
+    broker_jit: Option<u64>,
     machine_busy: u64,
 }
 
 impl Snapshot {
     pub fn take() -> Snapshot {
+        let pid = broker_pid();
         Snapshot {
             at: Instant::now(),
             process: process_ticks("self").unwrap_or(0),
-            broker: broker_pid().and_then(|pid| process_ticks(&pid)),
+            broker: pid.as_deref().and_then(process_ticks),
+            broker_jit: pid.as_deref().and_then(jit_ticks),
             machine_busy: machine_busy_ticks().unwrap_or(0),
         }
+    }
+
+    /// The share of the broker's CPU from this snapshot to `end` that its JIT compilers
+    /// took, when the broker was found and worked at all.
+    pub fn broker_jit_share(&self, end: &Snapshot) -> Option<f64> {
+        let busy = end.broker?.checked_sub(self.broker?).filter(|&t| t > 0)?;
+        let jit = end.broker_jit?.saturating_sub(self.broker_jit?);
+        Some(jit as f64 / busy as f64)
     }
 
     /// `what`'s CPU per record from this snapshot to `end`, printed on one line.
@@ -33,8 +50,11 @@ impl Snapshot {
         let per = |ticks: u64| ticks as f64 / TICKS_PER_S / records.max(1) as f64 * 1e6;
         let machine = per(end.machine_busy.saturating_sub(self.machine_busy));
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let broker = match (self.broker, end.broker) {
-            (Some(a), Some(b)) => format!("{:.1} µs", per(b.saturating_sub(a))),
+        let broker = match (self.broker, end.broker, self.broker_jit, end.broker_jit) {
+            (Some(a), Some(b), Some(ja), Some(jb)) => {
+                format!("{:.1} µs (JIT compilers {:.1} µs)", per(b.saturating_sub(a)), per(jb.saturating_sub(ja)))
+            }
+            (Some(a), Some(b), ..) => format!("{:.1} µs", per(b.saturating_sub(a))),
             _ => "– (no kafka.Kafka process found)".into(),
         };
         println!(
@@ -55,6 +75,18 @@ fn process_ticks(pid: &str) -> Option<u64> {
     let utime: u64 = fields.nth(11)?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// utime + stime of the threads of `pid` that HotSpot's JIT compilers run on (their names
+/// start `C1 CompilerThre` or `C2 CompilerThre`, cut to 15 bytes by the kernel).
+fn jit_ticks(pid: &str) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let ticks = tasks
+        .flatten()
+        .filter(|task| std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.contains("CompilerThre")))
+        .filter_map(|task| process_ticks(&format!("{pid}/task/{}", task.file_name().to_str()?)))
+        .sum();
+    Some(ticks)
 }
 
 /// Every core's busy ticks: the first line of /proc/stat without idle and iowait.
