@@ -5,7 +5,8 @@
 //!    store work dedupd does per command;
 //! 2. a plain rdkafka consumer reading the same input topic, and a plain relay that reads
 //!    it and produces one result-sized record per input (the Kafka ceiling of any
-//!    consume → produce service here: the broker shares the machine's cores);
+//!    consume → produce service here: the broker shares the machine's cores;
+//!    `pipeline/relay.rs`);
 //! 3. `dedupd run` (the real pipeline, a `log` sink that does nothing, durable claims)
 //!    draining a backlog: commands/s from the first result to the last (result records'
 //!    timestamps, so group-join time is not counted), read once the drain is over;
@@ -52,13 +53,14 @@ use dedupd::routes::RouteConfig;
 use dedupd::sinks::SinkConfig;
 use dedupd::sinks::log::LogSinkConfig;
 use dedupd::store::StoreBackend;
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
+use args::args;
+use relay::{plain_consume, plain_relay, relay_latency_bound};
+use topics::{create_topic, produce_backlog, read_results, unique, wait_for_results};
+
+#[path = "pipeline/args.rs"]
+mod args;
 #[path = "pipeline/cpu.rs"]
 mod cpu;
 #[path = "support/floor.rs"]
@@ -67,10 +69,14 @@ mod floor;
 mod instances;
 #[path = "pipeline/latency.rs"]
 mod latency;
+#[path = "pipeline/relay.rs"]
+mod relay;
 #[path = "pipeline/restore.rs"]
 mod restore;
 #[path = "pipeline/streams.rs"]
 mod streams;
+#[path = "pipeline/topics.rs"]
+mod topics;
 #[path = "pipeline/traces.rs"]
 mod traces;
 #[path = "pipeline/warm.rs"]
@@ -79,283 +85,6 @@ mod warm;
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-struct Args {
-    records: usize,
-    rate: usize,
-    seconds: u64,
-    backends: Vec<StoreBackend>,
-    streams: bool,
-    /// Only the backlog drain (to profile it): no plain consumer, relay, floor or latency.
-    drain_only: bool,
-    /// Relay and drain the backlog until the broker's JIT compilers go quiet, first.
-    warm_broker: bool,
-    /// Also drain with the store on Kafka (`store.changelog`), beside each embedded drain.
-    changelog: bool,
-    /// Only the restore phase, with this many keys on the changelog.
-    restore: Option<usize>,
-    /// Only drains with 1, 2 and 3 instances in one group (store on Kafka, by-key topic).
-    instances: bool,
-    /// Only the failover of a killed instance, at `rate` commands/s, with `state` keys on
-    /// the changelog first, and with standby copies (`store.standby`) if `standby`.
-    failover_state: usize,
-    standby: bool,
-    /// Only the failover of a killed instance, at `rate` commands/s.
-    failover: bool,
-}
-
-fn args() -> Args {
-    let mut a = Args {
-        records: 200_000,
-        rate: 5_000,
-        seconds: 10,
-        backends: StoreBackend::ALL.to_vec(),
-        streams: false,
-        drain_only: false,
-        warm_broker: false,
-        changelog: false,
-        restore: None,
-        instances: false,
-        failover: false,
-        failover_state: 0,
-        standby: false,
-    };
-    let argv: Vec<String> = std::env::args().collect();
-    let mut i = 1;
-    while i < argv.len() {
-        let next = argv.get(i + 1).cloned().unwrap_or_default();
-        match argv[i].as_str() {
-            "--records" => a.records = next.parse().expect("--records N"),
-            "--rate" => a.rate = next.parse().expect("--rate R"),
-            "--seconds" => a.seconds = next.parse().expect("--seconds S"),
-            "--backends" => {
-                a.backends = next.split(',').map(|b| b.parse().unwrap_or_else(|e| panic!("--backends: {e}"))).collect()
-            }
-            "--streams" => {
-                a.streams = true;
-                i += 1;
-                continue;
-            }
-            "--drain-only" => {
-                a.drain_only = true;
-                i += 1;
-                continue;
-            }
-            "--warm-broker" => {
-                a.warm_broker = true;
-                i += 1;
-                continue;
-            }
-            "--changelog" => {
-                a.changelog = true;
-                i += 1;
-                continue;
-            }
-            "--restore" => a.restore = Some(next.parse().expect("--restore N")),
-            "--state" => a.failover_state = next.parse().expect("--state N"),
-            "--standby" => {
-                a.standby = true;
-                i += 1;
-                continue;
-            }
-            "--instances" | "--failover" => {
-                match argv[i].as_str() {
-                    "--instances" => a.instances = true,
-                    _ => a.failover = true,
-                }
-                i += 1;
-                continue;
-            }
-            _ => {
-                i += 1;
-                continue;
-            }
-        }
-        i += 2;
-    }
-    a
-}
-
-fn unique(name: &str) -> String {
-    format!("{name}-{}-{}", std::process::id(), rand::random::<u32>())
-}
-
-async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
-    let admin: AdminClient<_> = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin");
-    let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    let r = admin.create_topics(&[t], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await;
-    for x in r.expect("create topics") {
-        x.expect("topic created");
-    }
-    // Wait until metadata shows leaders for all partitions.
-    let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("client");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let md = c.fetch_metadata(Some(name), Duration::from_secs(5)).expect("metadata");
-        let ok = md.topics().iter().any(|t| {
-            t.name() == name
-                && t.partitions().len() == partitions as usize
-                && t.partitions().iter().all(|p| p.leader() >= 0)
-        });
-        if ok || Instant::now() > deadline {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn command(i: usize) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({"id": format!("bench-{i}"), "type": "bench.noop", "payload": {"i": i, "pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}))
-        .expect("json")
-}
-
-fn producer(bootstrap: &str) -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "1")
-        // Records keyed by their idempotency key land on its state partition, as
-        // `kafka.copartitioned` needs (and Kafka Streams' recipe re-keys anyway).
-        .set("partitioner", "murmur2_random")
-        .create()
-        .expect("producer")
-}
-
-async fn produce_backlog(bootstrap: &str, topic: &str, n: usize) {
-    let p = producer(bootstrap);
-    let mut acks = Vec::with_capacity(n);
-    for i in 0..n {
-        let v = command(i);
-        let key = format!("bench-{i}");
-        loop {
-            match p.send_result(FutureRecord::to(topic).key(&key).payload(&v)) {
-                Ok(f) => {
-                    acks.push(f);
-                    break;
-                }
-                Err((_, _)) => tokio::time::sleep(Duration::from_millis(5)).await,
-            }
-        }
-    }
-    for a in futures::future::join_all(acks).await {
-        a.expect("ack").expect("delivered");
-    }
-}
-
-/// Plain consumer: messages/s from the first message to the n-th.
-fn plain_consume(bootstrap: &str, topic: &str, n: usize) -> f64 {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", unique("bench-plain"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("fetch.queue.backoff.ms", "10")
-        .create()
-        .expect("consumer");
-    c.subscribe(&[topic]).expect("subscribe");
-    let mut got = 0usize;
-    let mut first: Option<Instant> = None;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while got < n && Instant::now() < deadline {
-        if let Some(Ok(_)) = c.poll(Duration::from_millis(100)) {
-            first.get_or_insert_with(Instant::now);
-            got += 1;
-        }
-    }
-    let secs = first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64());
-    got as f64 / secs
-}
-
-/// The plain relay, the Kafka ceiling of any consume → produce service on this machine: it
-/// reads `n` records of `input` and produces one result-sized JSON record per input to
-/// `output` with dedupd's producer settings, naming the input's partition and offset as
-/// dedupd's results do (so that latency is measured the same way), no dedupd code. Returns
-/// records/s from the first input read to the last acknowledgement; prints the CPU they
-/// cost as `what` (not at a fixed rate, where the window is mostly idle); says on
-/// `assigned` once it holds partitions of `input`.
-async fn plain_relay(
-    bootstrap: &str,
-    input: &str,
-    output: &str,
-    n: usize,
-    what: Option<&str>,
-    mut assigned: Option<tokio::sync::oneshot::Sender<()>>,
-) -> f64 {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", unique("bench-relay"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("fetch.queue.backoff.ms", "10")
-        .create()
-        .expect("consumer");
-    c.subscribe(&[input]).expect("subscribe");
-    let p: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "2")
-        .create()
-        .expect("producer");
-    let cpu_from = cpu::Snapshot::take();
-    let mut acks = Vec::with_capacity(n);
-    let mut first: Option<Instant> = None;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while acks.len() < n && Instant::now() < deadline {
-        let msg = tokio::task::block_in_place(|| c.poll(Duration::from_millis(100)));
-        if assigned.is_some() && c.assignment().is_ok_and(|a| a.count() > 0) {
-            assigned.take().map(|tx| tx.send(()));
-        }
-        let Some(Ok(m)) = msg else { continue };
-        first.get_or_insert_with(Instant::now);
-        let key = m.key().unwrap_or_default().to_vec();
-        let mut result =
-            format!("{{\"source\":{{\"partition\":{},\"offset\":{}}},\"pad\":\"", m.partition(), m.offset())
-                .into_bytes();
-        result.resize(RESULT_BYTES - 2, b'r');
-        result.extend_from_slice(b"\"}");
-        loop {
-            match p.send_result(FutureRecord::to(output).key(&key).payload(&result)) {
-                Ok(f) => {
-                    acks.push(f);
-                    break;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-            }
-        }
-    }
-    let got = acks.len();
-    for a in futures::future::join_all(acks).await {
-        a.expect("ack").expect("delivered");
-    }
-    let rate = got as f64 / first.map_or(f64::NAN, |f| f.elapsed().as_secs_f64());
-    if let Some(what) = what {
-        cpu_from.print_per_record(&cpu::Snapshot::take(), got, what);
-    }
-    rate
-}
-
-/// Bytes of a relayed record (about a result record's).
-const RESULT_BYTES: usize = 370;
-
-/// The plain relay's latency at `rate` for the same warm-up and `seconds` as dedupd's, on
-/// topics of its own, and the fsync p99: returns issue 13's bound on dedupd's p99.
-async fn relay_latency_bound(bootstrap: &str, rate: usize, seconds: u64) -> f64 {
-    let (input, output) = (unique("bench-relay-lat-in"), unique("bench-relay-lat-out"));
-    create_topic(bootstrap, &input, 6).await;
-    create_topic(bootstrap, &output, 6).await;
-    let total = latency::records_at_rate(rate, seconds);
-    let (assigned, relay_ready) = tokio::sync::oneshot::channel();
-    let relay = tokio::spawn({
-        let (b, i, o) = (bootstrap.to_string(), input.clone(), output.clone());
-        async move { plain_relay(&b, &i, &o, total, None, Some(assigned)).await }
-    });
-    // As dedupd's latency waits for its readiness: the group join is not measured.
-    let _ = tokio::time::timeout(Duration::from_secs(60), relay_ready).await;
-    let lat = latency::at_rate(bootstrap, &input, &output, rate, seconds).await;
-    let _ = relay.await;
-    latency::print_bound(&lat, tokio::task::spawn_blocking(latency::fsync_p99_ms).await.expect("fsync probe"))
-}
 
 /// Where the store's history lives in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -435,64 +164,6 @@ fn config_in(
         }
     }
     c
-}
-
-/// Reads `n` result records; returns (input (partition, offset) → result timestamp ms).
-fn read_results(bootstrap: &str, topic: &str, n: usize, bound: Duration) -> HashMap<(i32, i64), i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", unique("bench-reader"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("fetch.queue.backoff.ms", "10")
-        .create()
-        .expect("reader");
-    c.subscribe(&[topic]).expect("subscribe");
-    let mut out = HashMap::with_capacity(n);
-    let deadline = Instant::now() + bound;
-    while out.len() < n && Instant::now() < deadline {
-        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
-            let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
-            let p = v["source"]["partition"].as_i64().unwrap_or(-1) as i32;
-            let o = v["source"]["offset"].as_i64().unwrap_or(-1);
-            out.insert((p, o), m.timestamp().to_millis().unwrap_or(0));
-        }
-    }
-    out
-}
-
-/// Reads the `n` results of a drain once all of them are on `topic`. Until then it only asks
-/// for the topic's end offsets, four times a second: a reader consuming alongside the drain
-/// took about a sixth of the process's CPU, which the drain is measured with (the plain
-/// relay has no such reader). The rate comes from the records' timestamps either way.
-fn read_after_drain(bootstrap: &str, topic: &str, n: usize, bound: Duration) -> HashMap<(i32, i64), i64> {
-    let deadline = Instant::now() + bound;
-    wait_for_results(bootstrap, topic, n, deadline);
-    read_results(bootstrap, topic, n, deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(60))
-}
-
-/// Waits until `topic` holds `n` records or `deadline` passes, asking only for its end
-/// offsets (see [`read_after_drain`]).
-fn wait_for_results(bootstrap: &str, topic: &str, n: usize, deadline: Instant) {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", unique("bench-watermarks"))
-        .create()
-        .expect("watermarks");
-    let partitions = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .ok()
-        .and_then(|m| m.topics().first().map(|t| t.partitions().len() as i32))
-        .unwrap_or(0);
-    while Instant::now() < deadline {
-        let on_topic: i64 = (0..partitions)
-            .map(|p| c.fetch_watermarks(topic, p, Duration::from_secs(5)).map_or(0, |(_, high)| high))
-            .sum();
-        if on_topic >= n as i64 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 /// Commands/s from the first result's timestamp to the last (so the time to join the group

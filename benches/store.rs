@@ -35,11 +35,20 @@
 
 use std::collections::BTreeMap;
 
+#[path = "store/args.rs"]
+mod args;
 #[path = "support/idle.rs"]
 mod idle;
 #[path = "support/keys.rs"]
 mod keys;
+#[path = "store/raw.rs"]
+mod raw;
+#[path = "store/tables.rs"]
+mod tables;
+use args::{parse_args, parse_backend};
 use keys::{key, splitmix};
+use raw::raw_child;
+use tables::{print_comparison, print_scales};
 
 /// The binary's allocator (as dedupd's own: `src/main.rs`), for both sides of every comparison.
 #[global_allocator]
@@ -49,7 +58,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dedupd::fingerprint::Fingerprint;
-use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, Record, SourcePos};
+use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SourcePos};
 use dedupd::store::{StoreBackend, SyncMode};
 
 const BATCH: usize = 1_000;
@@ -157,7 +166,7 @@ fn rate(n: u64, d: Duration) -> f64 {
 }
 
 // ---------------------------------------------------------------------------------------
-// children
+// children (the raw floor's: `store/raw.rs`)
 
 /// Keys `start..start + len`, as the bench writes them.
 fn keys_of(start: u64, len: u64) -> Vec<String> {
@@ -218,131 +227,6 @@ fn measure_lookups(samples: &LookupSamples, mut get: impl FnMut(&str) -> bool) {
     emit("get_idle_per_s", lookup_rounds(&samples.once_idle, &mut get)[0]);
 }
 
-/// The raw floor: the engine's own API, default configuration, no dedupd code.
-fn raw_child(backend: StoreBackend, n: u64, lookups: u64, dir: &Path) {
-    emit("logical_bytes_per_key", (key(0).len() + RECORD_BYTES) as f64);
-    let Some(&(_, raw_floor)) = RAW_FLOORS.iter().find(|(b, _)| *b == backend) else {
-        panic!("backend {backend} has no raw floor: add one to RAW_FLOORS");
-    };
-    let samples = LookupSamples::new(n, lookups);
-    let rss0 = proc_status_kib("VmRSS:");
-    raw_floor(RawInput { n, samples: &samples, dir, rss0 });
-    emit("rss_hwm_kib", proc_status_kib("VmHWM:").saturating_sub(rss0) as f64);
-}
-
-/// What a raw floor writes, reads and deletes: keys `0..n`, each with its own encoded
-/// record (built per batch outside the clock: one value shared by every key would let the
-/// engine's block compression shrink the floor's disk and flush work far below what records
-/// of this size cost), the lookup samples, and the RSS before loading.
-struct RawInput<'a> {
-    n: u64,
-    samples: &'a LookupSamples,
-    dir: &'a Path,
-    rss0: u64,
-}
-
-impl RawInput<'_> {
-    /// Writes every key in batches of `BATCH` through `write` (given the batch's keys and
-    /// records; it makes them durable), timing only `write`. Returns the time taken.
-    fn write_all(&self, mut write: impl FnMut(&[String], &[Vec<u8>])) -> Duration {
-        let mut took = Duration::ZERO;
-        for (start, len) in batches(self.n, BATCH) {
-            let keys = keys_of(start, len);
-            let values: Vec<Vec<u8>> =
-                (start..start + len).map(|i| Record::Completed(completed_record(i)).encode()).collect();
-            assert!(values.iter().all(|v| v.len() == RECORD_BYTES));
-            let t = Instant::now();
-            write(&keys, &values);
-            took += t.elapsed();
-        }
-        took
-    }
-
-    /// Deletes the oldest `removes()` keys in chunks of `CHUNK` through `delete`, timing
-    /// only `delete`.
-    fn delete_oldest(&self, mut delete: impl FnMut(&[String])) -> Duration {
-        let mut took = Duration::ZERO;
-        for (start, len) in batches(removes(self.n), CHUNK) {
-            let keys = keys_of(start, len);
-            let t = Instant::now();
-            delete(&keys);
-            took += t.elapsed();
-        }
-        took
-    }
-
-    fn emit_loaded(&self) {
-        emit("rss_loaded_kib", proc_status_kib("VmRSS:").saturating_sub(self.rss0) as f64);
-    }
-}
-
-/// Writes, reads and deletes the keys through one engine's own API, emitting its figures.
-type RawFloor = fn(RawInput);
-
-/// The raw floor of each backend: its engine used directly, so it cannot come from the
-/// store's registration. A registered backend missing here runs in the bench only once it
-/// has one.
-const RAW_FLOORS: &[(StoreBackend, RawFloor)] = &[(StoreBackend::Sled, raw_sled), (StoreBackend::Fjall, raw_fjall)];
-
-fn raw_sled(input: RawInput) {
-    let db = sled::open(input.dir).unwrap();
-    let took = input.write_all(|keys, values| {
-        let mut b = sled::Batch::default();
-        for (k, v) in keys.iter().zip(values) {
-            b.insert(k.as_bytes(), v.as_slice());
-        }
-        db.apply_batch(b).unwrap();
-        db.flush().unwrap();
-    });
-    emit("write_per_s", rate(input.n, took));
-    input.emit_loaded();
-    emit("disk_bytes", db.size_on_disk().unwrap() as f64);
-    emit("dir_bytes", dir_bytes(input.dir) as f64);
-    emit("disk_settled_bytes", settled(|| db.size_on_disk().unwrap_or(0)) as f64);
-    measure_lookups(input.samples, |k| db.get(k.as_bytes()).unwrap().is_some());
-    let took = input.delete_oldest(|keys| {
-        let mut b = sled::Batch::default();
-        for k in keys {
-            b.remove(k.as_bytes());
-        }
-        db.apply_batch(b).unwrap();
-        db.flush().unwrap();
-    });
-    emit("delete_s", took.as_secs_f64());
-    assert_eq!(db.len() as u64, input.n - removes(input.n));
-}
-
-fn raw_fjall(input: RawInput) {
-    let db = fjall::Database::builder(input.dir).open().unwrap();
-    let ks = db.keyspace("records", fjall::KeyspaceCreateOptions::default).unwrap();
-    let took = input.write_all(|keys, values| {
-        let mut b = db.batch();
-        for (k, v) in keys.iter().zip(values) {
-            b.insert(&ks, k.as_str(), v.as_slice());
-        }
-        b.commit().unwrap();
-        db.persist(fjall::PersistMode::SyncAll).unwrap();
-    });
-    emit("write_per_s", rate(input.n, took));
-    input.emit_loaded();
-    emit("disk_bytes", db.disk_space().unwrap() as f64);
-    emit("dir_bytes", dir_bytes(input.dir) as f64);
-    emit("disk_settled_bytes", settled(|| db.disk_space().unwrap_or(0)) as f64);
-    measure_lookups(input.samples, |k| ks.get(k.as_bytes()).unwrap().is_some());
-    let took = input.delete_oldest(|keys| {
-        let mut b = db.batch();
-        for k in keys {
-            b.remove(&ks, k.as_str());
-        }
-        b.commit().unwrap();
-        db.persist(fjall::PersistMode::SyncAll).unwrap();
-    });
-    emit("delete_s", took.as_secs_f64());
-    if removes(input.n) == input.n {
-        assert!(ks.is_empty().unwrap());
-    }
-}
-
 /// dedupd's KeyStore over the backend.
 fn store_child(kind: StoreBackend, n: u64, lookups: u64, dir: &Path) {
     let samples = LookupSamples::new(n, lookups);
@@ -399,7 +283,7 @@ fn store_child(kind: StoreBackend, n: u64, lookups: u64, dir: &Path) {
 }
 
 // ---------------------------------------------------------------------------------------
-// parent
+// parent (its tables: `store/tables.rs`)
 
 /// One child's figures (`METRIC name value` lines).
 type Figures = BTreeMap<String, f64>;
@@ -427,86 +311,6 @@ fn run_child(mode: &str, backend: StoreBackend, n: u64, lookups: u64, base: &Pat
     // A long run's figures as each child ends, so an interrupted run is not lost.
     eprintln!("{backend} {mode} {n} keys: {figures:?}");
     figures
-}
-
-fn human(v: f64) -> String {
-    if v.is_nan() {
-        "–".into() // a side not run (`--only`)
-    } else if v >= 1e6 {
-        format!("{:.2} M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1} k", v / 1e3)
-    } else {
-        format!("{v:.1}")
-    }
-}
-
-/// The median (the mean of the middle two for an even count); NaN for none.
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn parse_backend(name: &str) -> StoreBackend {
-    name.parse().unwrap_or_else(|e| panic!("--backend: {e}"))
-}
-
-/// The command line.
-struct Args {
-    child: Option<String>,
-    backend: String,
-    /// The store sizes to run, smallest first.
-    scales: Vec<u64>,
-    /// Keys read by the lookup phase (default `DEFAULT_LOOKUPS`, at most all of them).
-    lookups: Option<u64>,
-    /// Run only this side of each pair (`raw` or `store`): a size where the other side
-    /// would take too long, or is not needed.
-    only: Option<String>,
-    dir: Option<PathBuf>,
-    pairs: usize,
-}
-
-fn parse_args() -> Args {
-    let mut args = std::env::args().skip(1);
-    let mut a = Args {
-        child: None,
-        backend: "all".into(),
-        scales: vec![1_000_000],
-        lookups: None,
-        only: None,
-        dir: None,
-        pairs: 3,
-    };
-    let count = |v: Option<String>, what: &str| -> u64 {
-        v.and_then(|v| v.replace('_', "").parse().ok()).filter(|&n| n > 0).unwrap_or_else(|| panic!("{what} N (>= 1)"))
-    };
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--child" => a.child = args.next(),
-            "--backend" => a.backend = args.next().expect("--backend VALUE"),
-            "--keys" => {
-                let list = args.next().expect("--keys N[,N...]");
-                a.scales = list.split(',').map(|v| count(Some(v.to_string()), "--keys")).collect();
-                a.scales.sort_unstable();
-            }
-            "--lookups" => a.lookups = Some(count(args.next(), "--lookups")),
-            "--only" => {
-                a.only = args.next().filter(|s| s == "raw" || s == "store").or_else(|| panic!("--only raw|store"))
-            }
-            "--dir" => a.dir = args.next().map(PathBuf::from),
-            "--pairs" => a.pairs = count(args.next(), "--pairs") as usize,
-            "--bench" => {} // added by `cargo bench`
-            other => panic!(
-                "unknown argument {other}; use --keys N[,N...] --backend NAME|all [--lookups N] [--only raw|store] [--pairs N] [--dir DIR]"
-            ),
-        }
-    }
-    a
 }
 
 fn main() {
@@ -563,144 +367,4 @@ fn main() {
             print_scales(b, &by_scale);
         }
     }
-}
-
-/// The median of `metric` over `figures` (NaN when absent).
-fn median_of<'a>(figures: impl Iterator<Item = &'a Figures>, metric: &str) -> f64 {
-    median(&figures.map(|f| f.get(metric).copied().unwrap_or(f64::NAN)).collect::<Vec<_>>())
-}
-
-/// How one backend's figures move with the store's size: dedupd's rates against its own at
-/// the smallest size, and memory per million keys.
-fn print_scales(b: StoreBackend, by_scale: &[(u64, Vec<(Figures, Figures)>)]) {
-    let store = |pairs: &[(Figures, Figures)], m: &str| median_of(pairs.iter().map(|(_, s)| s), m);
-    let raw = |pairs: &[(Figures, Figures)], m: &str| median_of(pairs.iter().map(|(r, _)| r), m);
-    let Some((_, first)) = by_scale.first() else { return };
-    let (write0, get0) = (store(first, "write_per_s"), store(first, "get_per_s"));
-    let idle_get0 = store(first, "get_idle_per_s");
-    let (n0, raw_rss0, store_rss0) = (by_scale[0].0, raw(first, "rss_loaded_kib"), store(first, "rss_loaded_kib"));
-    println!();
-    println!("## {b} as the store grows (medians; dedupd's rates against its own at the smallest size)");
-    println!();
-    println!(
-        "| keys | write raw / dedupd (keys/s) | dedupd write vs smallest | lookups raw / dedupd (gets/s) | dedupd lookups vs smallest | once idle: wait, lookups raw / dedupd (gets/s), dedupd vs smallest | remove the oldest 1M (or all) raw / dedupd (s per M keys) | disk settled raw / dedupd (B/key) | RSS growth raw / dedupd (MiB per M keys) | RSS each M keys past the smallest size added, raw / dedupd (MiB) |"
-    );
-    println!("|---:|---|---:|---|---:|---|---|---|---|---|");
-    for (n, pairs) in by_scale {
-        let per_m = 1e6 / *n as f64;
-        let both = |m: &str, scale: f64, f: &dyn Fn(f64) -> String| {
-            format!("{} / {}", f(raw(pairs, m) * scale), f(store(pairs, m) * scale))
-        };
-        // What each million keys past the smallest size added: the fixed costs (memtables,
-        // caches, the journal's buffers) cancel out.
-        let added = |rss: f64, rss0: f64| {
-            if *n == n0 { "–".to_string() } else { format!("{:.1}", (rss - rss0) / 1024.0 * 1e6 / (*n - n0) as f64) }
-        };
-        println!(
-            "| {} | {} | {:.2}× | {} | {:.2}× | {:.0} s, {}, {:.2}× | {} | {} | {} | {} / {} |",
-            human(*n as f64),
-            both("write_per_s", 1.0, &|v| human(v)),
-            store(pairs, "write_per_s") / write0,
-            both("get_per_s", 1.0, &|v| human(v)),
-            store(pairs, "get_per_s") / get0,
-            store(pairs, "idle_wait_s"),
-            both("get_idle_per_s", 1.0, &|v| human(v)),
-            store(pairs, "get_idle_per_s") / idle_get0,
-            both("delete_s", 1e6 / removes(*n) as f64, &|v| format!("{v:.2}")),
-            both("disk_settled_bytes", 1.0 / *n as f64, &|v| format!("{v:.0}")),
-            both("rss_loaded_kib", per_m / 1024.0, &|v| format!("{v:.1}")),
-            added(raw(pairs, "rss_loaded_kib"), raw_rss0),
-            added(store(pairs, "rss_loaded_kib"), store_rss0),
-        );
-    }
-}
-
-/// The table comparing dedupd with the raw floor at one size.
-fn print_comparison(n: u64, pairs: &[(Figures, Figures)]) {
-    let per_m = 1e6 / n as f64;
-    println!();
-    println!("| measure | raw floor | dedupd KeyStore | ratio | per pair | target | met |");
-    println!("|---|---:|---:|---:|---|---|---|");
-    let row = |name: &str,
-               raw_metric: &str,
-               st_metric: &str,
-               scale: f64,
-               fmt: &dyn Fn(f64) -> String,
-               target: Option<(&str, &dyn Fn(f64) -> bool)>| {
-        let get = |m: &BTreeMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(f64::NAN);
-        let raws: Vec<f64> = pairs.iter().map(|(r, _)| get(r, raw_metric)).collect();
-        let sts: Vec<f64> = pairs.iter().map(|(_, s)| get(s, st_metric)).collect();
-        let ratios: Vec<f64> = raws.iter().zip(&sts).map(|(r, s)| s / r).collect();
-        let ratio = median(&ratios);
-        let (t, met) = match target {
-            // No ratio when one side was not run (`--only`).
-            Some((t, _)) if ratio.is_nan() => (t.to_string(), "–".into()),
-            Some((t, ok)) => (t.to_string(), if ok(ratio) { "yes" } else { "**no**" }.to_string()),
-            None => ("–".into(), "–".into()),
-        };
-        let each = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
-        println!(
-            "| {name} | {} | {} | {ratio:.2}× | {each} | {t} | {met} |",
-            fmt(median(&raws) * scale),
-            fmt(median(&sts) * scale)
-        );
-    };
-    let per_s = |v: f64| format!("{}/s", human(v));
-    let secs = |v: f64| format!("{v:.2} s");
-    let bytes = |v: f64| format!("{v:.0} B");
-    let mib = |v: f64| format!("{:.0} MiB", v / 1024.0);
-    let at_least = |min: f64| move |r: f64| r >= min;
-    let at_most = |max: f64| move |r: f64| r <= max;
-    let per_key = 1.0 / n as f64;
-    row(
-        "write: raw insert vs claim+complete (keys/s)",
-        "write_per_s",
-        "write_per_s",
-        1.0,
-        &per_s,
-        Some(("≥ 0.45×", &at_least(0.45))),
-    );
-    row("  claim + flush_claims only (keys/s)", "write_per_s", "claim_per_s", 1.0, &per_s, None);
-    row("  complete + flush only (keys/s)", "write_per_s", "complete_per_s", 1.0, &per_s, None);
-    row("lookup of existing keys (gets/s)", "get_per_s", "get_per_s", 1.0, &per_s, Some(("≥ 0.8×", &at_least(0.8))));
-    row(
-        "  its first round, nothing read before (gets/s)",
-        "get_first_round_per_s",
-        "get_first_round_per_s",
-        1.0,
-        &per_s,
-        None,
-    );
-    row("  wait until the process is idle", "idle_wait_s", "idle_wait_s", 1.0, &secs, None);
-    row("  then another sample, first round (gets/s)", "get_idle_per_s", "get_idle_per_s", 1.0, &per_s, None);
-    row(
-        "remove the oldest (all, at most 1M): raw deletes vs compact_expired",
-        "delete_s",
-        "delete_s",
-        1.0,
-        &secs,
-        Some(("≤ 1.5×", &at_most(1.5))),
-    );
-    row(
-        "disk bytes per key, right after the writes",
-        "disk_bytes",
-        "disk_bytes",
-        per_key,
-        &bytes,
-        Some(("≤ 1.5×", &at_most(1.5))),
-    );
-    row(
-        "disk bytes per key, settled (background work done)",
-        "disk_settled_bytes",
-        "disk_settled_bytes",
-        per_key,
-        &bytes,
-        Some(("≤ 1.5×", &at_most(1.5))),
-    );
-    row("  directory walk, right after the writes", "dir_bytes", "dir_bytes", per_key, &bytes, None);
-    row("RSS growth after the writes, per million keys", "rss_loaded_kib", "rss_loaded_kib", per_m, &mib, None);
-    row("peak RSS growth (VmHWM), per million keys", "rss_hwm_kib", "rss_hwm_kib", per_m, &mib, None);
-    let logical = pairs.first().and_then(|(r, _)| r.get("logical_bytes_per_key").copied()).unwrap_or(f64::NAN);
-    println!();
-    println!("Logical size (key + record): {logical:.0} B per key.");
 }

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use dedupd::store::StoreBackend;
 use rdkafka::producer::FutureRecord;
 
-use super::{Mode, config_in, create_topic, drain_rate, read_after_drain, read_results, start_pipeline, unique};
+use super::topics::{create_topic, read_after_drain, read_results, unique};
+use super::{Mode, config_in, drain_rate, start_pipeline};
 
 /// Drains the backlog of `records` in `input` with 1, 2 and 3 instances; prints each rate.
 pub async fn drain_with_instances(bootstrap: &str, input: &str, backend: StoreBackend, records: usize) {
@@ -171,7 +172,7 @@ async fn produce_and_kill(
     victim: Victim<'_>,
 ) -> (HashMap<(i32, i64), i64>, i64, u64) {
     let mut log_at_kill = 0;
-    let producer = super::producer(bootstrap);
+    let producer = super::topics::producer(bootstrap);
     let started = Instant::now();
     let mut killed_at_ms = None;
     let mut acks = Vec::new();
@@ -182,7 +183,7 @@ async fn produce_and_kill(
         tick.tick().await;
         for _ in 0..per_tick {
             let key = format!("fo-{i}");
-            let v = super::command(i);
+            let v = super::topics::command(i);
             if let Ok(f) = producer.send_result(FutureRecord::to(input).key(&key).payload(&v)) {
                 acks.push(f);
             }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::FutureRecord;
 
-use super::{command, percentile, producer, read_results};
+use super::percentile;
+use super::topics::{command, producer, read_results};
 
 /// Two seconds at the rate (fetch positions, connections, caches) are produced before the
 /// measured ones and not counted.

@@ -16,7 +16,8 @@ use dedupd::pipeline::state_partition;
 use dedupd::store::{Completed, Completion, Record, StoreBackend};
 use rdkafka::producer::FutureRecord;
 
-use super::{Mode, config_in, create_topic, producer, start_pipeline, unique};
+use super::topics::{create_topic, producer, unique};
+use super::{Mode, config_in, start_pipeline};
 
 /// The input's partitions, so the changelog's (the by-key topic's under the hop).
 pub(super) const PARTITIONS: i32 = 6;

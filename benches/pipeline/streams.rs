@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 
-use super::{create_topic, drain_rate, read_after_drain, unique};
+use super::drain_rate;
+use super::topics::{create_topic, read_after_drain, unique};
 
 const GUARANTEES: [&str; 2] = ["at_least_once", "exactly_once_v2"];
 

@@ -8,7 +8,9 @@
 use dedupd::store::StoreBackend;
 
 use super::cpu::Snapshot;
-use super::{create_topic, measure_drain, plain_relay, unique};
+use super::measure_drain;
+use super::relay::plain_relay;
+use super::topics::{create_topic, unique};
 
 /// Rounds of warming: 1.2M records relayed and 1.2M drained at 200k records. Measured, the
 /// compilers' share of a drain's machine CPU fell from 10–15% to about 1% over as many.
