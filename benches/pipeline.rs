@@ -35,8 +35,8 @@
 //! with `--state N` keys on the changelog first and `--standby` for standby copies
 //! (`pipeline/instances.rs`). With `--traces`, only drains with OpenTelemetry traces off
 //! and on, alternated, on the first backend (`pipeline/traces.rs`). With `--warm-broker`,
-//! before any of these, the backlog is relayed and drained until the broker's JIT compilers
-//! go quiet (`pipeline/warm.rs`).
+//! before any of these, the backlog is relayed and drained six times over, so that the
+//! broker has stopped compiling (`pipeline/warm.rs`).
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
 //! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--changelog] [--drain-only]

@@ -10,7 +10,7 @@ pub(super) struct Args {
     pub(super) streams: bool,
     /// Only the backlog drain (to profile it): no plain consumer, relay, floor or latency.
     pub(super) drain_only: bool,
-    /// Relay and drain the backlog until the broker's JIT compilers go quiet, first.
+    /// Relay and drain the backlog six times first, so that the broker has stopped compiling.
     pub(super) warm_broker: bool,
     /// Also drain with the store on Kafka (`store.changelog`), beside each embedded drain.
     pub(super) changelog: bool,

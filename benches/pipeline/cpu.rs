@@ -7,7 +7,11 @@
 //! The broker's figure also names what its JIT compilers took (HotSpot's `C1`/`C2
 //! CompilerThread`s): a broker started for the bench goes on compiling through its first
 //! couple of million records, and that CPU lands on the same cores as the phase measured
-//! (BENCHMARKS.md, "A broker still compiling"). `--warm-broker` drains until it stops.
+//! (BENCHMARKS.md, "A broker still compiling"); `--warm-broker` drains it past that.
+//!
+//! The broker is the one `scripts/kafka/kafka.sh` started for this run (its pid file in
+//! `DEDUPD_TEST_KAFKA_DIR`), else the first `kafka.Kafka` process found: another broker on
+//! the machine (a test suite's, another session's) must not be counted as this one.
 
 use std::time::Instant;
 
@@ -97,8 +101,16 @@ fn machine_busy_ticks() -> Option<u64> {
     Some(ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum())
 }
 
-/// The broker's pid: a process whose command line runs `kafka.Kafka`.
+/// The broker's pid: the one in the pid file of the broker `kafka.sh` started for this run,
+/// else a process whose command line runs `kafka.Kafka`.
 fn broker_pid() -> Option<String> {
+    let started = std::env::var_os("DEDUPD_TEST_KAFKA_DIR")
+        .and_then(|dir| std::fs::read_to_string(std::path::Path::new(&dir).join("kafka.pid")).ok())
+        .map(|pid| pid.trim().to_string())
+        .filter(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+    if started.is_some() {
+        return started;
+    }
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
         let pid = entry.file_name().to_str()?.to_string();
         pid.bytes().all(|b| b.is_ascii_digit()).then_some(())?;
