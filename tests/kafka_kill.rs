@@ -39,27 +39,29 @@
 //! `KAFKA_KILL_RANDOM_KILLS` shrink a local run. Run with
 //! `scripts/kafka/kafka.sh with cargo test --features failpoints --test kafka_kill -- --nocapture`.
 
+#[path = "kafka_kill/checks.rs"]
+mod checks;
 mod common;
+#[path = "kafka_kill/schedule.rs"]
+mod schedule;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use checks::{check_after_final_run, report_kills};
 use common::effects::{self, Downstreams};
 use common::kafka;
-use common::kill_check::{self, Outside};
-use common::kill_workload::{self as workload, Input, PARTITIONS, RESULT_PARTITIONS, SINK_TOPIC_PARTITIONS, SINKS};
+use common::kill_workload::{self as workload, Input, PARTITIONS, RESULT_PARTITIONS, SINK_TOPIC_PARTITIONS};
 use common::process::{
     DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, file_len, seed_from_env, tail_of_file,
     wait_for_line,
 };
 use common::smtp_server::SmtpServer;
-use dedupd::outcome::ResultRecord;
-use dedupd::store::{KeyStore, StoreBackend, SyncMode};
-use rdkafka::message::Message;
+use dedupd::store::StoreBackend;
+use schedule::{Ending, chunks, count_from_env, schedule};
 
 /// Kills at each crash point, per backend.
 const POINT_KILLS: usize = 25;
@@ -85,99 +87,6 @@ const FODDER_PER_CHUNK: usize = 2;
 /// The claim journal is rewritten past this many bytes (`journal.rewrite_at`), instead of
 /// 4 MiB, so that rewrites happen all the time and a crash can land in one.
 const JOURNAL_REWRITE_AT: u64 = 256;
-
-/// How one incarnation ends.
-#[derive(Debug, Clone, Copy)]
-enum Ending {
-    /// SIGKILL from the test, `delay` after the incarnation started working (or spawned).
-    Random { from_spawn: bool, delay: Duration },
-    /// It SIGKILLs itself at crash point `point`, after passing it `skip` times (for
-    /// `sink.call`, `delay_ms` after reaching it).
-    At { point: &'static str, skip: u64, delay_ms: Option<u64> },
-}
-
-impl Ending {
-    /// The `FAILPOINTS` the incarnation starts with.
-    fn failpoints(&self) -> String {
-        let rewrites = format!("journal.rewrite_at=return({JOURNAL_REWRITE_AT})");
-        match self {
-            Ending::Random { .. } => rewrites,
-            Ending::At { point, skip, delay_ms } => {
-                let action = delay_ms.map_or("return".to_string(), |ms| format!("return({ms})"));
-                format!("{rewrites};{point}={skip}*off->{action}")
-            }
-        }
-    }
-}
-
-fn count_from_env(var: &str, default: usize) -> usize {
-    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// The inputs split into one chunk per incarnation (one more than `endings`). An
-/// incarnation meant to die at `claim.appended_with_completions` needs batches of several
-/// rounds (a round's claims carrying the previous round's completions), so its chunk is
-/// six times the others: a few records per partition do not make a second round.
-///
-/// The workload ends in late repeats only (`workload::workload`): keys completed long
-/// before, so replays that claim nothing. A kill chunk made of them could never reach a
-/// claim point, so they all go to the final run's chunk; the kill chunks share the rest.
-fn chunks(endings: &[Ending], inputs: &[Input]) -> Vec<Range<usize>> {
-    let late_tail = inputs.iter().rev().take_while(|input| input.kind == workload::Kind::Late).count();
-    let body = inputs.len() - late_tail;
-    let weights: Vec<usize> = endings
-        .iter()
-        .map(|e| match e {
-            Ending::At { point: "claim.appended_with_completions", .. } => 6,
-            _ => 1,
-        })
-        .chain([1])
-        .collect();
-    let total: usize = weights.iter().sum();
-    let mut before = 0;
-    let mut ranges: Vec<Range<usize>> = weights
-        .iter()
-        .map(|w| {
-            let start = before * body / total;
-            before += w;
-            start..before * body / total
-        })
-        .collect();
-    if let Some(last) = ranges.last_mut() {
-        last.end = inputs.len();
-    }
-    ranges
-}
-
-/// Every point `point_kills` times and `random_kills` random kills, shuffled.
-fn schedule(rng: &mut SplitMix, point_kills: usize, random_kills: usize) -> Vec<Ending> {
-    let mut endings = Vec::new();
-    for point in dedupd::crash::POINTS {
-        for _ in 0..point_kills {
-            let delay_ms = (point == "sink.call").then(|| rng.between(DURING_CALL_MS.0, DURING_CALL_MS.1));
-            // Compaction meets only expired records (the fodder, and those planted before
-            // each incarnation meant to die there: `plant_expiring`), and a round carries
-            // completions only when the partition's next round finds its tickets at once
-            // (measured: reached once in nearly every chunk, twice not always within the
-            // bound); every other point is met a few times by each incarnation's chunk (one
-            // claim round, sink call, batch... per partition), so passing it once still
-            // lands in work.
-            let skip = match point {
-                "compaction.chunk" | "claim.appended_with_completions" => 0,
-                _ => rng.between(0, 1),
-            };
-            endings.push(Ending::At { point, skip, delay_ms });
-        }
-    }
-    for k in 0..random_kills {
-        let delay = Duration::from_millis(rng.between(KILL_DELAY_MS.0, KILL_DELAY_MS.1));
-        endings.push(Ending::Random { from_spawn: k % 5 == 4, delay });
-    }
-    for i in (1..endings.len()).rev() {
-        endings.swap(i, rng.between(0, i as u64) as usize);
-    }
-    endings
-}
 
 /// Every kill chunk, wherever the schedule puts it, holds originals of keys (commands that
 /// claim), one meant to die where a round carries completions at least three per
@@ -475,162 +384,4 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
         );
     }
     println!("[{backend}] passed in {:.1} s", started.elapsed().as_secs_f64());
-}
-
-fn report_kills(backend: &str, kills: &[Kill], started: Instant) {
-    let mut at: BTreeMap<&str, (usize, Duration)> = BTreeMap::new();
-    let (mut random, mut mid_request, mut random_lived) = (0, 0, Duration::ZERO);
-    for k in kills {
-        match k.ending {
-            Ending::At { point, .. } => {
-                let e = at.entry(point).or_default();
-                e.0 += 1;
-                e.1 += k.lived;
-            }
-            Ending::Random { .. } => {
-                random += 1;
-                mid_request += usize::from(k.in_flight > 0);
-                random_lived += k.lived;
-            }
-        }
-    }
-    println!("[{backend}] {} kills in {:.1} s:", kills.len(), started.elapsed().as_secs_f64());
-    for (point, (count, lived)) in at {
-        println!(
-            "[{backend}]   at {point:<20} {count:>3} (lived {:>4} ms on average)",
-            (lived / count.max(1) as u32).as_millis()
-        );
-    }
-    println!(
-        "[{backend}]   at random            {random:>3} (lived {:>4} ms on average), {mid_request} while the HTTP receiver was answering",
-        (random_lived / random.max(1) as u32).as_millis()
-    );
-}
-
-/// Waits until `tail` has read all `published` records of its topic (bounded).
-async fn caught_up(tail: &TopicTail, published: usize) -> Vec<rdkafka::message::OwnedMessage> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tail.len() < published && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tail.since(0)
-}
-
-/// Runs the last incarnation until every input (and every fodder command) has a result,
-/// stops it with SIGTERM, and checks what the run left; every violation goes to `failures`.
-async fn check_after_final_run(
-    lane: &mut Lane,
-    inputs: &[Input],
-    positions: &[(i32, i64)],
-    fodder: &[(i32, i64)],
-    last: &mut DedupdProcess,
-    failures: &mut Vec<String>,
-) {
-    let (backend, n) = (lane.backend, inputs.len());
-    assert_eq!(positions.len(), n, "every input produced");
-    let by_pos: HashMap<(i32, i64), usize> = positions.iter().enumerate().map(|(seq, pos)| (*pos, seq)).collect();
-    assert_eq!(by_pos.len(), n, "every input has its own position");
-    for (seq, r) in inputs.iter().enumerate() {
-        assert_eq!(positions[seq].0, r.partition, "input {seq} went to the partition asked for");
-    }
-    let wanted: HashSet<(i32, i64)> = positions.iter().chain(fodder).copied().collect();
-    let t = Instant::now();
-    let mut covered: HashSet<(i32, i64)> = HashSet::new();
-    let mut read = 0usize;
-    while covered.len() < wanted.len() && t.elapsed() < RESULTS_BOUND {
-        for m in lane.tail.since(read) {
-            read += 1;
-            if let Ok(r) = serde_json::from_slice::<ResultRecord>(m.payload().unwrap_or_default())
-                && wanted.contains(&(r.source.partition, r.source.offset))
-            {
-                covered.insert((r.source.partition, r.source.offset));
-            }
-        }
-        if let Some(status) = last.exited() {
-            failures.push(format!("final dedupd exited by itself ({status})"));
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    println!(
-        "[{backend}] final run: {}/{} inputs with a result after {:.1} s",
-        covered.len(),
-        wanted.len(),
-        t.elapsed().as_secs_f64()
-    );
-    match last.terminate(Duration::from_secs(60)) {
-        Some(s) if s.success() => {}
-        other => failures.push(format!("final dedupd did not exit cleanly on SIGTERM within 60 s: {other:?}")),
-    }
-    if let Some(missing) = fodder.iter().find(|f| !covered.contains(f)) {
-        failures.push(format!("fodder command at {missing:?} has no result"));
-    }
-
-    let published = kafka::count_records(&lane.bootstrap, &lane.results_topic).await as usize;
-    let all = caught_up(&lane.tail, published).await;
-    if all.len() != published {
-        failures.push(format!("read {} result records, the topic holds {published}", all.len()));
-    }
-    // Fodder is the compaction's, not the checks': its records expire and may run again.
-    let fodder_pos: HashSet<(i32, i64)> = fodder.iter().copied().collect();
-    let results: Vec<_> = all
-        .into_iter()
-        .filter(|m| {
-            serde_json::from_slice::<ResultRecord>(m.payload().unwrap_or_default())
-                .map_or(true, |r| !fodder_pos.contains(&(r.source.partition, r.source.offset)))
-        })
-        .collect();
-    // A fodder command redelivered after a kill, more than its TTL after it was produced,
-    // is `stale` (dead-lettered, not run): the only dead letters there may be.
-    let dead_letters = kafka::count_records(&lane.bootstrap, &lane.dlq_topic).await as usize;
-    let letters = kafka::read_all(&lane.bootstrap, &lane.dlq_topic, dead_letters, Duration::from_secs(60)).await;
-    let not_stale_fodder = letters
-        .iter()
-        .filter(|m| {
-            !(m.key().is_some_and(|k| k.starts_with(b"fodder-"))
-                && kafka::header(m, "dedupd-reason").as_deref() == Some("stale"))
-        })
-        .count();
-    if letters.len() != dead_letters || not_stale_fodder > 0 {
-        failures.push(format!(
-            "{not_stale_fodder} of {dead_letters} dead letter(s) ({} read) are not stale fodder, but every other input is a valid command",
-            letters.len()
-        ));
-    }
-    let sink_published = kafka::count_records(&lane.bootstrap, &lane.sink_topic).await as usize;
-    let sunk = caught_up(&lane.sink_tail, sink_published).await;
-    if sunk.len() != sink_published {
-        failures.push(format!("read {} records of the kafka sink's topic, it holds {sink_published}", sunk.len()));
-    }
-    // Every downstream's effects, in the order each received them.
-    let mut received = effects::from_http(&lane.receiver.seen());
-    received.extend(effects::from_kafka("kafka", &sunk, failures));
-    received.extend(effects::from_smtp(&lane.smtp.received_numbered()));
-    received.extend(effects::from_exec(&lane.exec_effects, failures));
-    let store =
-        KeyStore::open(lane.kind, &lane.store_path, SyncMode::Batch).expect("open the store after the final run");
-    let plans = workload::plans();
-    let input_keys: Vec<usize> = inputs.iter().map(|r| r.i).collect();
-    let outside = Outside {
-        input_topic: &lane.input_topic,
-        inputs: &input_keys,
-        by_pos: &by_pos,
-        results: &results,
-        effects: &received,
-        store: &store,
-    };
-    let coverage = kill_check::check(backend, &plans, &outside, failures);
-    // Every sink must have seen a kill between an effect and its completion (the
-    // `sink.returned` point makes sure of it), or the run proves nothing about that row.
-    for (name, _, forwards) in SINKS {
-        let c = &coverage[name];
-        let (exercised, what) = if forwards {
-            (c.reran, "key re-run")
-        } else {
-            (c.received_indeterminate, "key received but never completed")
-        };
-        if exercised == 0 {
-            failures.push(format!("coverage: sink {name}: no {what}; the kills missed its crash row"));
-        }
-    }
 }
