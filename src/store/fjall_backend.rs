@@ -39,7 +39,7 @@ use fjall::config::PinningPolicy;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use super::fault::{engine_write_error, failpoint, io_error};
-use super::{Backend, CacheSize, Op, StoreError, Tree};
+use super::{Backend, CacheSize, Op, StoreError, Tree, Visit};
 
 pub struct FjallBackend {
     db: Database,
@@ -207,6 +207,14 @@ impl Backend for FjallBackend {
             out.push((k.to_vec(), v.to_vec()));
         }
         Ok(out)
+    }
+
+    fn for_each(&self, tree: Tree, visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        for guard in self.keyspace(tree).iter() {
+            let (key, value) = guard.into_inner().map_err(err)?;
+            visit(&key, &value)?;
+        }
+        Ok(())
     }
 
     fn disk_bytes(&self) -> Result<u64, StoreError> {

@@ -63,6 +63,9 @@ use watermarks::watermark_key;
 /// A key and its value, as a scan returns them.
 pub type KeyValue = (Vec<u8>, Vec<u8>);
 
+/// What [`Backend::for_each`] lends each entry to (its key, then its value).
+pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
+
 /// The keyspaces a backend keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tree {
@@ -106,6 +109,22 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Up to `limit` entries with `start <= key < end`, ascending.
     fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<KeyValue>, StoreError>;
+    /// Every entry of `tree`, ascending, lent to `visit` until it returns an error. For the
+    /// open's full scan, with nothing else using the store: the default reads pages through
+    /// [`Backend::scan`]; a backend that can lend its entries without copying overrides it.
+    fn for_each(&self, tree: Tree, visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        let mut start = Vec::new();
+        loop {
+            let page = self.scan(tree, &start, None, 10_000)?;
+            let Some((last, _)) = page.last() else { return Ok(()) };
+            // The next page starts just after this one's last key.
+            start.clone_from(last);
+            start.push(0);
+            for (key, value) in &page {
+                visit(key, value)?;
+            }
+        }
+    }
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> Result<u64, StoreError>;
 }
@@ -229,7 +248,7 @@ impl KeyStore {
         Self::build(backend, None, sync)
     }
 
-    /// Counts the records per state once and fills the presence filter.
+    /// Counts the records per state once and fills the presence filter (`scan`).
     fn build(
         backend: Box<dyn Backend>,
         journal: Option<journal::ClaimJournal>,
@@ -253,7 +272,7 @@ impl KeyStore {
             restores: AtomicUsize::new(0),
         };
         store.upgrade_index()?;
-        store.scan_all(true)?;
+        store.fill_at_open()?;
         Ok(store)
     }
 

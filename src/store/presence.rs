@@ -26,8 +26,12 @@ use std::hash::{BuildHasher, Hasher};
 /// so it may change between versions). Eight bytes at a time: it runs for every key of every
 /// claim, completion and compacted record.
 pub(super) fn key_hash(key: &str) -> (usize, u32) {
+    key_bytes_hash(key.as_bytes())
+}
+
+/// [`key_hash`] of a key as the backend holds it (the UTF-8 bytes of a `&str`).
+pub(super) fn key_bytes_hash(bytes: &[u8]) -> (usize, u32) {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    let bytes = key.as_bytes();
     let mut h: u64 = 0x243f_6a88_85a3_08d3 ^ bytes.len() as u64;
     let mut mix = |chunk: &[u8]| {
         let mut word = [0u8; 8];
@@ -105,6 +109,15 @@ impl Presence {
     pub(super) fn add(&mut self, fp: u32) {
         if !self.once.insert(fp) {
             *self.more.entry(fp).or_insert(0) += 1;
+        }
+    }
+
+    /// Keys with these fingerprints became present, all at once: the set grows once, and
+    /// while it is in cache.
+    pub(super) fn add_all(&mut self, fps: &[u32]) {
+        self.once.reserve(fps.len());
+        for &fp in fps {
+            self.add(fp);
         }
     }
 
