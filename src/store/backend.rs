@@ -53,13 +53,14 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Up to `limit` entries with `start <= key < end`, ascending.
     fn scan(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<KeyValue>, StoreError>;
-    /// Every entry of `tree`, ascending, lent to `visit` until it returns an error. For the
-    /// open's full scan, with nothing else using the store: the default reads pages through
-    /// [`Backend::scan`]; a backend that can lend its entries without copying overrides it.
-    fn for_each(&self, tree: Tree, visit: &mut Visit<'_>) -> Result<(), StoreError> {
-        let mut start = Vec::new();
+    /// Every entry of `tree` with `start <= key < end`, ascending, lent to `visit` until it
+    /// returns an error. For the open's full scan, with nothing else using the store: the
+    /// default reads pages through [`Backend::scan`]; a backend that can lend its entries
+    /// without copying overrides it.
+    fn for_each(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        let mut start = start.to_vec();
         loop {
-            let page = self.scan(tree, &start, None, 10_000)?;
+            let page = self.scan(tree, &start, end, 10_000)?;
             let Some((last, _)) = page.last() else { return Ok(()) };
             // The next page starts just after this one's last key.
             start.clone_from(last);
@@ -68,6 +69,11 @@ pub trait Backend: Send + Sync + 'static {
                 visit(key, value)?;
             }
         }
+    }
+    /// The last key of `tree`, if the backend can tell it cheaply: the open splits its scan
+    /// into ranges between the first key and this one. `None` (the default) scans whole.
+    fn last_key(&self, _tree: Tree) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
     }
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> Result<u64, StoreError>;

@@ -209,12 +209,26 @@ impl Backend for FjallBackend {
         Ok(out)
     }
 
-    fn for_each(&self, tree: Tree, visit: &mut Visit<'_>) -> Result<(), StoreError> {
-        for guard in self.keyspace(tree).iter() {
+    fn for_each(&self, tree: Tree, start: &[u8], end: Option<&[u8]>, visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        if end.is_some_and(|e| e <= start) {
+            return Ok(());
+        }
+        let iter = match end {
+            Some(e) => self.keyspace(tree).range(start..e),
+            None => self.keyspace(tree).range(start..),
+        };
+        for guard in iter {
             let (key, value) = guard.into_inner().map_err(err)?;
             visit(&key, &value)?;
         }
         Ok(())
+    }
+
+    fn last_key(&self, tree: Tree) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.keyspace(tree).last_key_value() {
+            Some(guard) => Ok(Some(guard.key().map_err(err)?.to_vec())),
+            None => Ok(None),
+        }
     }
 
     fn disk_bytes(&self) -> Result<u64, StoreError> {

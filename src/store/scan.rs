@@ -3,12 +3,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{KeyStore, Record, STRIPES, StateCounts, StoreError, Tree, decode, presence, state_index};
+mod open;
 
-/// Fingerprints the open's scan gathers per stripe before it adds them to the stripe's
-/// filter at once (16 MiB for all stripes, whatever the store's size). Tests fill
-/// buffers of 4, so that a store of a few thousand keys adds them mid-scan too.
-const FILL_BUFFER: usize = if cfg!(test) { 4 } else { 4096 };
+use super::{KeyStore, Record, StateCounts, StoreError, Tree, decode, state_index};
 
 impl KeyStore {
     /// Recounts records per state by a full scan (after import).
@@ -24,39 +21,7 @@ impl KeyStore {
         Ok(self.counts())
     }
 
-    /// At open: counts the records per state and enters every key in the presence filter
-    /// (see `presence`), in one pass over the backend that reads each record's header
-    /// only (`Record::state_of`). The claim journal holds nothing yet (its recovery wrote
-    /// what it held to the backend), and nothing else uses the store, so no lock is held
-    /// across the pass. A restart waits for it: at 9M records it took 11.7 s as pages of
-    /// decoded records added key by key (BENCHMARKS.md, "Reopening a large store").
-    pub(super) fn fill_at_open(&self) -> Result<(), StoreError> {
-        let mut counts = [0i64; 3];
-        // Each stripe's fingerprints are added a buffer at a time: adding them one by one
-        // across all stripes missed the cache on nearly every one once the filter
-        // outgrew it.
-        let mut buffers = vec![Vec::new(); STRIPES];
-        self.backend.for_each(Tree::Records, &mut |key, value| {
-            let state = Record::state_of(value)
-                .map_err(|source| StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source })?;
-            counts[state_index(state)] += 1;
-            let (stripe, fp) = presence::key_bytes_hash(key);
-            let buffer = &mut buffers[stripe];
-            buffer.push(fp);
-            if buffer.len() == FILL_BUFFER {
-                self.stripes[stripe].lock().present.add_all(buffer);
-                buffer.clear();
-            }
-            Ok(())
-        })?;
-        for (stripe, buffer) in self.stripes.iter().zip(&buffers) {
-            stripe.lock().present.add_all(buffer);
-        }
-        self.set_counts(counts);
-        Ok(())
-    }
-
-    fn set_counts(&self, counts: [i64; 3]) {
+    pub(super) fn set_counts(&self, counts: [i64; 3]) {
         for (i, c) in counts.iter().enumerate() {
             self.counts[i].store(*c, Ordering::Relaxed);
         }
