@@ -81,24 +81,29 @@ impl KeyStore {
         Ok(counts)
     }
 
-    /// The ranges that together hold every key: from nothing to the first split key, from
-    /// each to the next, from the last to the end. One range when the backend cannot tell
-    /// its last key.
+    /// The ranges that together hold every key (`ranges_split_at`): one when the backend
+    /// cannot tell its last key.
     fn open_ranges(&self) -> Result<Vec<Range>, StoreError> {
         let first = self.backend.scan(Tree::Records, &[], None, 1)?.into_iter().next().map(|(key, _)| key);
         let splits = match (first, self.backend.last_key(Tree::Records)?) {
             (Some(first), Some(last)) => split_keys(&first, &last, RANGES),
             _ => Vec::new(),
         };
-        let mut ranges = Vec::with_capacity(splits.len() + 1);
-        let mut start = Vec::new();
-        for split in splits {
-            let from = std::mem::replace(&mut start, split.clone());
-            ranges.push((from, Some(split)));
-        }
-        ranges.push((start, None));
-        Ok(ranges)
+        Ok(ranges_split_at(splits))
     }
+}
+
+/// The ranges that strictly increasing `splits` cut the keys into: from nothing to the
+/// first, from each to the next, from the last to the end.
+fn ranges_split_at(splits: Vec<Vec<u8>>) -> Vec<Range> {
+    let mut ranges = Vec::with_capacity(splits.len() + 1);
+    let mut start = Vec::new();
+    for split in splits {
+        let from = std::mem::replace(&mut start, split.clone());
+        ranges.push((from, Some(split)));
+    }
+    ranges.push((start, None));
+    ranges
 }
 
 /// Up to `parts - 1` strictly increasing keys that split `[first, last]` into `parts`
@@ -134,17 +139,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The ranges `splits` makes, as `open_ranges` builds them.
-    fn ranges_of(splits: Vec<Vec<u8>>) -> Vec<Range> {
-        let mut ranges = Vec::new();
-        let mut start = Vec::new();
-        for split in splits {
-            ranges.push((std::mem::replace(&mut start, split.clone()), Some(split)));
-        }
-        ranges.push((start, None));
-        ranges
-    }
-
     #[test]
     fn keys_with_a_common_prefix_split_after_it() {
         let splits = split_keys(b"order-0000", b"order-9999", 4);
@@ -167,7 +161,7 @@ mod tests {
             keys.sort();
             keys.dedup();
             let (first, last) = (keys[0].clone(), keys[keys.len() - 1].clone());
-            let ranges = ranges_of(split_keys(&first, &last, RANGES));
+            let ranges = ranges_split_at(split_keys(&first, &last, RANGES));
             for key in &keys {
                 let holding = ranges
                     .iter()
