@@ -226,7 +226,7 @@ impl Record {
     }
 
     /// The state of an encoded record, read from its two header bytes alone: what the
-    /// open's scan counts (`scan::fill_at_open`), where decoding every record of a large
+    /// open's scan counts (`scan::open`), where decoding every record of a large
     /// store cost a sixth of the scan. The rest of a record is checked when it is read.
     pub fn state_of(bytes: &[u8]) -> Result<State, DecodeError> {
         match bytes {

@@ -8,7 +8,8 @@
 //!   cache, where adding them one by one across all stripes missed the cache nearly every
 //!   time once the filter outgrew it;
 //! - splits the keys into ranges between the first key and the last (when the backend can
-//!   tell it, `Backend::last_key`), read by a thread per core.
+//!   tell it, `Backend::last_key`), read by the opening thread and a helper per further
+//!   core (up to 4 in all).
 //!
 //! The claim journal holds nothing yet (its recovery wrote what it held to the backend) and
 //! nothing else uses the store, so no lock is held across the scan; fingerprints are added
@@ -39,16 +40,22 @@ impl KeyStore {
         let ranges = self.open_ranges()?;
         let next = AtomicUsize::new(0);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = cores.min(MAX_THREADS).min(ranges.len());
+        let helpers = cores.min(MAX_THREADS).min(ranges.len()).saturating_sub(1);
         let mut counts = [0i64; 3];
         std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads).map(|_| scope.spawn(|| self.fill_ranges(&ranges, &next))).collect();
+            // The caller's thread reads ranges too, so a helper the OS refuses to start only
+            // leaves more to it.
+            let workers: Vec<_> = (0..helpers)
+                .filter_map(|_| {
+                    let read = || self.fill_ranges(&ranges, &next);
+                    std::thread::Builder::new().name("dedupd-open-scan".into()).spawn_scoped(scope, read).ok()
+                })
+                .collect();
+            let mut add = |counted: [i64; 3]| counts.iter_mut().zip(counted).for_each(|(total, n)| *total += n);
+            add(self.fill_ranges(&ranges, &next)?);
             for worker in workers {
-                // A panic in a worker is one in the open, as when it ran on the caller's thread.
-                let counted = worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-                for (total, n) in counts.iter_mut().zip(counted) {
-                    *total += n;
-                }
+                // A panic in a helper is one in the open, as when it all ran on the caller's.
+                add(worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?);
             }
             Ok::<_, StoreError>(())
         })?;
