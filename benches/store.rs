@@ -16,7 +16,8 @@
 //!   (the default compaction chunk) with an fsync per batch;
 //! - `store`: `KeyStore` with its default cache: claim 1,000 → `flush_claims` → complete
 //!   1,000 → `flush`, lookups (`get`, which decodes) of the same sample, `compact_expired`
-//!   of the same oldest keys in chunks of 10,000.
+//!   of the same oldest keys in chunks of 10,000, then the store dropped and opened again
+//!   (what a restart waits for: the open counts the records and fills the presence filter).
 //!
 //! With several sizes, a last table per backend shows how dedupd's rates move against its
 //! own at the smallest size, and the memory each million keys past it added.
