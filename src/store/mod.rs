@@ -425,8 +425,12 @@ impl KeyStore {
 }
 
 fn decode(key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
-    Record::decode(value)
-        .map_err(|source| StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source })
+    Record::decode(value).map_err(|source| corrupt_record(key, source))
+}
+
+/// The error for the value under `key` that is not a valid record.
+fn corrupt_record(key: &[u8], source: record::DecodeError) -> StoreError {
+    StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source }
 }
 
 /// Durable writes made by a [`KeyStore`], see [`KeyStore::fsyncs`].

@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::super::{KeyStore, Record, STRIPES, StoreError, Tree, presence, state_index};
+use super::super::{KeyStore, Record, STRIPES, StoreError, Tree, corrupt_record, presence, state_index};
 
 /// Fingerprints gathered per stripe before they are added to its filter at once (16 MiB per
 /// thread, whatever the store's size). Tests fill buffers of 4, so that a store of a few
@@ -69,8 +69,7 @@ impl KeyStore {
         let mut buffers = vec![Vec::new(); STRIPES];
         while let Some((start, end)) = ranges.get(next.fetch_add(1, Ordering::Relaxed)) {
             self.backend.for_each(Tree::Records, start, end.as_deref(), &mut |key, value| {
-                let state = Record::state_of(value)
-                    .map_err(|source| StoreError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), source })?;
+                let state = Record::state_of(value).map_err(|source| corrupt_record(key, source))?;
                 counts[state_index(state)] += 1;
                 let (stripe, fp) = presence::key_bytes_hash(key);
                 let buffer = &mut buffers[stripe];
