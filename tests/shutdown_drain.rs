@@ -6,6 +6,10 @@
 //! released: a restart runs every command to exactly one `succeeded` (the sink does not
 //! forward the key, so a claim left behind would come back `indeterminate`).
 //!
+//! The clean stop saves the presence filter and the restart reads it back instead of
+//! scanning the store (`store::scan::saved`): repeats of the commands the first run
+//! completed are then replays, with no second call.
+//!
 //! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test shutdown_drain`.
 
 mod common;
@@ -18,7 +22,7 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::State;
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, TopicTail, tail_of_file, wait_for_http_addr};
+use common::process::{DedupdProcess, KeptOnFailure, TopicTail, tail_of_file, wait_for_http_addr, wait_for_line};
 use dedupd::outcome::ResultRecord;
 use parking_lot::Mutex;
 use rdkafka::message::Message;
@@ -81,7 +85,13 @@ level = "info"
 }
 
 fn commands() -> Vec<kafka::Outgoing> {
-    (0..COMMANDS)
+    commands_of(0..COMMANDS as u64)
+}
+
+/// The commands numbered `numbers`, each with its key and payload.
+fn commands_of(numbers: impl IntoIterator<Item = u64>) -> Vec<kafka::Outgoing> {
+    numbers
+        .into_iter()
         .map(|i| {
             let value = json!({"id": format!("k{i}"), "type": "drain.op", "payload": {"i": i}});
             (format!("k{i}"), serde_json::to_vec(&value).expect("json"), vec![])
@@ -131,14 +141,40 @@ async fn shutdown_lets_every_partition_go_at_once_and_starts_no_call_after_the_s
     assert!(took < SLOW + Duration::from_secs(6), "shutdown took {took:?}: one bound, not one per partition");
     let before = receiver.arrivals.lock().len();
     assert!(before < COMMANDS, "the backlog was not reached: {before} calls");
+    assert!(store.join("dedupd-presence.saved").exists(), "the clean stop saved no presence filter");
 
     // Restart with a fast receiver: every command ends `succeeded` exactly once.
     *receiver.slow.lock() = false;
+    let called_first: Vec<u64> = receiver.arrivals.lock().iter().map(|(_, i)| *i).collect();
     let mut dedupd = DedupdProcess::run(&config_path, &log);
+    let read_back = wait_for_line(&log, dedupd.log_start, "presence filter read back", Duration::from_secs(60), || {
+        dedupd.exited().is_some()
+    })
+    .await;
+    assert!(
+        read_back.is_some(),
+        "the restart scanned instead of reading the saved filter:\n{}",
+        tail_of_file(&log, 40)
+    );
     until("every result", Duration::from_secs(120), &mut dedupd, &log, || tail.len() >= COMMANDS).await;
+    // Repeats of what the first run completed: found through the filter read back, each
+    // answered `duplicate` from its stored result.
+    kafka::produce_all(&bootstrap, &input, commands_of(called_first.iter().copied())).await;
+    let all = COMMANDS + called_first.len();
+    until("the repeats' results", Duration::from_secs(60), &mut dedupd, &log, || tail.len() >= all).await;
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "second stop");
+    let repeats: Vec<(Option<String>, &str, bool)> = tail
+        .since(COMMANDS)
+        .iter()
+        .map(|m| {
+            let r: ResultRecord = serde_json::from_slice(m.payload().expect("payload")).expect("result record");
+            (r.key, r.outcome.as_str(), r.replay)
+        })
+        .collect();
+    let replays = repeats.iter().filter(|(_, outcome, replay)| *replay && *outcome == "duplicate").count();
+    assert_eq!(replays, called_first.len(), "every repeat replayed: {repeats:?}");
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for m in tail.since(0) {
+    for m in tail.since(0).into_iter().take(COMMANDS) {
         let r: ResultRecord = serde_json::from_slice(m.payload().expect("payload")).expect("result record");
         by_key.entry(r.key.clone().expect("key")).or_default().push(r.outcome.as_str().to_string());
     }

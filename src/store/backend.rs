@@ -75,6 +75,13 @@ pub trait Backend: Send + Sync + 'static {
     fn last_key(&self, _tree: Tree) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(None)
     }
+    /// A number that moves with every write the backend applies and comes back unchanged
+    /// when it is opened again with nothing written since (fjall's sequence number), if it
+    /// keeps one. A presence filter saved at a clean stop is used only at the number it was
+    /// saved at (`scan::saved`); `None` (the default) means it is never used.
+    fn write_seqno(&self) -> Option<u64> {
+        None
+    }
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> Result<u64, StoreError>;
 }

@@ -231,6 +231,12 @@ impl Backend for FjallBackend {
         }
     }
 
+    /// fjall numbers every write batch from one counter for the whole database, which its
+    /// recovery sets again from the journals and tables it finds.
+    fn write_seqno(&self) -> Option<u64> {
+        Some(self.db.seqno())
+    }
+
     fn disk_bytes(&self) -> Result<u64, StoreError> {
         self.db.disk_space().map_err(err)
     }

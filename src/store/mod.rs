@@ -41,8 +41,8 @@ mod sled_backend;
 pub mod transfer;
 mod watermarks;
 
-use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -133,6 +133,11 @@ pub struct KeyStore {
     changes: Mutex<expiries::Captured>,
     /// Restores running (`expiries`, invariant 6).
     restores: AtomicUsize,
+    /// Where the presence filter is saved at a clean stop (`scan::saved`); `None` for a
+    /// store over a bare backend.
+    saved_filter: Option<PathBuf>,
+    /// Whether the open read the saved filter rather than scanning.
+    from_saved_filter: AtomicBool,
 }
 
 fn state_index(s: State) -> usize {
@@ -174,19 +179,21 @@ impl KeyStore {
     pub fn open_configured(config: &StoreConfig) -> Result<KeyStore, StoreError> {
         let backend = open_backend(config.backend, &config.path, config.cache_bytes)?;
         let journal = journal::ClaimJournal::recover(backend.as_ref(), &config.path.join(journal::FILE_NAME))?;
-        Self::build(backend, Some(journal), config.sync)
+        Self::build(backend, Some(journal), config.sync, Some(config.path.join(scan::SAVED_FILTER_FILE)))
     }
 
     /// Wraps an open backend without a claim journal (every claim goes to the backend).
     pub fn with_backend(backend: Box<dyn Backend>, sync: SyncMode) -> Result<KeyStore, StoreError> {
-        Self::build(backend, None, sync)
+        Self::build(backend, None, sync, None)
     }
 
-    /// Counts the records per state once and fills the presence filter (`scan`).
+    /// Counts the records per state once and fills the presence filter (`scan`), or reads
+    /// both back from where a clean stop saved them.
     fn build(
         backend: Box<dyn Backend>,
         journal: Option<journal::ClaimJournal>,
         sync: SyncMode,
+        saved_filter: Option<PathBuf>,
     ) -> Result<KeyStore, StoreError> {
         let store = KeyStore {
             backend,
@@ -204,9 +211,13 @@ impl KeyStore {
             capture: false,
             changes: Mutex::new(expiries::Captured::default()),
             restores: AtomicUsize::new(0),
+            saved_filter,
+            from_saved_filter: AtomicBool::new(false),
         };
         store.upgrade_index()?;
-        store.fill_at_open()?;
+        if !store.read_saved_filter() {
+            store.fill_at_open()?;
+        }
         Ok(store)
     }
 

@@ -134,6 +134,29 @@ impl Presence {
         }
     }
 
+    /// Its fingerprints, and those held by more than one key with how many more: what
+    /// [`Presence::from_parts`] builds it again from (`scan::saved`).
+    pub(super) fn parts(
+        &self,
+    ) -> (impl ExactSizeIterator<Item = u32> + '_, impl ExactSizeIterator<Item = (u32, u32)> + '_) {
+        (self.once.iter().copied(), self.more.iter().map(|(&fp, &extra)| (fp, extra)))
+    }
+
+    /// The filter whose [`Presence::parts`] these are; `None` when they cannot be one (a
+    /// fingerprint twice in `once`, or one in `more` that is not in `once` or counts no
+    /// other key).
+    pub(super) fn from_parts(once: &[u32], more: &[(u32, u32)]) -> Option<Presence> {
+        let mut p = Presence::default();
+        p.once.reserve(once.len());
+        p.once.extend(once.iter().copied());
+        p.more.reserve(more.len());
+        p.more.extend(more.iter().copied());
+        let consistent = p.once.len() == once.len()
+            && p.more.len() == more.len()
+            && more.iter().all(|(fp, extra)| *extra > 0 && p.once.contains(fp));
+        consistent.then_some(p)
+    }
+
     /// Fingerprints counted (present keys, as far as the filter knows).
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
@@ -159,6 +182,25 @@ mod tests {
         assert!(!p.may_contain(7));
         assert!(p.may_contain(9));
         assert_eq!(p.len(), 1);
+    }
+
+    #[test]
+    fn parts_build_the_same_filter_and_nothing_else() {
+        let mut p = Presence::default();
+        for fp in [7, 7, 7, 9, 11] {
+            p.add(fp);
+        }
+        let (once, more) = p.parts();
+        let (once, more): (Vec<u32>, Vec<(u32, u32)>) = (once.collect(), more.collect());
+        let mut q = Presence::from_parts(&once, &more).expect("its own parts");
+        assert_eq!(q.len(), 5);
+        q.remove(7);
+        q.remove(7);
+        assert!(q.may_contain(7), "the third key with fingerprint 7");
+        // Parts no filter has: a fingerprint twice, an extra count of an absent one, a zero.
+        assert!(Presence::from_parts(&[7, 7], &[]).is_none());
+        assert!(Presence::from_parts(&[7], &[(9, 1)]).is_none());
+        assert!(Presence::from_parts(&[7], &[(7, 0)]).is_none());
     }
 
     #[test]

@@ -1,9 +1,13 @@
-//! Whole-store reads: counts and the presence filter at open, pages of records for export,
-//! stats and the index rebuild. Claims held by the claim journal are records too, merged in.
+//! Whole-store reads: counts and the presence filter at open (`open`), or both read back
+//! from where a clean stop saved them (`saved`); pages of records for export, stats and
+//! the index rebuild. Claims held by the claim journal are records too, merged in.
 
 use std::sync::atomic::Ordering;
 
 mod open;
+mod saved;
+
+pub(in crate::store) use saved::FILE_NAME as SAVED_FILTER_FILE;
 
 use super::{KeyStore, Record, StateCounts, StoreError, Tree, decode, state_index};
 

@@ -35,6 +35,7 @@ mod expiry;
 mod filter;
 mod journal;
 mod lock;
+mod saved;
 mod transitions;
 
 // ---------------------------------------------------------------------------------------

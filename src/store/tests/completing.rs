@@ -83,7 +83,7 @@ fn holding_store(kind: StoreBackend, dir: &std::path::Path) -> (Arc<KeyStore>, N
     let holding = Holding { inner, next: Arc::clone(&next) };
     let journal = crate::store::journal::ClaimJournal::recover(&holding, &dir.join(crate::store::journal::FILE_NAME))
         .expect("journal");
-    let store = KeyStore::build(Box::new(holding), Some(journal), SyncMode::Batch).expect("build");
+    let store = KeyStore::build(Box::new(holding), Some(journal), SyncMode::Batch, None).expect("build");
     (Arc::new(store), next)
 }
 

@@ -38,7 +38,7 @@ pub(super) fn check_presence(store: &KeyStore, records: &BTreeMap<String, Record
 const LATER: i64 = 9_000_000_000_000;
 
 /// Every way of claiming `key` as if it were absent is refused, and the record stays.
-fn assert_not_claimable_as_absent(store: &KeyStore, key: &str) {
+pub(super) fn assert_not_claimable_as_absent(store: &KeyStore, key: &str) {
     let stored = store.get(key).unwrap();
     assert!(stored.is_some(), "{key:?} should hold a record");
     let (seen, _) = store.get_stamped(key).unwrap();
