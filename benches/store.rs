@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench store -- [--keys N[,N...]] [--backend NAME|all] [--lookups N]
-//!                              [--only raw|store] [--pairs N] [--dir DIR]
+//!                              [--only raw|store] [--pairs N] [--dir DIR] [--cache BYTES]
 //! ```
 //!
 //! For each backend and size, `--pairs` (default 3) pairs of child processes, run back to
@@ -14,10 +14,11 @@
 //!   N keys inserted in atomic batches of 1,000 with an fsync per batch, point gets of a
 //!   random sample of them, deletes of the oldest (all, at most 1M) in batches of 10,000
 //!   (the default compaction chunk) with an fsync per batch;
-//! - `store`: `KeyStore` with its default cache: claim 1,000 → `flush_claims` → complete
+//! - `store`: `KeyStore` with its default cache (`--cache`: `store.cache_bytes`): claim 1,000 → `flush_claims` → complete
 //!   1,000 → `flush`, lookups (`get`, which decodes) of the same sample, `compact_expired`
 //!   of the same oldest keys in chunks of 10,000, then the store dropped and opened again
-//!   (what a restart waits for: the open counts the records and fills the presence filter).
+//!   (what a restart waits for: the open counts the records and fills the presence filter),
+//!   then saved as a clean stop does and opened again (the open reads the filter back).
 //!
 //! With several sizes, a last table per backend shows how dedupd's rates move against its
 //! own at the smallest size, and the memory each million keys past it added.
@@ -35,6 +36,7 @@
 //! VmRSS growth over the writes, VmHWM growth at the end.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 
 #[path = "store/args.rs"]
 mod args;
@@ -59,8 +61,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dedupd::fingerprint::Fingerprint;
+use dedupd::store::{CacheSize, StoreBackend, StoreConfig, SyncMode};
 use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SourcePos};
-use dedupd::store::{StoreBackend, SyncMode};
 
 const BATCH: usize = 1_000;
 const CHUNK: usize = 10_000;
@@ -229,10 +231,10 @@ fn measure_lookups(samples: &LookupSamples, mut get: impl FnMut(&str) -> bool) {
 }
 
 /// dedupd's KeyStore over the backend.
-fn store_child(kind: StoreBackend, n: u64, lookups: u64, dir: &Path) {
+fn store_child(config: &StoreConfig, n: u64, lookups: u64) {
     let samples = LookupSamples::new(n, lookups);
     let rss0 = proc_status_kib("VmRSS:");
-    let store = KeyStore::open(kind, dir, SyncMode::Batch).unwrap();
+    let store = KeyStore::open_configured(config).unwrap();
 
     // Claim + complete, group commit of BATCH.
     // Only the store's work is timed: the records are the input (the raw floor's values
@@ -268,7 +270,7 @@ fn store_child(kind: StoreBackend, n: u64, lookups: u64, dir: &Path) {
     emit("complete_per_s", rate(n, complete_t));
     emit("rss_loaded_kib", proc_status_kib("VmRSS:").saturating_sub(rss0) as f64);
     emit("disk_bytes", store.disk_bytes().unwrap() as f64);
-    emit("dir_bytes", dir_bytes(dir) as f64);
+    emit("dir_bytes", dir_bytes(&config.path) as f64);
     emit("disk_settled_bytes", settled(|| store.disk_bytes().unwrap_or(0)) as f64);
 
     measure_lookups(&samples, |k| store.get(k).unwrap().is_some());
@@ -286,8 +288,19 @@ fn store_child(kind: StoreBackend, n: u64, lookups: u64, dir: &Path) {
     // so how long a restarted instance is away grows with the store.
     drop(store);
     let t = Instant::now();
-    let store = KeyStore::open(kind, dir, SyncMode::Batch).unwrap();
+    let store = KeyStore::open_configured(config).unwrap();
     emit("reopen_s", t.elapsed().as_secs_f64());
+    assert_eq!(store.counts().completed, (n - removes(n)) as i64);
+
+    // A restart after a clean stop: the stop saves the filter, the open reads it back.
+    let t = Instant::now();
+    let saved = store.save_presence().unwrap();
+    emit("save_s", t.elapsed().as_secs_f64());
+    drop(store);
+    let t = Instant::now();
+    let store = KeyStore::open_configured(config).unwrap();
+    emit("reopen_saved_s", t.elapsed().as_secs_f64());
+    assert_eq!(store.opened_from_saved_filter(), saved);
     assert_eq!(store.counts().completed, (n - removes(n)) as i64);
 }
 
@@ -297,13 +310,14 @@ fn store_child(kind: StoreBackend, n: u64, lookups: u64, dir: &Path) {
 /// One child's figures (`METRIC name value` lines).
 type Figures = BTreeMap<String, f64>;
 
-fn run_child(mode: &str, backend: StoreBackend, n: u64, lookups: u64, base: &Path) -> Figures {
+fn run_child(mode: &str, backend: StoreBackend, n: u64, lookups: u64, base: &Path, cache: Option<u64>) -> Figures {
     let dir = base.join(format!("{backend}-{mode}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--child", mode, "--backend", backend.name(), "--keys", &n.to_string()])
         .args(["--lookups", &lookups.to_string(), "--dir", dir.to_str().unwrap()])
+        .args(cache.map(|c| ["--cache".to_string(), c.to_string()]).into_iter().flatten())
         .output()
         .expect("spawn bench child");
     if !out.status.success() {
@@ -330,7 +344,16 @@ fn main() {
         let (backend, n) = (parse_backend(&a.backend), a.scales[0]);
         match mode.as_str() {
             "raw" => raw_child(backend, n, lookups(n), dir),
-            "store" => store_child(backend, n, lookups(n), dir),
+            "store" => {
+                let config = StoreConfig {
+                    backend,
+                    path: dir.to_path_buf(),
+                    sync: SyncMode::Batch,
+                    cache_bytes: CacheSize(a.cache_bytes.and_then(NonZeroU64::new)),
+                    ..StoreConfig::default()
+                };
+                store_child(&config, n, lookups(n))
+            }
             other => panic!("unknown child mode {other}"),
         }
         return;
@@ -358,7 +381,7 @@ fn main() {
             // the median of the per-pair ratios (the two children of a pair run back to back).
             let side = |mode: &str| match a.only.as_deref() {
                 Some(only) if only != mode => Figures::new(),
-                _ => run_child(mode, b, n, lookups(n), &base),
+                _ => run_child(mode, b, n, lookups(n), &base, a.cache_bytes),
             };
             let pairs: Vec<(Figures, Figures)> = (0..a.pairs).map(|_| (side("raw"), side("store"))).collect();
             println!();

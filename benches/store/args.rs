@@ -22,6 +22,8 @@ pub(super) struct Args {
     pub(super) only: Option<String>,
     pub(super) dir: Option<PathBuf>,
     pub(super) pairs: usize,
+    /// `store.cache_bytes` for dedupd's side (the backend's default when unset).
+    pub(super) cache_bytes: Option<u64>,
 }
 
 pub(super) fn parse_args() -> Args {
@@ -34,6 +36,7 @@ pub(super) fn parse_args() -> Args {
         only: None,
         dir: None,
         pairs: 3,
+        cache_bytes: None,
     };
     let count = |v: Option<String>, what: &str| -> u64 {
         v.and_then(|v| v.replace('_', "").parse().ok()).filter(|&n| n > 0).unwrap_or_else(|| panic!("{what} N (>= 1)"))
@@ -53,9 +56,10 @@ pub(super) fn parse_args() -> Args {
             }
             "--dir" => a.dir = args.next().map(PathBuf::from),
             "--pairs" => a.pairs = count(args.next(), "--pairs") as usize,
+            "--cache" => a.cache_bytes = Some(count(args.next(), "--cache")),
             "--bench" => {} // added by `cargo bench`
             other => panic!(
-                "unknown argument {other}; use --keys N[,N...] --backend NAME|all [--lookups N] [--only raw|store] [--pairs N] [--dir DIR]"
+                "unknown argument {other}; use --keys N[,N...] --backend NAME|all [--lookups N] [--only raw|store] [--pairs N] [--dir DIR] [--cache BYTES]"
             ),
         }
     }

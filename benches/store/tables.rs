@@ -49,9 +49,9 @@ pub(super) fn print_scales(b: StoreBackend, by_scale: &[(u64, Vec<(Figures, Figu
     println!("## {b} as the store grows (medians; dedupd's rates against its own at the smallest size)");
     println!();
     println!(
-        "| keys | write raw / dedupd (keys/s) | dedupd write vs smallest | lookups raw / dedupd (gets/s) | dedupd lookups vs smallest | once idle: wait, lookups raw / dedupd (gets/s), dedupd vs smallest | remove the oldest 1M (or all) raw / dedupd (s per M keys) | disk settled raw / dedupd (B/key) | RSS growth raw / dedupd (MiB per M keys) | RSS each M keys past the smallest size added, raw / dedupd (MiB) | dedupd reopen (s) |"
+        "| keys | write raw / dedupd (keys/s) | dedupd write vs smallest | lookups raw / dedupd (gets/s) | dedupd lookups vs smallest | once idle: wait, lookups raw / dedupd (gets/s), dedupd vs smallest | remove the oldest 1M (or all) raw / dedupd (s per M keys) | disk settled raw / dedupd (B/key) | RSS growth raw / dedupd (MiB per M keys) | RSS each M keys past the smallest size added, raw / dedupd (MiB) | dedupd reopen: scanned / saved filter (s) |"
     );
-    println!("|---:|---|---:|---|---:|---|---|---|---|---|---:|");
+    println!("|---:|---|---:|---|---:|---|---|---|---|---|---|");
     for (n, pairs) in by_scale {
         let per_m = 1e6 / *n as f64;
         let both = |m: &str, scale: f64, f: &dyn Fn(f64) -> String| {
@@ -63,7 +63,7 @@ pub(super) fn print_scales(b: StoreBackend, by_scale: &[(u64, Vec<(Figures, Figu
             if *n == n0 { "–".to_string() } else { format!("{:.1}", (rss - rss0) / 1024.0 * 1e6 / (*n - n0) as f64) }
         };
         println!(
-            "| {} | {} | {:.2}× | {} | {:.2}× | {:.0} s, {}, {:.2}× | {} | {} | {} | {} / {} | {:.2} |",
+            "| {} | {} | {:.2}× | {} | {:.2}× | {:.0} s, {}, {:.2}× | {} | {} | {} | {} / {} | {:.2} / {:.2} |",
             human(*n as f64),
             both("write_per_s", 1.0, &|v| human(v)),
             store(pairs, "write_per_s") / write0,
@@ -78,6 +78,7 @@ pub(super) fn print_scales(b: StoreBackend, by_scale: &[(u64, Vec<(Figures, Figu
             added(raw(pairs, "rss_loaded_kib"), raw_rss0),
             added(store(pairs, "rss_loaded_kib"), store_rss0),
             store(pairs, "reopen_s"),
+            store(pairs, "reopen_saved_s"),
         );
     }
 }
@@ -169,7 +170,10 @@ pub(super) fn print_comparison(n: u64, pairs: &[(Figures, Figures)]) {
     row("peak RSS growth (VmHWM), per million keys", "rss_hwm_kib", "rss_hwm_kib", per_m, &mib, None);
     let logical = pairs.first().and_then(|(r, _)| r.get("logical_bytes_per_key").copied()).unwrap_or(f64::NAN);
     let reopen = median_of(pairs.iter().map(|(_, s)| s), "reopen_s");
+    let save = median_of(pairs.iter().map(|(_, s)| s), "save_s");
+    let reopen_saved = median_of(pairs.iter().map(|(_, s)| s), "reopen_saved_s");
     println!();
     println!("Logical size (key + record): {logical:.0} B per key.");
     println!("dedupd's reopen (records counted, presence filter filled by a full scan): {reopen:.2} s.");
+    println!("dedupd's clean stop saving the filter: {save:.2} s; the reopen reading it back: {reopen_saved:.2} s.");
 }
