@@ -1,13 +1,15 @@
 //! The presence filter and the counts saved at a clean stop, so that the next open reads
-//! them back instead of scanning every record: the scan grows with the store (3.6–4.1 s
-//! at 9M records on two cores, ~11 s at 29M), where reading the saved filter takes a
-//! fraction of that (BENCHMARKS.md, "A restart that reads the saved filter").
+//! them back instead of scanning every record: the scan grows with the store (4.5–5.4 s
+//! at 9M records on two cores, 11.5–13.1 s at 29M), where the open that reads the saved
+//! filter took 0.58 s at 29M, most of it fjall's own recovery (BENCHMARKS.md, "A restart
+//! that reads the saved filter"). No record is read then, so a damaged one is found when
+//! it is read, not at open.
 //!
-//! The file, [`FILE_NAME`] in the store directory: a header (format, the save's id, stripes,
-//! the backend's write sequence number, the counts per state), then each stripe's fingerprints and those
-//! held by more than one key, then a CRC-32 of all of it. Written to a temporary file,
-//! synced and renamed over the last one, so a crash while saving leaves the old file or
-//! the new one.
+//! The file, [`FILE_NAME`] in the store directory: a header (format, the save's id,
+//! stripes, the backend's write sequence number, the counts per state), then each stripe's
+//! fingerprints and those held by more than one key, then a CRC-32 of all of it. Written
+//! to a temporary file, synced and renamed over the last one, so a crash while saving
+//! leaves the old file or the new one.
 //!
 //! The open uses it only when all of these hold, and scans otherwise (a bad or stale file
 //! is never an error):
