@@ -18,8 +18,8 @@ each_backend!(
 /// Far in the future: never due.
 const LATER: i64 = 9_000_000_000_000;
 
-/// [`fill`] with keys named after `prefix`: the same writes in the same order, so two
-/// stores filled alike reach the same write sequence number.
+/// Fifty completed keys named after `prefix`: two stores filled alike make the same writes
+/// in the same order, so they reach the same write sequence number.
 fn fill_named(store: &KeyStore, prefix: &str) {
     for i in 0..50 {
         put_completed(store, &format!("{prefix}-{i}"), 1, LATER);
