@@ -33,10 +33,9 @@ impl Engine {
         ran: impl ExactSizeIterator<Item = Ran<'a>>,
     ) -> Result<Completions, EngineError> {
         let mut done = Completions { to_write: Vec::with_capacity(ran.len()), keys: Vec::with_capacity(ran.len()) };
-        // The round's runs have all ended by now: one instant for their answers.
-        let completed_at_ms = self.clock.now_ms();
+        // Runs that end in the same millisecond share the text of their `completed_at`.
         let mut times = Rfc3339Memo::default();
-        for Ran { claimed: Claimed { head, claim, previous, .. }, end } in ran {
+        for Ran { claimed: Claimed { head, claim, previous, .. }, end, ended_at_ms: completed_at_ms } in ran {
             let cmd = head.command;
             let first_seen_ms = claim.record().claimed_at_ms;
             let prior = claim.record().attempts.saturating_sub(1);

@@ -18,6 +18,9 @@ pub(super) struct Ran<'a> {
     pub(super) claimed: Claimed<'a>,
     /// How the run ended.
     pub(super) end: RunEnd,
+    /// When it ended, Unix ms: for a run that got an answer, when its sink answered (the
+    /// result's `completed_at`, docs/contract.md §5), not when the round's last run did.
+    pub(super) ended_at_ms: i64,
 }
 
 impl Engine {
@@ -43,12 +46,12 @@ impl Engine {
                 self.run_one(&items[claimed.head.index], &*claimed, ticket, cancel).map(move |end| (at, end))
             })
             .collect();
-        while let Some(end) = runs.next().await {
-            ends.push(end);
+        while let Some((at, end)) = runs.next().await {
+            ends.push((at, end, self.clock.now_ms()));
         }
         drop(runs);
-        ends.sort_unstable_by_key(|&(at, _)| at);
-        claimed.into_iter().zip(ends).map(|(claimed, (_, end))| Ran { claimed, end })
+        ends.sort_unstable_by_key(|&(at, _, _)| at);
+        claimed.into_iter().zip(ends).map(|(claimed, (_, end, ended_at_ms))| Ran { claimed, end, ended_at_ms })
     }
 
     /// Runs the sink of one claim (its first call on `ticket`), in a span that carries the
