@@ -297,9 +297,12 @@ fn receiver_and_results_checks(
                 assert_eq!(r.key.as_deref(), Some(id(*i).as_str()), "{ctx}");
                 assert_eq!(r.outcome, Outcome::Conflict, "{ctx}");
             }
-            Kind::Bad(_, key) => {
+            Kind::Bad(reason, key) => {
                 assert_eq!(r.outcome, Outcome::Rejected, "{ctx}");
                 assert_eq!(&r.key, key, "{ctx}");
+                // The type is named when it was read (contract §5): only the unrouted one's was.
+                let kind = (*reason == "no_route").then_some("unknown.kind");
+                assert_eq!(r.kind.as_deref(), kind, "{ctx}");
             }
         }
     }

@@ -174,7 +174,7 @@ pub fn rejected(item: &Item, rejection: &Rejection) -> Processed {
     Processed {
         result: ResultRecord {
             key: rejection.key.clone(),
-            kind: None,
+            kind: rejection.kind.clone(),
             outcome: Outcome::Rejected,
             replay: false,
             route: None,

@@ -178,7 +178,12 @@ impl Engine {
                 }
                 Action::Stale => return Ok(Start::Done(Box::new(self.stale(item, cmd)))),
                 Action::Reject(reason) => {
-                    let rejection = Rejection { reason, message: "rejected".into(), key: Some(cmd.key.clone()) };
+                    let rejection = Rejection {
+                        reason,
+                        message: "rejected".into(),
+                        key: Some(cmd.key.clone()),
+                        kind: Some(cmd.kind.clone()),
+                    };
                     return Ok(Start::Done(Box::new(super::processed::rejected(item, &rejection))));
                 }
             }

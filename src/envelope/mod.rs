@@ -245,6 +245,15 @@ pub struct Rejection {
     pub message: String,
     /// The key, when it could be read before the record was found invalid.
     pub key: Option<String>,
+    /// The type, when it could be read before the record was found invalid.
+    pub kind: Option<String>,
+}
+
+impl Rejection {
+    /// The same rejection of a record whose type was read (`kind`).
+    fn of_type(self, kind: &str) -> Rejection {
+        Rejection { kind: Some(kind.to_string()), ..self }
+    }
 }
 
 /// Longest accepted key, in bytes of UTF-8 (docs/contract.md §1).
@@ -289,18 +298,20 @@ pub fn parse(
     let kind = read_type(shape, record, &doc).map_err(|m| reject(RejectReason::MissingType, m, known))?;
 
     let (ttl, created_at_ms) =
-        read_fields(shape, record, &doc).map_err(|m| reject(RejectReason::BadField, m, known))?;
+        read_fields(shape, record, &doc).map_err(|m| reject(RejectReason::BadField, m, known).of_type(&kind))?;
 
     let (traceparent, tracestate) = read_trace_context(shape, record, &doc);
 
-    let payload = take_payload(shape, &mut doc).map_err(|m| reject(RejectReason::BadEnvelope, m, known))?;
+    let payload =
+        take_payload(shape, &mut doc).map_err(|m| reject(RejectReason::BadEnvelope, m, known).of_type(&kind))?;
 
     let Some((route_index, route)) = find_route(router, &kind) else {
         return Err(reject(
             RejectReason::NoRoute,
             format!("no route matches type {} and there is no default route (`*`)", quote(&kind)),
             known,
-        ));
+        )
+        .of_type(&kind));
     };
     let ttl = router.effective_ttl(ttl, route);
 
@@ -310,6 +321,7 @@ pub fn parse(
             format!("the payload cannot be canonicalised for the fingerprint: {e}"),
             known,
         )
+        .of_type(&kind)
     })?;
 
     // Kafka uses -1 for "no timestamp"; a negative timestamp is treated as unknown so that
@@ -336,7 +348,7 @@ pub fn parse(
 }
 
 fn reject(reason: RejectReason, message: String, key: Option<&str>) -> Rejection {
-    Rejection { reason, message, key: key.map(str::to_string) }
+    Rejection { reason, message, key: key.map(str::to_string), kind: None }
 }
 
 /// The value of the last header named `name` (ASCII case-insensitively); a header whose

@@ -21,6 +21,7 @@ fn ttl_parses_humantime_and_is_capped() {
         assert_eq!(r.reason, RejectReason::BadField, "{bad}");
         assert!(r.message.contains("`ttl`"), "{}", r.message);
         assert_eq!(r.key.as_deref(), Some("k"));
+        assert_eq!(r.kind.as_deref(), Some("plain"), "read before the ttl");
     }
 }
 

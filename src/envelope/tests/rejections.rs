@@ -76,6 +76,7 @@ fn missing_or_non_string_type_is_missing_type() {
         let r = rec(v).err();
         assert_eq!(r.reason, RejectReason::MissingType, "{v}");
         assert_eq!(r.key.as_deref().map(|k| !k.is_empty()), Some(true), "{v}: key carried");
+        assert_eq!(r.kind, None, "{v}: no type was read");
     }
     let mut b = binary("{}");
     b.headers.retain(|(n, _)| n != "ce_type");
@@ -85,10 +86,11 @@ fn missing_or_non_string_type_is_missing_type() {
 }
 
 #[test]
-fn unrouted_type_is_no_route_with_the_key() {
+fn unrouted_type_is_no_route_with_the_key_and_the_type() {
     let r = rec(r#"{"id":"k9","type":"sms.send","payload":{}}"#).err();
     assert_eq!(r.reason, RejectReason::NoRoute);
     assert_eq!(r.key.as_deref(), Some("k9"));
+    assert_eq!(r.kind.as_deref(), Some("sms.send"), "the type was read: the result names it");
     assert!(r.message.contains("\"sms.send\""), "{}", r.message);
     assert_eq!(r.to_string(), format!("no_route: {}", r.message));
 }

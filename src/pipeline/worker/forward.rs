@@ -72,5 +72,6 @@ fn too_large_to_forward(cmd: &Command, size: usize, limit: usize) -> Rejection {
             "its forward to the by-key topic would be {size} bytes with its key and headers, more than the {limit} the topic and the producer take"
         ),
         key: Some(cmd.key.clone()),
+        kind: Some(cmd.kind.clone()),
     }
 }

@@ -133,6 +133,7 @@ fn copartitioned(cmd: Command, partition: i32, partitions: i32) -> Result<Comman
             "key {:?} belongs to partition {expected} of {partitions} (Kafka's murmur2 of the key), not {partition}: kafka.copartitioned needs producers to key records by the idempotency key",
             cmd.key
         ),
+        kind: Some(cmd.kind),
         key: Some(cmd.key),
     })
 }
