@@ -142,3 +142,36 @@ fn a_standard_otel_variable_run_would_refuse_is_reported_at_the_telemetry_key() 
     let (code, out) = check_config(&path, &[("OTEL_TRACES_EXPORTER", "none"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn a_file_that_is_not_a_config_is_one_problem_in_the_same_form() {
+    let dir = tempfile::tempdir().unwrap();
+    for (head, line, says) in [
+        ("[retry]\nmax_attempts = \"three\"\n", 2, "config key `retry.max_attempts`: invalid type"),
+        ("[limits]\n\nmax_comand_bytes = 5\n", 3, "config key `limits.max_comand_bytes`: is not a key here"),
+        ("[kafka]\ngroup_id =\n", 2, "config is not valid TOML: "),
+    ] {
+        let path = write(dir.path(), head);
+        let (code, out) = check_config(&path, &[]);
+        let p = path.display();
+        assert_eq!(code, 2, "{out}");
+        assert!(out.contains(&format!("{p}:{line}: {says}")), "{head}: {out}");
+        assert!(out.trim_end().ends_with(&format!("{p}: 1 problem(s)")), "{head}: {out}");
+    }
+}
+
+#[test]
+fn a_rule_an_environment_variable_breaks_is_reported_with_the_variable_not_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "[store]\nmax_ttl = \"7d\"\n");
+    let (code, out) = check_config(&path, &[("DEDUPD_STORE__DEFAULT_TTL", "0s")]);
+    let p = path.display();
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(&format!(
+            "{p}: environment variable DEDUPD_STORE__DEFAULT_TTL: config key `store.default_ttl` = 0s: must be positive"
+        )),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with(&format!("{p}: 1 problem(s)")), "{out}");
+}

@@ -24,7 +24,14 @@ use crate::sinks::SinkConfig;
 pub(super) fn check_config(path: &Path, connect: bool) -> Result<ExitCode, CliError> {
     let text =
         std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-    let config = Config::read(path, std::env::vars())?;
+    let config = match Config::read(path, std::env::vars()) {
+        Ok(config) => config,
+        // Nothing to check the rules of: the one problem, in the same form.
+        Err(e @ (ConfigError::Parse { .. } | ConfigError::Value { .. } | ConfigError::Env { .. })) => {
+            return print_problems(path, &[unread_problem(&e)]);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut problems: Vec<(Option<usize>, String)> = config
         .problems()
         .into_iter()
@@ -35,14 +42,7 @@ pub(super) fn check_config(path: &Path, connect: bool) -> Result<ExitCode, CliEr
     // In file order; problems of no one line (a whole client) last.
     problems.sort_by_key(|(line, _)| line.unwrap_or(usize::MAX));
     if !problems.is_empty() {
-        for (line, message) in &problems {
-            match line {
-                Some(line) => print_line(format_args!("{}:{line}: {message}", path.display()))?,
-                None => print_line(format_args!("{}: {message}", path.display()))?,
-            }
-        }
-        print_line(format_args!("{}: {} problem(s)", path.display(), problems.len()))?;
-        return Ok(ExitCode::from(2));
+        return print_problems(path, &problems);
     }
     print_line(format_args!(
         "{}: ok ({} sink(s), {} route(s), store {} at {})",
@@ -64,6 +64,29 @@ pub(super) fn check_config(path: &Path, connect: bool) -> Result<ExitCode, CliEr
 /// A standard `OTEL_*` variable `run` would refuse with these traces settings.
 fn telemetry_problem(config: &Config) -> Option<String> {
     crate::telemetry::config::chosen(&config.telemetry, &|var| std::env::var(var).ok()).err().map(|e| e.to_string())
+}
+
+/// Each problem as `FILE:LINE: message` (`FILE: message` with no line), then the count;
+/// exit 2.
+fn print_problems(path: &Path, problems: &[(Option<usize>, String)]) -> Result<ExitCode, CliError> {
+    for (line, message) in problems {
+        match line {
+            Some(line) => print_line(format_args!("{}:{line}: {message}", path.display()))?,
+            None => print_line(format_args!("{}: {message}", path.display()))?,
+        }
+    }
+    print_line(format_args!("{}: {} problem(s)", path.display(), problems.len()))?;
+    Ok(ExitCode::from(2))
+}
+
+/// The problem of a file that could not be read as a config: its line, and the message
+/// (without the line, which leads it).
+fn unread_problem(e: &ConfigError) -> (Option<usize>, String) {
+    match e {
+        ConfigError::Parse { line, message } => (*line, format!("config is not valid TOML: {message}")),
+        ConfigError::Value { line, .. } => (*line, e.to_string()),
+        _ => (None, e.to_string()),
+    }
 }
 
 fn key_of_error(e: &ConfigError) -> String {

@@ -94,6 +94,12 @@ impl EnvOverrides {
         Ok(EnvOverrides { overrides })
     }
 
+    /// Each override's key as config errors spell it (`store.default_ttl`,
+    /// `kafka.consumer."session.timeout.ms"`), lowercase, with its variable.
+    pub fn keys(&self) -> Vec<(String, String)> {
+        self.overrides.iter().map(|o| (spelled_key(&o.path), o.var.clone())).collect()
+    }
+
     /// Lays the overrides over `file` (the parsed TOML of `text`) and reads the result as
     /// `T`. An error caused by an override names the variable; one caused by the file is
     /// toml's own, with the line.
@@ -178,16 +184,48 @@ fn insert_at(root: &mut Dict, path: &[String], value: Value) -> Result<(), Strin
     Ok(())
 }
 
-/// figment's message without the key path and source it appends (the variable says both).
-fn describe(err: &figment::Error) -> String {
-    err.kind.to_string()
+/// A key path as config errors spell it: dotted, a segment with a dot in it quoted.
+fn spelled_key(path: &[String]) -> String {
+    let quoted = |seg: &String| if seg.contains('.') { format!("\"{seg}\"") } else { seg.clone() };
+    path.iter().map(quoted).collect::<Vec<_>>().join(".")
 }
 
-/// An extraction error not caused by an override: toml's error for the file (it has the
-/// line) when the file alone fails too, else figment's.
-fn file_error<T: DeserializeOwned>(text: &str, err: &figment::Error) -> ConfigError {
-    match toml::from_str::<T>(text) {
-        Err(toml_err) => ConfigError::Parse(toml_err.to_string()),
-        Ok(_) => ConfigError::Parse(err.to_string()),
+/// figment's message without the key path and source it appends (the variable or the key
+/// says both); an unknown key's list of the known ones without serde's nested quotes.
+fn describe(err: &figment::Error) -> String {
+    use figment::error::{Kind, OneOf};
+    match &err.kind {
+        Kind::UnknownField(_, []) => "is not a key here".to_string(),
+        Kind::UnknownField(_, expected) => format!("is not a key here; expected {}", OneOf(expected)),
+        kind => kind.to_string(),
     }
+}
+
+/// An extraction error not caused by an override: the key it is about and why, with the
+/// line of the key (toml's, when the file alone fails too).
+fn file_error<T: DeserializeOwned>(text: &str, err: &figment::Error) -> ConfigError {
+    use figment::error::Kind;
+    let mut path: Vec<String> = err.path.clone();
+    if let Kind::UnknownField(field, _) = &err.kind
+        && path.last() != Some(field)
+    {
+        path.push(field.clone());
+    }
+    let toml_line = toml::from_str::<T>(text).err().and_then(|e| line_at(text, e.span()));
+    if path.is_empty() {
+        return ConfigError::Parse { line: toml_line, message: describe(err) };
+    }
+    let key = spelled_key(&path);
+    let line = toml_line.or_else(|| super::line_of(text, &key));
+    ConfigError::Value { key, line, reason: describe(err) }
+}
+
+/// The error of a file that is not TOML: toml's message and the line it points at.
+pub(super) fn not_toml(text: &str, err: &toml::de::Error) -> ConfigError {
+    ConfigError::Parse { line: line_at(text, err.span()), message: err.message().to_string() }
+}
+
+/// The 1-based line of a byte offset's span in `text`.
+fn line_at(text: &str, span: Option<std::ops::Range<usize>>) -> Option<usize> {
+    span.map(|s| text.get(..s.start).unwrap_or(text).matches('\n').count() + 1)
 }

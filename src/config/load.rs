@@ -35,10 +35,15 @@ impl Config {
         Self::read_toml_str(&text, env)
     }
 
-    fn read_toml_str(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
-        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+    pub(super) fn read_toml_str(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| super::env::not_toml(text, &e))?;
         let overrides = EnvOverrides::read(env)?;
+        let set_by_env = overrides.keys();
         let mut config: Config = overrides.apply(text, table)?;
+        config.set_by_env = set_by_env;
         config.complete_kafka_sinks();
         Ok(config)
     }
@@ -58,8 +63,26 @@ impl Config {
         self.problems().into_iter().next().map_or(Ok(()), Err)
     }
 
-    /// Everything [`validate`](Self::validate) refuses, in file order of sections.
+    /// Everything [`validate`](Self::validate) refuses, in file order of sections; a
+    /// problem with a key a `DEDUPD_*` variable set names that variable.
     pub fn problems(&self) -> Vec<ConfigError> {
+        self.rule_problems().into_iter().map(|e| self.blame_env(e)).collect()
+    }
+
+    /// `e` as the error of the variable that set its key, if one did.
+    fn blame_env(&self, e: ConfigError) -> ConfigError {
+        let ConfigError::Invalid { key, .. } = &e else { return e };
+        let key = key.to_ascii_lowercase();
+        let set_it = self.set_by_env.iter().find(|(set, _)| {
+            key.strip_prefix(set.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+        });
+        match set_it {
+            Some((_, var)) => ConfigError::Env { var: var.clone(), reason: e.to_string() },
+            None => e,
+        }
+    }
+
+    fn rule_problems(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         validate_kafka(&self.kafka, &mut errors);
         validate_store(&self.store, &mut errors);

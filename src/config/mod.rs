@@ -35,8 +35,12 @@ pub use lines::line_of;
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("config is not valid TOML or has a bad value: {0}")]
-    Parse(String),
+    /// Not TOML at all: toml's message, and the line where it went wrong.
+    #[error("config is not valid TOML{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
+    Parse { line: Option<usize>, message: String },
+    /// TOML, but a key the config does not have or a value of the wrong type or form.
+    #[error("config key `{key}`: {reason}")]
+    Value { key: String, line: Option<usize>, reason: String },
     #[error("environment variable {var}: {reason}")]
     Env { var: String, reason: String },
     #[error("config key `{key}` = {value}: {reason}")]
@@ -127,6 +131,10 @@ pub struct Config {
     pub log: LogConfig,
     /// OpenTelemetry traces.
     pub telemetry: TelemetryConfig,
+    /// The keys `DEDUPD_*` variables set, as errors spell them, with their variables: a
+    /// problem with one of them names the variable, not the file.
+    #[serde(skip)]
+    pub(crate) set_by_env: Vec<(String, String)>,
 }
 
 #[cfg(test)]

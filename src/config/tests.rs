@@ -137,8 +137,44 @@ mod unit {
     fn file_error_keeps_its_line_when_env_is_set() {
         let text = "[store]\n\ndefault_ttl = \"soon\"\n";
         let err = Config::from_toml_str(text, env(&[("DEDUPD_PIPELINE__MAX_IN_FLIGHT", "8")])).unwrap_err();
-        let shown = err.to_string();
-        assert!(shown.contains("soon") && shown.contains('3'), "{shown}");
+        assert!(matches!(&err, ConfigError::Value { key, line: Some(3), .. } if key == "store.default_ttl"), "{err:?}");
+        assert!(err.to_string().contains("soon"), "{err}");
+    }
+
+    #[test]
+    fn a_rule_broken_by_an_env_override_names_the_variable_not_the_file() {
+        let text = "[store]\nmax_ttl = \"7d\"\n\n[[routes]]\ntypes = [\"a\"]\nsink = \"nope\"\n";
+        let config = Config::read_toml_str(text, env(&[("DEDUPD_STORE__DEFAULT_TTL", "0s")])).expect("reads");
+        let problems = config.problems();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            matches!(&problems[0], ConfigError::Env { var, reason }
+                if var == "DEDUPD_STORE__DEFAULT_TTL" && reason.contains("`store.default_ttl` = 0s")),
+            "{problems:?}"
+        );
+        // The file's own problem stays the file's.
+        assert!(matches!(&problems[1], ConfigError::Invalid { key, .. } if key == "routes[0].sink"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_or_an_unknown_key_names_the_key_and_its_line() {
+        let err = Config::from_toml_str("[retry]\n\nmax_attempts = \"three\"\n", no_env()).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Value { key, line: Some(3), .. } if key == "retry.max_attempts"),
+            "{err:?}"
+        );
+        let err = Config::from_toml_str("[limits]\nmax_comand_bytes = 5\n", no_env()).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Value { key, line: Some(2), .. } if key == "limits.max_comand_bytes"),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "config key `limits.max_comand_bytes`: is not a key here; expected `max_command_bytes`",
+        );
+        let err = Config::from_toml_str("[kafka]\ngroup_id = \n", no_env()).unwrap_err();
+        assert!(matches!(&err, ConfigError::Parse { line: Some(2), .. }), "{err:?}");
+        assert!(err.to_string().starts_with("config is not valid TOML at line 2: "), "{err}");
     }
 
     #[test]
