@@ -379,5 +379,35 @@ async fn a_lost_store_refuses_partitions_until_accepted() {
     let per_key = receiver.per_key();
     assert_eq!(per_key.len(), 150);
     assert!(per_key.values().all(|c| *c == 1), "history was not re-run");
+
+    // Accepted once is accepted: the store is lost again and accepted with nothing new to
+    // process, and the next start without the flag takes both partitions.
+    std::fs::remove_dir_all(&path).expect("delete store");
+    let accepting = RunOptions { accept_empty_store: true, ..RunOptions::default() };
+    let p = start(config(&bootstrap, &t, &path, &receiver, 16), accepting).await;
+    until_ready(p.http).await;
+    p.shutdown().await;
+    let p = start(config(&bootstrap, &t, &path, &receiver, 16), RunOptions::default()).await;
+    until_ready(p.http).await;
+    produce(&bootstrap, &t.input, 150..160).await;
+    assert_eq!(kafka::read_all(&bootstrap, &t.results, 160, Duration::from_secs(120)).await.len(), 160);
+    p.shutdown().await;
+    let per_key = receiver.per_key();
+    assert_eq!(per_key.len(), 160);
+    assert!(per_key.values().all(|c| *c == 1), "nothing re-run");
     receiver.stop.cancel();
+}
+
+/// Waits until `/readyz` says ready; fails on a refused partition or after 60 s.
+async fn until_ready(http: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = readyz(http).await;
+        assert!(!body.contains("refused"), "a partition was refused: {body}");
+        if status == 200 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never ready: {status} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

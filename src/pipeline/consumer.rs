@@ -331,6 +331,15 @@ impl PipelineContext {
         if self.accept_empty_store {
             tracing::warn!(partition = %name, committed = next, watermark = ?watermark,
                 "committed offset is beyond the store's watermark; accepted (--accept-empty-store)");
+            // The acceptance holds for the starts after this one (the flag is passed once):
+            // the store answers for the partition from the committed offset on, as if it had
+            // recorded what came before. A partition with nothing new to process would
+            // otherwise be refused again at the next start.
+            let accepted = [(tp.0.clone(), tp.1, next - 1)];
+            if let Err(err) = self.store.raise_watermarks(&accepted).and_then(|()| self.store.flush_always()) {
+                tracing::error!(partition = %name, error = %err,
+                    "could not record the acceptance in the store: the next start without --accept-empty-store may refuse the partition again");
+            }
             return;
         }
         tracing::error!(partition = %name, committed = next, watermark = ?watermark,
