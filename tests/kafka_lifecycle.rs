@@ -361,6 +361,24 @@ async fn a_lost_store_refuses_partitions_until_accepted() {
     let metrics =
         reqwest::get(format!("http://{}/metrics", p.http)).await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("dedupd_refused_partitions 2"), "{metrics}");
+    // The commands waiting on the refused partitions show as their lag (the lag alert's
+    // input), though neither is fetched.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics =
+            reqwest::get(format!("http://{}/metrics", p.http)).await.expect("metrics").text().await.expect("text");
+        let lags: Vec<i64> = (0..2)
+            .filter_map(|partition| {
+                let series = format!("dedupd_consumer_lag{{partition=\"{partition}\",topic=\"{}\"}} ", t.input);
+                metrics.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.parse().ok())
+            })
+            .collect();
+        if lags.len() == 2 && lags.iter().sum::<i64>() == 50 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lag of the refused partitions never showed the 50 waiting: {lags:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // Refused means nothing happens: watch for two seconds.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(receiver.count(), 100, "no effect from a refused partition");

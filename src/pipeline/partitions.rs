@@ -93,6 +93,9 @@ pub(super) enum Dispatched {
 #[derive(Default)]
 struct Partition {
     refused: bool,
+    /// The committed offset of a partition refused for a store behind it: its lag is
+    /// reported from it (librdkafka's own figure stops with the fetching).
+    refused_behind: Option<i64>,
     unchecked: bool,
     paused_for_circuit: bool,
     worker: Option<WorkerHandle>,
@@ -155,6 +158,17 @@ impl PartitionTable {
         self.state.lock().assigned.keys().cloned().collect()
     }
 
+    /// The partitions refused for a store behind them, with their committed offsets.
+    pub(super) fn refused_behind(&self) -> Vec<(Tp, i64)> {
+        let state = self.state.lock();
+        state.assigned.iter().filter_map(|(tp, p)| p.refused_behind.map(|next| (tp.clone(), next))).collect()
+    }
+
+    /// Whether `tp` is assigned and refused.
+    pub(super) fn is_refused(&self, tp: &Tp) -> bool {
+        self.state.lock().assigned.get(tp).is_some_and(|p| p.refused)
+    }
+
     /// How many assigned partitions are refused.
     pub(super) fn refused_count(&self) -> usize {
         self.state.lock().assigned.values().filter(|p| p.refused).count()
@@ -183,6 +197,14 @@ impl PartitionTable {
         }
         if let Some(p) = state.assigned.get_mut(tp) {
             p.refused = true;
+        }
+    }
+
+    /// Refuses `tp`, whose committed offset `next` is beyond the store's watermark.
+    pub(super) fn refuse_behind<F: Fetching>(&self, fetch: &F, tp: &Tp, next: i64) {
+        self.refuse(fetch, tp);
+        if let Some(p) = self.state.lock().assigned.get_mut(tp) {
+            p.refused_behind = Some(next);
         }
     }
 
