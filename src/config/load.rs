@@ -87,6 +87,10 @@ impl Config {
         validate_kafka(&self.kafka, &mut errors);
         validate_store(&self.store, &mut errors);
         validate_changelog(self, &mut errors);
+        if self.retry.initial_backoff.is_zero() {
+            // Doubling zero stays zero: every retry would follow its failure at once.
+            errors.push(invalid("retry.initial_backoff", "0s", "must be positive"));
+        }
         if self.retry.max_backoff < self.retry.initial_backoff {
             errors.push(invalid(
                 "retry.max_backoff",
@@ -113,11 +117,39 @@ impl Config {
     }
 }
 
+/// One entry of a `bootstrap.servers` list as librdkafka takes it: `host:port`, `host`
+/// (port 9092), `[v6]:port`, each optionally after `SCHEME://`.
+pub(crate) fn is_broker_address(entry: &str) -> bool {
+    let entry = entry.split_once("://").map_or(entry, |(_, rest)| rest);
+    let (host, port) = match entry.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((host, "")) => (host, None),
+            Some((host, rest)) => match rest.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match entry.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (entry, None),
+        },
+    };
+    let host_ok = !host.is_empty() && !host.contains(|c: char| c.is_whitespace() || c == '/');
+    host_ok && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
+}
+
 /// `[kafka]` on its own: non-empty names, no loops from results to input, no property
 /// that dedupd sets itself, and no feature that is not there yet.
 fn validate_kafka(k: &KafkaConfig, errors: &mut Vec<ConfigError>) {
     if k.bootstrap_servers.trim().is_empty() {
         errors.push(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
+    } else if let Some(bad) = k.bootstrap_servers.split(',').find(|s| !is_broker_address(s.trim())) {
+        errors.push(invalid(
+            "kafka.bootstrap_servers",
+            format!("{:?}", k.bootstrap_servers),
+            format!("{:?} is not a host:port (port 1-65535; an IPv6 host in brackets)", bad.trim()),
+        ));
     }
     if k.group_id.trim().is_empty() {
         errors.push(invalid("kafka.group_id", "\"\"", "must not be empty"));

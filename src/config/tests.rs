@@ -213,6 +213,28 @@ mod unit {
     }
 
     #[test]
+    fn bootstrap_servers_must_be_broker_addresses() {
+        use super::super::load::is_broker_address;
+        for good in ["b:9092", "b", "10.0.0.1:9093", "[::1]:9092", "[::1]", "SASL_SSL://b.example.com:9096"] {
+            assert!(is_broker_address(good), "{good}");
+        }
+        for bad in ["", "b:", "b:0", "b:99999", "not a host:", ":9092", "::1:9092", "[::1", "[::1]x", "b:p"] {
+            assert!(!is_broker_address(bad), "{bad}");
+        }
+        let text = "[kafka]\nbootstrap_servers = \"a:9092, not a host::\"\n";
+        let err = Config::from_toml_str(text, no_env()).unwrap_err();
+        assert!(matches!(&err, ConfigError::Invalid { key, .. } if key == "kafka.bootstrap_servers"), "{err:?}");
+        assert!(err.to_string().contains("\"not a host::\" is not a host:port"), "{err}");
+        assert!(Config::from_toml_str("[kafka]\nbootstrap_servers = \"a:9092,b:9093\"\n", no_env()).is_ok());
+    }
+
+    #[test]
+    fn a_zero_initial_backoff_is_refused() {
+        let err = Config::from_toml_str("[retry]\ninitial_backoff = \"0s\"\n", no_env()).unwrap_err();
+        assert_eq!(err.to_string(), "config key `retry.initial_backoff` = 0s: must be positive");
+    }
+
+    #[test]
     fn bad_duration_names_the_value() {
         let err = Config::from_toml_str("[store]\ndefault_ttl = \"soon\"\n", no_env()).unwrap_err();
         assert!(err.to_string().contains("soon"), "{err}");
