@@ -68,7 +68,13 @@ impl ClientContext for ProbeContext {
     fn error(&self, error: KafkaError, reason: &str) {
         self.errors.lock().push((error.rdkafka_error_code(), reason.to_string()));
     }
+
+    /// The consumer's settings ask for statistics (they feed the lag metric), and the
+    /// default would log each whole report at info every few seconds while a probe waits.
+    fn stats(&self, _: rdkafka::Statistics) {}
 }
+
+impl rdkafka::consumer::ConsumerContext for ProbeContext {}
 
 impl ProducerContext for ProbeContext {
     type DeliveryOpaque = ();
@@ -182,13 +188,42 @@ fn hint(text: &str) -> String {
 /// would rebalance a running group): finds its coordinator and reads its committed offsets
 /// for `partitions` of `topic`. Returns how many partitions have a committed offset.
 pub fn check_group(config: &ClientConfig, topic: &str, partitions: usize, timeout: Duration) -> Result<usize, String> {
-    let consumer: BaseConsumer = config.create().map_err(|e| redact_all(config, &e.to_string()))?;
+    let consumer: BaseConsumer<ProbeContext> =
+        config.create_with_context(ProbeContext::default()).map_err(|e| redact_all(config, &e.to_string()))?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, i32::try_from(p).unwrap_or(i32::MAX));
     }
-    let committed = consumer.committed_offsets(tpl, timeout).map_err(|e| redact_all(config, &e.to_string()))?;
-    Ok(committed.elements().iter().filter(|e| matches!(e.offset(), Offset::Offset(_))).count())
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.committed_offsets(tpl.clone(), left) {
+            Ok(committed) => {
+                return Ok(committed.elements().iter().filter(|e| matches!(e.offset(), Offset::Offset(_))).count());
+            }
+            // A new cluster (or one that just moved the group) is still electing or loading
+            // the group's coordinator: it answers within moments, so ask again until `timeout`.
+            Err(e) if coordinator_not_ready(e.rdkafka_error_code()) && left > COORDINATOR_RETRY => {
+                std::thread::sleep(COORDINATOR_RETRY);
+            }
+            Err(e) => return Err(redact_all(config, &e.to_string())),
+        }
+    }
+}
+
+/// How long [`check_group`] waits before asking a coordinator that was not ready again.
+const COORDINATOR_RETRY: Duration = Duration::from_millis(200);
+
+/// The transient answers of a group coordinator that is being elected or is loading.
+fn coordinator_not_ready(code: Option<RDKafkaErrorCode>) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+        )
+    )
 }
 
 #[cfg(test)]
@@ -206,6 +241,20 @@ mod tests {
         assert!(hint("Receive failed: ssl/tls alert bad certificate").contains("client certificate"));
         assert!(hint("Broker: Unsupported SASL mechanism").contains("sasl.mechanisms"));
         assert_eq!(hint("Connection refused"), "");
+    }
+
+    #[test]
+    fn a_coordinator_being_elected_or_loading_is_asked_again() {
+        for code in [
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::CoordinatorNotAvailable,
+            RDKafkaErrorCode::CoordinatorLoadInProgress,
+        ] {
+            assert!(coordinator_not_ready(Some(code)), "{code:?}");
+        }
+        for code in [Some(RDKafkaErrorCode::GroupAuthorizationFailed), Some(RDKafkaErrorCode::UnknownTopic), None] {
+            assert!(!coordinator_not_ready(code), "{code:?}");
+        }
     }
 
     #[test]
