@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::records::{completed_for_an_hour, indeterminate};
+use common::records::{completed_for_an_hour, in_progress, indeterminate};
 use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
 use dedupd::store::{Completion, KeyStore, Record};
 use dedupd::store::{StoreBackend, SyncMode};
@@ -164,6 +164,12 @@ async fn dot_keys_resolve_and_force_forget_through_the_admin_api() {
         assert_eq!(ran.code, Some(0), "{ran:?}");
         assert_eq!(store.get(key).unwrap(), None);
     }
+    // An in_progress key needs --force, and the refusal says so in the command's terms.
+    store.compare_and_swap("busy", None, Some(&in_progress(7))).unwrap().unwrap();
+    let ran = cli(&["--admin", url, "forget", "busy"]).await;
+    assert_eq!(ran.code, Some(3), "{ran:?}");
+    assert!(ran.stderr.contains("(--force)") && !ran.stderr.contains("?force"), "{ran:?}");
+    assert_eq!(store.get("busy").unwrap(), Some(in_progress(7)), "kept");
     server.stop().await;
 }
 

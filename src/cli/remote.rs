@@ -101,7 +101,11 @@ impl Remote {
         if force {
             url.query_pairs_mut().append_pair("force", "true");
         }
-        let answer = self.call(Method::DELETE, url, None).await?;
+        let answer = self.call(Method::DELETE, url, None).await.map_err(|e| match e {
+            // The API names its query parameter; this command's user passes a flag.
+            CliError::Conflict(m) => CliError::Conflict(format!("{} (--force)", m.trim_end_matches(" (?force=true)"))),
+            e => e,
+        })?;
         Ok(answer.get("was").and_then(Value::as_str).unwrap_or("unknown").to_string())
     }
 
