@@ -226,6 +226,11 @@ impl Engine {
             why,
         });
         if self.store.compare_and_swap(&cmd.key, stored, Some(&new))?.is_ok() {
+            // One line per key, for the operator who settles it (docs/runbook.md, "Resolving
+            // indeterminate keys"): the result record says so too, but logs are searched first.
+            tracing::warn!(key = %cmd.key, claimed_by = %format_args!("{}/{}/{}", p.source.topic, p.source.partition, p.source.offset),
+                sink = self.route_sinks[cmd.route].name(),
+                "a claim left by a crash is now indeterminate: resolve or forget the key");
             return Ok(Some(self.processed_from_record(item, cmd, &new, now)));
         }
         Ok(None)
