@@ -65,33 +65,81 @@ pub async fn at_rate(bootstrap: &str, input: &str, output: &str, rate: usize, se
 }
 
 /// The p99 of 200 appends of 4 KiB, each followed by an fsync, in a file under the
-/// system's temporary directory (where the bench's stores are), in ms.
+/// system's temporary directory (where the bench's stores are), in ms: the disk alone.
 pub fn fsync_p99_ms() -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut file = std::fs::File::create(dir.path().join("fsync-probe")).expect("probe file");
-    let block = [0x5au8; 4096];
-    let mut took: Vec<f64> = (0..200)
-        .map(|_| {
-            let t = Instant::now();
-            file.write_all(&block).expect("write");
-            file.sync_all().expect("fsync");
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    took.sort_by(f64::total_cmp);
-    took[(took.len() * 99 / 100).min(took.len() - 1)]
+    let mut took: Vec<f64> = (0..200).map(|_| append_and_sync(&mut file)).collect();
+    p99(&mut took)
 }
 
-/// One line: the relay's latency at the rate, the fsync p99, and issue 13's bound on
-/// dedupd's p99 derived from them.
-pub fn print_bound(relay: &[i64], fsync_p99_ms: f64) -> f64 {
-    let bound = percentile(relay, 0.99) as f64 + 2.0 * fsync_p99_ms + 5.0;
+/// Appends 4 KiB to `file` and fsyncs it: how long that took, in ms.
+fn append_and_sync(file: &mut std::fs::File) -> f64 {
+    let t = Instant::now();
+    file.write_all(&[0x5au8; 4096]).expect("write");
+    file.sync_all().expect("fsync");
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn p99(took: &mut [f64]) -> f64 {
+    took.sort_by(f64::total_cmp);
+    took.get((took.len() * 99 / 100).min(took.len().saturating_sub(1))).copied().unwrap_or(f64::NAN)
+}
+
+/// Appends of 4 KiB with an fsync each, one every 10 ms on a thread of its own, for as long
+/// as it runs: the fsyncs of a process that shares the disk with the broker while the broker
+/// serves a load, which is what a durability point of dedupd's costs beside it (the broker
+/// writes its logs to the same disk; see BENCHMARKS.md, "The fsyncs the bound allows").
+pub struct FsyncProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<f64>>,
+}
+
+impl FsyncProbe {
+    /// Starts probing.
+    pub fn start() -> FsyncProbe {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let mut file = std::fs::File::create(dir.path().join("fsync-probe")).expect("probe file");
+                let mut took = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    took.push(append_and_sync(&mut file));
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                took
+            }
+        });
+        FsyncProbe { stop, thread }
+    }
+
+    /// Stops probing: the p99 of the fsyncs made, in ms, and how many.
+    pub fn p99_ms(self) -> (f64, usize) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut took = self.thread.join().expect("fsync probe");
+        (p99(&mut took), took.len())
+    }
+}
+
+/// One line: the relay's latency at the rate, the fsync p99 beside it and alone, and issue
+/// 13's bound on dedupd's p99 derived from them (relay p99 + two fsync p99 + 5 ms), with the
+/// fsyncs made beside the relay's run and with the disk alone, in that order.
+pub fn print_bound(relay: &[i64], beside: (f64, usize), alone: f64) -> (f64, f64) {
+    let relay_p99 = percentile(relay, 0.99) as f64;
+    let bound = |fsync_p99: f64| relay_p99 + 2.0 * fsync_p99 + 5.0;
     println!(
-        "plain relay at the same rate: p50 {} ms, p99 {} ms ({} results); fsync p99 {fsync_p99_ms:.2} ms; \
-         bound on dedupd's p99 (relay p99 + 2 fsync p99 + 5 ms): {bound:.1} ms",
+        "plain relay at the same rate: p50 {} ms, p99 {} ms ({} results); fsync p99 beside it {:.2} ms ({} fsyncs), \
+         alone after it {alone:.2} ms; bound on dedupd's p99 (relay p99 + 2 fsync p99 + 5 ms): {:.1} ms, \
+         {:.1} ms with the fsyncs alone",
         percentile(relay, 0.5),
-        percentile(relay, 0.99),
-        relay.len()
+        relay_p99,
+        relay.len(),
+        beside.0,
+        beside.1,
+        bound(beside.0),
+        bound(alone)
     );
-    bound
+    (bound(beside.0), bound(alone))
 }

@@ -110,8 +110,9 @@ pub(super) async fn plain_relay(
 const RESULT_BYTES: usize = 370;
 
 /// The plain relay's latency at `rate` for the same warm-up and `seconds` as dedupd's, on
-/// topics of its own, and the fsync p99: returns issue 13's bound on dedupd's p99.
-pub(super) async fn relay_latency_bound(bootstrap: &str, rate: usize, seconds: u64) -> f64 {
+/// topics of its own, and the fsync p99 beside that run and alone after it: returns issue
+/// 13's bound on dedupd's p99 from each (`latency::print_bound`).
+pub(super) async fn relay_latency_bound(bootstrap: &str, rate: usize, seconds: u64) -> (f64, f64) {
     let (input, output) = (unique("bench-relay-lat-in"), unique("bench-relay-lat-out"));
     create_topic(bootstrap, &input, 6).await;
     create_topic(bootstrap, &output, 6).await;
@@ -123,7 +124,9 @@ pub(super) async fn relay_latency_bound(bootstrap: &str, rate: usize, seconds: u
     });
     // As dedupd's latency waits for its readiness: the group join is not measured.
     let _ = tokio::time::timeout(Duration::from_secs(60), relay_ready).await;
+    let probe = latency::FsyncProbe::start();
     let lat = latency::at_rate(bootstrap, &input, &output, rate, seconds).await;
+    let beside = probe.p99_ms();
     let _ = relay.await;
-    latency::print_bound(&lat, tokio::task::spawn_blocking(latency::fsync_p99_ms).await.expect("fsync probe"))
+    latency::print_bound(&lat, beside, tokio::task::spawn_blocking(latency::fsync_p99_ms).await.expect("fsync probe"))
 }
