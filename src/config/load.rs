@@ -117,6 +117,19 @@ impl Config {
     }
 }
 
+/// `kafka.bootstrap_servers`: at least one entry, each a broker address.
+fn validate_bootstrap(servers: &str, errors: &mut Vec<ConfigError>) {
+    if servers.trim().is_empty() {
+        errors.push(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
+    } else if let Some(bad) = servers.split(',').find(|s| !is_broker_address(s.trim())) {
+        errors.push(invalid(
+            "kafka.bootstrap_servers",
+            format!("{servers:?}"),
+            format!("{:?} is not a host:port (port 1-65535; an IPv6 host in brackets)", bad.trim()),
+        ));
+    }
+}
+
 /// One entry of a `bootstrap.servers` list as librdkafka takes it: `host:port`, `host`
 /// (port 9092), `[v6]:port`, each optionally after `SCHEME://`.
 pub(crate) fn is_broker_address(entry: &str) -> bool {
@@ -142,15 +155,7 @@ pub(crate) fn is_broker_address(entry: &str) -> bool {
 /// `[kafka]` on its own: non-empty names, no loops from results to input, no property
 /// that dedupd sets itself, and no feature that is not there yet.
 fn validate_kafka(k: &KafkaConfig, errors: &mut Vec<ConfigError>) {
-    if k.bootstrap_servers.trim().is_empty() {
-        errors.push(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
-    } else if let Some(bad) = k.bootstrap_servers.split(',').find(|s| !is_broker_address(s.trim())) {
-        errors.push(invalid(
-            "kafka.bootstrap_servers",
-            format!("{:?}", k.bootstrap_servers),
-            format!("{:?} is not a host:port (port 1-65535; an IPv6 host in brackets)", bad.trim()),
-        ));
-    }
+    validate_bootstrap(&k.bootstrap_servers, errors);
     if k.group_id.trim().is_empty() {
         errors.push(invalid("kafka.group_id", "\"\"", "must not be empty"));
     }
