@@ -101,7 +101,7 @@ impl ClientContext for PipelineContext {
                 let tp = (topic.clone(), *partition);
                 // -1 = not known yet (no fetch or no committed offset): skip, not zero. A
                 // refused partition is not fetched, so librdkafka's figure for it stands
-                // still: `report_refused_lag` reports it instead.
+                // still: `report_refused_lag_if_due` reports it instead.
                 if assigned.contains(&tp) && p.consumer_lag >= 0 && !self.partitions.is_refused(&tp) {
                     self.metrics.lag(topic, *partition, p.consumer_lag);
                 }
