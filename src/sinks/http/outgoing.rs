@@ -91,10 +91,12 @@ pub(super) struct Outgoing {
 enum UrlSource {
     Fixed(reqwest::Url),
     /// A template whose scheme and authority are literal text; `sample` (rendered with a
-    /// filler) has them, and every rendered URL must keep them.
+    /// filler) has them, and every rendered URL must keep them; `sample_dots` is how many
+    /// `.`/`..` path segments the template's own text has (the filler adds none).
     Template {
         template: StringTemplate,
         sample: reqwest::Url,
+        sample_dots: usize,
     },
 }
 
@@ -171,7 +173,7 @@ impl Outgoing {
     pub(super) fn url(&self, payload: &Value) -> Result<reqwest::Url, String> {
         match &self.url {
             UrlSource::Fixed(url) => Ok(url.clone()),
-            UrlSource::Template { template, sample } => {
+            UrlSource::Template { template, sample, sample_dots } => {
                 let text = template.render(payload, Encoding::Url).map_err(|e| format!("url: {e}"))?;
                 let url =
                     reqwest::Url::parse(&text).map_err(|e| format!("url: rendered `{text}` does not parse: {e}"))?;
@@ -182,8 +184,9 @@ impl Outgoing {
                 }
                 // `.` and `..` are unreserved, so they go in unescaped, and URL parsing then
                 // removes them with the segment before: a value would climb out of its own
-                // segment. Only dot segments change the count (a value never holds `/`).
-                if segment_count(&url) != segment_count(sample) {
+                // segment. Counted in the text, before parsing normalises them away (a value
+                // that is a whole segment at the root leaves as many segments as before).
+                if dot_segments(&text) != *sample_dots || segment_count(&url) != segment_count(sample) {
                     return Err(format!(
                         "url: rendered `{text}`: a payload value `.` or `..` cannot be a path segment"
                     ));
@@ -224,8 +227,22 @@ fn url_source(sink: &str, url: &str) -> Result<UrlSource, HttpSinkError> {
                 .into(),
         ));
     }
-    let sample = reqwest::Url::parse(&template.render_with("x")).map_err(|e| invalid(e.to_string()))?;
-    if template.has_fields() { Ok(UrlSource::Template { template, sample }) } else { Ok(UrlSource::Fixed(sample)) }
+    let sample_text = template.render_with("x");
+    let sample = reqwest::Url::parse(&sample_text).map_err(|e| invalid(e.to_string()))?;
+    if template.has_fields() {
+        Ok(UrlSource::Template { template, sample, sample_dots: dot_segments(&sample_text) })
+    } else {
+        Ok(UrlSource::Fixed(sample))
+    }
+}
+
+/// How many path segments of URL text (`scheme://authority/path?query#fragment`) are
+/// exactly `.` or `..`, the segments URL parsing removes.
+fn dot_segments(text: &str) -> usize {
+    let after_scheme = text.split_once("://").map_or(text, |(_, rest)| rest);
+    let path = after_scheme.find('/').map_or("", |at| &after_scheme[at..]);
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    path.split('/').filter(|segment| matches!(*segment, "." | "..")).count()
 }
 
 /// Whether two URLs have the same scheme, user, host and port.
@@ -364,6 +381,14 @@ mod tests {
             let err = outgoing.url(&serde_json::json!({ "t": value })).unwrap_err();
             assert!(err.contains("path segment"), "{value}: {err}");
         }
+        // A whole segment at the root: parsing leaves one (empty) segment, as many as before.
+        let Ok(root) = url_source("s", "https://api.test/{/t}") else { panic!("valid") };
+        let at_root = Outgoing { url: root, body: None, headers: HeaderMap::new() };
+        for value in ["..", "."] {
+            let err = at_root.url(&serde_json::json!({ "t": value })).unwrap_err();
+            assert!(err.contains("path segment"), "{value}: {err}");
+        }
+        assert_eq!(at_root.url(&serde_json::json!({ "t": "a.b" })).unwrap().path(), "/a.b");
         let url = outgoing.url(&serde_json::json!({ "t": "..." })).unwrap();
         assert_eq!(url.path(), "/tenants/.../orders");
         assert_eq!(url.query(), Some("q=..."));
