@@ -95,6 +95,9 @@ pub(super) async fn run_with_retry<'a>(
 ) -> RunEnd {
     let SinkRun { sink, claim, command, mut ticket, owner, span } = run;
     let max = retry.max_attempts.get();
+    // Calls an earlier run of this claim made before a crash count too: `retry.max_attempts`
+    // bounds a command's calls in all (docs/contract.md §4), not each run's.
+    let made_before = claim.record().attempts.saturating_sub(1);
     let mut tally = Tally::default();
     let mut permit = None;
     loop {
@@ -109,9 +112,9 @@ pub(super) async fn run_with_retry<'a>(
             return tally.stopped();
         }
         let watch = CallWatch::new(cancel);
-        let attempt = claim.record().attempts.saturating_sub(1) + tally.calls + 1;
+        let attempt = made_before + tally.calls + 1;
         let probe = admission.as_ref().is_some_and(Admission::is_probe);
-        tracing::debug!(sink = sink.name(), attempt = tally.calls + 1, probe, "sink call");
+        tracing::debug!(sink = sink.name(), attempt, probe, "sink call");
         let call = OneCall { sink, claim, command, attempt, span, watch: &watch, limits_taken: limits.is_some() };
         let outcome = call.run().await;
         // The sink's concurrency permit (if taken ahead) is held for the call only.
@@ -141,20 +144,21 @@ pub(super) async fn run_with_retry<'a>(
             Err(SinkError::Transient { message, retry_after }) => (message, retry_after),
         };
         if admission.map(Admission::failed_transiently) == Some(Verdict::SinkDown) {
-            tracing::warn!(key = claim.key(), attempt = tally.calls, error = %message,
+            tracing::warn!(key = claim.key(), attempt, error = %message,
                 "transient sink failure with the sink's circuit open; waiting for the sink, not spending a retry");
             continue;
         }
         tally.counted += 1;
-        if tally.counted >= max {
+        let counted = made_before + tally.counted;
+        if counted >= max {
             return RunEnd::Failed {
                 result: Value::Object(Default::default()),
-                error: format!("gave up after {} attempts: {message}", tally.counted),
+                error: format!("gave up after {counted} attempts: {message}"),
                 attempts: tally.calls,
             };
         }
-        tracing::warn!(key = claim.key(), attempt = tally.calls, error = %message, "transient sink failure, retrying");
-        let wait = backoff(retry, tally.counted + 1, retry_after);
+        tracing::warn!(key = claim.key(), attempt, error = %message, "transient sink failure, retrying");
+        let wait = backoff(retry, counted + 1, retry_after);
         // Boxed, as the turn of a retry is (`next_turn`): a round holds thousands of runs,
         // most of which never retry, and each would otherwise carry this wait's state.
         if !Box::pin(sleep_unless_cancelled(wait, cancel)).await {
