@@ -171,6 +171,11 @@ async fn frozen_zombie(bootstrap: &str, point: &str) -> Settled {
     let give_up = Duration::from_secs(90);
     let fenced = wait_for_line(&log_a, 0, "fenced: starting the pipeline again", give_up, || false).await;
     assert!(fenced.is_some(), "A did not find itself fenced; log:\n{}", tail_of_file(&log_a, 40));
+    // A fence is not a stop, and its log does not say it is (docs/runbook.md).
+    let log = std::fs::read_to_string(&log_a).expect("A's log");
+    for stop_line in ["fatal error: draining and stopping", "did not commit and was aborted; stopping"] {
+        assert!(!log.contains(stop_line), "A's fence logged `{stop_line}`:\n{}", tail_of_file(&log_a, 40));
+    }
     let restarted_at = file_len(&log_a);
     let rejoined = wait_for_line(&log_a, restarted_at, "partitions assigned", give_up, || false).await;
     assert!(rejoined.is_some(), "A did not rejoin the group; log:\n{}", tail_of_file(&log_a, 40));

@@ -260,13 +260,17 @@ impl PipelineContext {
     /// starts again, reading them again (transactions, invariants 4 and 6).
     pub(super) fn end_transaction(&self, transactions: &Transactions, lost: bool, when: &str) {
         if lost {
-            tracing::error!(
+            tracing::warn!(
                 "assignment lost (group session expired): fenced; aborting the open transaction and starting again from the committed offsets"
             );
             self.runtime.block_on(transactions.abort_lost());
             self.fatal.cancel();
         } else if let Err(e) = self.runtime.block_on(transactions.commit()) {
-            tracing::error!(error = %e, when, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");
+            if transactions.was_fenced() {
+                tracing::warn!(error = %e, when, "fenced: the open transaction was aborted, nothing in it committed; starting again from the committed offsets");
+            } else {
+                tracing::error!(error = %e, when, "the results transaction did not commit and was aborted; stopping (a restart reads again from the committed offsets)");
+            }
             self.fatal.cancel();
         }
     }

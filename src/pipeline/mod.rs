@@ -241,7 +241,13 @@ async fn run_once<F: FnOnce(&Running) + Send>(
 
     tokio::select! {
         () = shutdown.cancelled() => tracing::info!("shutdown requested: draining"),
-        () = fatal.cancelled() => tracing::error!("fatal error: draining and stopping"),
+        () = fatal.cancelled() => {
+            if core.transactions.as_ref().is_some_and(|t| t.was_fenced()) {
+                tracing::warn!("fenced: draining, then starting again from the committed offsets");
+            } else {
+                tracing::error!("fatal error: draining and stopping");
+            }
+        }
     }
     // In order: stop taking records and drain the workers (the consumer thread commits),
     // flush the producer, then stop the rest, and make the store durable last.

@@ -383,7 +383,12 @@ impl PartitionWorker {
             return self.send_until_queued(refs, all_parts(refs)).await.ok_or(Stop::Drain);
         };
         let member = transactions.join().await.map_err(|e| {
-            tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "cannot publish results: no transaction is open");
+            // Fenced, the pipeline starts again from the committed offsets: expected, not a stop.
+            if transactions.was_fenced() {
+                tracing::warn!(error = %e, topic = %self.topic, partition = self.partition, "fenced: results not published, they come again from the committed offsets");
+            } else {
+                tracing::error!(error = %e, topic = %self.topic, partition = self.partition, "cannot publish results: no transaction is open");
+            }
             Stop::Fatal
         })?;
         let results = self.send_until_queued(refs, all_parts(refs)).await;
