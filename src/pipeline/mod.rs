@@ -201,6 +201,16 @@ pub async fn run(
     ended
 }
 
+/// Why the pipeline drains on `fatal`: a fence (it starts again in process, as the runbook
+/// says) or a stop.
+fn log_fatal(core: &Core) {
+    if core.transactions.as_ref().is_some_and(|t| t.was_fenced()) {
+        tracing::warn!("fenced: draining, then starting again from the committed offsets");
+    } else {
+        tracing::error!("fatal error: draining and stopping");
+    }
+}
+
 /// One run of the pipeline, until `shutdown`, a fatal error or a fence.
 async fn run_once<F: FnOnce(&Running) + Send>(
     config: &Config,
@@ -241,13 +251,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
 
     tokio::select! {
         () = shutdown.cancelled() => tracing::info!("shutdown requested: draining"),
-        () = fatal.cancelled() => {
-            if core.transactions.as_ref().is_some_and(|t| t.was_fenced()) {
-                tracing::warn!("fenced: draining, then starting again from the committed offsets");
-            } else {
-                tracing::error!("fatal error: draining and stopping");
-            }
-        }
+        () = fatal.cancelled() => log_fatal(&core),
     }
     // In order: stop taking records and drain the workers (the consumer thread commits),
     // flush the producer, then stop the rest, and make the store durable last.
