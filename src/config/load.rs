@@ -132,7 +132,7 @@ fn validate_bootstrap(servers: &str, errors: &mut Vec<ConfigError>) {
 
 /// One entry of a `bootstrap.servers` list as librdkafka takes it: `host:port`, `host`
 /// (port 9092), `[v6]:port`, each optionally after `SCHEME://`.
-pub(crate) fn is_broker_address(entry: &str) -> bool {
+pub(super) fn is_broker_address(entry: &str) -> bool {
     let entry = entry.split_once("://").map_or(entry, |(_, rest)| rest);
     let (host, port) = match entry.strip_prefix('[') {
         Some(v6) => match v6.split_once(']') {

@@ -94,15 +94,15 @@ pub struct PipelineContext {
 impl ClientContext for PipelineContext {
     /// librdkafka's statistics (every `statistics.interval.ms`): the lag of each assigned
     /// partition, as librdkafka computes it (high watermark − committed/stored position).
+    /// A refused partition is not fetched, so librdkafka's figure for it stands still:
+    /// `report_refused_lag_if_due` reports it instead.
     fn stats(&self, statistics: rdkafka::Statistics) {
-        let assigned = self.partitions.assigned();
+        let reported = self.partitions.assigned_unrefused();
         for (topic, t) in &statistics.topics {
             for (partition, p) in &t.partitions {
                 let tp = (topic.clone(), *partition);
-                // -1 = not known yet (no fetch or no committed offset): skip, not zero. A
-                // refused partition is not fetched, so librdkafka's figure for it stands
-                // still: `report_refused_lag_if_due` reports it instead.
-                if assigned.contains(&tp) && p.consumer_lag >= 0 && !self.partitions.is_refused(&tp) {
+                // -1 = not known yet (no fetch or no committed offset): skip, not zero.
+                if reported.contains(&tp) && p.consumer_lag >= 0 {
                     self.metrics.lag(topic, *partition, p.consumer_lag);
                 }
             }

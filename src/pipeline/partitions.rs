@@ -154,19 +154,21 @@ impl PartitionTable {
     }
 
     /// The assigned partitions.
+    #[cfg(test)]
     pub(super) fn assigned(&self) -> HashSet<Tp> {
         self.state.lock().assigned.keys().cloned().collect()
+    }
+
+    /// The assigned partitions that are not refused: those whose lag librdkafka's statistics
+    /// keep up to date (a refused one is not fetched).
+    pub(super) fn assigned_unrefused(&self) -> HashSet<Tp> {
+        self.state.lock().assigned.iter().filter(|(_, p)| !p.refused).map(|(tp, _)| tp.clone()).collect()
     }
 
     /// The partitions refused for a store behind them, with their committed offsets.
     pub(super) fn refused_behind(&self) -> Vec<(Tp, i64)> {
         let state = self.state.lock();
         state.assigned.iter().filter_map(|(tp, p)| p.refused_behind.map(|next| (tp.clone(), next))).collect()
-    }
-
-    /// Whether `tp` is assigned and refused.
-    pub(super) fn is_refused(&self, tp: &Tp) -> bool {
-        self.state.lock().assigned.get(tp).is_some_and(|p| p.refused)
     }
 
     /// How many assigned partitions are refused.
