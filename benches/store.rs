@@ -15,7 +15,8 @@
 //!   random sample of them, deletes of the oldest (all, at most 1M) in batches of 10,000
 //!   (the default compaction chunk) with an fsync per batch;
 //! - `store`: `KeyStore` with its default cache (`--cache`: `store.cache_bytes`): claim 1,000 → `flush_claims` → complete
-//!   1,000 → `flush`, lookups (`get`, which decodes) of the same sample, `compact_expired`
+//!   1,000 → `flush`, its slices of the records turned 24 times over the writes (as a day of
+//!   writes turns them each hour), lookups (`get`, which decodes) of the same sample, `compact_expired`
 //!   of the same oldest keys in chunks of 10,000, then the store dropped and opened again
 //!   (what a restart waits for: the open counts the records and fills the presence filter),
 //!   then saved as a clean stop does and opened again (the open reads the filter back).
@@ -62,9 +63,13 @@ use std::time::{Duration, Instant};
 
 use dedupd::fingerprint::Fingerprint;
 use dedupd::store::{CacheSize, StoreBackend, StoreConfig, SyncMode};
-use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SourcePos};
+use dedupd::store::{ClaimRequest, Completed, Completion, InProgress, KeyStore, SLICE_SPAN_MS, SourcePos};
 
 const BATCH: usize = 1_000;
+/// The hours of writes the keys stand for (a 24 h TTL's day): dedupd's store turns to a
+/// new slice of the records each hour, so the bench turns it this many times over the
+/// writes, at even steps, on a clock of its own.
+const HOURS: u64 = 24;
 const CHUNK: usize = 10_000;
 /// Every completion expires at BASE_EXPIRY + i; compaction runs at a later "now".
 const BASE_EXPIRY: i64 = 1_700_000_000_000;
@@ -240,7 +245,15 @@ fn store_child(config: &StoreConfig, n: u64, lookups: u64) {
     // Only the store's work is timed: the records are the input (the raw floor's values
     // are encoded before its clock starts, too), built before each round's clock starts.
     let (mut claim_t, mut complete_t) = (Duration::ZERO, Duration::ZERO);
+    let per_hour = n.div_ceil(HOURS);
     for (i0, len) in batches(n, BATCH) {
+        if i0 > 0 && i0 % per_hour < BATCH as u64 {
+            // The next hour of the day these keys stand for: a new slice takes them.
+            let hour = (i0 / per_hour) as i64;
+            let c = Instant::now();
+            store.turn_slices(hour * SLICE_SPAN_MS).unwrap();
+            claim_t += c.elapsed();
+        }
         let chunk = keys_of(i0, len);
         let mut claims: Vec<InProgress> = (i0..i0 + len).map(claim_record).collect();
         let done: Vec<Completed> = (i0..i0 + len).map(completed_record).collect();

@@ -6,7 +6,10 @@
 //! claims the batch, `flush_claims`, prints `DURABLE <first> <last>` (indices, inclusive);
 //! completes the keys in groups of up to 7 with `complete_batch` (every fourth batch with an expiry already in the past), raises the
 //! watermark of `crash/0` to the batch's last global offset, flushes, prints
-//! `COMPLETED <first> <last>`; then runs one compaction chunk. A line is printed (and
+//! `COMPLETED <first> <last>`; then runs one compaction chunk. Around each batch of expired
+//! completions the store turns its slices on a clock that moves an hour per turn, so that
+//! a slice holds that batch alone and is dropped once compaction removed it: kills land
+//! while slices open and drop too. Each turn prints `SLICES <dropped> <opened (0 or 1)>`. A line is printed (and
 //! stdout flushed) only after the flush it reports has returned. Any store error exits 1.
 
 use std::io::Write;
@@ -14,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use dedupd::fingerprint::Fingerprint;
-use dedupd::store::{Completed, Completion, InProgress, KeyStore, SourcePos};
+use dedupd::store::{Completed, Completion, DurableClaim, InProgress, KeyStore, SLICE_SPAN_MS, SourcePos};
 use dedupd::store::{StoreBackend, SyncMode};
 
 /// Keys of one run are numbered from 0; the global offset orders runs too.
@@ -26,6 +29,28 @@ const FAR: i64 = 4_000_000_000_000;
 fn fingerprint_of(key: &str) -> Fingerprint {
     dedupd::fingerprint::fingerprint("crash-test", &serde_json::Value::String(key.to_string()), &[])
         .unwrap_or(Fingerprint([0; 32]))
+}
+
+/// Each durable claim of the batch starting at key `first` with its completion, expiring
+/// at once when `expired`, else far in the future.
+fn completions(first: i64, durable: Vec<DurableClaim>, expired: bool) -> Vec<(DurableClaim, Completed)> {
+    let mut items = Vec::with_capacity(durable.len());
+    for (n, claim) in durable.into_iter().enumerate() {
+        let i = first + n as i64;
+        let done = Completed {
+            fingerprint: claim.record().fingerprint,
+            outcome: Completion::Succeeded,
+            result: format!("{{\"n\":{i}}}").into_bytes(),
+            error: None,
+            first_seen_at_ms: claim.record().claimed_at_ms,
+            completed_at_ms: 2_000 + i,
+            expires_at_ms: if expired { 1 } else { FAR },
+            attempts: 1,
+            source: None,
+        };
+        items.push((claim, done));
+    }
+    items
 }
 
 fn main() -> ExitCode {
@@ -62,6 +87,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let (first, last) = (next, next + batch - 1);
         let batch_no = first / batch;
         let expired = batch_no % 4 == 3;
+        if batch_no % 4 == 3 || batch_no % 4 == 0 {
+            // Later on each turn, across runs too.
+            let turned = store.turn_slices((run * RUN_STRIDE + batch_no + 1) * SLICE_SPAN_MS)?;
+            writeln!(out, "SLICES {} {}", turned.dropped.len(), u8::from(turned.opened.is_some()))?;
+            out.flush()?;
+        }
 
         let mut pending = Vec::with_capacity(batch as usize);
         for i in first..=last {
@@ -81,22 +112,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         writeln!(out, "DURABLE {first} {last}")?;
         out.flush()?;
 
-        let mut items = Vec::with_capacity(durable.len());
-        for (n, claim) in durable.into_iter().enumerate() {
-            let i = first + n as i64;
-            let done = Completed {
-                fingerprint: claim.record().fingerprint,
-                outcome: Completion::Succeeded,
-                result: format!("{{\"n\":{i}}}").into_bytes(),
-                error: None,
-                first_seen_at_ms: claim.record().claimed_at_ms,
-                completed_at_ms: 2_000 + i,
-                expires_at_ms: if expired { 1 } else { FAR },
-                attempts: 1,
-                source: None,
-            };
-            items.push((claim, done));
-        }
+        let mut items = completions(first, durable, expired);
         // In groups of up to 7, each one write with shared expiry-index entries.
         while !items.is_empty() {
             let rest = items.split_off(items.len().min(7));

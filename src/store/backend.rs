@@ -10,11 +10,35 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 /// What [`Backend::for_each`] lends each entry to (its key, then its value).
 pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
 
+/// One slice of the records (see `slices`): a backend that keeps them apart (fjall) holds
+/// each in a keyspace of its own; one that does not (sled) holds every slice in one tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Slice(u8);
+
+impl Slice {
+    /// How many slices a store can hold at once: a slice is named by 5 bits beside each
+    /// fingerprint of the presence filter.
+    pub const MAX: usize = 32;
+    /// The slice a new store writes into first; a store from before slices holds all its
+    /// records there.
+    pub const FIRST: Slice = Slice(0);
+
+    /// The slice numbered `n`, if there is one.
+    pub fn new(n: usize) -> Option<Slice> {
+        u8::try_from(n).ok().filter(|&n| usize::from(n) < Self::MAX).map(Slice)
+    }
+
+    /// Its number, below [`Slice::MAX`].
+    pub fn number(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
 /// The keyspaces a backend keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tree {
-    /// key → encoded [`Record`](super::Record).
-    Records,
+    /// key → encoded [`Record`](super::Record), in one slice of the records.
+    Records(Slice),
     /// big-endian expiry ms ++ random id → `(key, expires_at)` pairs (see `index`).
     Expiry,
     /// small metadata: watermarks.
@@ -84,4 +108,23 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> Result<u64, StoreError>;
+    /// The slices of the records it holds, each with when it was opened (ms since the
+    /// epoch; 0 when not known). The default: one slice holding every record, as a backend
+    /// that does not keep slices apart has.
+    fn slices(&self) -> Vec<(Slice, i64)> {
+        vec![(Slice::FIRST, 0)]
+    }
+    /// Opens `slice`, empty, as of `opened_ms`. Returns `false` (the default) when the
+    /// backend does not keep slices apart: then every record stays in [`Slice::FIRST`].
+    fn open_slice(&self, _slice: Slice, _opened_ms: i64) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    /// `slice` takes no new keys any more: what it holds in memory can go to disk.
+    fn seal_slice(&self, _slice: Slice) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Removes `slice`, which holds no record, and all it takes on disk.
+    fn drop_slice(&self, _slice: Slice) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

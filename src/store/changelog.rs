@@ -106,10 +106,10 @@ impl KeyStore {
         let mut changes = self.changes.lock();
         for op in ops {
             match op {
-                Op::Put(Tree::Records, k, v) => {
+                Op::Put(Tree::Records(_), k, v) => {
                     changes.push(Change { key: String::from_utf8_lossy(k).into_owned(), value: Some(v.clone()) });
                 }
-                Op::Delete(Tree::Records, k) => {
+                Op::Delete(Tree::Records(_), k) => {
                     changes.push(Change { key: String::from_utf8_lossy(k).into_owned(), value: None });
                 }
                 _ => {}

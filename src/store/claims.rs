@@ -328,14 +328,21 @@ impl KeyStore {
                 self.swap_locked(stripe, &req.key, current, Some(&new), true)?;
             } else {
                 let replaces_journaled = stripe.journaled(&req.key).is_some();
-                if current.is_none() || replaces_journaled {
+                // A record the backend holds is rewritten in its slice, any other goes to
+                // the current one (`slices`, invariant 4).
+                let held = match current.is_some() && !replaces_journaled {
+                    true => self.slice_holding(stripe, &req.key)?,
+                    false => None,
+                };
+                let slice = held.unwrap_or_else(|| self.current_slice());
+                if held.is_none() {
                     // Into the presence filter before the write (see `presence`).
-                    stripe.present.add(fp);
+                    stripe.present.add(fp, slice);
                 }
                 if replaces_journaled {
                     writes.to_release.push(req.key.clone());
                 }
-                writes.ops.push(Op::Put(Tree::Records, req.key.as_bytes().to_vec(), new.encode()));
+                writes.ops.push(Op::Put(Tree::Records(slice), req.key.as_bytes().to_vec(), new.encode()));
                 writes.replaced.push(current.as_ref().map(Record::state));
             }
             let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);

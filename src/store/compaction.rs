@@ -34,24 +34,30 @@ impl KeyStore {
         self.drop_stale_claims()?;
         let mut ops = Vec::with_capacity(entries.iter().map(|(_, p)| p.len() + 1).sum());
         let mut removed = 0;
-        let mut hashes = Vec::with_capacity(ops.capacity());
+        let mut held = Vec::with_capacity(ops.capacity());
         for (entry_key, pairs) in entries {
             removed += pairs.len();
-            hashes.extend(pairs.iter().map(|(key, _)| presence::key_hash(key)));
             // Tombstones for the changelog (invariant 1 of `changelog`, 5 of `expiries`),
             // under the exclusive gate.
             self.capture_expiries(pairs.iter().map(|(key, _)| key.as_str()));
-            ops.extend(pairs.into_iter().map(|(key, _)| Op::Delete(Tree::Records, key.into_bytes())));
+            for (key, _) in pairs {
+                let (at, fp) = presence::key_hash(&key);
+                // No stripe lock is held by anyone else under the exclusive gate, so these
+                // are uncontended.
+                if let Some(slice) = self.slice_holding(&self.stripes[at].lock(), &key)? {
+                    ops.push(Op::Delete(Tree::Records(slice), key.into_bytes()));
+                    held.push((at, fp, slice));
+                }
+            }
             ops.push(Op::Delete(Tree::Expiry, entry_key));
         }
         self.backend.apply(ops)?;
-        // Out of the presence filter once deleted, one stripe lock at a time. No stripe lock
-        // is held by anyone else under the exclusive gate, so these are uncontended.
-        hashes.sort_unstable();
-        for same_stripe in hashes.chunk_by(|a, b| a.0 == b.0) {
+        // Out of the presence filter once deleted, one stripe lock at a time.
+        held.sort_unstable();
+        for same_stripe in held.chunk_by(|a, b| a.0 == b.0) {
             let mut stripe = self.stripes[same_stripe[0].0].lock();
-            for &(_, fp) in same_stripe {
-                stripe.present.remove(fp);
+            for &(_, fp, slice) in same_stripe {
+                stripe.present.remove(fp, slice);
             }
         }
         // Still under the exclusive gate: a ReadStamp from before this chunk is now stale.
@@ -61,7 +67,9 @@ impl KeyStore {
         Ok((removed, last))
     }
 
-    /// Runs chunks until nothing expired at `now_ms` is left. Returns the total removed.
+    /// Runs chunks until nothing expired at `now_ms` is left, then drops the slices that
+    /// emptied and opens a new one when it is due ([`KeyStore::turn_slices`]). Returns the
+    /// total removed.
     ///
     /// Each chunk resumes after the last index key the previous one removed instead of
     /// at the start of the index: in an LSM tree (fjall) the removed entries stay behind
@@ -80,6 +88,7 @@ impl KeyStore {
             }
             if n < chunk {
                 if from.is_empty() {
+                    self.turn_slices(now_ms)?;
                     return Ok(total);
                 }
                 from.clear(); // the last pass, from the start

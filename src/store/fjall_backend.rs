@@ -1,6 +1,7 @@
 //! fjall 3 backend (LSM tree).
 //!
-//! Three keyspaces (`records`, `expiry`, `meta`) in one [`fjall::Database`]. fjall writes
+//! Keyspaces `expiry` and `meta`, and one per slice of the records (`records` for the
+//! first, `records.N` for slice N; see `slices`), in one [`fjall::Database`]. fjall writes
 //! every keyspace through one shared journal, and a [`fjall::OwnedWriteBatch`] is one
 //! checksummed journal entry, so a batch touching a record and its expiry entry is atomic
 //! across keyspaces (a torn tail batch is dropped at recovery). Separate keyspaces (rather
@@ -10,7 +11,7 @@
 //!
 //! Settings, for a dedup store (small values of ~60–150 bytes, most claims look up a key
 //! that is absent, the expiry index is a FIFO queue written once and deleted once):
-//! - `records`: bloom filters on every level (`expect_point_read_hits` stays `false`),
+//! - `records` and every slice: bloom filters on every level (`expect_point_read_hits` stays `false`),
 //!   because the common read is a miss (a fresh key); 4 KiB blocks (point reads); a 32 MiB
 //!   memtable (≈200k claims): big enough that flushes are rare, small enough that restart
 //!   (journal replay) stays well under a second and memory stays bounded; every table's
@@ -37,13 +38,15 @@ use std::path::{Path, PathBuf};
 
 use fjall::config::PinningPolicy;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use parking_lot::RwLock;
 
 use super::fault::{engine_write_error, failpoint, io_error};
-use super::{Backend, CacheSize, Op, StoreError, Tree, Visit};
+use super::{Backend, CacheSize, Op, Slice, StoreError, Tree, Visit};
 
 pub struct FjallBackend {
     db: Database,
-    records: Keyspace,
+    /// Each slice's keyspace and when it was opened, by slice number.
+    records: RwLock<Vec<Option<(Keyspace, i64)>>>,
     expiry: Keyspace,
     meta: Keyspace,
     /// The store directory, named by write errors (a full disk).
@@ -131,20 +134,64 @@ impl FjallBackend {
             .max_journaling_size(64 * MIB)
             .open()
             .map_err(|e| open_err(path, e))?;
-        let records = db.keyspace("records", records_options).map_err(err)?;
         let expiry =
             db.keyspace("expiry", || KeyspaceCreateOptions::default().max_memtable_size(8 * MIB)).map_err(err)?;
         let meta = db.keyspace("meta", || KeyspaceCreateOptions::default().max_memtable_size(MIB)).map_err(err)?;
-        Ok(FjallBackend { db, records, expiry, meta, path: path.to_path_buf() })
+        let records = open_slices(&db, &meta)?;
+        Ok(FjallBackend { db, records: RwLock::new(records), expiry, meta, path: path.to_path_buf() })
     }
 
-    fn keyspace(&self, tree: Tree) -> &Keyspace {
+    fn keyspace(&self, tree: Tree) -> Result<Keyspace, StoreError> {
         match tree {
-            Tree::Records => &self.records,
-            Tree::Expiry => &self.expiry,
-            Tree::Meta => &self.meta,
+            Tree::Records(slice) => match self.records.read().get(slice.number()) {
+                Some(Some((keyspace, _))) => Ok(keyspace.clone()),
+                _ => Err(err(format!("slice {} of the records is not open", slice.number()))),
+            },
+            Tree::Expiry => Ok(self.expiry.clone()),
+            Tree::Meta => Ok(self.meta.clone()),
         }
     }
+}
+
+/// The keyspace holding slice `slice`: `records` for the first (a store from before slices
+/// holds every record there), `records.N` for the others.
+fn slice_name(slice: Slice) -> String {
+    match slice.number() {
+        0 => "records".to_string(),
+        n => format!("records.{n}"),
+    }
+}
+
+/// The `meta` key holding when slice `slice` was opened (ms since the epoch, little-endian).
+fn slice_opened_key(slice: Slice) -> Vec<u8> {
+    format!("slice-opened/{}", slice.number()).into_bytes()
+}
+
+/// What `meta` holds for a slice that was dropped: its keyspace stays, cleared, for the
+/// next slice of that number (see [`FjallBackend::drop_slice`]).
+const SLICE_FREE: i64 = -1;
+
+/// The slices the database holds, by number, and when each was opened. A new store (or one
+/// from before slices) has `records` only, opened at 0 as far as anyone knows.
+fn open_slices(db: &Database, meta: &Keyspace) -> Result<Vec<Option<(Keyspace, i64)>>, StoreError> {
+    let mut slices = vec![None; Slice::MAX];
+    let exists = |n: usize| Slice::new(n).is_some_and(|slice| db.keyspace_exists(&slice_name(slice)));
+    // The first slice is made for a store that has none (a new one).
+    let none = !(0..Slice::MAX).any(exists);
+    for (n, entry) in slices.iter_mut().enumerate() {
+        let Some(slice) = Slice::new(n) else { continue };
+        if !(exists(n) || (n == 0 && none)) {
+            continue;
+        }
+        let opened = match meta.get(slice_opened_key(slice)).map_err(err)? {
+            Some(v) => v.as_ref().try_into().map(i64::from_le_bytes).unwrap_or(0),
+            None => 0,
+        };
+        if opened != SLICE_FREE {
+            *entry = Some((db.keyspace(&slice_name(slice), records_options).map_err(err)?, opened));
+        }
+    }
+    Ok(slices)
 }
 
 impl Backend for FjallBackend {
@@ -153,15 +200,15 @@ impl Backend for FjallBackend {
     }
 
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.keyspace(tree).get(key).map_err(err)?.map(|v| v.to_vec()))
+        Ok(self.keyspace(tree)?.get(key).map_err(err)?.map(|v| v.to_vec()))
     }
 
     fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError> {
         let mut batch = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), ops.len());
         for op in ops {
             match op {
-                Op::Put(t, k, v) => batch.insert(self.keyspace(t), k, v),
-                Op::Delete(t, k) => batch.remove(self.keyspace(t), k),
+                Op::Put(t, k, v) => batch.insert(&self.keyspace(t)?, k, v),
+                Op::Delete(t, k) => batch.remove(&self.keyspace(t)?, k),
             }
         }
         failpoint("backend.apply").map_err(|e| io_error("fjall", &self.path, e))?;
@@ -193,7 +240,7 @@ impl Backend for FjallBackend {
         end: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
-        let ks = self.keyspace(tree);
+        let ks = self.keyspace(tree)?;
         if end.is_some_and(|e| e <= start) || limit == 0 {
             return Ok(Vec::new());
         }
@@ -213,9 +260,10 @@ impl Backend for FjallBackend {
         if end.is_some_and(|e| e <= start) {
             return Ok(());
         }
+        let keyspace = self.keyspace(tree)?;
         let iter = match end {
-            Some(e) => self.keyspace(tree).range(start..e),
-            None => self.keyspace(tree).range(start..),
+            Some(e) => keyspace.range(start..e),
+            None => keyspace.range(start..),
         };
         for guard in iter {
             let (key, value) = guard.into_inner().map_err(err)?;
@@ -225,7 +273,7 @@ impl Backend for FjallBackend {
     }
 
     fn last_key(&self, tree: Tree) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.keyspace(tree).last_key_value() {
+        match self.keyspace(tree)?.last_key_value() {
             Some(guard) => Ok(Some(guard.key().map_err(err)?.to_vec())),
             None => Ok(None),
         }
@@ -240,12 +288,49 @@ impl Backend for FjallBackend {
     fn disk_bytes(&self) -> Result<u64, StoreError> {
         self.db.disk_space().map_err(err)
     }
+
+    fn slices(&self) -> Vec<(Slice, i64)> {
+        let records = self.records.read();
+        (0..Slice::MAX).filter_map(|n| Some((Slice::new(n)?, records.get(n)?.as_ref()?.1))).collect()
+    }
+
+    /// Creates its keyspace (or takes the one a dropped slice of that number left, empty),
+    /// then writes when it was opened: a crash in between leaves an empty slice opened "at
+    /// 0" or a free one, which the store drops as it drops any empty old slice.
+    fn open_slice(&self, slice: Slice, opened_ms: i64) -> Result<bool, StoreError> {
+        let keyspace = self.db.keyspace(&slice_name(slice), records_options).map_err(err)?;
+        self.apply(vec![Op::Put(Tree::Meta, slice_opened_key(slice), opened_ms.to_le_bytes().to_vec())])?;
+        if let Some(entry) = self.records.write().get_mut(slice.number()) {
+            *entry = Some((keyspace, opened_ms));
+        }
+        Ok(true)
+    }
+
+    /// Flushes its memtable in the background: otherwise the memtables of up to 31 old
+    /// slices, each below the size that flushes it, stayed in memory (and in the journal,
+    /// replayed at the next open) until the journal cap forced them out.
+    fn seal_slice(&self, slice: Slice) -> Result<(), StoreError> {
+        self.keyspace(Tree::Records(slice))?.rotate_memtable().map_err(err)?;
+        Ok(())
+    }
+
+    /// Clears the slice's keyspace (one journaled step, its tables let go at once) and
+    /// marks the number free. The keyspace itself stays: deleting keyspaces and creating
+    /// others lost a new keyspace's writes after a SIGKILL in `tests/store_crash.rs`
+    /// (fjall 3.1), where a cleared one is written and recovered as any other.
+    fn drop_slice(&self, slice: Slice) -> Result<(), StoreError> {
+        let Some((keyspace, _)) = self.records.write().get_mut(slice.number()).and_then(Option::take) else {
+            return Ok(());
+        };
+        keyspace.clear().map_err(|e| engine_write_error("fjall", &self.path, &e))?;
+        self.apply(vec![Op::Put(Tree::Meta, slice_opened_key(slice), SLICE_FREE.to_le_bytes().to_vec())])
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::FjallBackend;
-    use crate::store::{Backend, CacheSize, Op, Tree};
+    use crate::store::{Backend, CacheSize, Op, Slice, Tree};
 
     /// `write_out` hands a committed batch to the OS (what a process crash keeps), not
     /// only to fjall's buffer: its bytes are in the journal file.
@@ -253,7 +338,7 @@ mod tests {
     fn write_out_puts_a_small_batch_in_the_journal_file() {
         let dir = tempfile::tempdir().unwrap();
         let db = FjallBackend::open(dir.path(), CacheSize::default()).unwrap();
-        db.apply(vec![Op::Put(Tree::Records, b"small".to_vec(), b"small-value".to_vec())]).unwrap();
+        db.apply(vec![Op::Put(Tree::Records(Slice::FIRST), b"small".to_vec(), b"small-value".to_vec())]).unwrap();
         db.write_out().unwrap();
         // A new store has one journal, `0.jnl`.
         let journal = std::fs::read(dir.path().join("0.jnl")).unwrap();

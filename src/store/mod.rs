@@ -13,7 +13,8 @@
 //!   entry per batch and second of expiry (see `index`), their backend write made with no
 //!   stripe lock held (`claims::completions`);
 //! - an in-memory presence filter (`presence`), a superset of the keys that hold a record,
-//!   lets a claim of a fresh key skip the store read;
+//!   lets a claim of a fresh key skip the store read, and names the slice of the records
+//!   holding each key (`slices`: a tree per hour of writes, dropped once its keys expire);
 //! - invariant: the index lists `(key, at)` exactly when `key` holds a completed record
 //!   expiring at `at`, so compaction deletes by the index alone, in bounded chunks, and
 //!   never touches `in_progress` or `indeterminate` records;
@@ -38,6 +39,7 @@ mod presence;
 pub mod record;
 mod scan;
 mod sled_backend;
+mod slices;
 pub mod transfer;
 mod watermarks;
 
@@ -48,7 +50,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use backends::store_backends;
 
-pub use backend::{Backend, KeyValue, Op, Tree, Visit};
+pub use backend::{Backend, KeyValue, Op, Slice, Tree, Visit};
 
 pub use backends::UnknownBackend;
 pub use changelog::{CacheOpened, Change};
@@ -59,6 +61,7 @@ pub use expiries::Restoring;
 pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use operator::{ForgetError, ResolveError, record_json};
 pub use record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos, State};
+pub use slices::{SLICE_SPAN_MS, SlicesTurned};
 pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
 #[cfg(test)]
 use watermarks::watermark_key;
@@ -138,6 +141,8 @@ pub struct KeyStore {
     saved_filter: Option<PathBuf>,
     /// Whether the open read the saved filter rather than scanning.
     from_saved_filter: AtomicBool,
+    /// The slices of the records, and the one new keys go to (`slices`).
+    slices: slices::SliceTable,
 }
 
 fn state_index(s: State) -> usize {
@@ -195,7 +200,9 @@ impl KeyStore {
         sync: SyncMode,
         saved_filter: Option<PathBuf>,
     ) -> Result<KeyStore, StoreError> {
+        let slices = slices::SliceTable::new(backend.slices());
         let store = KeyStore {
+            slices,
             backend,
             journal,
             sync,
@@ -263,25 +270,18 @@ impl KeyStore {
         self.get_locked(&stripe, key)
     }
 
-    fn get_from_backend(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        match self.backend.get(Tree::Records, key.as_bytes())? {
-            None => Ok(None),
-            Some(v) => decode(key.as_bytes(), &v).map(Some),
-        }
-    }
-
     /// The record of `key`, read with its stripe held: a claim held by the journal (also
     /// while its completion is being written: see `claims::completions`), else the
-    /// backend's record; a key the presence filter does not know is absent there, without a
-    /// read.
+    /// backend's record, from the slice the presence filter names; a key the filter does
+    /// not know is absent there, without a read.
     fn get_locked(&self, stripe: &claims::Stripe, key: &str) -> Result<Option<Record>, StoreError> {
         if let Some(claim) = stripe.held(key, self.under_way.oldest()) {
             return Ok(Some(claim));
         }
-        if !stripe.present.may_contain(presence::key_hash(key).1) {
-            return Ok(None);
+        match self.read_slices(stripe, key)? {
+            None => Ok(None),
+            Some((_, v)) => decode(key.as_bytes(), &v).map(Some),
         }
-        self.get_from_backend(key)
     }
 
     /// Invariant 4 of `journal`: before the backend deletes a record, no released claim may
@@ -328,16 +328,23 @@ impl KeyStore {
         }
         // A claim held by the journal is not in the backend: nothing there to replace.
         let journaled = stripe.journaled(key).is_some();
-        let in_backend = current.is_some() && !journaled;
-        let mut ops = Vec::with_capacity(3);
-        match new {
-            Some(r) => {
-                ops.push(Op::Put(Tree::Records, key.as_bytes().to_vec(), r.encode()));
-                if let Some(at) = r.expires_at_ms() {
-                    ops.extend(index::entry_ops(&[(key, at)], self.backend.index_entry_keys())?);
-                }
+        let held = match current.is_some() && !journaled {
+            true => self.slice_holding(stripe, key)?,
+            false => None,
+        };
+        // A new record goes to the current slice, leaving the one that held the key
+        // (`slices`, invariant 4).
+        let slice = self.current_slice();
+        let moved = held.filter(|&old| old != slice || new.is_none());
+        let mut ops = Vec::with_capacity(4);
+        if let Some(r) = new {
+            ops.push(Op::Put(Tree::Records(slice), key.as_bytes().to_vec(), r.encode()));
+            if let Some(at) = r.expires_at_ms() {
+                ops.extend(index::entry_ops(&[(key, at)], self.backend.index_entry_keys())?);
             }
-            None => ops.push(Op::Delete(Tree::Records, key.as_bytes().to_vec())),
+        }
+        if let Some(old) = moved {
+            ops.push(Op::Delete(Tree::Records(old), key.as_bytes().to_vec()));
         }
         // Replacing a completed record takes it out of its (shared) index entry.
         let _index = match current.as_ref().and_then(Record::expires_at_ms) {
@@ -348,11 +355,11 @@ impl KeyStore {
             }
             None => None,
         };
-        // The presence filter gains a key before its write and loses it only after its
-        // delete: never a moment where a present key is missing from it.
+        // The presence filter gains a key's entry before its write and loses one only
+        // after its delete: never a moment where a present key's slice is missing from it.
         let fp = presence::key_hash(key).1;
-        if !in_backend && new.is_some() {
-            stripe.present.add(fp);
+        if new.is_some() && (held.is_none() || moved.is_some()) {
+            stripe.present.add(fp, slice);
         }
         match (new, journaled, &self.journal) {
             (None, true, Some(journal)) => {
@@ -367,8 +374,8 @@ impl KeyStore {
             }
             (Some(_), _, _) => self.backend.apply(ops)?,
         }
-        if in_backend && new.is_none() {
-            stripe.present.remove(fp);
+        if let Some(old) = moved {
+            stripe.present.remove(fp, old);
         }
         if let (true, Some(_), Some(journal)) = (stripe.changed(key), new, &self.journal) {
             // Invariant 2 of `journal`: the write replacing the claim is applied.

@@ -14,13 +14,30 @@
 //!   nothing, compaction), and each removal takes away one count: two present keys with
 //!   the same fingerprint are counted twice, so deleting one leaves the other found.
 //!
+//! Each entry also names the slice that holds the key (see `slices`), so that a read
+//! probes that slice alone: a fingerprint of 27 bits and a slice of 5 in 32 bits. A key
+//! that holds a record in slice S has the entry (its fingerprint, S), kept the same way: a
+//! key moved from one slice to another gains the new entry before the write and loses the
+//! old one after it. The filter counts its keys per slice, so the store knows when a
+//! slice holds none (`slices`).
+//!
 //! Readers consult it under the stripe lock, so they see exactly the writes applied before.
-//! Memory: a `HashSet<u32>` per stripe (4 bytes per slot, 1 control byte, 44–88% load:
-//! 5–10 bytes per key), plus a map of the fingerprints held by more than one key (empty in
-//! practice: ~0.1 such pairs per million keys).
+//! Memory: a table of 32-bit entries per stripe (4 bytes per slot, 1 control byte, 44–88%
+//! load: 5–10 bytes per key), plus a map of the entries held by more than one key (about
+//! 3 pairs per million keys per live slice at 100M keys).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+
+use hashbrown::HashTable;
+
+use super::Slice;
+
+/// Bits of an entry that name the slice: enough for [`Slice::MAX`].
+const SLICE_BITS: u32 = Slice::MAX.trailing_zeros();
+
+/// Bits of a fingerprint: the rest of an entry's 32.
+const FP_BITS: u32 = 32 - SLICE_BITS;
 
 /// The stripe and fingerprint of a key, from one 64-bit hash of its bytes (in memory only,
 /// so it may change between versions). Eight bytes at a time: it runs for every key of every
@@ -51,7 +68,41 @@ pub(super) fn key_bytes_hash(bytes: &[u8]) -> (usize, u32) {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
-    ((z as usize) % super::STRIPES, (z >> 32) as u32)
+    ((z as usize) % super::STRIPES, (z >> (64 - FP_BITS)) as u32)
+}
+
+/// The entry of a key with fingerprint `fp` held by `slice`.
+pub(super) fn entry(fp: u32, slice: Slice) -> u32 {
+    (fp << SLICE_BITS) | slice.number() as u32
+}
+
+/// The slice an entry names.
+fn slice_of(entry: u32) -> Slice {
+    Slice::new((entry & ((1 << SLICE_BITS) - 1)) as usize).unwrap_or(Slice::FIRST)
+}
+
+/// Slices, as a set of their numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Slices(u32);
+
+impl Slices {
+    #[cfg(test)]
+    pub(super) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The one slice in the set, if it holds exactly one.
+    pub(super) fn only(self) -> Option<Slice> {
+        (self.0.count_ones() == 1).then(|| Slice::new(self.0.trailing_zeros() as usize)).flatten()
+    }
+
+    pub(super) fn iter(self) -> impl Iterator<Item = Slice> {
+        (0..Slice::MAX).filter(move |n| self.0 & (1 << n) != 0).filter_map(Slice::new)
+    }
+
+    fn insert(&mut self, slice: Slice) {
+        self.0 |= 1 << slice.number();
+    }
 }
 
 /// Hashes fingerprints for the sets below: they are already uniform, so one multiply
@@ -90,71 +141,126 @@ impl Hasher for FpHasher {
     }
 }
 
-/// The fingerprints of one stripe's present keys, counted.
+/// The entries of one stripe's present keys, counted.
 #[derive(Debug, Default)]
 pub(super) struct Presence {
-    /// Every fingerprint held by at least one present key.
-    once: HashSet<u32, SeededFp>,
-    /// Fingerprints held by more than one present key: how many more.
+    /// Every entry held by at least one present key, hashed by its fingerprint alone.
+    once: HashTable<u32>,
+    /// Entries held by more than one present key: how many more.
     more: HashMap<u32, u32, SeededFp>,
+    seed: SeededFp,
+    /// Present keys per slice.
+    per_slice: [u32; Slice::MAX],
 }
 
 impl Presence {
+    fn hash(&self, entry: u32) -> u64 {
+        self.seed.hash_one(entry >> SLICE_BITS)
+    }
+
+    /// The slices that may hold a key with this fingerprint (none: it is absent).
+    pub(super) fn slices(&self, fp: u32) -> Slices {
+        let mut slices = Slices::default();
+        for &e in self.once.iter_hash(self.seed.hash_one(fp)) {
+            if e >> SLICE_BITS == fp {
+                slices.insert(slice_of(e));
+            }
+        }
+        slices
+    }
+
     /// Whether a key with this fingerprint may be present (`false`: it is absent).
+    #[cfg(test)]
     pub(super) fn may_contain(&self, fp: u32) -> bool {
-        self.once.contains(&fp)
+        !self.slices(fp).is_empty()
     }
 
-    /// A key with this fingerprint became present.
-    pub(super) fn add(&mut self, fp: u32) {
-        if !self.once.insert(fp) {
-            *self.more.entry(fp).or_insert(0) += 1;
+    /// A key with this fingerprint became present in `slice`.
+    pub(super) fn add(&mut self, fp: u32, slice: Slice) {
+        self.add_entry(entry(fp, slice));
+    }
+
+    fn add_entry(&mut self, e: u32) {
+        let hash = self.hash(e);
+        if self.once.find(hash, |&x| x == e).is_some() {
+            *self.more.entry(e).or_insert(0) += 1;
+        } else {
+            let seed = &self.seed;
+            self.once.insert_unique(hash, e, |&x| seed.hash_one(x >> SLICE_BITS));
         }
+        self.per_slice[slice_of(e).number()] += 1;
     }
 
-    /// Keys with these fingerprints became present, all at once: the set grows once, and
-    /// while it is in cache.
-    pub(super) fn add_all(&mut self, fps: &[u32]) {
-        self.once.reserve(fps.len());
+    /// Keys with these fingerprints became present in `slice`, all at once: the table grows
+    /// once, and while it is in cache.
+    pub(super) fn add_all(&mut self, fps: &[u32], slice: Slice) {
+        let seed = &self.seed;
+        self.once.reserve(fps.len(), |&x| seed.hash_one(x >> SLICE_BITS));
         for &fp in fps {
-            self.add(fp);
+            self.add(fp, slice);
         }
     }
 
-    /// A key with this fingerprint, present until now, was deleted.
-    pub(super) fn remove(&mut self, fp: u32) {
-        match self.more.get_mut(&fp) {
+    /// A key with this fingerprint, present in `slice` until now, was deleted from it.
+    pub(super) fn remove(&mut self, fp: u32, slice: Slice) {
+        let e = entry(fp, slice);
+        match self.more.get_mut(&e) {
             Some(extra) if *extra > 1 => *extra -= 1,
             Some(_) => {
-                self.more.remove(&fp);
+                self.more.remove(&e);
             }
             None => {
-                self.once.remove(&fp);
+                let hash = self.hash(e);
+                match self.once.find_entry(hash, |&x| x == e) {
+                    Ok(found) => {
+                        found.remove();
+                    }
+                    // Not counted: nothing to take away.
+                    Err(_) => return,
+                }
             }
         }
+        let count = &mut self.per_slice[slice.number()];
+        *count = count.saturating_sub(1);
     }
 
-    /// Its fingerprints, and those held by more than one key with how many more: what
+    /// Present keys per slice, as this filter counts them.
+    pub(super) fn per_slice(&self) -> &[u32; Slice::MAX] {
+        &self.per_slice
+    }
+
+    /// Its entries, and those held by more than one key with how many more: what
     /// [`Presence::from_parts`] builds it again from (`scan::saved`).
     pub(super) fn parts(
         &self,
     ) -> (impl ExactSizeIterator<Item = u32> + '_, impl ExactSizeIterator<Item = (u32, u32)> + '_) {
-        (self.once.iter().copied(), self.more.iter().map(|(&fp, &extra)| (fp, extra)))
+        (self.once.iter().copied(), self.more.iter().map(|(&e, &extra)| (e, extra)))
     }
 
-    /// The filter whose [`Presence::parts`] these are; `None` when they cannot be one (a
-    /// fingerprint twice in `once`, or one in `more` that is not in `once` or counts no
-    /// other key).
+    /// The filter whose [`Presence::parts`] these are; `None` when they cannot be one (an
+    /// entry twice in `once`, or one in `more` that is not in `once` or counts no other
+    /// key).
     pub(super) fn from_parts(once: &[u32], more: &[(u32, u32)]) -> Option<Presence> {
         let mut p = Presence::default();
-        p.once.reserve(once.len());
-        p.once.extend(once.iter().copied());
-        p.more.reserve(more.len());
-        p.more.extend(more.iter().copied());
-        let consistent = p.once.len() == once.len()
-            && p.more.len() == more.len()
-            && more.iter().all(|(fp, extra)| *extra > 0 && p.once.contains(fp));
-        consistent.then_some(p)
+        let seed = &p.seed;
+        p.once.reserve(once.len(), |&x| seed.hash_one(x >> SLICE_BITS));
+        for &e in once {
+            let hash = p.hash(e);
+            if p.once.find(hash, |&x| x == e).is_some() {
+                return None;
+            }
+            let seed = &p.seed;
+            p.once.insert_unique(hash, e, |&x| seed.hash_one(x >> SLICE_BITS));
+            p.per_slice[slice_of(e).number()] += 1;
+        }
+        for &(e, extra) in more {
+            let hash = p.hash(e);
+            if extra == 0 || p.once.find(hash, |&x| x == e).is_none() || p.more.insert(e, extra).is_some() {
+                return None;
+            }
+            p.per_slice[slice_of(e).number()] += extra;
+        }
+        Some(p)
     }
 
     /// Fingerprints counted (present keys, as far as the filter knows).
@@ -170,33 +276,61 @@ mod tests {
 
     #[test]
     fn shared_fingerprints_are_counted() {
+        let first = Slice::FIRST;
         let mut p = Presence::default();
         assert!(!p.may_contain(7));
-        p.add(7);
-        p.add(7);
-        p.add(9);
+        p.add(7, first);
+        p.add(7, first);
+        p.add(9, first);
         assert_eq!(p.len(), 3);
-        p.remove(7);
+        p.remove(7, first);
         assert!(p.may_contain(7), "the other key with fingerprint 7 is still present");
-        p.remove(7);
+        p.remove(7, first);
         assert!(!p.may_contain(7));
         assert!(p.may_contain(9));
         assert_eq!(p.len(), 1);
+        assert_eq!(p.per_slice()[0], 1);
+    }
+
+    #[test]
+    fn entries_name_their_slice_and_are_counted_per_slice() {
+        let (first, third) = (Slice::FIRST, Slice::new(3).unwrap());
+        let mut p = Presence::default();
+        p.add(7, first);
+        p.add(7, third);
+        p.add(7, third);
+        p.add(8, third);
+        assert_eq!(p.slices(7).iter().collect::<Vec<_>>(), vec![first, third]);
+        assert_eq!(p.slices(7).only(), None);
+        assert_eq!(p.slices(8).only(), Some(third));
+        assert!(p.slices(9).is_empty());
+        assert_eq!((p.per_slice()[0], p.per_slice()[3]), (1, 3));
+        // A key of fingerprint 7 moved from the first slice to the third.
+        p.remove(7, first);
+        assert_eq!(p.slices(7).only(), Some(third));
+        assert_eq!((p.per_slice()[0], p.per_slice()[3]), (0, 3));
+        // Removing what was never added changes nothing.
+        p.remove(8, first);
+        assert_eq!(p.per_slice()[3], 3);
+        assert_eq!(p.len(), 3);
     }
 
     #[test]
     fn parts_build_the_same_filter_and_nothing_else() {
+        let (first, second) = (Slice::FIRST, Slice::new(1).unwrap());
         let mut p = Presence::default();
         for fp in [7, 7, 7, 9, 11] {
-            p.add(fp);
+            p.add(fp, first);
         }
+        p.add(7, second);
         let (once, more) = p.parts();
         let (once, more): (Vec<u32>, Vec<(u32, u32)>) = (once.collect(), more.collect());
         let mut q = Presence::from_parts(&once, &more).expect("its own parts");
-        assert_eq!(q.len(), 5);
-        q.remove(7);
-        q.remove(7);
-        assert!(q.may_contain(7), "the third key with fingerprint 7");
+        assert_eq!(q.len(), 6);
+        assert_eq!(q.per_slice()[..2], [5, 1]);
+        q.remove(7, first);
+        q.remove(7, first);
+        assert_eq!(q.slices(7).iter().collect::<Vec<_>>(), vec![first, second], "the third key with fingerprint 7");
         // Parts no filter has: a fingerprint twice, an extra count of an absent one, a zero.
         assert!(Presence::from_parts(&[7, 7], &[]).is_none());
         assert!(Presence::from_parts(&[7], &[(9, 1)]).is_none());
@@ -205,9 +339,9 @@ mod tests {
 
     #[test]
     fn stripe_matches_and_fingerprints_spread() {
-        let fps: HashSet<u32> = (0..10_000).map(|i| key_hash(&format!("key-{i}")).1).collect();
+        let fps: std::collections::HashSet<u32> = (0..10_000).map(|i| key_hash(&format!("key-{i}")).1).collect();
         assert!(fps.len() > 9_990, "fingerprints collide too often: {}", fps.len());
-        let stripes: HashSet<usize> = (0..10_000).map(|i| key_hash(&format!("key-{i}")).0).collect();
+        let stripes: std::collections::HashSet<usize> = (0..10_000).map(|i| key_hash(&format!("key-{i}")).0).collect();
         assert_eq!(stripes.len(), super::super::STRIPES);
     }
 }

@@ -58,10 +58,17 @@ impl KeyStore {
             }
             None => Vec::new(),
         };
-        let page = self.backend.scan(Tree::Records, &start, None, limit)?;
+        // Each slice's page, merged: a key is in one slice at a time.
+        let mut page = Vec::new();
+        for slice in self.slices.live() {
+            page.extend(self.backend.scan(Tree::Records(slice), &start, None, limit)?);
+        }
+        page.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let full = page.len() >= limit;
+        page.truncate(limit);
         // Claims held by the journal are records too (and their keys are not in the
         // backend): merged in, up to the backend page's last key when the page is full.
-        let upper = (page.len() == limit).then(|| page.last().map(|(k, _)| k.clone())).flatten();
+        let upper = full.then(|| page.last().map(|(k, _)| k.clone())).flatten();
         let journaled = self.journaled_claims(&start, upper.as_deref());
         let mut records = page
             .into_iter()

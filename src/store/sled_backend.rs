@@ -26,6 +26,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+#[cfg(test)]
+use super::Slice;
 use super::fault::{failpoint, io_error};
 use super::{Backend, CacheSize, Op, StoreError, Tree};
 
@@ -66,7 +68,8 @@ fn write_err(path: &Path, e: sled::Error) -> StoreError {
 
 fn prefix(tree: Tree) -> u8 {
     match tree {
-        Tree::Records => b'r',
+        // sled never opens a slice beyond the first (`Backend::open_slice`).
+        Tree::Records(_) => b'r',
         Tree::Expiry => b'x',
         Tree::Meta => b'm',
     }
@@ -351,14 +354,14 @@ mod tests {
         let path = dir.path().join("sled");
         {
             let backend = SledBackend::open(&path, CacheSize::default()).expect("open");
-            backend.apply(vec![Op::Put(Tree::Records, b"k".to_vec(), b"v".to_vec())]).expect("apply");
+            backend.apply(vec![Op::Put(Tree::Records(Slice::FIRST), b"k".to_vec(), b"v".to_vec())]).expect("apply");
             backend.flush().expect("flush");
         }
         let torn = path.join("snap.FFFFFFFFFFFFFFFF.generating");
         std::fs::write(&torn, b"torn").expect("write torn snapshot");
 
         let backend = SledBackend::open(&path, CacheSize::default()).expect("reopen over a torn snapshot");
-        assert_eq!(backend.get(Tree::Records, b"k").expect("get"), Some(b"v".to_vec()));
+        assert_eq!(backend.get(Tree::Records(Slice::FIRST), b"k").expect("get"), Some(b"v".to_vec()));
         assert!(!torn.exists(), "the unfinished snapshot is removed");
     }
 
@@ -382,7 +385,7 @@ mod tests {
         assert!(sled::Config::new().path(&path).open().is_err(), "sled alone refuses it");
 
         let backend = SledBackend::open(&path, CacheSize::default()).expect("open over a torn conf");
-        backend.apply(vec![Op::Put(Tree::Records, b"k".to_vec(), b"v".to_vec())]).expect("apply");
+        backend.apply(vec![Op::Put(Tree::Records(Slice::FIRST), b"k".to_vec(), b"v".to_vec())]).expect("apply");
         assert_eq!(std::fs::read(path.join("conf")).expect("conf"), whole, "rewritten whole");
     }
 }

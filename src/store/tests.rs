@@ -36,6 +36,7 @@ mod filter;
 mod journal;
 mod lock;
 mod saved;
+mod slices;
 mod transitions;
 
 // ---------------------------------------------------------------------------------------

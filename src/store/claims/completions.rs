@@ -183,26 +183,32 @@ impl KeyStore {
         for ((claim, completed), at) in items.into_iter().zip(stripes) {
             let (_, stripe) = locks.get(at)?;
             // The claim is still the key's record exactly when its token is still out.
-            let Some(out) =
-                stripe.claims.get_mut(&claim.key).filter(|o| o.token == claim.token && o.completion.is_none())
-            else {
-                begun.lost.get_or_insert(claim.key);
-                continue;
+            let journaled = match stripe.claims.get(&claim.key) {
+                Some(o) if o.token == claim.token && o.completion.is_none() => o.journaled.is_some(),
+                _ => {
+                    begun.lost.get_or_insert(claim.key);
+                    continue;
+                }
             };
+            // A claim the backend holds is completed in its slice; one the journal holds
+            // goes to the current slice (`slices`, invariant 4).
+            let held = if journaled { None } else { self.slice_holding(stripe, &claim.key)? };
+            let slice = held.unwrap_or_else(|| self.current_slice());
             let new = Record::Completed(completed);
-            begun.ops.push(Op::Put(Tree::Records, claim.key.as_bytes().to_vec(), new.encode()));
+            begun.ops.push(Op::Put(Tree::Records(slice), claim.key.as_bytes().to_vec(), new.encode()));
             if let Some(expiry) = new.expires_at_ms() {
                 indexed.push((begun.taken.len(), expiry));
             }
-            let journaled = out.journaled.is_some();
-            out.completion = Some(begun.batch);
+            if let Some(out) = stripe.claims.get_mut(&claim.key) {
+                out.completion = Some(begun.batch);
+            }
             stripe.oldest_completion =
                 if stripe.completions == 0 { begun.batch } else { stripe.oldest_completion.min(begun.batch) };
             stripe.completions += 1;
             stripe.version = stripe.version.wrapping_add(1);
-            if journaled {
+            if held.is_none() {
                 // Not in the backend yet: into the presence filter before the write.
-                stripe.present.add(presence::key_hash(&claim.key).1);
+                stripe.present.add(presence::key_hash(&claim.key).1, slice);
             }
             begun.taken.push(Taken { at, key: claim.key, journaled });
         }

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 
 use parking_lot::Mutex;
 
-use super::super::{Backend, InProgress, Op, Record, StoreError, Tree};
+use super::super::{Backend, InProgress, Op, Record, Slice, StoreError, Tree};
 use super::reader::decode_file;
 use super::writer::{ReplaceError, TMP_PREFIX, TMP_SUFFIX, dir_of, io_err, replace_file};
 use super::{ClaimJournal, Inner};
@@ -55,9 +55,17 @@ impl ClaimJournal {
     /// A corrupt file fails the open before anything is written, and stays in place.
     pub(in crate::store) fn recover(backend: &dyn Backend, path: &Path) -> Result<ClaimJournal, StoreError> {
         let mut ops = Vec::new();
+        // Before the presence filter exists: every slice is read, and the claims go to the
+        // newest, which the store's current slice will be (`slices`).
+        let slices = backend.slices();
+        let newest = slices.iter().max_by_key(|&&(slice, opened)| (opened, slice)).map_or(Slice::FIRST, |&(s, _)| s);
         for (key, claim) in ClaimJournal::read(path)? {
-            if backend.get(Tree::Records, key.as_bytes())?.is_none() {
-                ops.push(Op::Put(Tree::Records, key.into_bytes(), Record::InProgress(claim).encode()));
+            let mut held = false;
+            for &(slice, _) in &slices {
+                held = held || backend.get(Tree::Records(slice), key.as_bytes())?.is_some();
+            }
+            if !held {
+                ops.push(Op::Put(Tree::Records(newest), key.into_bytes(), Record::InProgress(claim).encode()));
             }
         }
         if !ops.is_empty() {

@@ -7,9 +7,9 @@
 //! - adds a stripe's fingerprints a buffer at a time, into a set grown once while it is in
 //!   cache, where adding them one by one across all stripes missed the cache nearly every
 //!   time once the filter outgrew it;
-//! - splits the keys into ranges between the first key and the last (when the backend can
-//!   tell it, `Backend::last_key`), read by the opening thread and a helper per further
-//!   core (up to 4 in all).
+//! - splits each slice's keys into ranges between its first key and its last (when the
+//!   backend can tell it, `Backend::last_key`), read by the opening thread and a helper per
+//!   further core (up to 4 in all).
 //!
 //! The claim journal holds nothing yet (its recovery wrote what it held to the backend) and
 //! nothing else uses the store, so no lock is held across the scan; fingerprints are added
@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::super::{KeyStore, Record, STRIPES, StoreError, Tree, corrupt_record, presence, state_index};
+use super::super::{KeyStore, Record, STRIPES, Slice, StoreError, Tree, corrupt_record, presence, state_index};
 
 /// Fingerprints gathered per stripe before they are added to its filter at once (16 MiB per
 /// thread, whatever the store's size). Tests fill buffers of 4, so that a store of a few
@@ -33,6 +33,9 @@ const MAX_THREADS: usize = 4;
 
 /// A range of keys, `start <= key < end`.
 type Range = (Vec<u8>, Option<Vec<u8>>);
+
+/// A range of one slice's keys.
+type SliceRange = (Slice, Range);
 
 impl KeyStore {
     /// Counts the records per state and fills the presence filter (see the module doc).
@@ -64,38 +67,45 @@ impl KeyStore {
     }
 
     /// Takes ranges from `ranges` until none is left; returns the records counted per state.
-    fn fill_ranges(&self, ranges: &[Range], next: &AtomicUsize) -> Result<[i64; 3], StoreError> {
+    fn fill_ranges(&self, ranges: &[SliceRange], next: &AtomicUsize) -> Result<[i64; 3], StoreError> {
         let mut counts = [0i64; 3];
         let mut buffers = vec![Vec::new(); STRIPES];
-        while let Some((start, end)) = ranges.get(next.fetch_add(1, Ordering::Relaxed)) {
-            self.backend.for_each(Tree::Records, start, end.as_deref(), &mut |key, value| {
+        while let Some((slice, (start, end))) = ranges.get(next.fetch_add(1, Ordering::Relaxed)) {
+            self.backend.for_each(Tree::Records(*slice), start, end.as_deref(), &mut |key, value| {
                 let state = Record::state_of(value).map_err(|source| corrupt_record(key, source))?;
                 counts[state_index(state)] += 1;
                 let (stripe, fp) = presence::key_bytes_hash(key);
                 let buffer = &mut buffers[stripe];
                 buffer.push(fp);
                 if buffer.len() == FILL_BUFFER {
-                    self.stripes[stripe].lock().present.add_all(buffer);
+                    self.stripes[stripe].lock().present.add_all(buffer, *slice);
                     buffer.clear();
                 }
                 Ok(())
             })?;
-        }
-        for (stripe, buffer) in self.stripes.iter().zip(&buffers) {
-            stripe.lock().present.add_all(buffer);
+            // The buffers hold this range's slice only.
+            for (stripe, buffer) in self.stripes.iter().zip(&mut buffers) {
+                stripe.lock().present.add_all(buffer, *slice);
+                buffer.clear();
+            }
         }
         Ok(counts)
     }
 
-    /// The ranges that together hold every key (`ranges_split_at`): one when the backend
-    /// cannot tell its last key.
-    fn open_ranges(&self) -> Result<Vec<Range>, StoreError> {
-        let first = self.backend.scan(Tree::Records, &[], None, 1)?.into_iter().next().map(|(key, _)| key);
-        let splits = match (first, self.backend.last_key(Tree::Records)?) {
-            (Some(first), Some(last)) => split_keys(&first, &last, RANGES),
-            _ => Vec::new(),
-        };
-        Ok(ranges_split_at(splits))
+    /// The ranges that together hold every key of every slice (`ranges_split_at`): one
+    /// per slice when the backend cannot tell a slice's last key.
+    fn open_ranges(&self) -> Result<Vec<SliceRange>, StoreError> {
+        let mut ranges = Vec::new();
+        for slice in self.slices.live() {
+            let tree = Tree::Records(slice);
+            let first = self.backend.scan(tree, &[], None, 1)?.into_iter().next().map(|(key, _)| key);
+            let splits = match (first, self.backend.last_key(tree)?) {
+                (Some(first), Some(last)) => split_keys(&first, &last, RANGES),
+                _ => Vec::new(),
+            };
+            ranges.extend(ranges_split_at(splits).into_iter().map(|range| (slice, range)));
+        }
+        Ok(ranges)
     }
 }
 

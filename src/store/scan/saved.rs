@@ -49,8 +49,9 @@ pub(in crate::store) const FILE_NAME: &str = "dedupd-presence.saved";
 /// The `meta` key written last before the filter is saved (see `save_presence`).
 const SAVED_MARK: &[u8] = b"presence-saved";
 
-/// What the file starts with: the format's name and version.
-const MAGIC: &[u8; 16] = b"dedupd-presence1";
+/// What the file starts with: the format's name and version (2: each entry names the
+/// slice holding its key; a file of format 1 is not read, and the open scans).
+const MAGIC: &[u8; 16] = b"dedupd-presence2";
 
 /// What the open read back: each stripe's filter and the counts per state.
 struct Saved {

@@ -128,10 +128,10 @@ fn empty_and_reversed_scans(kind: StoreBackend) {
     let rec = Record::InProgress(in_progress(1, 1));
     f.store.compare_and_swap("b", None, Some(&rec)).unwrap().unwrap();
     let b = &f.store.backend;
-    assert_eq!(b.scan(Tree::Records, b"c", Some(b"a"), 10).unwrap(), vec![]);
-    assert_eq!(b.scan(Tree::Records, b"b", Some(b"b"), 10).unwrap(), vec![]);
-    assert_eq!(b.scan(Tree::Records, b"a", None, 0).unwrap(), vec![]);
-    assert_eq!(b.scan(Tree::Records, b"a", Some(b"c"), 10).unwrap().len(), 1);
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"c", Some(b"a"), 10).unwrap(), vec![]);
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"b", Some(b"b"), 10).unwrap(), vec![]);
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"a", None, 0).unwrap(), vec![]);
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"a", Some(b"c"), 10).unwrap().len(), 1);
     assert_eq!(b.scan(Tree::Meta, b"", None, 10).unwrap(), vec![(b"index-format".to_vec(), b"3".to_vec())]);
     assert!(f.store.disk_bytes().unwrap() > 0);
     // Compaction with a time before any expiry is a no-op.
@@ -145,28 +145,43 @@ fn reads_see_unflushed_writes(kind: StoreBackend) {
     let b = open_backend(kind, dir.path(), CacheSize::default()).unwrap();
     let put = |t: Tree, k: &str, v: &str| Op::Put(t, k.as_bytes().to_vec(), v.as_bytes().to_vec());
     let del = |t: Tree, k: &str| Op::Delete(t, k.as_bytes().to_vec());
-    b.apply(vec![put(Tree::Records, "a", "1"), put(Tree::Records, "c", "1"), put(Tree::Records, "e", "1")]).unwrap();
+    b.apply(vec![
+        put(Tree::Records(Slice::FIRST), "a", "1"),
+        put(Tree::Records(Slice::FIRST), "c", "1"),
+        put(Tree::Records(Slice::FIRST), "e", "1"),
+    ])
+    .unwrap();
     b.apply(vec![put(Tree::Expiry, "c", ""), put(Tree::Meta, "m", "1")]).unwrap();
     b.flush().unwrap();
-    b.apply(vec![put(Tree::Records, "b", "2"), del(Tree::Records, "c"), put(Tree::Records, "e", "2")]).unwrap();
-    b.apply(vec![put(Tree::Records, "f", "2"), del(Tree::Records, "zz"), del(Tree::Expiry, "c")]).unwrap();
+    b.apply(vec![
+        put(Tree::Records(Slice::FIRST), "b", "2"),
+        del(Tree::Records(Slice::FIRST), "c"),
+        put(Tree::Records(Slice::FIRST), "e", "2"),
+    ])
+    .unwrap();
+    b.apply(vec![
+        put(Tree::Records(Slice::FIRST), "f", "2"),
+        del(Tree::Records(Slice::FIRST), "zz"),
+        del(Tree::Expiry, "c"),
+    ])
+    .unwrap();
     let kv = |k: &str, v: &str| (k.as_bytes().to_vec(), v.as_bytes().to_vec());
     let all = vec![kv("a", "1"), kv("b", "2"), kv("e", "2"), kv("f", "2")];
-    assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
-    assert_eq!(b.scan(Tree::Records, b"", None, 2).unwrap(), all[..2].to_vec());
-    assert_eq!(b.scan(Tree::Records, b"b\0", None, 2).unwrap(), all[2..].to_vec());
-    assert_eq!(b.scan(Tree::Records, b"b", Some(b"f"), 100).unwrap(), all[1..3].to_vec());
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"", None, 100).unwrap(), all);
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"", None, 2).unwrap(), all[..2].to_vec());
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"b\0", None, 2).unwrap(), all[2..].to_vec());
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"b", Some(b"f"), 100).unwrap(), all[1..3].to_vec());
     assert_eq!(b.scan(Tree::Expiry, b"", None, 100).unwrap(), vec![]);
     assert_eq!(b.scan(Tree::Meta, b"", None, 100).unwrap(), vec![kv("m", "1")]);
-    assert_eq!(b.get(Tree::Records, b"c").unwrap(), None);
-    assert_eq!(b.get(Tree::Records, b"e").unwrap(), Some(b"2".to_vec()));
-    assert_eq!(b.get(Tree::Records, b"b").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(b.get(Tree::Records(Slice::FIRST), b"c").unwrap(), None);
+    assert_eq!(b.get(Tree::Records(Slice::FIRST), b"e").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(b.get(Tree::Records(Slice::FIRST), b"b").unwrap(), Some(b"2".to_vec()));
     // The same after the flush, and after a reopen.
     b.flush().unwrap();
-    assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"", None, 100).unwrap(), all);
     drop(b);
     let b = open_backend(kind, dir.path(), CacheSize::default()).unwrap();
-    assert_eq!(b.scan(Tree::Records, b"", None, 100).unwrap(), all);
+    assert_eq!(b.scan(Tree::Records(Slice::FIRST), b"", None, 100).unwrap(), all);
     assert_eq!(b.scan(Tree::Expiry, b"", None, 100).unwrap(), vec![]);
 }
 

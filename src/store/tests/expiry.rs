@@ -168,7 +168,7 @@ fn assert_rebuilt_at_open(kind: StoreBackend, old_index: Vec<Op>) {
     let f = Fixture::new(kind);
     put_completed(&f.store, "new", 1, 7_000);
     let old = Record::Completed(completed(2, 5_000)).encode();
-    let mut ops = vec![Op::Put(Tree::Records, b"old".to_vec(), old)];
+    let mut ops = vec![Op::Put(Tree::Records(Slice::FIRST), b"old".to_vec(), old)];
     ops.extend(old_index);
     f.store.backend.apply(ops).unwrap();
     f.store.flush().unwrap();

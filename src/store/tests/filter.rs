@@ -21,6 +21,7 @@ each_backend!(
 /// The filter is of the backend's keys: a claim held by the claim journal is not in it.
 pub(super) fn check_presence(store: &KeyStore, records: &BTreeMap<String, Record>) {
     let mut in_backend = 0;
+    let mut per_slice = [0u64; Slice::MAX];
     for key in records.keys() {
         let (stripe, fp) = key_hash(key);
         let stripe = store.stripes[stripe].lock();
@@ -28,14 +29,27 @@ pub(super) fn check_presence(store: &KeyStore, records: &BTreeMap<String, Record
             continue;
         }
         in_backend += 1;
-        assert!(stripe.present.may_contain(fp), "{key:?} holds a record but is not in the filter");
+        // In exactly one slice, which the filter names (`slices`, invariant 1).
+        let holding: Vec<Slice> = (store.slices.live().into_iter())
+            .filter(|&slice| store.backend.get(Tree::Records(slice), key.as_bytes()).unwrap().is_some())
+            .collect();
+        assert_eq!(holding.len(), 1, "{key:?} is in slices {holding:?}");
+        assert!(
+            stripe.present.slices(fp).iter().any(|slice| slice == holding[0]),
+            "{key:?} holds a record in {:?} but the filter does not name it",
+            holding[0]
+        );
+        per_slice[holding[0].number()] += 1;
     }
     let counted: usize = store.stripes.iter().map(|s| s.lock().present.len()).sum();
     assert_eq!(counted, in_backend, "the filter counts keys that hold no record");
+    for (slice, keys) in store.slice_keys() {
+        assert_eq!(keys, per_slice[slice.number()], "the filter's count of {slice:?}'s keys");
+    }
 }
 
 /// Far in the future: never due.
-const LATER: i64 = 9_000_000_000_000;
+pub(super) const LATER: i64 = 9_000_000_000_000;
 
 /// Every way of claiming `key` as if it were absent is refused, and the record stays.
 pub(super) fn assert_not_claimable_as_absent(store: &KeyStore, key: &str) {
@@ -156,7 +170,7 @@ fn leave_records(store: &KeyStore, n: usize) {
             } else {
                 Record::Indeterminate(indeterminate(2))
             };
-            Op::Put(Tree::Records, format!("left-{i:06}").into_bytes(), record.encode())
+            Op::Put(Tree::Records(Slice::FIRST), format!("left-{i:06}").into_bytes(), record.encode())
         })
         .collect();
     store.backend.apply(ops).unwrap();
@@ -183,7 +197,7 @@ fn a_store_of_many_pages_opens_with_every_key_in_the_filter(kind: StoreBackend) 
 fn a_record_whose_header_is_not_one_stops_the_open(kind: StoreBackend) {
     let f = Fixture::new(kind);
     leave_records(&f.store, 10);
-    f.store.backend.apply(vec![Op::Put(Tree::Records, b"broken".to_vec(), vec![9, 2, 0])]).unwrap();
+    f.store.backend.apply(vec![Op::Put(Tree::Records(Slice::FIRST), b"broken".to_vec(), vec![9, 2, 0])]).unwrap();
     f.store.backend.flush().unwrap();
     let Fixture { dir, kind, store } = f;
     drop(store);

@@ -30,7 +30,11 @@ fn fresh_claims_are_journaled_not_written_to_the_backend(kind: StoreBackend) {
     let ks = keys("j", 10);
     let claims = claim_all(&f.store, &ks, 1);
     for k in &ks {
-        assert_eq!(f.store.backend.get(Tree::Records, k.as_bytes()).unwrap(), None, "{k} not in the backend");
+        assert_eq!(
+            f.store.backend.get(Tree::Records(Slice::FIRST), k.as_bytes()).unwrap(),
+            None,
+            "{k} not in the backend"
+        );
         assert_eq!(f.store.get(k).unwrap(), Some(Record::InProgress(in_progress(1, 1))), "{k} is in_progress");
     }
     assert!(f.store.journal.as_ref().unwrap().len() > 0, "the claims are in the file");
@@ -39,7 +43,10 @@ fn fresh_claims_are_journaled_not_written_to_the_backend(kind: StoreBackend) {
     let done: Vec<_> = claims.into_iter().map(|c| (c, completed(1, 5_000))).collect();
     f.store.complete_batch(done).unwrap();
     for k in &ks {
-        assert!(f.store.backend.get(Tree::Records, k.as_bytes()).unwrap().is_some(), "{k} completed in the backend");
+        assert!(
+            f.store.backend.get(Tree::Records(Slice::FIRST), k.as_bytes()).unwrap().is_some(),
+            "{k} completed in the backend"
+        );
     }
     assert_eq!(f.store.journal.as_ref().unwrap().live_count(), 0);
     check_invariants(&f.store);
@@ -58,7 +65,11 @@ fn a_crash_leaves_journaled_claims_in_progress(kind: StoreBackend) {
     let f = f.reopen();
     for k in &open {
         assert_eq!(
-            f.store.backend.get(Tree::Records, k.as_bytes()).unwrap().map(|v| Record::decode(&v).unwrap()),
+            f.store
+                .backend
+                .get(Tree::Records(Slice::FIRST), k.as_bytes())
+                .unwrap()
+                .map(|v| Record::decode(&v).unwrap()),
             Some(Record::InProgress(in_progress(1, 1))),
             "{k} recovered as in_progress"
         );
@@ -271,7 +282,11 @@ fn a_bad_frame_before_valid_ones_refuses_the_open_and_keeps_the_file(kind: Store
     assert_eq!(std::fs::read(&path).unwrap(), corrupted, "the file is kept as it was");
     let backend = open_backend(kind, dir.path(), CacheSize::default()).unwrap();
     for k in keys("later", 2) {
-        assert_eq!(backend.get(Tree::Records, k.as_bytes()).unwrap(), None, "{k}: nothing written past the bad frame");
+        assert_eq!(
+            backend.get(Tree::Records(Slice::FIRST), k.as_bytes()).unwrap(),
+            None,
+            "{k}: nothing written past the bad frame"
+        );
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::filter::assert_not_claimable_as_absent;
 use super::*;
-use crate::store::presence::key_hash;
+use crate::store::presence::{entry, key_hash};
 
 each_backend!(
     a_clean_stop_saves_what_the_next_open_reads_back,
@@ -120,10 +120,10 @@ type Damage = dyn Fn(&mut Vec<u8>);
 fn a_damaged_saved_filter_is_never_used(kind: StoreBackend) {
     let mut f = Fixture::new(kind);
     let present = fill(&f.store);
-    // Each damage in turn, on a file saved afresh: one bit of a present key's fingerprint
+    // Each damage in turn, on a file saved afresh: one bit of a present key's entry
     // flipped (only the checksum tells: the stripe still reads as a filter, without that
     // key), the end cut off, bytes added after the checksum, another file altogether.
-    let fingerprint = key_hash("done-0").1.to_le_bytes();
+    let fingerprint = entry(key_hash("done-0").1, f.store.current_slice()).to_le_bytes();
     let flip_fingerprint = move |bytes: &mut Vec<u8>| {
         let header = 16 + 16 + 4 + 8 + 3 * 8;
         let at = bytes[header..].windows(4).position(|w| w == fingerprint).expect("the key's fingerprint is saved");
