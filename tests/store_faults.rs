@@ -1,7 +1,8 @@
 //! Faults injected at the store's I/O boundaries (named failpoints, feature `failpoints`):
 //! a failed fsync poisons the claim journal, a failed rewrite never leaves appends on a file
-//! that is no longer the journal, and a full disk is reported as one, at the journal and at
-//! the backend, without losing a claim that was reported durable.
+//! that is no longer the journal, a full disk is reported as one, at the journal and at
+//! the backend, without losing a claim that was reported durable, and a slice of the
+//! records that fails to drop stays open for a later turn.
 //!
 //! Run with `cargo test --features failpoints --test store_faults`. Failpoints are global to
 //! the process: every test holds a `FailScenario`, which runs them one at a time.
@@ -10,7 +11,7 @@
 use std::path::Path;
 
 use dedupd::fingerprint::Fingerprint;
-use dedupd::store::{Completed, Completion, DurableClaim, InProgress, KeyStore, Record, SourcePos};
+use dedupd::store::{Completed, Completion, DurableClaim, InProgress, KeyStore, Record, SLICE_SPAN_MS, SourcePos};
 use dedupd::store::{StoreBackend, StoreError, SyncMode};
 
 fn claim_of(n: u8) -> InProgress {
@@ -207,5 +208,42 @@ fn journal_rewrite_at_makes_rewrites_frequent_and_keeps_every_claim() {
         assert_eq!(store.get("k39").expect("read"), Some(Record::InProgress(claim_of(39))), "{kind}");
     }
     fail::remove("journal.rewrite_at");
+    scenario.teardown();
+}
+
+/// fjall: the slice emptied by compaction meets a full disk as it is dropped (its clear
+/// done, the write marking its number free refused). It stays open and read, and the next
+/// turn drops it.
+#[test]
+fn a_slice_that_fails_to_drop_stays_open_until_a_later_turn() {
+    let scenario = fail::FailScenario::setup();
+    let kind = StoreBackend::Fjall;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(kind, dir.path());
+    let early = claim_durably(&store, "early", 1).expect("claim");
+    let expiring = Completed { expires_at_ms: 100, ..completion_of(&early) };
+    store.complete(early, expiring).expect("complete");
+    let turned = store.turn_slices(SLICE_SPAN_MS).expect("turn");
+    assert!(turned.opened.is_some(), "a second slice");
+    let late = claim_durably(&store, "late", 2).expect("claim");
+    let completed = completion_of(&late);
+    store.complete(late, completed).expect("complete");
+    let live = |store: &KeyStore| {
+        store.slice_keys().into_iter().map(|(slice, keys)| (slice.number(), keys)).collect::<Vec<_>>()
+    };
+    // The compaction's delete passes; the drop's write after it fails.
+    fail::cfg("backend.apply", "1*off->return(enospc)").expect("failpoint");
+    let e = store.compact_expired(SLICE_SPAN_MS + 1, 10).expect_err("no space to mark the slice free");
+    assert_disk_full(&e, dir.path(), "the drop");
+    fail::remove("backend.apply");
+    assert_eq!(live(&store), vec![(0, 0), (1, 1)], "the first slice is still open, empty");
+    let keys: Vec<String> =
+        store.scan_records(None, 10).expect("scan every slice").into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, vec!["late".to_string()]);
+    assert_eq!(store.turn_slices(SLICE_SPAN_MS + 2).expect("turn").dropped.len(), 1, "dropped now");
+    assert_eq!(live(&store), vec![(1, 1)]);
+    drop(store);
+    assert_eq!(after_restart(kind, dir.path(), "early"), None);
+    assert!(matches!(after_restart(kind, dir.path(), "late"), Some(Record::Completed(_))));
     scenario.teardown();
 }

@@ -319,11 +319,18 @@ impl Backend for FjallBackend {
     /// others lost a new keyspace's writes after a SIGKILL in `tests/store_crash.rs`
     /// (fjall 3.1), where a cleared one is written and recovered as any other.
     fn drop_slice(&self, slice: Slice) -> Result<(), StoreError> {
-        let Some((keyspace, _)) = self.records.write().get_mut(slice.number()).and_then(Option::take) else {
-            return Ok(());
+        let keyspace = match self.records.read().get(slice.number()) {
+            Some(Some((keyspace, _))) => keyspace.clone(),
+            _ => return Ok(()),
         };
+        // Taken out of the table only once both steps are done: a slice that failed to
+        // drop stays open (and empty), to be dropped at a later turn.
         keyspace.clear().map_err(|e| engine_write_error("fjall", &self.path, &e))?;
-        self.apply(vec![Op::Put(Tree::Meta, slice_opened_key(slice), SLICE_FREE.to_le_bytes().to_vec())])
+        self.apply(vec![Op::Put(Tree::Meta, slice_opened_key(slice), SLICE_FREE.to_le_bytes().to_vec())])?;
+        if let Some(entry) = self.records.write().get_mut(slice.number()) {
+            *entry = None;
+        }
+        Ok(())
     }
 }
 
