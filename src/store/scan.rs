@@ -9,7 +9,7 @@ mod saved;
 
 pub(in crate::store) use saved::FILE_NAME as SAVED_FILTER_FILE;
 
-use super::{KeyStore, Record, StateCounts, StoreError, Tree, decode, state_index};
+use super::{KeyStore, KeyValue, Record, StateCounts, StoreError, Tree, decode, state_index};
 
 impl KeyStore {
     /// Recounts records per state by a full scan (after import).
@@ -58,17 +58,10 @@ impl KeyStore {
             }
             None => Vec::new(),
         };
-        // Each slice's page, merged: a key is in one slice at a time.
-        let mut page = Vec::new();
-        for slice in self.slices.live() {
-            page.extend(self.backend.scan(Tree::Records(slice), &start, None, limit)?);
-        }
-        page.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let full = page.len() >= limit;
-        page.truncate(limit);
+        let (page, more) = self.scan_slices(&start, limit)?;
         // Claims held by the journal are records too (and their keys are not in the
-        // backend): merged in, up to the backend page's last key when the page is full.
-        let upper = full.then(|| page.last().map(|(k, _)| k.clone())).flatten();
+        // backend): merged in, up to the backend page's last key when more may follow.
+        let upper = more.then(|| page.last().map(|(k, _)| k.clone())).flatten();
         let journaled = self.journaled_claims(&start, upper.as_deref());
         let mut records = page
             .into_iter()
@@ -83,6 +76,36 @@ impl KeyStore {
             records.truncate(limit);
         }
         Ok(records)
+    }
+
+    /// Up to `limit` records of the backend with keys from `start`, in key order, from every
+    /// slice (a key is in one slice at a time), and whether more may follow. Each slice is
+    /// read for its share of the page only, so a page costs about `limit` reads whatever
+    /// the number of slices: the page ends at the lowest last key of a slice that filled
+    /// its share, beyond which that slice was not read.
+    fn scan_slices(&self, start: &[u8], limit: usize) -> Result<(Vec<KeyValue>, bool), StoreError> {
+        let live = self.slices.live();
+        let share = if live.len() <= 1 { limit } else { limit / live.len() + 1 };
+        let mut page = Vec::new();
+        // Keys above it may be missing from the page.
+        let mut read_to: Option<Vec<u8>> = None;
+        for slice in live {
+            let part = self.backend.scan(Tree::Records(slice), start, None, share)?;
+            if part.len() == share
+                && let Some((last, _)) = part.last()
+                && read_to.as_ref().is_none_or(|to| last < to)
+            {
+                read_to = Some(last.clone());
+            }
+            page.extend(part);
+        }
+        page.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        if let Some(to) = &read_to {
+            page.retain(|(key, _)| key <= to);
+        }
+        let more = read_to.is_some() || page.len() > limit;
+        page.truncate(limit);
+        Ok((page, more))
     }
 
     /// The claims held by the journal with `start <= key <= upper`, unordered. Locks every
