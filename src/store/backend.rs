@@ -32,6 +32,12 @@ impl Slice {
     pub fn number(self) -> usize {
         usize::from(self.0)
     }
+
+    /// The slice opened last among `slices` (as [`Backend::slices`] lists them): the one
+    /// new keys go to.
+    pub fn newest(slices: &[(Slice, i64)]) -> Slice {
+        slices.iter().max_by_key(|&&(slice, opened)| (opened, slice)).map_or(Slice::FIRST, |&(s, _)| s)
+    }
 }
 
 /// The keyspaces a backend keeps.

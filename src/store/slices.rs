@@ -53,7 +53,7 @@ pub(super) struct SliceTable {
 impl SliceTable {
     /// The slices the backend holds; the newest opened takes new keys.
     pub(super) fn new(live: Vec<(Slice, i64)>) -> SliceTable {
-        let newest = live.iter().max_by_key(|&&(slice, opened)| (opened, slice)).map_or(Slice::FIRST, |&(s, _)| s);
+        let newest = Slice::newest(&live);
         SliceTable { current: AtomicUsize::new(newest.number()), live: Mutex::new(live) }
     }
 

@@ -58,7 +58,7 @@ impl ClaimJournal {
         // Before the presence filter exists: every slice is read, and the claims go to the
         // newest, which the store's current slice will be (`slices`).
         let slices = backend.slices();
-        let newest = slices.iter().max_by_key(|&&(slice, opened)| (opened, slice)).map_or(Slice::FIRST, |&(s, _)| s);
+        let newest = Slice::newest(&slices);
         for (key, claim) in ClaimJournal::read(path)? {
             let mut held = false;
             for &(slice, _) in &slices {
