@@ -57,6 +57,7 @@ fn config_goes_before_or_after_the_subcommand() {
     assert_eq!(after.0, 0, "{after:?}");
     let record: serde_json::Value = serde_json::from_str(&after.1).unwrap();
     assert_eq!((record["key"].as_str(), record["state"].as_str()), (Some("k1"), Some("completed")));
+    assert_eq!(record["expired"], false, "{record}");
     assert_eq!(before, after);
     assert_eq!(long_before, after);
 

@@ -33,7 +33,7 @@ impl Direct {
     /// The record as JSON.
     pub fn inspect(&self, key: &str) -> Result<Value, CliError> {
         match self.store.get(key)? {
-            Some(r) => Ok(record_json(key, &r)),
+            Some(r) => Ok(record_json(key, &r, SystemClock.now_ms())),
             None => Err(CliError::NotFound(format!("key {} has no record", super::output::quoted(key)))),
         }
     }
@@ -51,8 +51,9 @@ impl Direct {
     /// Resolves an indeterminate key; returns the new record as JSON.
     pub fn resolve(&self, key: &str, outcome: Completion) -> Result<Value, CliError> {
         let ttl = i64::try_from(self.config.store.default_ttl.as_millis()).unwrap_or(i64::MAX);
-        match self.store.resolve(key, outcome, SystemClock.now_ms(), ttl) {
-            Ok(r) => Ok(record_json(key, &r)),
+        let now = SystemClock.now_ms();
+        match self.store.resolve(key, outcome, now, ttl) {
+            Ok(r) => Ok(record_json(key, &r, now)),
             Err(e @ ResolveError::NotFound(_)) => Err(CliError::NotFound(e.to_string())),
             Err(e @ ResolveError::NotIndeterminate { .. }) => Err(CliError::Conflict(e.to_string())),
             Err(ResolveError::Store(e)) => Err(e.into()),

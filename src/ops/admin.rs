@@ -177,7 +177,7 @@ async fn inspect_query(State(a): State<AdminApi>, params: Result<Query<KeyParam>
 
 async fn inspect_key(a: AdminApi, key: String) -> ApiResult {
     blocking(move || match a.store.get(&key).map_err(internal)? {
-        Some(r) => Ok(axum::Json(record_json(&key, &r)).into_response()),
+        Some(r) => Ok(axum::Json(record_json(&key, &r, SystemClock.now_ms())).into_response()),
         None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("key {} has no record", quoted(&key)))),
     })
     .await
@@ -263,7 +263,7 @@ async fn resolve_key(a: AdminApi, key: String, body: Bytes) -> ApiResult {
         let now = SystemClock.now_ms();
         let ttl = i64::try_from(a.resolve_ttl.as_millis()).unwrap_or(i64::MAX);
         match a.store.resolve(&key, body.outcome, now, ttl) {
-            Ok(r) => Ok(axum::Json(record_json(&key, &r)).into_response()),
+            Ok(r) => Ok(axum::Json(record_json(&key, &r, now)).into_response()),
             Err(e @ ResolveError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
             Err(e @ ResolveError::NotIndeterminate { .. }) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
             Err(ResolveError::Store(e)) => Err(internal(e)),

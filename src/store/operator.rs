@@ -100,8 +100,9 @@ impl KeyStore {
     }
 }
 
-/// A record as JSON for people and JSON Lines export.
-pub fn record_json(key: &str, record: &Record) -> serde_json::Value {
+/// A record as JSON for people (`inspect`, `resolve`), read at `now_ms`: a completed record
+/// says whether it has expired.
+pub fn record_json(key: &str, record: &Record, now_ms: i64) -> serde_json::Value {
     use crate::time::rfc3339_ms;
     use serde_json::json;
     match record {
@@ -118,10 +119,40 @@ pub fn record_json(key: &str, record: &Record) -> serde_json::Value {
             "error": r.error, "first_seen_at": rfc3339_ms(r.first_seen_at_ms),
             "completed_at": rfc3339_ms(r.completed_at_ms), "expires_at": rfc3339_ms(r.expires_at_ms),
             "attempts": r.attempts, "source": r.source,
+            // Past `expires_at` the record is as good as absent (the decision table reads it
+            // so) until compaction removes it: the key's next command runs again.
+            "expired": record.is_expired(now_ms),
         }),
         Record::Indeterminate(r) => json!({
             "key": key, "state": "indeterminate", "fingerprint": r.fingerprint.to_string(),
             "claimed_at": rfc3339_ms(r.claimed_at_ms), "attempts": r.attempts, "why": r.why,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+
+    #[test]
+    fn a_completed_record_says_whether_it_has_expired() {
+        let record = Record::Completed(Completed {
+            fingerprint: Fingerprint([7; 32]),
+            outcome: Completion::Succeeded,
+            result: br#"{"ok":true}"#.to_vec(),
+            error: None,
+            first_seen_at_ms: 1_000,
+            completed_at_ms: 2_000,
+            expires_at_ms: 10_000,
+            attempts: 1,
+            source: None,
+        });
+        // Expired from `expires_at` on, as the decision table reads it (`Record::is_expired`).
+        for (now, expired) in [(9_999, false), (10_000, true), (20_000, true)] {
+            let json = record_json("k", &record, now);
+            assert_eq!(json["expired"], expired, "at {now}");
+            assert_eq!(json["expires_at"], "1970-01-01T00:00:10.000Z");
+        }
     }
 }
