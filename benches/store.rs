@@ -192,8 +192,9 @@ struct LookupSamples {
 }
 
 impl LookupSamples {
-    fn new(n: u64, lookups: u64) -> Self {
-        let draw = |seed: u64| (0..lookups).map(|j| key(splitmix(j ^ seed) % n)).collect();
+    /// Samples of the keys `first..n`.
+    fn new(first: u64, n: u64, lookups: u64) -> Self {
+        let draw = |seed: u64| (0..lookups).map(|j| key(first + splitmix(j ^ seed) % (n - first))).collect();
         Self { after_writes: draw(0x5eed), once_idle: draw(0x1d1e_5eed) }
     }
 }
@@ -237,7 +238,14 @@ fn measure_lookups(samples: &LookupSamples, mut get: impl FnMut(&str) -> bool) {
 
 /// dedupd's KeyStore over the backend.
 fn store_child(config: &StoreConfig, n: u64, lookups: u64) {
-    let samples = LookupSamples::new(n, lookups);
+    if std::env::var_os("DEDUPD_BENCH_LOOKUPS_ONLY").is_some() {
+        // For profiling and trials of settings that a reopen takes: the lookups alone, over
+        // the store a full child of the same `--keys` left in `--dir` (its oldest removed).
+        let store = KeyStore::open_configured(config).unwrap();
+        measure_lookups(&LookupSamples::new(removes(n), n, lookups), |k| store.get(k).unwrap().is_some());
+        return;
+    }
+    let samples = LookupSamples::new(0, n, lookups);
     let rss0 = proc_status_kib("VmRSS:");
     let store = KeyStore::open_configured(config).unwrap();
 

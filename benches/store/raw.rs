@@ -18,7 +18,7 @@ pub(super) fn raw_child(backend: StoreBackend, n: u64, lookups: u64, dir: &Path)
     let Some(&(_, raw_floor)) = RAW_FLOORS.iter().find(|(b, _)| *b == backend) else {
         panic!("backend {backend} has no raw floor: add one to RAW_FLOORS");
     };
-    let samples = LookupSamples::new(n, lookups);
+    let samples = LookupSamples::new(0, n, lookups);
     let rss0 = proc_status_kib("VmRSS:");
     raw_floor(RawInput { n, samples: &samples, dir, rss0 });
     emit("rss_hwm_kib", proc_status_kib("VmHWM:").saturating_sub(rss0) as f64);
