@@ -175,3 +175,24 @@ fn a_rule_an_environment_variable_breaks_is_reported_with_the_variable_not_a_lin
     );
     assert!(out.trim_end().ends_with(&format!("{p}: 1 problem(s)")), "{out}");
 }
+
+#[test]
+fn every_problem_of_one_sink_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\ninput_topics = [\"in\"]\n\n\
+                [sinks.runner]\nkind = \"exec\"\nprogram = \"\"\ntimeout = \"0s\"\ntransient_exit_codes = [0]\n\n\
+                [sinks.runner.circuit]\nprobe_backoff = \"0s\"\n";
+    let path = write(dir.path(), head);
+    let (code, out) = check_config(&path, &[]);
+    let p = path.display();
+    assert_eq!(code, 2, "{out}");
+    for (line, key) in [
+        (7, "sinks.runner.program"),
+        (8, "sinks.runner.timeout"),
+        (9, "sinks.runner.transient_exit_codes"),
+        (12, "sinks.runner.circuit.probe_backoff"),
+    ] {
+        assert!(out.contains(&format!("{p}:{line}: config key `{key}`")), "missing {key} in:\n{out}");
+    }
+    assert!(out.trim_end().ends_with(&format!("{p}: 4 problem(s)")), "{out}");
+}

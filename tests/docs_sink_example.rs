@@ -36,14 +36,14 @@ fn the_doc_shows_the_compiled_text() {
 #[test]
 fn its_config_parses_validates_and_states_its_facts() {
     let config: FileSinkConfig = toml::from_str("path = \"/var/lib/dedupd/journal.jsonl\"").unwrap();
-    assert_eq!(config.validate("sinks.journal"), Ok(()));
+    assert_eq!(config.problems("sinks.journal"), vec![]);
     assert!(config.forwards_key());
     let sink = Sink::build("journal", &config).unwrap();
     assert_eq!(sink.name(), "journal");
     assert!(sink.forwards_key());
     assert!(sink.circuit().is_some(), "the breaker is on by default, as for every kind");
     let empty: FileSinkConfig = toml::from_str("path = \"\"").unwrap();
-    assert_eq!(empty.validate("sinks.journal").unwrap_err().0, "sinks.journal.path");
+    assert_eq!(empty.problems("sinks.journal")[0].0, "sinks.journal.path");
     assert!(toml::from_str::<FileSinkConfig>("path = \"x\"\nmode = 1").is_err(), "unknown keys are refused");
 }
 

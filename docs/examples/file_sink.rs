@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::circuit::CircuitConfig;
 use super::limit::SinkLimits;
-use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of a `file` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -26,12 +26,11 @@ pub struct FileSinkConfig {
 }
 
 impl SinkKind for FileSinkConfig {
-    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        self.limits.validate(at)?;
+    fn validate(&self, problems: &mut Problems<'_>) {
+        problems.check(self.limits.validate(problems.at()));
         if self.path.as_os_str().is_empty() {
-            return Err((format!("{at}.path"), String::new(), "must name a file".into()));
+            problems.add("path", "", "must name a file");
         }
-        Ok(())
     }
 
     fn forwards_key(&self) -> bool {

@@ -99,7 +99,7 @@ impl Config {
             ));
         }
         for (name, sink) in &self.sinks {
-            if let Err((key, value, reason)) = sink.validate(&format!("sinks.{name}")) {
+            for (key, value, reason) in sink.problems(&format!("sinks.{name}")) {
                 errors.push(invalid(&key, value, reason));
             }
         }

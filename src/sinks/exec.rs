@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of an `exec` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -93,21 +93,20 @@ impl SinkKind for ExecSinkConfig {
         &self.circuit
     }
 
-    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        self.limits.validate(at)?;
+    fn validate(&self, problems: &mut Problems<'_>) {
+        problems.check(self.limits.validate(problems.at()));
         if self.program.trim().is_empty() {
-            return Err((format!("{at}.program"), self.program.clone(), "must name a program".into()));
+            problems.add("program", self.program.clone(), "must name a program");
         }
         if self.timeout.is_zero() {
-            return Err((format!("{at}.timeout"), "0s".into(), "must be positive".into()));
+            problems.add("timeout", "0s", "must be positive");
         }
         if let Some(zero) = self.transient_exit_codes.iter().find(|c| **c == 0) {
-            return Err((format!("{at}.transient_exit_codes"), zero.to_string(), "0 means success".into()));
+            problems.add("transient_exit_codes", zero.to_string(), "0 means success");
         }
         if let Some(bad) = self.env_passthrough.iter().find(|n| n.is_empty() || n.contains('=') || n.contains('\0')) {
-            return Err((format!("{at}.env_passthrough"), bad.clone(), "not an environment variable name".into()));
+            problems.add("env_passthrough", bad.clone(), "not an environment variable name");
         }
-        Ok(())
     }
 
     fn forwards_key(&self) -> bool {
@@ -120,10 +119,9 @@ impl SinkKind for ExecSinkConfig {
     }
 
     fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
-        self.validate(&format!("sinks.{name}")).map_err(|(key, value, reason)| SinkBuildError {
-            name: name.to_string(),
-            reason: format!("{key} = {value:?}: {reason}"),
-        })?;
+        if let Some((key, value, reason)) = self.problems(&format!("sinks.{name}")).into_iter().next() {
+            return Err(SinkBuildError { name: name.to_string(), reason: format!("{key} = {value:?}: {reason}") });
+        }
         Ok(Arc::new(ExecSink::new(self)))
     }
 }
@@ -358,10 +356,10 @@ mod tests {
     #[test]
     fn validation_names_the_key() {
         let config: ExecSinkConfig = toml::from_str("program = \"/bin/true\"\ntransient_exit_codes = [75, 0]").unwrap();
-        let (key, value, _) = config.validate("sinks.x").unwrap_err();
+        let (key, value, _) = config.problems("sinks.x")[0].clone();
         assert_eq!((key.as_str(), value.as_str()), ("sinks.x.transient_exit_codes", "0"));
         let config: ExecSinkConfig = toml::from_str("program = \"/bin/true\"\ntimeout = \"0s\"").unwrap();
-        assert_eq!(config.validate("sinks.x").unwrap_err().0, "sinks.x.timeout");
+        assert_eq!(config.problems("sinks.x")[0].0, "sinks.x.timeout");
         assert!(toml::from_str::<ExecSinkConfig>("program = \"/bin/true\"\nmax_output_bytes = 0").is_err());
     }
 

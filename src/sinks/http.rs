@@ -45,7 +45,7 @@ use self::outgoing::Outgoing;
 pub use self::response::MAX_BODY_BYTES;
 use self::response::{describe, read_body};
 use super::limit::SinkLimits;
-use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of an `http` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -146,12 +146,12 @@ impl Default for HttpSinkConfig {
 
 impl SinkKind for HttpSinkConfig {
     /// Checks what can be checked without the environment.
-    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        outgoing::validate(self, at)?;
+    fn validate(&self, problems: &mut Problems<'_>) {
+        outgoing::validate(self, problems);
         if self.request_timeout.is_zero() {
-            return Err((format!("{at}.request_timeout"), "0s".into(), "must be positive".into()));
+            problems.add("request_timeout", "0s", "must be positive");
         }
-        self.limits.validate(at)
+        problems.check(self.limits.validate(problems.at()));
     }
 
     fn forwards_key(&self) -> bool {
@@ -426,9 +426,9 @@ mod tests {
 
     #[test]
     fn validate_names_header_auth_and_template_keys() {
-        let key = |c: &HttpSinkConfig| c.validate("sinks.h").unwrap_err().0;
+        let key = |c: &HttpSinkConfig| c.problems("sinks.h")[0].0.clone();
         let mut c = config("https://api.test/x/{/id}");
-        assert!(c.validate("sinks.h").is_ok());
+        assert!(c.problems("sinks.h").is_empty());
         c.headers.insert("Idempotency-Key".into(), "x".into());
         assert_eq!(key(&c), "sinks.h.headers");
         let mut c = config("https://api.test/");

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::limit::SinkLimits;
 use super::template::JsonTemplate;
-use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 use crate::connection::{ConnectionConfig, ConnectionError};
 
 /// Config of a `kafka` sink.
@@ -132,45 +132,45 @@ impl KafkaSinkConfig {
 }
 
 impl SinkKind for KafkaSinkConfig {
-    /// Checks the values; on error returns (key, value, reason).
-    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+    fn validate(&self, problems: &mut Problems<'_>) {
         if self.bootstrap_servers.as_deref().is_none_or(|b| b.trim().is_empty()) {
-            return Err((format!("{at}.bootstrap_servers"), "\"\"".into(), "must list at least one host:port".into()));
+            problems.add("bootstrap_servers", "\"\"", "must list at least one host:port");
         }
         if self.topic.trim().is_empty() {
-            return Err((format!("{at}.topic"), "\"\"".into(), "must not be empty".into()));
+            problems.add("topic", "\"\"", "must not be empty");
         }
         let own_connection = self.connection.as_ref().filter(|_| !self.connection_inherited);
-        if let Some((property, value)) = own_connection.and_then(|c| c.per_client_properties().into_iter().next()) {
-            return Err((
-                crate::connection::key_of(&format!("{at}.connection"), property),
+        for (property, value) in own_connection.map(|c| c.per_client_properties()).unwrap_or_default() {
+            problems.check(Err((
+                crate::connection::key_of(&format!("{}.connection", problems.at()), property),
                 value,
                 "is set by dedupd for each client (docs/config.md) and cannot be shared".into(),
-            ));
+            )));
         }
         for key in RESERVED {
             if let Some(value) = self.producer.get(key) {
-                return Err((
-                    format!("{at}.producer.\"{key}\""),
+                problems.add(
+                    &format!("producer.\"{key}\""),
                     value.clone(),
-                    "is set by dedupd itself (use bootstrap_servers / delivery_timeout)".into(),
-                ));
+                    "is set by dedupd itself (use bootstrap_servers / delivery_timeout)",
+                );
             }
         }
         if self.delivery_timeout < Duration::from_millis(1)
             || self.delivery_timeout > Duration::from_millis(i32::MAX as u64)
         {
-            return Err((
-                format!("{at}.delivery_timeout"),
+            problems.add(
+                "delivery_timeout",
                 humantime::format_duration(self.delivery_timeout).to_string(),
-                "must be between 1ms and ~24 days".into(),
-            ));
+                "must be between 1ms and ~24 days",
+            );
         }
-        if let Some(template) = &self.template {
-            JsonTemplate::parse(template)
-                .map_err(|e| (format!("{at}.template"), template.to_string(), e.to_string()))?;
+        if let Some(template) = &self.template
+            && let Err(e) = JsonTemplate::parse(template)
+        {
+            problems.add("template", template.to_string(), e.to_string());
         }
-        self.limits.validate(at)
+        problems.check(self.limits.validate(problems.at()));
     }
 
     fn forwards_key(&self) -> bool {
@@ -384,14 +384,14 @@ mod tests {
     fn validate_names_the_key() {
         let mut c = config();
         c.producer.insert("acks".into(), "1".into());
-        assert_eq!(c.validate("sinks.k").unwrap_err().0, "sinks.k.producer.\"acks\"");
+        assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.producer.\"acks\"");
         let mut c = config();
         c.topic = " ".into();
-        assert_eq!(c.validate("sinks.k").unwrap_err().0, "sinks.k.topic");
+        assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.topic");
         let mut c = config();
         c.template = Some(json!({"x": "{broken"}));
-        assert_eq!(c.validate("sinks.k").unwrap_err().0, "sinks.k.template");
-        assert!(config().validate("sinks.k").is_ok());
+        assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.template");
+        assert!(config().problems("sinks.k").is_empty());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::limit::SinkLimits;
-use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// Config of a `log` sink.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -20,8 +20,8 @@ pub struct LogSinkConfig {
 }
 
 impl SinkKind for LogSinkConfig {
-    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        self.limits.validate(at)
+    fn validate(&self, problems: &mut Problems<'_>) {
+        problems.check(self.limits.validate(problems.at()));
     }
 
     fn forwards_key(&self) -> bool {

@@ -8,7 +8,7 @@
 //! declare the module below, and add ONE line to the `sink_kinds!` registration. Each fact
 //! about an instance is stated once, by its config ([`SinkKind`]); the runtime only
 //! performs the effect. The registration generates the `kind = "..."`-tagged [`SinkConfig`]
-//! enum and all of its dispatch (`validate`, `forwards_key`, `kind`, and building in
+//! enum and all of its dispatch (`problems`, `forwards_key`, `kind`, and building in
 //! [`build_all`]); no dispatch code elsewhere names a kind. What the engine holds is a
 //! [`Sink`]: those facts (name, key forwarding, circuit breaker) around the kind's effect.
 
@@ -18,6 +18,7 @@ pub mod http;
 pub mod kafka;
 pub mod limit;
 pub mod log;
+mod problems;
 pub mod smtp;
 pub mod template;
 
@@ -32,13 +33,21 @@ use tokio_util::sync::CancellationToken;
 
 use self::circuit::{Admission, Circuit, CircuitConfig};
 use self::limit::{LimitPermit, LimitedEffect, SinkLimiter, SinkLimits};
+pub use self::problems::{Problem, Problems};
 use crate::store::DurableClaim;
 
 /// What a kind's config provides; the `sink_kinds!` registration dispatches to it.
 pub trait SinkKind {
-    /// Checks the kind's values; on error returns (key, value, reason) with the key spelled
-    /// from `at` (e.g. `sinks.payments-api`), as [`crate::config::Config::validate`] reports it.
-    fn validate(&self, at: &str) -> Result<(), (String, String, String)>;
+    /// Checks the kind's values, adding each problem to `problems` (whose keys start with
+    /// `sinks.NAME`); keeps going after one, so that every problem is reported at once.
+    fn validate(&self, problems: &mut Problems<'_>);
+    /// Every problem of this instance's config (its keys starting with `at`, `sinks.NAME`),
+    /// in the order [`validate`](Self::validate) checks them; empty when it is valid.
+    fn problems(&self, at: &str) -> Vec<Problem> {
+        let mut problems = Problems::new(at);
+        self.validate(&mut problems);
+        problems.into_vec()
+    }
     /// Whether an instance with this config passes the key downstream so that re-running an
     /// orphaned claim is safe (docs/contract.md §4); `false` makes such a claim `indeterminate`.
     fn forwards_key(&self) -> bool;
@@ -102,10 +111,13 @@ sink_kinds! {
 }
 
 impl SinkConfig {
-    /// Checks the kind's values; on error returns (key, value, reason).
-    pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        self.as_kind().validate(at)?;
-        self.as_kind().circuit().validate(at)
+    /// Every problem of the instance's config (the kind's values, then its circuit's), each
+    /// a (key, value, reason) with the key starting with `at` (`sinks.NAME`).
+    pub fn problems(&self, at: &str) -> Vec<Problem> {
+        let mut problems = Problems::new(at);
+        self.as_kind().validate(&mut problems);
+        problems.check(self.as_kind().circuit().validate(at));
+        problems.into_vec()
     }
 
     /// Whether this instance passes the key downstream so that a re-run is safe.

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// How the connection to the relay is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -151,44 +151,44 @@ impl SinkKind for SmtpSinkConfig {
         &self.circuit
     }
 
-    fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
-        self.limits.validate(at)?;
-        let err =
-            |key: &str, value: &str, reason: &str| Err((format!("{at}.{key}"), value.to_string(), reason.to_string()));
+    fn validate(&self, problems: &mut Problems<'_>) {
+        problems.check(self.limits.validate(problems.at()));
         if self.host.trim().is_empty() {
-            return err("host", &self.host, "must name the relay");
-        }
-        if self.tls == SmtpTls::None && !is_loopback(&self.host) {
-            return err("tls", "none", "plain text is only allowed to a loopback host; use starttls or tls");
+            problems.add("host", self.host.clone(), "must name the relay");
+        } else if self.tls == SmtpTls::None && !is_loopback(&self.host) {
+            problems.add("tls", "none", "plain text is only allowed to a loopback host; use starttls or tls");
         }
         if self.timeout.is_zero() {
-            return err("timeout", "0s", "must be positive");
+            problems.add("timeout", "0s", "must be positive");
         }
         if let Some(path) = &self.ca_file
             && self.tls == SmtpTls::None
         {
-            return err("ca_file", &path.display().to_string(), "needs tls = \"starttls\" or \"tls\"");
+            problems.add("ca_file", path.display().to_string(), "needs tls = \"starttls\" or \"tls\"");
         }
         if !is_domain(&self.message_id_domain) {
-            return err("message_id_domain", &self.message_id_domain, "must be a domain (letters, digits, '-', dots)");
+            problems.add(
+                "message_id_domain",
+                self.message_id_domain.clone(),
+                "must be a domain (letters, digits, '-', dots)",
+            );
         }
         match (&self.username, &self.password, &self.password_env) {
-            (_, Some(_), Some(_)) => return err("password_env", "", "set password or password_env, not both"),
-            (Some(_), None, None) => return err("username", "", "needs password or password_env"),
-            (None, Some(_), _) | (None, _, Some(_)) => return err("username", "", "a password needs a username"),
+            (_, Some(_), Some(_)) => problems.add("password_env", "", "set password or password_env, not both"),
+            (Some(_), None, None) => problems.add("username", "", "needs password or password_env"),
+            (None, Some(_), _) | (None, _, Some(_)) => problems.add("username", "", "a password needs a username"),
             _ => {}
         }
         if let Some(from) = &self.from
             && let Err(e) = from.parse::<Mailbox>()
         {
-            return err("from", from, &format!("not an email address: {e}"));
+            problems.add("from", from.clone(), format!("not an email address: {e}"));
         }
         if let Some(name) = &self.helo_name
             && !is_domain(name)
         {
-            return err("helo_name", name, "must be a domain");
+            problems.add("helo_name", name.clone(), "must be a domain");
         }
-        Ok(())
     }
 
     fn forwards_key(&self) -> bool {
@@ -236,9 +236,9 @@ impl SmtpSink {
     /// Builds the sink: checks the config, reads `password_env`, prepares TLS.
     pub fn new(name: &str, config: &SmtpSinkConfig) -> Result<SmtpSink, SinkBuildError> {
         let fail = |reason: String| SinkBuildError { name: name.to_string(), reason };
-        config
-            .validate(&format!("sinks.{name}"))
-            .map_err(|(key, value, reason)| fail(format!("{key} = {value:?}: {reason}")))?;
+        if let Some((key, value, reason)) = config.problems(&format!("sinks.{name}")).into_iter().next() {
+            return Err(fail(format!("{key} = {value:?}: {reason}")));
+        }
         let password = match (&config.password, &config.password_env) {
             (Some(p), _) => Some(p.clone()),
             (None, Some(var)) => Some(std::env::var(var).map_err(|e| fail(format!("password_env {var}: {e}")))?),
@@ -396,7 +396,7 @@ mod tests {
     fn validation_names_the_key() {
         let base = "host = \"127.0.0.1\"\ntls = \"none\"\nmessage_id_domain = \"mail.example\"\n";
         let ok: SmtpSinkConfig = toml::from_str(base).unwrap();
-        assert_eq!(ok.validate("sinks.m"), Ok(()));
+        assert_eq!(ok.problems("sinks.m"), vec![]);
         assert!(!ok.forwards_key(), "does not forward the key unless configured");
         let cases = [
             ("host = \"smtp.example.com\"\ntls = \"none\"\nmessage_id_domain = \"x\"", "sinks.m.tls"),
@@ -409,7 +409,7 @@ mod tests {
         ];
         for (text, key) in cases {
             let config: SmtpSinkConfig = toml::from_str(text).unwrap();
-            assert_eq!(config.validate("sinks.m").unwrap_err().0, key, "{text}");
+            assert_eq!(config.problems("sinks.m")[0].0, key, "{text}");
         }
     }
 

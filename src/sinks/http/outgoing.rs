@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::HttpSinkError;
+use crate::sinks::Problems;
 use crate::sinks::template::{Encoding, JsonTemplate, StringTemplate, TemplateError};
 
 /// `auth = { bearer_env = "VAR" }` or `auth = { basic_user = "u", basic_password_env = "VAR" }`.
@@ -272,35 +273,37 @@ fn base64(bytes: &[u8]) -> String {
 }
 
 /// Checks what can be checked without the environment (for config validation).
-pub(super) fn validate(config: &super::HttpSinkConfig, at: &str) -> Result<(), (String, String, String)> {
-    url_source("", &config.url).map_err(|e| match e {
-        HttpSinkError::InvalidUrl { reason, .. } => (format!("{at}.url"), config.url.clone(), reason),
-        other => (format!("{at}.url"), config.url.clone(), other.to_string()),
-    })?;
+pub(super) fn validate(config: &super::HttpSinkConfig, problems: &mut Problems<'_>) {
+    match url_source("", &config.url) {
+        Ok(_) => {}
+        Err(HttpSinkError::InvalidUrl { reason, .. }) => problems.add("url", config.url.clone(), reason),
+        Err(other) => problems.add("url", config.url.clone(), other.to_string()),
+    }
     let auth_set = config.auth.is_some();
     for (name, value) in &config.headers {
-        check_header_name(name, auth_set).map_err(|r| (format!("{at}.headers"), name.clone(), r))?;
+        if let Err(reason) = check_header_name(name, auth_set) {
+            problems.add("headers", name.clone(), reason);
+        }
         if HeaderValue::from_str(value).is_err() {
-            return Err((format!("{at}.headers.{name}"), value.clone(), "is not a valid header value".into()));
+            problems.add(&format!("headers.{name}"), value.clone(), "is not a valid header value");
         }
     }
     for (name, var) in &config.headers_from_env {
-        check_header_name(name, auth_set).map_err(|r| (format!("{at}.headers_from_env"), name.clone(), r))?;
+        if let Err(reason) = check_header_name(name, auth_set) {
+            problems.add("headers_from_env", name.clone(), reason);
+        }
         if var.trim().is_empty() {
-            return Err((
-                format!("{at}.headers_from_env.{name}"),
-                "\"\"".into(),
-                "must name an environment variable".into(),
-            ));
+            problems.add(&format!("headers_from_env.{name}"), "\"\"", "must name an environment variable");
         }
     }
     if let Some(auth) = &config.auth {
-        auth.validate(at)?;
+        problems.check(auth.validate(problems.at()));
     }
-    if let Some(body) = &config.body_template {
-        JsonTemplate::parse(body).map_err(|e| (format!("{at}.body_template"), body.to_string(), e.to_string()))?;
+    if let Some(body) = &config.body_template
+        && let Err(e) = JsonTemplate::parse(body)
+    {
+        problems.add("body_template", body.to_string(), e.to_string());
     }
-    Ok(())
 }
 
 #[cfg(test)]
