@@ -141,11 +141,11 @@ impl SinkKind for KafkaSinkConfig {
         }
         let own_connection = self.connection.as_ref().filter(|_| !self.connection_inherited);
         for (property, value) in own_connection.map(|c| c.per_client_properties()).unwrap_or_default() {
-            problems.check(Err((
+            problems.push((
                 crate::connection::key_of(&format!("{}.connection", problems.at()), property),
                 value,
                 "is set by dedupd for each client (docs/config.md) and cannot be shared".into(),
-            )));
+            ));
         }
         for key in RESERVED {
             if let Some(value) = self.producer.get(key) {
@@ -392,6 +392,11 @@ mod tests {
         c.template = Some(json!({"x": "{broken"}));
         assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.template");
         assert!(config().problems("sinks.k").is_empty());
+        // Every problem, in the order they are checked, not only the first.
+        c.topic = " ".into();
+        c.producer.insert("acks".into(), "1".into());
+        let keys: Vec<String> = c.problems("sinks.k").into_iter().map(|(key, _, _)| key).collect();
+        assert_eq!(keys, ["sinks.k.topic", "sinks.k.producer.\"acks\"", "sinks.k.template"]);
     }
 
     #[test]

@@ -29,10 +29,15 @@ impl<'a> Problems<'a> {
         self.found.push((format!("{}.{key}", self.at), value.into(), reason.into()));
     }
 
+    /// A problem whose key is already spelled in full.
+    pub fn push(&mut self, problem: Problem) {
+        self.found.push(problem);
+    }
+
     /// The first problem of a part that checks itself (`limits`, `circuit`, `auth`), if any.
     pub fn check(&mut self, part: Result<(), Problem>) {
         if let Err(problem) = part {
-            self.found.push(problem);
+            self.push(problem);
         }
     }
 
