@@ -133,21 +133,10 @@ pub fn record_json(key: &str, record: &Record, now_ms: i64) -> serde_json::Value
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::Fingerprint;
 
     #[test]
     fn a_completed_record_says_whether_it_has_expired() {
-        let record = Record::Completed(Completed {
-            fingerprint: Fingerprint([7; 32]),
-            outcome: Completion::Succeeded,
-            result: br#"{"ok":true}"#.to_vec(),
-            error: None,
-            first_seen_at_ms: 1_000,
-            completed_at_ms: 2_000,
-            expires_at_ms: 10_000,
-            attempts: 1,
-            source: None,
-        });
+        let record = Record::Completed(crate::store::tests::completed(7, 10_000));
         // Expired from `expires_at` on, as the decision table reads it (`Record::is_expired`).
         for (now, expired) in [(9_999, false), (10_000, true), (20_000, true)] {
             let json = record_json("k", &record, now);
