@@ -12,21 +12,30 @@ FROM rust:1.95-bookworm AS build
 # rdkafka-sys builds the bundled librdkafka with its own configure + make (no cmake), with
 # OpenSSL (openssl-src: needs perl), zlib and zstd built from crates.io sources as well; it
 # needs a C toolchain, make, perl and pkg-config. Listed explicitly rather than relying on
-# the base image.
+# the base image; python3 runs scripts/third-party-licenses.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      build-essential perl pkg-config \
+      build-essential perl pkg-config python3 \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Everything cargo needs to resolve the package's targets (benches are declared in
 # Cargo.toml, so their files must exist even though only the binary is built).
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock LICENSE ./
 COPY src ./src
 COPY benches ./benches
+COPY scripts/third-party-licenses ./scripts/third-party-licenses
+COPY scripts/licenses ./scripts/licenses
+# The notices in the same step as the build: they read the package sources in the registry
+# cache, which is mounted only here.
+ARG VERSION=dev
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin dedupd \
- && install -m 0755 target/release/dedupd /usr/local/bin/dedupd
+ && install -m 0755 target/release/dedupd /usr/local/bin/dedupd \
+ && install -d /usr/local/share/doc/dedupd \
+ && install -m 0644 LICENSE /usr/local/share/doc/dedupd/LICENSE \
+ && scripts/third-party-licenses "$(rustc -vV | sed -n 's/^host: //p')" "$VERSION" \
+      > /usr/local/share/doc/dedupd/THIRD-PARTY-LICENSES
 
 FROM debian:bookworm-slim AS runtime
 # OCI image labels; scripts/release passes VERSION and REVISION (docker build --build-arg).
@@ -36,7 +45,8 @@ LABEL org.opencontainers.image.title="dedupd" \
       org.opencontainers.image.description="Consumer-side deduplication for side-effect commands on Kafka" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.documentation="README.md, docs/runbook.md"
+      org.opencontainers.image.documentation="README.md, docs/runbook.md" \
+      org.opencontainers.image.licenses="LicenseRef-dedupd-proprietary"
 # ca-certificates: HTTPS sinks, and Kafka over TLS with "ssl.ca.location" = "probe",
 # verify servers against the system roots. tini: PID 1 that forwards SIGTERM to dedupd (whose
 # drain needs it) and reaps the `exec` sink's children.
@@ -48,6 +58,7 @@ RUN apt-get update \
  && install -d -o dedupd -g dedupd -m 0750 /var/lib/dedupd \
  && install -d -m 0755 /etc/dedupd
 COPY --from=build /usr/local/bin/dedupd /usr/local/bin/dedupd
+COPY --from=build /usr/local/share/doc/dedupd /usr/share/doc/dedupd
 COPY deploy/dedupd.toml /etc/dedupd/dedupd.toml
 # In a container the listener must not be loopback-only; the store lives on the volume.
 ENV DEDUPD_CONFIG=/etc/dedupd/dedupd.toml \

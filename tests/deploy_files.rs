@@ -212,9 +212,15 @@ fn every_file_the_dockerfile_copies_exists() {
     // An init process as PID 1 (signals forwarded, children reaped) and OCI labels.
     assert!(dockerfile.contains(r#"ENTRYPOINT ["/usr/bin/tini", "--", "dedupd"]"#), "tini runs dedupd");
     assert!(dockerfile.contains("ca-certificates tini"), "tini is installed");
-    for label in ["title", "description", "version", "revision"] {
+    for label in ["title", "description", "version", "revision", "licenses"] {
         assert!(dockerfile.contains(&format!("org.opencontainers.image.{label}=")), "OCI label {label}");
     }
+    // The image carries dedupd's license and the notices of what its binary links in.
+    assert!(dockerfile.contains("scripts/third-party-licenses"), "the build writes the third-party notices");
+    assert!(
+        dockerfile.contains("COPY --from=build /usr/local/share/doc/dedupd /usr/share/doc/dedupd"),
+        "the runtime image has LICENSE and THIRD-PARTY-LICENSES"
+    );
 }
 
 /// The documents of a kustomization's `resources` (files, not directories), by kind.
