@@ -91,21 +91,48 @@ pub fn check_client(what: &str, config: &ClientConfig) -> Result<(), Problem> {
     offline.set("log_level", "0");
     match offline.create::<BaseProducer>() {
         Ok(_) => Ok(()),
-        Err(e) => Err(Problem { key: what.to_string(), reason: redact_all(config, &client_error_text(&e)) }),
+        Err(e) => Err(Problem { key: what.to_string(), reason: client_error(config, &e) }),
     }
 }
 
-fn client_error_text(e: &KafkaError) -> String {
-    match e {
+/// Why librdkafka would not make a client from `config`, without any value: its own
+/// `Display` of a refused property ends with the property's value, which may be a secret
+/// under a name dedupd does not know as one (a typo of `sasl.password`, a JAAS line).
+pub fn client_error(config: &ClientConfig, e: &KafkaError) -> String {
+    let text = match e {
         KafkaError::ClientCreation(text) => text.clone(),
         KafkaError::ClientConfig(_, desc, key, _) => format!("{desc} ({key})"),
         other => other.to_string(),
-    }
+    };
+    redact_all(config, &text)
 }
 
 /// `text` with the value of `property` cut out when it is a secret.
 fn redact(property: &str, value: &str, text: &str) -> String {
-    if is_secret(property) && !value.is_empty() { text.replace(value, "<redacted>") } else { text.to_string() }
+    if is_secret(property) && !value.is_empty() { cut_out(text, value) } else { text.to_string() }
+}
+
+/// `text` with each occurrence of `secret` that stands on its own replaced: not one inside a
+/// longer word, so that a short secret ("a") neither garbles the text around it nor shows
+/// itself by the pattern of what was cut.
+fn cut_out(text: &str, secret: &str) -> String {
+    let is_word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let (starts_word, ends_word) = (is_word(secret.chars().next()), is_word(secret.chars().next_back()));
+    let mut out = String::with_capacity(text.len());
+    let mut from = 0;
+    for (at, _) in text.match_indices(secret) {
+        let end = at + secret.len();
+        let joined_before = starts_word && is_word(text[..at].chars().next_back());
+        let joined_after = ends_word && is_word(text[end..].chars().next());
+        if at < from || joined_before || joined_after {
+            continue;
+        }
+        out.push_str(&text[from..at]);
+        out.push_str("<redacted>");
+        from = end;
+    }
+    out.push_str(&text[from..]);
+    out
 }
 
 /// `text` with every secret value of `config` cut out.
@@ -180,5 +207,31 @@ mod tests {
         let mut c = ClientConfig::new();
         c.set("sasl.password", "hunter2");
         assert_eq!(redact_all(&c, "bad value hunter2 here"), "bad value <redacted> here");
+        assert_eq!(redact_all(&c, "user:hunter2@host, 'hunter2';"), "user:<redacted>@host, '<redacted>';");
+    }
+
+    #[test]
+    fn a_short_secret_is_cut_out_only_where_it_stands_alone() {
+        let mut c = ClientConfig::new();
+        c.set("sasl.password", "a");
+        let text = "sasl_ssl://127.0.0.1:9092/bootstrap: SASL authentication error (password a)";
+        assert_eq!(
+            redact_all(&c, text),
+            "sasl_ssl://127.0.0.1:9092/bootstrap: SASL authentication error (password <redacted>)"
+        );
+        // A secret whose edges are not letters is cut out wherever it is.
+        c.set("sasl.password", "-pw-");
+        assert_eq!(redact_all(&c, "x-pw-y"), "x<redacted>y");
+    }
+
+    #[test]
+    fn a_refused_property_is_named_without_its_value() {
+        // librdkafka's own text of this error ends with "sasl.passwd hunter2".
+        let mut c = ClientConfig::new();
+        c.set("sasl.passwd", "hunter2");
+        let Err(e) = c.create_native_config() else { panic!("sasl.passwd is no property") };
+        assert!(e.to_string().contains("hunter2"), "librdkafka's Display shows the value: {e}");
+        let text = client_error(&c, &e);
+        assert!(text.contains("sasl.passwd") && !text.contains("hunter2"), "{text}");
     }
 }

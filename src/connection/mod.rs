@@ -110,10 +110,11 @@ pub fn key_of(at: &str, property: &str) -> String {
 }
 
 /// Whether a librdkafka property holds a secret: passwords, secrets, passphrases, private
-/// keys and the OAUTHBEARER config (which may embed a client secret).
+/// keys, the OAUTHBEARER config (which may embed a client secret) and a JAAS line (the Java
+/// client's, which librdkafka refuses, but which holds a password when pasted).
 pub fn is_secret(property: &str) -> bool {
     let p = property.to_ascii_lowercase();
-    ["password", "secret", "passphrase"].iter().any(|word| p.contains(word))
+    ["password", "secret", "passphrase", "private", "jaas"].iter().any(|word| p.contains(word))
         || matches!(p.as_str(), "ssl.key.pem" | "ssl_key" | "sasl.oauthbearer.config")
 }
 
@@ -134,6 +135,8 @@ mod tests {
             "ssl.keystore.password",
             "ssl.key.pem",
             "sasl.oauthbearer.client.secret",
+            "sasl.oauthbearer.assertion.private.key.pem",
+            "sasl.jaas.config",
         ] {
             assert!(is_secret(p), "{p}");
         }

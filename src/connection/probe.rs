@@ -17,7 +17,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::check::redact_all;
+use super::check::{client_error, redact_all};
 
 /// What the cluster reported to a successful probe.
 #[derive(Debug, Clone, Default)]
@@ -44,9 +44,7 @@ pub enum ConnectError {
 
 /// Creates a client from `config`; a refusal names `client` and never a secret.
 pub fn create<T: rdkafka::config::FromClientConfig>(config: &ClientConfig, client: &str) -> Result<T, ConnectError> {
-    config
-        .create()
-        .map_err(|e| ConnectError::Create { client: client.into(), reason: redact_all(config, &e.to_string()) })
+    config.create().map_err(|e| ConnectError::Create { client: client.into(), reason: client_error(config, &e) })
 }
 
 /// Records librdkafka's errors and error log lines while a probe waits.
@@ -87,7 +85,7 @@ pub fn probe(client: &str, config: &ClientConfig, timeout: Duration) -> Result<C
     let bootstrap = config.get("bootstrap.servers").unwrap_or("(no bootstrap.servers)").to_string();
     let producer: BaseProducer<ProbeContext> = config
         .create_with_context(ProbeContext::default())
-        .map_err(|e| ConnectError::Create { client: client.into(), reason: redact_all(config, &e.to_string()) })?;
+        .map_err(|e| ConnectError::Create { client: client.into(), reason: client_error(config, &e) })?;
     let started = Instant::now();
     let mut last = String::from("no answer");
     loop {
@@ -189,7 +187,7 @@ fn hint(text: &str) -> String {
 /// for `partitions` of `topic`. Returns how many partitions have a committed offset.
 pub fn check_group(config: &ClientConfig, topic: &str, partitions: usize, timeout: Duration) -> Result<usize, String> {
     let consumer: BaseConsumer<ProbeContext> =
-        config.create_with_context(ProbeContext::default()).map_err(|e| redact_all(config, &e.to_string()))?;
+        config.create_with_context(ProbeContext::default()).map_err(|e| client_error(config, &e))?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, i32::try_from(p).unwrap_or(i32::MAX));
@@ -206,7 +204,7 @@ pub fn check_group(config: &ClientConfig, topic: &str, partitions: usize, timeou
             Err(e) if coordinator_not_ready(e.rdkafka_error_code()) && left > COORDINATOR_RETRY => {
                 std::thread::sleep(COORDINATOR_RETRY);
             }
-            Err(e) => return Err(redact_all(config, &e.to_string())),
+            Err(e) => return Err(client_error(config, &e)),
         }
     }
 }

@@ -245,7 +245,7 @@ impl KafkaSink {
         let c = config.client_config(name)?;
         let producer = c.create().map_err(|e| KafkaSinkError::Producer {
             sink: name.to_string(),
-            reason: crate::connection::check::redact_all(&c, &e.to_string()),
+            reason: crate::connection::check::client_error(&c, &e),
         })?;
         Ok(KafkaSink {
             name: name.to_string(),

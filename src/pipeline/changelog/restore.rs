@@ -6,6 +6,7 @@
 //! no worker of the partition starts meanwhile; `/readyz` is 503 and
 //! `dedupd_state_restoring{partition}` is 1 until it is done.
 
+use crate::connection::check::client_error;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -117,14 +118,14 @@ impl Restorer {
         // The end of a partition is seen when a fetch there comes back empty, which the broker
         // holds for this long: a catch-up read wants to know at once.
         let config = reader_config(kafka, "restore", &[("fetch.wait.max.ms", "10")])?;
-        let consumer = config
-            .create_with_context(RestoreContext)
-            .map_err(|e| PipelineError::Changelog(format!("creating the changelog restore consumer: {e}")))?;
+        let consumer = config.create_with_context(RestoreContext).map_err(|e| {
+            PipelineError::Changelog(format!("creating the changelog restore consumer: {}", client_error(&config, &e)))
+        })?;
         let mut end_config = config.clone();
         end_config.set("isolation.level", "read_uncommitted");
-        let end_reader = end_config
-            .create_with_context(RestoreContext)
-            .map_err(|e| PipelineError::Changelog(format!("creating the changelog end reader: {e}")))?;
+        let end_reader = end_config.create_with_context(RestoreContext).map_err(|e| {
+            PipelineError::Changelog(format!("creating the changelog end reader: {}", client_error(&end_config, &e)))
+        })?;
         Ok(Restorer {
             store,
             topic: topic.name.clone(),

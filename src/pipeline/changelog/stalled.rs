@@ -24,6 +24,7 @@
 //! The offsets are this instance's own observations, not the records' timestamps, so
 //! another machine's clock cannot make a transaction look older than it is.
 
+use crate::connection::check::client_error;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -113,14 +114,15 @@ impl StalledTransactions {
         metrics: Arc<Metrics>,
     ) -> Result<StalledTransactions, PipelineError> {
         let config = reader_config(kafka, "stalled", &[("fetch.wait.max.ms", "10")])?;
-        let committed = config
-            .create_with_context(RestoreContext)
-            .map_err(|e| PipelineError::Changelog(format!("creating the stalled-transaction reader: {e}")))?;
+        let committed = config.create_with_context(RestoreContext).map_err(|e| {
+            PipelineError::Changelog(format!("creating the stalled-transaction reader: {}", client_error(&config, &e)))
+        })?;
         let mut uncommitted_config = config.clone();
         uncommitted_config.set("isolation.level", "read_uncommitted");
-        let uncommitted = uncommitted_config
-            .create_with_context(RestoreContext)
-            .map_err(|e| PipelineError::Changelog(format!("creating the stalled-transaction reader: {e}")))?;
+        let uncommitted = uncommitted_config.create_with_context(RestoreContext).map_err(|e| {
+            let reason = client_error(&uncommitted_config, &e);
+            PipelineError::Changelog(format!("creating the stalled-transaction reader: {reason}"))
+        })?;
         let partitions = topics.iter().flat_map(|&(t, n)| (0..n).map(move |p| (t.to_string(), p))).collect();
         Ok(StalledTransactions {
             kafka: kafka.clone(),

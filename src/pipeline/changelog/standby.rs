@@ -18,6 +18,7 @@
 //! 3. It stops before the clean stop's checkpoints and mark, and whatever it applied
 //!    before is covered by its own checkpoints (store `changelog`, invariant 3).
 
+use crate::connection::check::client_error;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,9 +71,10 @@ impl Standby {
         partitions: i32,
         metrics: Arc<Metrics>,
     ) -> Result<Standby, PipelineError> {
-        let consumer = reader_config(kafka, "standby", &[])?
-            .create_with_context(RestoreContext)
-            .map_err(|e| PipelineError::Changelog(format!("creating the standby consumer: {e}")))?;
+        let config = reader_config(kafka, "standby", &[])?;
+        let consumer = config.create_with_context(RestoreContext).map_err(|e| {
+            PipelineError::Changelog(format!("creating the standby consumer: {}", client_error(&config, &e)))
+        })?;
         Ok(Standby {
             restorer,
             consumer,

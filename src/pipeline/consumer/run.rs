@@ -87,11 +87,9 @@ fn create_consumer(
         tracing::info!(group_instance_id = %member, "joining the consumer group as a static member");
         config.set("group.instance.id", member);
     }
-    let consumer: BaseConsumer<PipelineContext> =
-        config.create_with_context(ctx).map_err(|e| ConnectError::Create {
-            client: "consumer".into(),
-            reason: crate::connection::check::redact_all(&config, &e.to_string()),
-        })?;
+    let consumer: BaseConsumer<PipelineContext> = config.create_with_context(ctx).map_err(|e| {
+        ConnectError::Create { client: "consumer".into(), reason: crate::connection::check::client_error(&config, &e) }
+    })?;
     let consumer = Arc::new(consumer);
     parts.health.show_partitions(Arc::clone(&consumer.context().partitions) as Arc<dyn crate::ops::PartitionsView>);
     // Before the first poll, where rebalance callbacks run.
