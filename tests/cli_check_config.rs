@@ -196,3 +196,51 @@ fn every_problem_of_one_sink_is_reported() {
     }
     assert!(out.trim_end().ends_with(&format!("{p}: 4 problem(s)")), "{out}");
 }
+
+#[test]
+fn a_kafka_property_an_environment_variable_sets_is_reported_with_the_variable_not_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing_ca = dir.path().join("no-such-ca.pem");
+    let path = write(dir.path(), "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\ninput_topics = [\"in\"]\n");
+    let var = "DEDUPD_KAFKA__CONNECTION__SSL.CA.LOCATION";
+    let (code, out) = check_config(&path, &[(var, missing_ca.to_str().unwrap())]);
+    let p = path.display();
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(&format!("{p}: environment variable {var}: kafka.connection.\"ssl.ca.location\": names ")),
+        "{out}"
+    );
+    assert!(!out.contains(&format!("{p}:1:")), "no line of the file: {out}");
+}
+
+/// `dedupd run` refuses what check-config refuses without a cluster, in its words: the
+/// key, the file and the reason, before any client is made (nothing listens at the
+/// bootstrap address, so a connect attempt would wait out its timeout instead).
+#[test]
+fn run_refuses_kafka_settings_as_check_config_does_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing_ca = dir.path().join("no-such-ca.pem");
+    let head = format!(
+        "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\ninput_topics = [\"in\"]\nconnect_timeout = \"10m\"\n\n\
+         [kafka.connection]\n\"security.protocol\" = \"SSL\"\n\"ssl.ca.location\" = {missing_ca:?}\n\
+         \"sasl.passwd\" = \"hunter2-typo\"\n\n[store]\npath = {:?}\n",
+        dir.path().join("store")
+    );
+    let path = write(dir.path(), &head);
+    let out = Command::new(env!("CARGO_BIN_EXE_dedupd"))
+        .args(["run", "-c"])
+        .arg(&path)
+        .env_remove("DEDUPD_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run dedupd");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(&format!("kafka.connection.\"ssl.ca.location\": names {}", missing_ca.display())),
+        "the key, the path and the reason: {text}"
+    );
+    assert!(text.contains("No such file or directory"), "{text}");
+    assert!(text.contains("kafka.connection.\"sasl.passwd\""), "{text}");
+    assert!(!text.contains("hunter2-typo"), "a refused property's value is never printed: {text}");
+}

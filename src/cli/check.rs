@@ -36,7 +36,11 @@ pub(super) fn check_config(path: &Path, connect: bool) -> Result<ExitCode, CliEr
         .problems()
         .into_iter()
         .map(|e| (line_of(&text, &key_of_error(&e)), e.to_string()))
-        .chain(kafka_client_problems(&config).into_iter().map(|p| (line_of(&text, &p.key), p.to_string())))
+        .chain(kafka_client_problems(&config).into_iter().map(|p| match config.variable_setting(&p.key) {
+            // Not in the file: no line (the nearest one would be its table's), the variable.
+            Some(var) => (None, ConfigError::Env { var: var.to_string(), reason: p.to_string() }.to_string()),
+            None => (line_of(&text, &p.key), p.to_string()),
+        }))
         .chain(telemetry_problem(&config).map(|message| (line_of(&text, "telemetry.traces"), message)))
         .collect();
     // In file order; problems of no one line (a whole client) last.
@@ -94,6 +98,19 @@ fn key_of_error(e: &ConfigError) -> String {
         ConfigError::Invalid { key, .. } => key.clone(),
         _ => String::new(),
     }
+}
+
+/// What `run` refuses before it connects: each problem [`kafka_client_problems`] finds, as
+/// `check-config` words it (naming the variable that set the key, if one did).
+pub(super) fn kafka_settings_refused(config: &Config) -> Result<(), CliError> {
+    let problems: Vec<String> = kafka_client_problems(config)
+        .into_iter()
+        .map(|p| match config.variable_setting(&p.key) {
+            Some(var) => ConfigError::Env { var: var.to_string(), reason: p.to_string() }.to_string(),
+            None => p.to_string(),
+        })
+        .collect();
+    if problems.is_empty() { Ok(()) } else { Err(CliError::KafkaSettings(problems)) }
 }
 
 /// Each Kafka client's tables on their own, then each client whole (when its tables

@@ -194,6 +194,9 @@ pub enum CliError {
          with DEDUPD_ADMIN_TOKEN to act through its admin API ({source})"
     )]
     Locked { path: String, source: StoreError },
+    /// Kafka client settings librdkafka refuses, each as `check-config` reports it.
+    #[error("{}", .0.join("; "))]
+    KafkaSettings(Vec<String>),
     /// Neither --admin nor --config.
     #[error("say where: --admin URL for a running instance, or -c FILE for a stopped one's store")]
     NoTarget,
@@ -369,6 +372,9 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
     match command {
         Command::Run { accept_empty_store } => {
             let config = load(target.config.as_deref().ok_or(CliError::NoConfig)?)?;
+            // What check-config would refuse without a cluster, refused the same way rather
+            // than in librdkafka's terser words when a client is made.
+            check::kafka_settings_refused(&config)?;
             init_tracing(config.log.format, &config.log.level);
             librdkafka::log_build();
             open_files::raise_open_files_limit();

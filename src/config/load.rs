@@ -72,14 +72,22 @@ impl Config {
     /// `e` as the error of the variable that set its key, if one did.
     fn blame_env(&self, e: ConfigError) -> ConfigError {
         let ConfigError::Invalid { key, .. } = &e else { return e };
-        let key = key.to_ascii_lowercase();
-        let set_it = self.set_by_env.iter().find(|(set, _)| {
-            key.strip_prefix(set.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
-        });
-        match set_it {
-            Some((_, var)) => ConfigError::Env { var: var.clone(), reason: e.to_string() },
+        match self.variable_setting(key) {
+            Some(var) => ConfigError::Env { var: var.to_string(), reason: e.to_string() },
             None => e,
         }
+    }
+
+    /// The `DEDUPD_*` variable that set `key` (`kafka.connection."ssl.ca.location"`) or a
+    /// table holding it, if one did.
+    pub fn variable_setting(&self, key: &str) -> Option<&str> {
+        let key = key.to_ascii_lowercase();
+        self.set_by_env
+            .iter()
+            .find(|(set, _)| {
+                key.strip_prefix(set.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+            })
+            .map(|(_, var)| var.as_str())
     }
 
     fn rule_problems(&self) -> Vec<ConfigError> {
