@@ -7,7 +7,8 @@
 //!   inherits the connection, a result per input, the secret nowhere in the log;
 //! - `check-config --connect` connects, finds the topics and reads the group's offsets;
 //! - a wrong password, an untrusted CA, a certificate for another host and a missing client
-//!   certificate each end `run` with exit 2 and the cause named, before the connect timeout.
+//!   certificate each end `run` with exit 2 and the cause named, before the connect timeout;
+//!   the host whose certificate names another is never sent the credentials.
 //!
 //! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test kafka_secured`.
 
@@ -244,7 +245,14 @@ async fn dedupd_runs_on_a_secured_cluster_and_names_what_refuses_it() {
             "not signed by a CA dedupd trusts",
         ),
         (
-            Breakage { case: "another host's certificate", listener: Listener::WrongHost, changes: vec![], password },
+            // With a wrong password, so that the broker would log a login had the credentials
+            // reached it (see below).
+            Breakage {
+                case: "another host's certificate",
+                listener: Listener::WrongHost,
+                changes: vec![],
+                password: "not-the-password",
+            },
             "certificate verify failed",
             "does not name the address",
         ),
@@ -262,4 +270,14 @@ async fn dedupd_runs_on_a_secured_cluster_and_names_what_refuses_it() {
     for (breakage, cause, hint) in cases {
         refused(&broker, breakage, cause, hint).await;
     }
+    // A server whose certificate failed verification is never sent the credentials, also not
+    // by the diagnosis that tells a wrong host from an untrusted CA. The wrong password on the
+    // verified listener shows what the broker logs when it is.
+    let log = broker.broker_log();
+    let refused_logins = |address: &str| {
+        let port = address.rsplit(':').next().unwrap_or_default().to_string();
+        log.lines().filter(|l| l.contains("Authentication failed") && l.contains(&format!(":{port}-"))).count()
+    };
+    assert!(refused_logins(broker.address(Listener::SaslSsl)) > 0, "the broker logs a refused login:\n{log}");
+    assert_eq!(refused_logins(broker.address(Listener::WrongHost)), 0, "credentials went to the wrong host:\n{log}");
 }

@@ -7,6 +7,7 @@
 //! librdkafka's own words and the setting to look at.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -126,17 +127,91 @@ pub fn probe(client: &str, config: &ClientConfig, timeout: Duration) -> Result<C
 
 /// librdkafka words an untrusted CA and a certificate for another host alike. To tell
 /// them apart, connect once more without the host name check (for this diagnosis only):
-/// if that succeeds, the certificate names another host.
+/// if the TLS handshake then passes, the certificate names another host. That connection
+/// carries no SASL credentials: its server has not proven to be the broker, so nothing
+/// secret may reach it. Whether the handshake passed is read from librdkafka's own account
+/// of the connection (its state leaving SSL_HANDSHAKE), since a SASL_SSL broker then drops
+/// the unauthenticated client without a word.
 fn hostname_is_the_cause(config: &ClientConfig, left: Duration) -> bool {
     if config.get("ssl.endpoint.identification.algorithm").is_some_and(|a| a.eq_ignore_ascii_case("none")) {
         return false;
     }
-    let mut unchecked = config.clone();
-    unchecked.set("ssl.endpoint.identification.algorithm", "none");
-    let Ok(producer) = unchecked.create_with_context::<_, BaseProducer<ProbeContext>>(ProbeContext::default()) else {
+    let mut diagnosis = without_credentials(config);
+    diagnosis.set("ssl.endpoint.identification.algorithm", "none").set("debug", "broker");
+    diagnosis.set_log_level(RDKafkaLogLevel::Debug);
+    let Ok(producer) = diagnosis.create_with_context::<_, BaseProducer<HandshakeWatch>>(HandshakeWatch::default())
+    else {
         return false;
     };
-    producer.client().fetch_metadata(None, left.min(Duration::from_secs(5))).is_ok()
+    let deadline = Instant::now() + left.min(Duration::from_secs(5));
+    while Instant::now() < deadline {
+        // Connects, and serves the error callbacks; log lines come on librdkafka's threads.
+        let _ = producer.client().fetch_metadata(None, Duration::from_millis(100));
+        producer.poll(Duration::ZERO);
+        let watch = producer.context();
+        if watch.passed.load(Ordering::Acquire) {
+            return true;
+        }
+        if watch.failed.load(Ordering::Acquire) {
+            return false;
+        }
+    }
+    false
+}
+
+/// What a diagnosis connection tells of its TLS handshake.
+#[derive(Default)]
+struct HandshakeWatch {
+    passed: AtomicBool,
+    failed: AtomicBool,
+}
+
+impl HandshakeWatch {
+    fn read(&self, text: &str) {
+        if is_tls_failure(text) {
+            self.failed.store(true, Ordering::Release);
+        } else if let Some((_, next)) = text.split_once("Broker changed state SSL_HANDSHAKE -> ")
+            // Not to DOWN, as after a failed handshake: to the API version query or SASL.
+            && ["APIVERSION_QUERY", "AUTH", "UP"].iter().any(|state| next.starts_with(state))
+        {
+            self.passed.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl ClientContext for HandshakeWatch {
+    fn log(&self, _: RDKafkaLogLevel, _: &str, message: &str) {
+        self.read(message);
+    }
+
+    fn error(&self, _: KafkaError, reason: &str) {
+        self.read(reason);
+    }
+}
+
+impl ProducerContext for HandshakeWatch {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+/// `config` without what authenticates the client by SASL: every `sasl.*` property, and
+/// SASL_SSL turned into SSL (TLS alone; a client certificate stays, as TLS needs it).
+fn without_credentials(config: &ClientConfig) -> ClientConfig {
+    let mut plain = config.clone();
+    for property in config.config_map().into_keys().filter(|p| p.starts_with("sasl.")) {
+        plain.remove(property);
+    }
+    if config.get("security.protocol").is_some_and(|p| p.eq_ignore_ascii_case("sasl_ssl")) {
+        plain.set("security.protocol", "SSL");
+    }
+    plain
+}
+
+/// Whether librdkafka's `text` says a TLS handshake failed.
+fn is_tls_failure(text: &str) -> bool {
+    ["certificate verify failed", "SSL handshake failed", "alert bad certificate", "alert certificate required"]
+        .iter()
+        .any(|words| text.contains(words))
 }
 
 fn view(metadata: &rdkafka::metadata::Metadata) -> ClusterView {
@@ -152,10 +227,7 @@ fn is_definitive(code: Option<RDKafkaErrorCode>, text: &str) -> bool {
     matches!(code, Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed))
         || text.contains("SASL authentication error")
         || text.contains("Unsupported SASL mechanism")
-        || text.contains("certificate verify failed")
-        || text.contains("SSL handshake failed")
-        || text.contains("alert bad certificate")
-        || text.contains("alert certificate required")
+        || is_tls_failure(text)
 }
 
 /// The setting to look at for a refusal librdkafka described as `text`.

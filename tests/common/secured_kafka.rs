@@ -6,8 +6,9 @@
 //! - PLAINTEXT: no security (inter-broker traffic, readiness probe, topic setup);
 //! - SECURE (SASL_SSL): SCRAM-SHA-512 and SCRAM-SHA-256, server cert for 127.0.0.1/localhost;
 //! - MTLS (SSL): the same server cert, and a client cert signed by the test CA is required;
-//! - WRONGHOST (SSL): a cert signed by the test CA for `wrong-host.invalid` only, so a
-//!   client that verifies the host name 127.0.0.1 must refuse it.
+//! - WRONGHOST (SASL_SSL, SCRAM-SHA-512): a cert signed by the test CA for
+//!   `wrong-host.invalid` only, so a client that verifies the host name 127.0.0.1 must
+//!   refuse it, and must not send it its credentials.
 //!
 //! The SCRAM user is written into the metadata log when the storage is formatted
 //! (`kafka-storage format --add-scram`), so it exists before the broker first answers.
@@ -33,7 +34,7 @@ use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext}
 pub const SCRAM_USER: &str = "dedupd";
 
 /// The listeners `kafka.sh` opens, as `NAME:PROTOCOL` (DEDUPD_KAFKA_EXTRA_LISTENERS).
-const EXTRA_LISTENERS: &str = "SECURE:SASL_SSL MTLS:SSL WRONGHOST:SSL";
+const EXTRA_LISTENERS: &str = "SECURE:SASL_SSL MTLS:SSL WRONGHOST:SASL_SSL";
 
 /// Which listener of a [`SecuredBroker`] a client talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +45,7 @@ pub enum Listener {
     SaslSsl,
     /// SSL with a client certificate (mutual TLS).
     Mtls,
-    /// SSL whose server certificate names another host.
+    /// SASL_SSL (SCRAM-SHA-512) whose server certificate names another host.
     WrongHost,
 }
 
@@ -135,6 +136,8 @@ fn broker_props(pems: &ServerPems, ca_pem: &Path) -> String {
         format!("listener.name.mtls.ssl.truststore.location={}", ca_pem.display()),
         "listener.name.mtls.ssl.truststore.type=PEM".to_string(),
         "listener.name.mtls.ssl.client.auth=required".to_string(),
+        "listener.name.wronghost.sasl.enabled.mechanisms=SCRAM-SHA-512".to_string(),
+        format!("listener.name.wronghost.scram-sha-512.sasl.jaas.config={scram_jaas}"),
     ];
     // PEM keystores inline (an unencrypted PKCS#8 key is accepted), so no server key is
     // written to a file.
@@ -250,6 +253,11 @@ impl SecuredBroker {
         );
     }
 
+    /// What the broker has logged so far (kafka.sh's `DIR/broker.log`).
+    pub fn broker_log(&self) -> String {
+        std::fs::read_to_string(self.broker_dir.join("broker.log")).unwrap_or_default()
+    }
+
     /// The address of a listener.
     pub fn address(&self, listener: Listener) -> &str {
         match listener {
@@ -269,7 +277,7 @@ impl SecuredBroker {
         let ca = self.ca_pem.display().to_string();
         match listener {
             Listener::Plaintext => {}
-            Listener::SaslSsl => {
+            Listener::SaslSsl | Listener::WrongHost => {
                 config
                     .set("security.protocol", "SASL_SSL")
                     .set("sasl.mechanism", "SCRAM-SHA-512")
@@ -283,9 +291,6 @@ impl SecuredBroker {
                     .set("ssl.ca.location", ca)
                     .set("ssl.certificate.location", self.client_cert_pem.display().to_string())
                     .set("ssl.key.location", self.client_key_pem.display().to_string());
-            }
-            Listener::WrongHost => {
-                config.set("security.protocol", "SSL").set("ssl.ca.location", ca);
             }
         }
         config
