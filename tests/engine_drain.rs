@@ -1,8 +1,9 @@
 //! Letting go of a batch (a shutdown or revoke cancels it): no sink call starts after the
 //! cancel, also not one waiting for the sink's concurrency permit or rate token, and a
-//! claim none of whose calls can have reached the sink is released (its record put back)
-//! so that a redelivery runs it afresh, while one whose request may have arrived stays
-//! `in_progress` for the crash rules (docs/contract.md §4).
+//! claim none of whose calls can have reached the sink without an answer (refused at
+//! connect, or answered 500) is released (its record put back) so that a redelivery runs it
+//! afresh, while one whose request may have arrived unanswered stays `in_progress` for the
+//! crash rules (docs/contract.md §4).
 //!
 //! Run with `cargo test --test engine_drain`.
 
@@ -210,5 +211,37 @@ async fn a_request_that_may_have_arrived_keeps_its_claim() {
         "a timeout after sending is not certainly unsent: the claim stays for the crash rules"
     );
     assert!(!held.lock().is_empty());
+    server.abort();
+}
+
+#[tokio::test]
+async fn commands_whose_calls_were_all_answered_with_a_retryable_failure_are_released() {
+    // A receiver that answers every request 500: each call fails transiently, with an
+    // answer, so none is in doubt when the batch is let go.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let answered = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&answered);
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }
+        }),
+    );
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store(dir.path());
+    let keys = ["a1", "a2"];
+    interrupt_after_two_calls_each(&store, http_sink(&format!("http://{addr}/hook")), &keys).await;
+    assert!(answered.load(Ordering::SeqCst) >= 2 * keys.len(), "the receiver answered every call");
+    for key in keys {
+        assert_eq!(store.get(key).expect("get"), None, "{key}: released, not left in_progress");
+    }
+    // Redelivered to a sink that does not forward the key: run afresh, not `indeterminate`.
+    let scripted = Arc::new(ScriptedSink::new("s", false));
+    let engine = engine(&store, scripted.as_sink(), 3);
+    let results = outcomes(&engine.process_batch(&batch(&keys), &CancellationToken::new()).await.expect("batch"));
+    assert_eq!(results, vec![Some(Outcome::Succeeded); keys.len()]);
     server.abort();
 }

@@ -1,7 +1,8 @@
 //! Complete: each sink run's end becomes its record's result and, when the sink answered,
 //! a completion; then the round's completions are written at once (one write, one
 //! expiry-index entry), durable with the next round's claims or the batch's last flush
-//! (`batch`). A claim whose sink never ran is put back instead.
+//! (`batch`). A run cancelled with no call in doubt (none made, every one refused before it
+//! left or answered) puts its claim's old record back instead.
 
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ pub(super) struct Completions {
 
 impl Engine {
     /// Finishes each run's head in `queues` with its result, and collects the completions
-    /// to write. A claim whose sink never ran gets back the record it replaced.
+    /// to write. A claim none of whose calls is in doubt gets back the record it replaced.
     pub(super) fn settle_runs<'a>(
         &self,
         queues: &mut KeyQueues<'a>,
@@ -60,9 +61,9 @@ impl Engine {
                     done.to_write.push((claim, completed));
                     ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer, &mut times)))
                 }
-                RunEnd::NeverRan => {
-                    // The sink never saw it: put back what the claim replaced, so the
-                    // next owner of the partition decides as if we had never been here.
+                RunEnd::Releasable => {
+                    // No call is in doubt: put back what the claim replaced, so the next
+                    // owner of the partition decides as if we had never been here.
                     let mine = Record::InProgress(claim.record().clone());
                     if self.store.compare_and_swap(&cmd.key, Some(&mine), previous.as_ref())?.is_err() {
                         tracing::warn!(key = %cmd.key, "claim changed while abandoning it; leaving it");

@@ -26,10 +26,11 @@ pub(super) enum RunEnd {
     Succeeded { result: Value, attempts: u32 },
     /// Permanent failure, or transient failures until `retry.max_attempts`.
     Failed { result: Value, error: String, attempts: u32 },
-    /// Cancelled, and no call certainly reached the sink: none was made, or every one was
-    /// refused before its request left (see [`crate::sinks::CallWatch`]). The claim can be
-    /// released.
-    NeverRan,
+    /// Cancelled, and no call can have reached the sink without an answer: none was made,
+    /// every one was refused before its request left, or the receiver answered it with a
+    /// failure the run would have retried (see [`crate::sinks::CallWatch`]). The claim can be
+    /// released: the next owner's run is the retry this one would have made.
+    Releasable,
     /// Cancelled after at least one call that may have reached the sink, without an answer.
     Interrupted { attempts: u32 },
 }
@@ -51,14 +52,15 @@ struct Tally {
     calls: u32,
     /// Those that count toward `retry.max_attempts`.
     counted: u32,
-    /// Those that may have reached the sink (not certainly refused before sending).
-    reached: u32,
+    /// Those that may have reached the sink without an answer (neither certainly refused
+    /// before sending nor answered).
+    unanswered: u32,
 }
 
 impl Tally {
     /// How the run ends when cancelled now.
     fn stopped(&self) -> RunEnd {
-        if self.reached == 0 { RunEnd::NeverRan } else { RunEnd::Interrupted { attempts: self.calls } }
+        if self.unanswered == 0 { RunEnd::Releasable } else { RunEnd::Interrupted { attempts: self.calls } }
     }
 }
 
@@ -125,8 +127,8 @@ pub(super) async fn run_with_retry<'a>(
             return tally.stopped();
         }
         tally.calls += 1;
-        if !watch.never_sent() {
-            tally.reached += 1;
+        if !watch.never_sent() && !watch.answered() {
+            tally.unanswered += 1;
         }
         let (message, retry_after) = match outcome {
             Ok(result) => {

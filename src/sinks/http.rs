@@ -352,6 +352,9 @@ impl SinkEffect for HttpSink {
                 return Err(failure);
             }
         };
+        // A status came back: the receiver answered (a 5xx it answered is retried like any
+        // transient failure, so a cancel may let the command run again too).
+        request.answered();
         let status = response.status();
         let code = status.as_u16();
         let retry_after = retry_after(code, response.headers());

@@ -147,28 +147,37 @@ pub struct SinkRequest<'a> {
 }
 
 /// The caller's side of one sink call: its cancellation, which the call observes while it
-/// waits for the sink's limits, and what the sink learnt of whether the request left.
+/// waits for the sink's limits, and what the sink learnt of whether the request left and
+/// was answered.
 ///
 /// A sink that can tell its request certainly never reached the receiver (the connection
 /// was refused, the name did not resolve, the caller gave up before the call began) says
-/// so with [`SinkRequest::never_sent`]; saying nothing means "it may have arrived". The
-/// engine releases a claim all of whose calls certainly never arrived, so a sink must
-/// never say it after any byte of the request may have gone out.
+/// so with [`SinkRequest::never_sent`]; one whose receiver answered the request says so
+/// with [`SinkRequest::answered`]. Saying nothing means "it may have arrived, unanswered".
+/// The engine releases a claim none of whose calls may have arrived unanswered, so a sink
+/// must never say `never_sent` after any byte of the request may have gone out, nor
+/// `answered` before the receiver's answer came.
 #[derive(Debug, Default)]
 pub struct CallWatch {
     cancel: CancellationToken,
     never_sent: AtomicBool,
+    answered: AtomicBool,
 }
 
 impl CallWatch {
     /// A watch for one call made on behalf of a caller that gives up when `cancel` fires.
     pub fn new(cancel: &CancellationToken) -> CallWatch {
-        CallWatch { cancel: cancel.clone(), never_sent: AtomicBool::new(false) }
+        CallWatch { cancel: cancel.clone(), never_sent: AtomicBool::new(false), answered: AtomicBool::new(false) }
     }
 
     /// Whether the sink said this call certainly never reached the receiver.
     pub fn never_sent(&self) -> bool {
         self.never_sent.load(Ordering::Acquire)
+    }
+
+    /// Whether the sink said the receiver answered this call.
+    pub fn answered(&self) -> bool {
+        self.answered.load(Ordering::Acquire)
     }
 }
 
@@ -227,6 +236,14 @@ impl<'a> SinkRequest<'a> {
     pub fn never_sent(&self) {
         if let Some(watch) = self.watch {
             watch.never_sent.store(true, Ordering::Release);
+        }
+    }
+
+    /// Tells the caller that the receiver answered this call (whatever the answer): its
+    /// outcome is known, so it is not one a cancel leaves in doubt.
+    pub fn answered(&self) {
+        if let Some(watch) = self.watch {
+            watch.answered.store(true, Ordering::Release);
         }
     }
 
