@@ -295,7 +295,7 @@ pub fn parse(
     let key = read_key(record, &envelope.key, shape, &doc)?;
     let known = Some(key.as_str());
 
-    let kind = read_type(shape, record, &doc).map_err(|m| reject(RejectReason::MissingType, m, known))?;
+    let kind = read_type(shape, record, &doc).map_err(|(reason, m)| reject(reason, m, known))?;
 
     let (ttl, created_at_ms) =
         read_fields(shape, record, &doc).map_err(|m| reject(RejectReason::BadField, m, known).of_type(&kind))?;

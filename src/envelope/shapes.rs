@@ -96,25 +96,28 @@ fn check_specversion(specversion: Option<&Value>) -> Result<(), Rejection> {
 }
 
 /// The command type: a non-empty string. Errors are `missing_type` messages.
-pub(super) fn read_type(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Result<String, String> {
+/// The command type, or why there is none: `missing_type` for an absent or empty one,
+/// `bad_envelope` for a member of the wrong JSON type (docs/contract.md §1).
+pub(super) fn read_type(shape: Shape, record: &InputRecord<'_>, doc: &Value) -> Result<String, (RejectReason, String)> {
+    let missing = |m: String| (RejectReason::MissingType, m);
     let (value, name) = match shape {
         Shape::Native => (doc.get("type"), "`type`"),
         Shape::ToolCall => (doc.get("tool"), "`tool`"),
         Shape::CloudEventsStructured => (doc.get("type"), "`type`"),
         Shape::CloudEventsBinary => {
             return match header(record.headers, "ce_type").map(std::str::from_utf8) {
-                None => Err("the binary CloudEvent has no ce_type header".to_string()),
-                Some(Err(_)) => Err("header ce_type is not UTF-8".to_string()),
-                Some(Ok("")) => Err("header ce_type is empty".to_string()),
+                None => Err(missing("the binary CloudEvent has no ce_type header".to_string())),
+                Some(Err(_)) => Err(missing("header ce_type is not UTF-8".to_string())),
+                Some(Ok("")) => Err(missing("header ce_type is empty".to_string())),
                 Some(Ok(s)) => Ok(s.to_string()),
             };
         }
     };
     match value {
-        None | Some(Value::Null) => Err(format!("{} has no {name}", shape_name(shape))),
-        Some(Value::String(s)) if s.is_empty() => Err(format!("{name} is empty")),
+        None | Some(Value::Null) => Err(missing(format!("{} has no {name}", shape_name(shape)))),
+        Some(Value::String(s)) if s.is_empty() => Err(missing(format!("{name} is empty"))),
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(format!("{name} is a JSON {}, not a string", json_type(other))),
+        Some(other) => Err((RejectReason::BadEnvelope, format!("{name} is a JSON {}, not a string", json_type(other)))),
     }
 }
 

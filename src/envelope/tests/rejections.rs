@@ -62,19 +62,19 @@ fn too_large_is_checked_at_the_boundary_and_before_parsing() {
 // ---- type and route ----
 
 #[test]
-fn missing_or_non_string_type_is_missing_type() {
-    for v in [
-        r#"{"id":"k","payload":1}"#,
-        r#"{"id":"k","type":null,"payload":1}"#,
-        r#"{"id":"k","type":"","payload":1}"#,
-        r#"{"id":"k","type":5,"payload":1}"#,
-        r#"{"id":"k","type":{"a":1},"payload":1}"#,
-        r#"{"tool":"","arguments":{"idempotency_key":"k"}}"#,
-        r#"{"tool":1,"arguments":{"idempotency_key":"k"}}"#,
-        r#"{"specversion":"1.0","id":"e","source":"s"}"#,
+fn missing_type_is_missing_type_and_a_non_string_one_a_bad_envelope() {
+    for (v, reason) in [
+        (r#"{"id":"k","payload":1}"#, RejectReason::MissingType),
+        (r#"{"id":"k","type":null,"payload":1}"#, RejectReason::MissingType),
+        (r#"{"id":"k","type":"","payload":1}"#, RejectReason::MissingType),
+        (r#"{"id":"k","type":5,"payload":1}"#, RejectReason::BadEnvelope),
+        (r#"{"id":"k","type":{"a":1},"payload":1}"#, RejectReason::BadEnvelope),
+        (r#"{"tool":"","arguments":{"idempotency_key":"k"}}"#, RejectReason::MissingType),
+        (r#"{"tool":1,"arguments":{"idempotency_key":"k"}}"#, RejectReason::BadEnvelope),
+        (r#"{"specversion":"1.0","id":"e","source":"s"}"#, RejectReason::MissingType),
     ] {
         let r = rec(v).err();
-        assert_eq!(r.reason, RejectReason::MissingType, "{v}");
+        assert_eq!(r.reason, reason, "{v}");
         assert_eq!(r.key.as_deref().map(|k| !k.is_empty()), Some(true), "{v}: key carried");
         assert_eq!(r.kind, None, "{v}: no type was read");
     }
