@@ -131,7 +131,7 @@ impl Engine {
         p.result.replay = false;
         p.result.result = Value::Object(Default::default());
         p.result.error = Some(format!(
-            "key already holds a {} record with fingerprint {}; this command's fingerprint is {}",
+            "key already holds a record in state {} with fingerprint {}; this command's fingerprint is {}",
             record.state().as_str(),
             record.fingerprint(),
             cmd.fingerprint
