@@ -1,6 +1,6 @@
 //! `GET /v1/status` (docs/admin.md): one instance at a glance, in the spirit of `vector top`:
 //! whether it is ready and alive (and why not), each partition it holds with its state and
-//! lag, the commands at their sinks, each sink's circuit, and the store's records, bytes and
+//! lag, the commands claimed and not completed, each sink's circuit, and the store's records, bytes and
 //! volume. `dedupd status --admin URL [--watch]` prints it as a table.
 //!
 //! The partitions come from the running pipeline through [`PartitionsView`] (the consumer's

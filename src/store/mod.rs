@@ -27,6 +27,7 @@ mod changelog;
 mod claims;
 mod compaction;
 mod config;
+mod disk;
 mod error;
 mod expiries;
 mod fault;
@@ -136,9 +137,9 @@ pub struct KeyStore {
     changes: Mutex<expiries::Captured>,
     /// Restores running (`expiries`, invariant 6).
     restores: AtomicUsize,
-    /// Where the presence filter is saved at a clean stop (`scan::saved`); `None` for a
-    /// store over a bare backend.
-    saved_filter: Option<PathBuf>,
+    /// The store's directory, where the presence filter is saved at a clean stop
+    /// (`scan::saved`); `None` for a store over a bare backend.
+    dir: Option<PathBuf>,
     /// Whether the open read the saved filter rather than scanning.
     from_saved_filter: AtomicBool,
     /// The slices of the records, and the one new keys go to (`slices`).
@@ -184,7 +185,7 @@ impl KeyStore {
     pub fn open_configured(config: &StoreConfig) -> Result<KeyStore, StoreError> {
         let backend = open_backend(config.backend, &config.path, config.cache_bytes)?;
         let journal = journal::ClaimJournal::recover(backend.as_ref(), &config.path.join(journal::FILE_NAME))?;
-        Self::build(backend, Some(journal), config.sync, Some(config.path.join(scan::SAVED_FILTER_FILE)))
+        Self::build(backend, Some(journal), config.sync, Some(config.path.clone()))
     }
 
     /// Wraps an open backend without a claim journal (every claim goes to the backend).
@@ -198,7 +199,7 @@ impl KeyStore {
         backend: Box<dyn Backend>,
         journal: Option<journal::ClaimJournal>,
         sync: SyncMode,
-        saved_filter: Option<PathBuf>,
+        dir: Option<PathBuf>,
     ) -> Result<KeyStore, StoreError> {
         let slices = slices::SliceTable::new(backend.slices());
         let store = KeyStore {
@@ -218,7 +219,7 @@ impl KeyStore {
             capture: false,
             changes: Mutex::new(expiries::Captured::default()),
             restores: AtomicUsize::new(0),
-            saved_filter,
+            dir,
             from_saved_filter: AtomicBool::new(false),
         };
         store.upgrade_index()?;
@@ -259,9 +260,15 @@ impl KeyStore {
         }
     }
 
-    /// Bytes on disk: the backend's and the claim journal's.
+    /// Bytes the store occupies on disk: what the file system allocated to the files in
+    /// its directory, not their lengths (fjall's journal files are sparse, 64 MiB long from
+    /// their first byte). Over a bare backend (tests), the backend's and the journal's sizes.
     pub fn disk_bytes(&self) -> Result<u64, StoreError> {
-        Ok(self.backend.disk_bytes()? + self.journal.as_ref().map_or(0, |j| j.len()))
+        match &self.dir {
+            Some(dir) => disk::allocated_bytes(dir)
+                .map_err(|e| StoreError::Backend { backend: "store", message: format!("{}: {e}", dir.display()) }),
+            None => Ok(self.backend.disk_bytes()? + self.journal.as_ref().map_or(0, |j| j.len())),
+        }
     }
 
     /// The record of `key`, if any (expired ones included until compacted).

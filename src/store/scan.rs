@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 mod open;
 mod saved;
 
+#[cfg(test)]
 pub(in crate::store) use saved::FILE_NAME as SAVED_FILTER_FILE;
 
 use super::{KeyStore, KeyValue, Record, StateCounts, StoreError, Tree, decode, state_index};

@@ -60,12 +60,17 @@ struct Saved {
 }
 
 impl KeyStore {
+    /// Where the presence filter is saved: in the store's directory.
+    fn saved_filter_path(&self) -> Option<std::path::PathBuf> {
+        self.dir.as_ref().map(|dir| dir.join(FILE_NAME))
+    }
+
     /// Saves the presence filter and the counts for the next open (see the module doc), at
     /// a clean stop, once nothing more will be written. Returns whether it saved: not for a
     /// store without a directory (a bare backend) or over a backend without a write
     /// sequence number. Writes after it only make the saved filter stale.
     pub fn save_presence(&self) -> Result<bool, StoreError> {
-        let (Some(path), Some(_)) = (&self.saved_filter, self.backend.write_seqno()) else {
+        let (Some(path), Some(_)) = (&self.saved_filter_path(), self.backend.write_seqno()) else {
             return Ok(false);
         };
         // Invariant 2: no write under way, and all of them durable, for the whole save.
@@ -127,7 +132,7 @@ impl KeyStore {
     /// Installs the saved filter and counts if the module doc's conditions hold; says
     /// whether it did.
     pub(in crate::store) fn read_saved_filter(&self) -> bool {
-        let (Some(path), Some(seqno)) = (&self.saved_filter, self.backend.write_seqno()) else {
+        let (Some(path), Some(seqno)) = (&self.saved_filter_path(), self.backend.write_seqno()) else {
             return false;
         };
         let id = match self.backend.get(Tree::Meta, SAVED_MARK) {
