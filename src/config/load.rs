@@ -129,35 +129,13 @@ impl Config {
 fn validate_bootstrap(servers: &str, errors: &mut Vec<ConfigError>) {
     if servers.trim().is_empty() {
         errors.push(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
-    } else if let Some(bad) = servers.split(',').find(|s| !is_broker_address(s.trim())) {
+    } else if let Some(bad) = servers.split(',').find(|s| crate::connection::servers::broker_address(s).is_none()) {
         errors.push(invalid(
             "kafka.bootstrap_servers",
             format!("{servers:?}"),
             format!("{:?} is not a host:port (port 1-65535; an IPv6 host in brackets)", bad.trim()),
         ));
     }
-}
-
-/// One entry of a `bootstrap.servers` list as librdkafka takes it: `host:port`, `host`
-/// (port 9092), `[v6]:port`, each optionally after `SCHEME://`.
-pub(super) fn is_broker_address(entry: &str) -> bool {
-    let entry = entry.split_once("://").map_or(entry, |(_, rest)| rest);
-    let (host, port) = match entry.strip_prefix('[') {
-        Some(v6) => match v6.split_once(']') {
-            Some((host, "")) => (host, None),
-            Some((host, rest)) => match rest.strip_prefix(':') {
-                Some(port) => (host, Some(port)),
-                None => return false,
-            },
-            None => return false,
-        },
-        None => match entry.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (entry, None),
-        },
-    };
-    let host_ok = !host.is_empty() && !host.contains(|c: char| c.is_whitespace() || c == '/');
-    host_ok && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
 }
 
 /// `[kafka]` on its own: non-empty names, no loops from results to input, no property

@@ -214,13 +214,6 @@ mod unit {
 
     #[test]
     fn bootstrap_servers_must_be_broker_addresses() {
-        use super::super::load::is_broker_address;
-        for good in ["b:9092", "b", "10.0.0.1:9093", "[::1]:9092", "[::1]", "SASL_SSL://b.example.com:9096"] {
-            assert!(is_broker_address(good), "{good}");
-        }
-        for bad in ["", "b:", "b:0", "b:99999", "not a host:", ":9092", "::1:9092", "[::1", "[::1]x", "b:p"] {
-            assert!(!is_broker_address(bad), "{bad}");
-        }
         let text = "[kafka]\nbootstrap_servers = \"a:9092, not a host::\"\n";
         let err = Config::from_toml_str(text, no_env()).unwrap_err();
         assert!(matches!(&err, ConfigError::Invalid { key, .. } if key == "kafka.bootstrap_servers"), "{err:?}");

@@ -12,7 +12,8 @@
 //! - [`value`]: one property value and where it is read from;
 //! - [`check`]: what `check-config` checks without a cluster (librdkafka's own parser,
 //!   files, environment variables);
-//! - [`probe`]: connecting with a deadline and naming why it failed.
+//! - [`probe`]: connecting with a deadline and naming why it failed;
+//! - [`servers`]: `bootstrap.servers` entries, and whether two lists name the same brokers.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod check;
 pub mod probe;
+pub mod servers;
 pub mod value;
 
 pub use value::{PropertyValue, ValueError};

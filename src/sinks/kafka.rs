@@ -93,21 +93,10 @@ impl KafkaSinkConfig {
 
 impl KafkaSinkConfig {
     /// Whether the sink produces to the cluster at `bootstrap` (the same brokers, in any
-    /// order).
+    /// order and spelling: `SASL_SSL://b:9092` and `b` are one).
     pub fn is_on(&self, bootstrap: &str) -> bool {
-        self.bootstrap_servers.as_deref().is_none_or(|own| same_servers(own, bootstrap))
+        self.bootstrap_servers.as_deref().is_none_or(|own| crate::connection::servers::same_brokers(own, bootstrap))
     }
-}
-
-/// Whether two `host:port` lists name the same brokers, in any order.
-fn same_servers(a: &str, b: &str) -> bool {
-    let set = |s: &str| {
-        let mut v: Vec<String> =
-            s.split(',').map(|h| h.trim().to_ascii_lowercase()).filter(|h| !h.is_empty()).collect();
-        v.sort();
-        v
-    };
-    set(a) == set(b)
 }
 
 impl KafkaSinkConfig {
