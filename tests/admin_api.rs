@@ -33,10 +33,15 @@ async fn start(admin: Option<AdminApi>) -> Server {
     let metrics = Arc::new(Metrics::new().unwrap());
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
-    let (addr, fut) =
-        serve_with_admin("127.0.0.1:0".parse().unwrap(), metrics, health, admin, stop.clone().cancelled_owned())
-            .await
-            .unwrap();
+    let (addr, fut) = serve_with_admin(
+        &dedupd::ops::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
+        metrics,
+        health,
+        admin,
+        stop.clone().cancelled_owned(),
+    )
+    .await
+    .unwrap();
     Server { base: format!("http://{addr}"), stop, task: tokio::spawn(fut) }
 }
 

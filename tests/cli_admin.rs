@@ -59,10 +59,15 @@ async fn start(store: &Arc<KeyStore>) -> Server {
     let metrics = Arc::new(Metrics::new().unwrap());
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
-    let (addr, fut) =
-        serve_with_admin("127.0.0.1:0".parse().unwrap(), metrics, health, Some(admin), stop.clone().cancelled_owned())
-            .await
-            .unwrap();
+    let (addr, fut) = serve_with_admin(
+        &dedupd::ops::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
+        metrics,
+        health,
+        Some(admin),
+        stop.clone().cancelled_owned(),
+    )
+    .await
+    .unwrap();
     Server { base: format!("http://{addr}"), stop, task: tokio::spawn(fut) }
 }
 

@@ -174,6 +174,27 @@ pub enum OpsError {
     Serve(std::io::Error),
 }
 
+/// Binds `addr` for the HTTP listener, once for the process: it is served while dedupd
+/// starts ([`serve_starting`]), then by the running pipeline ([`serve_with_admin`]), and
+/// again across an in-process restart, so a port taken by another process is found before
+/// anything else is opened, and `/readyz` answers from the start.
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, OpsError> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|source| OpsError::Bind { addr, source })?;
+    listener.set_nonblocking(true).map_err(|source| OpsError::Bind { addr, source })?;
+    Ok(listener)
+}
+
+/// A handle on `listener` for one server, with the address it is bound to.
+fn serving(listener: &std::net::TcpListener) -> Result<(SocketAddr, tokio::net::TcpListener), OpsError> {
+    let unbound = || SocketAddr::from(([0, 0, 0, 0], 0));
+    let addr = listener.local_addr().map_err(|source| OpsError::Bind { addr: unbound(), source })?;
+    let handle = listener
+        .try_clone()
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(|source| OpsError::Bind { addr, source })?;
+    Ok((addr, handle))
+}
+
 /// Binds `addr`; returns the bound address and a future that serves until `shutdown`.
 /// No admin API (see [`serve_with_admin`]).
 pub async fn serve(
@@ -181,21 +202,23 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), OpsError>>), OpsError> {
-    serve_with_admin(addr, metrics, health, None, shutdown).await
+) -> Result<(SocketAddr, Serving), OpsError> {
+    serve_with_admin(&bind(addr)?, metrics, health, None, shutdown).await
 }
 
-/// Like [`serve`], with the admin API under `/v1` when `admin` is set (else `/v1/...`
-/// answers 404 saying it is off).
+/// A server's future: it serves until its shutdown future resolves.
+pub type Serving = futures::future::BoxFuture<'static, Result<(), OpsError>>;
+
+/// Serves `listener` (see [`bind`]), with the admin API under `/v1` when `admin` is set
+/// (else `/v1/...` answers 404 saying it is off), until `shutdown`.
 pub async fn serve_with_admin(
-    addr: SocketAddr,
+    listener: &std::net::TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     admin: Option<AdminApi>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), OpsError>>), OpsError> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| OpsError::Bind { addr, source })?;
-    let bound = listener.local_addr().map_err(|source| OpsError::Bind { addr, source })?;
+) -> Result<(SocketAddr, Serving), OpsError> {
+    let (bound, listener) = serving(listener)?;
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
@@ -203,7 +226,26 @@ pub async fn serve_with_admin(
         .with_state(AppState { metrics, health })
         .merge(admin::router(admin));
     let fut = async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(OpsError::Serve) };
-    Ok((bound, fut))
+    Ok((bound, Box::pin(fut)))
+}
+
+/// What `/readyz` says while dedupd starts.
+pub const STARTING: &str = "starting: opening the store and connecting to Kafka";
+
+/// Serves `listener` while dedupd starts, until `shutdown`: `/healthz` alive (a long store
+/// open is not a wedged process), `/readyz` 503 saying it is starting, anything else 503.
+pub fn serve_starting(
+    listener: &std::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<Serving, OpsError> {
+    let (_, listener) = serving(listener)?;
+    let app = Router::new()
+        .route("/healthz", get(|| async { (StatusCode::OK, "ok (starting)\n") }))
+        .route("/readyz", get(|| async { (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {STARTING}\n")) }))
+        .fallback(|| async { (StatusCode::SERVICE_UNAVAILABLE, format!("{STARTING}\n")) });
+    Ok(Box::pin(
+        async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(OpsError::Serve) },
+    ))
 }
 
 async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {

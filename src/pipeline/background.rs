@@ -21,7 +21,7 @@ pub(super) struct Background {
 impl Background {
     pub(super) async fn start(
         config: &Config,
-        listen: SocketAddr,
+        listener: &std::net::TcpListener,
         core: &Core,
         sinks: SinksByName,
         stop: &CancellationToken,
@@ -42,9 +42,10 @@ impl Background {
         });
         let metrics = Arc::clone(&core.metrics);
         let stopped = stop.clone().cancelled_owned();
-        let (http_addr, http) = crate::ops::serve_with_admin(listen, metrics, Arc::clone(&core.health), admin, stopped)
-            .await
-            .map_err(|e| PipelineError::Ops(e.to_string()))?;
+        let (http_addr, http) =
+            crate::ops::serve_with_admin(listener, metrics, Arc::clone(&core.health), admin, stopped)
+                .await
+                .map_err(|e| PipelineError::Ops(e.to_string()))?;
         // The listener's own errors end it; `run` goes on draining regardless.
         let http = tokio::spawn(async move {
             let _ = http.await;

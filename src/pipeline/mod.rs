@@ -177,10 +177,11 @@ pub async fn run(
              (docs/decisions.md, \"Slots by sink\")"
         );
     }
+    let listener = crate::ops::bind(config.http.listen).map_err(|e| PipelineError::Ops(e.to_string()))?;
     let mut on_start = Some(on_start);
     let mut kept = Kept::default();
     let ended = loop {
-        match run_once(&config, &options, &shutdown_requested, &mut kept, &mut on_start).await {
+        match run_once(&config, &options, &shutdown_requested, (&listener, &mut kept), &mut on_start).await {
             Ok(Ended::Fenced(store)) if !shutdown_requested.is_cancelled() => {
                 if !kept.fences.allows(std::time::Instant::now()) {
                     tracing::error!(
@@ -216,9 +217,15 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     config: &Config,
     options: &RunOptions,
     shutdown: &CancellationToken,
-    kept: &mut Kept,
+    (listener, kept): (&std::net::TcpListener, &mut Kept),
     on_start: &mut Option<F>,
 ) -> Result<Ended, PipelineError> {
+    // Until the pipeline serves the listener: alive, not ready (also if this run fails).
+    let starting_stop = CancellationToken::new();
+    let starting = crate::ops::serve_starting(listener, starting_stop.clone().cancelled_owned())
+        .map_err(|e| PipelineError::Ops(e.to_string()))?;
+    let starting = tokio::spawn(starting);
+    let stop_starting = starting_stop.drop_guard();
     let ClusterSetup { dead_letter_limit, changelog_topic, forward_limit } = ClusterSetup::read(config).await?;
     let (core, sinks) = Core::build(config, dead_letter_limit, changelog_topic.as_ref(), kept.metrics.clone())?;
     kept.metrics = Some(Arc::clone(&core.metrics));
@@ -229,9 +236,9 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
-    let listen = kept.http_addr.unwrap_or(config.http.listen);
-    let background = Background::start(config, listen, &core, sinks, &stop).await?;
-    kept.http_addr = Some(background.http_addr);
+    drop(stop_starting);
+    let _ = starting.await;
+    let background = Background::start(config, listener, &core, sinks, &stop).await?;
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
     let own_id = core.transactions.as_ref().map(|t| t.id());

@@ -2,7 +2,6 @@
 //! [`super::run`]), and the wait before it does.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,6 @@ use crate::store::KeyStore;
 #[derive(Default)]
 pub(super) struct Kept {
     pub(super) metrics: Option<Arc<Metrics>>,
-    pub(super) http_addr: Option<SocketAddr>,
     pub(super) fences: FenceBudget,
 }
 
