@@ -5,7 +5,9 @@
 //! key is one (so `DEDUPD_HTTP__ADMIN_TOKEN=1234567890123456` stays a string and
 //! `DEDUPD_PIPELINE__MAX_IN_FLIGHT=64` is a number). Two cases need more than that:
 //! - a value written as a TOML array (`["a", "b"]`) is an array: a shell has no other way to
-//!   spell a list, and no key of ours takes a string that starts with `[`;
+//!   spell a list. One that starts with `[` but is no TOML value stays the string it is (a
+//!   password or a token may start with `[`); set for a list key, it is refused as a string
+//!   where a list belongs, naming its variable;
 //! - inside a sink table (an internally tagged enum, which serde buffers before figment can
 //!   see the target type) a string is not read as a number; when extraction fails on such a
 //!   key, the value is retried once as the TOML scalar it spells.
@@ -48,9 +50,11 @@ impl EnvOverride {
 
     fn value(&self) -> Result<Value, ConfigError> {
         if self.is_list() || self.as_toml_scalar {
-            let parsed = toml_value(&self.text)
-                .ok_or_else(|| self.error("is not a TOML value (a list is written [\"a\", \"b\"])"))?;
-            return Value::serialize(parsed).map_err(|e| self.error(&e.to_string()));
+            match toml_value(&self.text) {
+                Some(parsed) => return Value::serialize(parsed).map_err(|e| self.error(&e.to_string())),
+                None if self.as_toml_scalar => return Err(self.error("is not a TOML value")),
+                None => {}
+            }
         }
         Ok(Value::from(self.text.clone()))
     }
@@ -84,10 +88,7 @@ impl EnvOverrides {
             if path.iter().any(|p| p.is_empty()) {
                 return Err(ConfigError::Env { var, reason: "has an empty path segment".into() });
             }
-            let over = EnvOverride { var, path, text, as_toml_scalar: false };
-            // A malformed list is refused here, naming its variable, rather than inside figment.
-            over.value()?;
-            overrides.push(over);
+            overrides.push(EnvOverride { var, path, text, as_toml_scalar: false });
         }
         // Deterministic order: the environment's order is the OS's.
         overrides.sort_by(|a, b| a.var.cmp(&b.var));

@@ -134,6 +134,16 @@ mod unit {
     }
 
     #[test]
+    fn a_string_that_starts_with_a_bracket_is_a_string() {
+        let vars =
+            [("DEDUPD_KAFKA__CONNECTION__SASL.PASSWORD", "[S3cret"), ("DEDUPD_HTTP__ADMIN_TOKEN", "[0123456789abcdef")];
+        let c = Config::from_toml_str("", env(&vars)).unwrap();
+        let password = c.kafka.connection.iter().find(|(k, _)| *k == "sasl.password").map(|(_, v)| v.clone());
+        assert_eq!(password, Some(crate::connection::PropertyValue::Text("[S3cret".into())));
+        assert_eq!(c.http.admin_token.as_deref(), Some("[0123456789abcdef"));
+    }
+
+    #[test]
     fn file_error_keeps_its_line_when_env_is_set() {
         let text = "[store]\n\ndefault_ttl = \"soon\"\n";
         let err = Config::from_toml_str(text, env(&[("DEDUPD_PIPELINE__MAX_IN_FLIGHT", "8")])).unwrap_err();
