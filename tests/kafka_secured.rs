@@ -6,8 +6,9 @@
 //!   with a client certificate: every command executed once through a kafka sink that
 //!   inherits the connection, a result per input, the secret nowhere in the log;
 //! - `check-config --connect` connects, finds the topics and reads the group's offsets;
-//! - a wrong password, an untrusted CA, a certificate for another host and a missing client
-//!   certificate each end `run` with exit 2 and the cause named, before the connect timeout;
+//! - a wrong password, an untrusted CA, a certificate for another host, a client without TLS
+//!   at a TLS port and a missing client certificate each end `run` with exit 2 and the cause
+//!   named, before the connect timeout;
 //!   the host whose certificate names another is never sent the credentials.
 //!
 //! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test kafka_secured`.
@@ -32,7 +33,7 @@ const CONNECT_TIMEOUT_S: u64 = 90;
 fn connection_table(broker: &SecuredBroker, listener: Listener, changes: &[(&str, String)]) -> String {
     let ca = format!("{:?}", broker.ca_pem.display().to_string());
     let mut entries: Vec<(&str, String)> = match listener {
-        Listener::SaslSsl => vec![
+        Listener::SaslSsl | Listener::WrongHost => vec![
             ("security.protocol", "\"SASL_SSL\"".into()),
             ("sasl.mechanisms", "\"SCRAM-SHA-512\"".into()),
             ("sasl.username", format!("{:?}", broker.user)),
@@ -45,7 +46,6 @@ fn connection_table(broker: &SecuredBroker, listener: Listener, changes: &[(&str
             ("ssl.certificate.location", format!("{:?}", broker.client_cert_pem.display().to_string())),
             ("ssl.key.location", format!("{:?}", broker.client_key_pem.display().to_string())),
         ],
-        Listener::WrongHost => vec![("security.protocol", "\"SSL\"".into()), ("ssl.ca.location", ca)],
         Listener::Plaintext => vec![],
     };
     for (property, value) in changes {
@@ -255,6 +255,18 @@ async fn dedupd_runs_on_a_secured_cluster_and_names_what_refuses_it() {
             },
             "certificate verify failed",
             "does not name the address",
+        ),
+        (
+            // A client without TLS at a TLS port: the broker closes each connection, and
+            // librdkafka says no more than that all brokers are down.
+            Breakage {
+                case: "no TLS at a TLS port",
+                listener: Listener::SaslSsl,
+                changes: vec![("security.protocol", "\"SASL_PLAINTEXT\"".into())],
+                password,
+            },
+            "its port speaks TLS",
+            "set security.protocol to SSL",
         ),
         (
             Breakage {

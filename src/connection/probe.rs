@@ -88,7 +88,8 @@ pub fn probe(client: &str, config: &ClientConfig, timeout: Duration) -> Result<C
         .create_with_context(ProbeContext::default())
         .map_err(|e| ConnectError::Create { client: client.into(), reason: client_error(config, &e) })?;
     let started = Instant::now();
-    let mut last = String::from("no answer");
+    let mut last = String::from(NO_ANSWER);
+    let mut tls_asked = false;
     loop {
         let left = timeout.saturating_sub(started.elapsed());
         if left.is_zero() {
@@ -122,25 +123,62 @@ pub fn probe(client: &str, config: &ClientConfig, timeout: Duration) -> Result<C
         if let Some((_, text)) = seen.iter().rev().find(|(code, _)| *code != Some(RDKafkaErrorCode::AllBrokersDown)) {
             last = text.clone();
         }
+        // Connections dropped without a word: a client without TLS at a TLS port says nothing
+        // else (the broker closes on the first bytes). Asked once, without credentials.
+        let dropped = seen.iter().any(|(code, _)| *code == Some(RDKafkaErrorCode::AllBrokersDown));
+        if dropped && last == NO_ANSWER && !tls_asked && !uses_tls(config) {
+            tls_asked = true;
+            if speaks_tls(config, left) {
+                return Err(ConnectError::Refused {
+                    client: client.into(),
+                    bootstrap,
+                    cause: "the broker closes every connection, and its port speaks TLS".into(),
+                    hint: hint("speaks TLS"),
+                });
+            }
+        }
     }
+}
+
+/// What a probe says when librdkafka reported nothing but its connections going down.
+const NO_ANSWER: &str = "no broker answered (every connection failed or was closed before an answer)";
+
+/// Whether `config`'s security protocol is one with TLS.
+fn uses_tls(config: &ClientConfig) -> bool {
+    config.get("security.protocol").is_some_and(|p| p.eq_ignore_ascii_case("ssl") || p.eq_ignore_ascii_case("sasl_ssl"))
+}
+
+/// Whether the brokers of `config` answer a TLS handshake: a client that does not speak
+/// TLS to a TLS port gets its connections closed and nothing more from librdkafka. Asked
+/// without credentials, and without verifying the certificate (only whether TLS answers).
+fn speaks_tls(config: &ClientConfig, left: Duration) -> bool {
+    let mut tls = without_credentials(config);
+    tls.set("security.protocol", "SSL")
+        .set("enable.ssl.certificate.verification", "false")
+        .set("ssl.endpoint.identification.algorithm", "none");
+    handshake_passes(tls, left)
 }
 
 /// librdkafka words an untrusted CA and a certificate for another host alike. To tell
 /// them apart, connect once more without the host name check (for this diagnosis only):
 /// if the TLS handshake then passes, the certificate names another host. That connection
 /// carries no SASL credentials: its server has not proven to be the broker, so nothing
-/// secret may reach it. Whether the handshake passed is read from librdkafka's own account
-/// of the connection (its state leaving SSL_HANDSHAKE), since a SASL_SSL broker then drops
-/// the unauthenticated client without a word.
+/// secret may reach it.
 fn hostname_is_the_cause(config: &ClientConfig, left: Duration) -> bool {
     if config.get("ssl.endpoint.identification.algorithm").is_some_and(|a| a.eq_ignore_ascii_case("none")) {
         return false;
     }
     let mut diagnosis = without_credentials(config);
-    diagnosis.set("ssl.endpoint.identification.algorithm", "none").set("debug", "broker");
-    diagnosis.set_log_level(RDKafkaLogLevel::Debug);
-    let Ok(producer) = diagnosis.create_with_context::<_, BaseProducer<HandshakeWatch>>(HandshakeWatch::default())
-    else {
+    diagnosis.set("ssl.endpoint.identification.algorithm", "none");
+    handshake_passes(diagnosis, left)
+}
+
+/// Whether a TLS handshake with `config`'s brokers passes within `left` (at most 5 s), read
+/// from librdkafka's account of the connection (its state leaving SSL_HANDSHAKE): a broker
+/// may drop the client right after, without a word.
+fn handshake_passes(mut config: ClientConfig, left: Duration) -> bool {
+    config.set("debug", "broker").set_log_level(RDKafkaLogLevel::Debug);
+    let Ok(producer) = config.create_with_context::<_, BaseProducer<HandshakeWatch>>(HandshakeWatch::default()) else {
         return false;
     };
     let deadline = Instant::now() + left.min(Duration::from_secs(5));
@@ -245,6 +283,8 @@ fn hint(text: &str) -> String {
     } else if text.contains("alert bad certificate") || text.contains("alert certificate required") {
         "the broker refused dedupd's client certificate, or got none; set ssl.certificate.location and \
          ssl.key.location (or their .pem forms) to a certificate the broker trusts"
+    } else if text.contains("speaks TLS") {
+        "set security.protocol to SSL (or SASL_SSL with SASL), or connect to the broker's plaintext listener"
     } else if text.contains("SSL handshake failed") {
         "the TLS handshake failed; check security.protocol, the client certificate and key \
          (ssl.certificate.location, ssl.key.location) if the cluster requires one"
