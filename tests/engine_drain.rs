@@ -172,6 +172,19 @@ async fn interrupt_after_two_calls_each(store: &Arc<KeyStore>, sink: (Arc<Atomic
     assert_eq!(run.await.expect("join"), vec![None; keys.len()], "all let go, none failed");
 }
 
+/// Each of `keys` has no record (its claim was released, not left `in_progress`), and a
+/// redelivery to a sink that does not forward the key runs each afresh, not `indeterminate`.
+async fn released_and_run_afresh(store: &Arc<KeyStore>, keys: &[&str]) {
+    for key in keys {
+        assert_eq!(store.get(key).expect("get"), None, "{key}: released, not left in_progress");
+    }
+    let scripted = Arc::new(ScriptedSink::new("s", false));
+    let engine = engine(store, scripted.as_sink(), 3);
+    let results = outcomes(&engine.process_batch(&batch(keys), &CancellationToken::new()).await.expect("batch"));
+    assert_eq!(results, vec![Some(Outcome::Succeeded); keys.len()]);
+    assert_eq!(scripted.effects().len(), keys.len());
+}
+
 #[tokio::test]
 async fn commands_refused_at_connect_are_released_and_a_redelivery_runs_them_afresh() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -180,15 +193,7 @@ async fn commands_refused_at_connect_are_released_and_a_redelivery_runs_them_afr
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
     let keys = ["r1", "r2", "r3"];
     interrupt_after_two_calls_each(&store, http_sink(&format!("http://{closed}/hook")), &keys).await;
-    for key in keys {
-        assert_eq!(store.get(key).expect("get"), None, "{key}: released, not left in_progress");
-    }
-    // Redelivered to a sink that does not forward the key: run afresh, not `indeterminate`.
-    let scripted = Arc::new(ScriptedSink::new("s", false));
-    let engine = engine(&store, scripted.as_sink(), 3);
-    let results = outcomes(&engine.process_batch(&batch(&keys), &CancellationToken::new()).await.expect("batch"));
-    assert_eq!(results, vec![Some(Outcome::Succeeded); keys.len()]);
-    assert_eq!(scripted.effects().len(), keys.len());
+    released_and_run_afresh(&store, &keys).await;
 }
 
 #[tokio::test]
@@ -235,13 +240,6 @@ async fn commands_whose_calls_were_all_answered_with_a_retryable_failure_are_rel
     let keys = ["a1", "a2"];
     interrupt_after_two_calls_each(&store, http_sink(&format!("http://{addr}/hook")), &keys).await;
     assert!(answered.load(Ordering::SeqCst) >= 2 * keys.len(), "the receiver answered every call");
-    for key in keys {
-        assert_eq!(store.get(key).expect("get"), None, "{key}: released, not left in_progress");
-    }
-    // Redelivered to a sink that does not forward the key: run afresh, not `indeterminate`.
-    let scripted = Arc::new(ScriptedSink::new("s", false));
-    let engine = engine(&store, scripted.as_sink(), 3);
-    let results = outcomes(&engine.process_batch(&batch(&keys), &CancellationToken::new()).await.expect("batch"));
-    assert_eq!(results, vec![Some(Outcome::Succeeded); keys.len()]);
+    released_and_run_afresh(&store, &keys).await;
     server.abort();
 }

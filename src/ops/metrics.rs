@@ -147,10 +147,7 @@ impl Metrics {
                 Opts::new("consumer_lag", "Records between the consumer position and the partition end."),
                 &["topic", "partition"],
             )?,
-            in_flight: IntGauge::new(
-                "in_flight",
-                "Commands claimed and not yet completed: at their sink, or waiting for its circuit, limits or a retry.",
-            )?,
+            in_flight: IntGauge::new("in_flight", "Commands claimed, not completed: at or waiting for their sink.")?,
             dead_letter: IntCounterVec::new(
                 Opts::new("dead_letter_total", "Records sent to the dead-letter topic, by reason."),
                 &["reason"],

@@ -220,12 +220,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     (listener, kept): (&std::net::TcpListener, &mut Kept),
     on_start: &mut Option<F>,
 ) -> Result<Ended, PipelineError> {
-    // Until the pipeline serves the listener: alive, not ready (also if this run fails).
-    let starting_stop = CancellationToken::new();
-    let starting = crate::ops::serve_starting(listener, starting_stop.clone().cancelled_owned())
-        .map_err(|e| PipelineError::Ops(e.to_string()))?;
-    let starting = tokio::spawn(starting);
-    let stop_starting = starting_stop.drop_guard();
+    let starting = StartingServer::start(listener)?;
     let ClusterSetup { dead_letter_limit, changelog_topic, forward_limit } = ClusterSetup::read(config).await?;
     let (core, sinks) = Core::build(config, dead_letter_limit, changelog_topic.as_ref(), kept.metrics.clone())?;
     kept.metrics = Some(Arc::clone(&core.metrics));
@@ -236,8 +231,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
-    drop(stop_starting);
-    let _ = starting.await;
+    starting.hand_over().await;
     let background = Background::start(config, listener, &core, sinks, &stop).await?;
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
@@ -298,6 +292,28 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     save_presence(&core.store);
     tracing::info!("dedupd stopped cleanly");
     Ok(Ended::Stopped)
+}
+
+/// The server of the HTTP listener while the pipeline starts: alive, not ready. It stops
+/// when dropped, also when the run fails before the pipeline serves the listener.
+struct StartingServer {
+    task: tokio::task::JoinHandle<Result<(), crate::ops::OpsError>>,
+    stop: tokio_util::sync::DropGuard,
+}
+
+impl StartingServer {
+    fn start(listener: &std::net::TcpListener) -> Result<StartingServer, PipelineError> {
+        let stop = CancellationToken::new();
+        let serving = crate::ops::serve_starting(listener, stop.clone().cancelled_owned())
+            .map_err(|e| PipelineError::Ops(e.to_string()))?;
+        Ok(StartingServer { task: tokio::spawn(serving), stop: stop.drop_guard() })
+    }
+
+    /// Stops it and waits until it no longer takes connections, for the pipeline's server.
+    async fn hand_over(self) {
+        drop(self.stop);
+        let _ = self.task.await;
+    }
 }
 
 /// At a clean stop, once nothing more is written: the next open reads the presence filter
