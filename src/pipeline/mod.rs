@@ -32,7 +32,8 @@
 //! - `background`: what serves beside the consumer until `run` stops (HTTP, purge, the
 //!   circuit gauges).
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
-//!   gauges. `restart`: what carries over when a fenced run starts again.
+//!   gauges. `restart`: what carries over when a fenced run starts again. `starting`: the
+//!   HTTP listener's server until `background` takes it.
 //!
 //! Among them: `consumer` uses `partitions`, `queue`, `worker`, `control`, `changelog` and
 //! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control`, `changelog`,
@@ -53,6 +54,7 @@ mod publish;
 mod purge;
 mod queue;
 mod restart;
+mod starting;
 mod transactions;
 mod worker;
 
@@ -220,7 +222,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     (listener, kept): (&std::net::TcpListener, &mut Kept),
     on_start: &mut Option<F>,
 ) -> Result<Ended, PipelineError> {
-    let starting = StartingServer::start(listener)?;
+    let starting = starting::StartingServer::start(listener)?;
     let ClusterSetup { dead_letter_limit, changelog_topic, forward_limit } = ClusterSetup::read(config).await?;
     let (core, sinks) = Core::build(config, dead_letter_limit, changelog_topic.as_ref(), kept.metrics.clone())?;
     kept.metrics = Some(Arc::clone(&core.metrics));
@@ -292,28 +294,6 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     save_presence(&core.store);
     tracing::info!("dedupd stopped cleanly");
     Ok(Ended::Stopped)
-}
-
-/// The server of the HTTP listener while the pipeline starts: alive, not ready. It stops
-/// when dropped, also when the run fails before the pipeline serves the listener.
-struct StartingServer {
-    task: tokio::task::JoinHandle<Result<(), crate::ops::OpsError>>,
-    stop: tokio_util::sync::DropGuard,
-}
-
-impl StartingServer {
-    fn start(listener: &std::net::TcpListener) -> Result<StartingServer, PipelineError> {
-        let stop = CancellationToken::new();
-        let serving = crate::ops::serve_starting(listener, stop.clone().cancelled_owned())
-            .map_err(|e| PipelineError::Ops(e.to_string()))?;
-        Ok(StartingServer { task: tokio::spawn(serving), stop: stop.drop_guard() })
-    }
-
-    /// Stops it and waits until it no longer takes connections, for the pipeline's server.
-    async fn hand_over(self) {
-        drop(self.stop);
-        let _ = self.task.await;
-    }
 }
 
 /// At a clean stop, once nothing more is written: the next open reads the presence filter
