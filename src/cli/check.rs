@@ -36,11 +36,7 @@ pub(super) fn check_config(path: &Path, connect: bool) -> Result<ExitCode, CliEr
         .problems()
         .into_iter()
         .map(|e| (line_of(&text, &key_of_error(&e)), e.to_string()))
-        .chain(kafka_client_problems(&config).into_iter().map(|p| match config.variable_setting(&p.key) {
-            // Not in the file: no line (the nearest one would be its table's), the variable.
-            Some(var) => (None, ConfigError::Env { var: var.to_string(), reason: p.to_string() }.to_string()),
-            None => (line_of(&text, &p.key), p.to_string()),
-        }))
+        .chain(kafka_problems_worded(&config).into_iter().map(|(key, m)| (key.and_then(|k| line_of(&text, &k)), m)))
         .chain(telemetry_problem(&config).map(|message| (line_of(&text, "telemetry.traces"), message)))
         .collect();
     // In file order; problems of no one line (a whole client) last.
@@ -103,14 +99,21 @@ fn key_of_error(e: &ConfigError) -> String {
 /// What `run` refuses before it connects: each problem [`kafka_client_problems`] finds, as
 /// `check-config` words it (naming the variable that set the key, if one did).
 pub(super) fn kafka_settings_refused(config: &Config) -> Result<(), CliError> {
-    let problems: Vec<String> = kafka_client_problems(config)
+    let problems: Vec<String> = kafka_problems_worded(config).into_iter().map(|(_, message)| message).collect();
+    if problems.is_empty() { Ok(()) } else { Err(CliError::KafkaSettings(problems)) }
+}
+
+/// Each problem [`kafka_client_problems`] finds, with the key its line is found by and its
+/// message; a key a `DEDUPD_*` variable set is in no line of the file (the nearest would be
+/// its table's), so that variable is named instead.
+fn kafka_problems_worded(config: &Config) -> Vec<(Option<String>, String)> {
+    kafka_client_problems(config)
         .into_iter()
         .map(|p| match config.variable_setting(&p.key) {
-            Some(var) => ConfigError::Env { var: var.to_string(), reason: p.to_string() }.to_string(),
-            None => p.to_string(),
+            Some(var) => (None, ConfigError::Env { var: var.to_string(), reason: p.to_string() }.to_string()),
+            None => (Some(p.key.clone()), p.to_string()),
         })
-        .collect();
-    if problems.is_empty() { Ok(()) } else { Err(CliError::KafkaSettings(problems)) }
+        .collect()
 }
 
 /// Each Kafka client's tables on their own, then each client whole (when its tables
