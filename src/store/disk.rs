@@ -6,10 +6,12 @@ use std::io::ErrorKind;
 use std::path::Path;
 
 /// Bytes allocated to the files under `dir`, its subdirectories included. A file or
-/// directory removed while it is walked (a compaction's) counts nothing.
+/// directory removed while it is walked (a compaction's) counts nothing, and so does one
+/// dedupd may not read: a volume's root holds `lost+found`, which only root may list, and
+/// the store is often a volume's root.
 pub(super) fn allocated_bytes(dir: &Path) -> std::io::Result<u64> {
     let entries = match std::fs::read_dir(dir) {
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::PermissionDenied) => return Ok(0),
         other => other?,
     };
     let mut total = 0u64;
@@ -17,7 +19,7 @@ pub(super) fn allocated_bytes(dir: &Path) -> std::io::Result<u64> {
         let entry = entry?;
         // Not followed through symbolic links: what is in the directory itself.
         let meta = match entry.metadata() {
-            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::PermissionDenied) => continue,
             other => other?,
         };
         let bytes = if meta.is_dir() { allocated_bytes(&entry.path())? } else { allocated(&meta) };
