@@ -10,7 +10,8 @@
 //!   then sleeps 10–30 ms.
 //!
 //! The input is produced in chunks, one as each incarnation starts (before it, for one meant
-//! to die where a round carries completions, so that a backlog waits), each with two compaction
+//! to die where a round carries completions, so that a backlog waits, and a burst should it
+//! run out of work before the point: kafka_kill/backlog.rs), each with two compaction
 //! fodder commands (a route whose records expire after two seconds); before an incarnation
 //! meant to die in compaction, records that expire two seconds later are imported into the
 //! store. Every incarnation ends in
@@ -39,6 +40,8 @@
 //! `KAFKA_KILL_RANDOM_KILLS` shrink a local run. Run with
 //! `scripts/kafka/kafka.sh with cargo test --features failpoints --test kafka_kill -- --nocapture`.
 
+#[path = "kafka_kill/backlog.rs"]
+mod backlog;
 #[path = "kafka_kill/checks.rs"]
 mod checks;
 mod common;
@@ -51,6 +54,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backlog::Backlog;
 use checks::{check_after_final_run, report_kills};
 use common::effects::{self, Downstreams};
 use common::kafka;
@@ -61,6 +65,7 @@ use common::process::{
 };
 use common::smtp_server::SmtpServer;
 use dedupd::store::StoreBackend;
+use parking_lot::Mutex;
 use schedule::{Ending, chunks, count_from_env, schedule};
 
 /// Kills at each crash point, per backend.
@@ -205,13 +210,24 @@ impl Lane {
         })
     }
 
-    /// Ends an incarnation as `ending` says; `Err` names what went wrong.
-    async fn end(&self, p: &mut DedupdProcess, ending: Ending, log_from: u64) -> Result<Kill, String> {
+    /// Ends incarnation `backlog.0` as `ending` says (with a burst from `backlog.1` if it
+    /// goes idle before a point that needs a backlog); `Err` names what went wrong.
+    async fn end(
+        &self,
+        p: &mut DedupdProcess,
+        ending: Ending,
+        log_from: u64,
+        (incarnation, mut backlog): (usize, Backlog),
+    ) -> Result<Kill, String> {
         let label = || format!("[{}] {ending:?}", self.backend);
         match ending {
-            Ending::At { .. } => {
+            Ending::At { point, .. } => {
                 let deadline = Instant::now() + POINT_BOUND;
+                let needs_backlog = point == "claim.appended_with_completions";
                 while p.exited().is_none() && Instant::now() < deadline {
+                    if needs_backlog && backlog.nudge(&self.tail, incarnation) {
+                        println!("[{}] incarnation {incarnation} idle before {point}: a burst sent", self.backend);
+                    }
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
                 let lived = p.spawned.elapsed();
@@ -264,16 +280,24 @@ impl Lane {
 /// Input record positions (partition, offset), in the order produced.
 type Positions = Vec<(i32, i64)>;
 
-/// What the producer is told: produce chunk `.0`, and say so on `.1` once the broker has it.
-type Go = (usize, Option<tokio::sync::oneshot::Sender<()>>);
+/// What the producer is told.
+enum Go {
+    /// Produce chunk `.0` of the inputs (and its fodder), and say so on `.1` once the broker
+    /// has it.
+    Chunk(usize, Option<tokio::sync::oneshot::Sender<()>>),
+    /// Produce a burst of fodder for incarnation `.0` (backlog.rs).
+    Burst(usize),
+}
 
-/// Produces chunk `j` of the inputs (and its fodder) each time `go` names it; returns the
-/// inputs' positions in order, and the fodder's.
+/// Produces chunk `j` of the inputs (and its fodder), or a burst, each time `go` says so;
+/// appends every position to `sent` as the broker acknowledges it; returns the inputs'
+/// positions in order, and the fodder's (bursts included).
 fn producer(
     lane: &Lane,
     inputs: Arc<Vec<Input>>,
     chunks: Vec<Range<usize>>,
     mut go: tokio::sync::mpsc::UnboundedReceiver<Go>,
+    sent: Arc<Mutex<Positions>>,
 ) -> tokio::task::JoinHandle<(Positions, Positions)> {
     let (bootstrap, topic) = (lane.bootstrap.clone(), lane.input_topic.clone());
     tokio::spawn(async move {
@@ -281,16 +305,23 @@ fn producer(
         // producers per incarnation (dedupd's own), and each takes a producer id.
         let kafka_producer = kafka::idempotent_producer(&bootstrap);
         let (mut positions, mut fodder) = (Vec::with_capacity(inputs.len()), Vec::new());
-        while let Some((j, produced_tx)) = go.recv().await {
-            let records = inputs[chunks[j].clone()]
-                .iter()
-                .map(|r| (r.kafka_key.clone(), r.value.clone(), Vec::new(), Some(r.partition)));
-            let extra = (0..FODDER_PER_CHUNK).map(|f| {
-                let (key, value) = workload::fodder_command(j * FODDER_PER_CHUNK + f);
-                (key, value, Vec::new(), Some(((j + f) % PARTITIONS as usize) as i32))
-            });
-            let produced = kafka::produce_all_with(&kafka_producer, &topic, records.chain(extra).collect()).await;
-            let (ours, theirs) = produced.split_at(chunks[j].len());
+        while let Some(order) = go.recv().await {
+            let (records, inputs_in, produced_tx) = match order {
+                Go::Chunk(j, produced_tx) => {
+                    let records = inputs[chunks[j].clone()]
+                        .iter()
+                        .map(|r| (r.kafka_key.clone(), r.value.clone(), Vec::new(), Some(r.partition)));
+                    let extra = (0..FODDER_PER_CHUNK).map(|f| {
+                        let (key, value) = workload::fodder_command(j * FODDER_PER_CHUNK + f);
+                        (key, value, Vec::new(), Some(((j + f) % PARTITIONS as usize) as i32))
+                    });
+                    (records.chain(extra).collect(), chunks[j].len(), produced_tx)
+                }
+                Go::Burst(incarnation) => (backlog::burst(incarnation), 0, None),
+            };
+            let produced = kafka::produce_all_with(&kafka_producer, &topic, records).await;
+            sent.lock().extend_from_slice(&produced);
+            let (ours, theirs) = produced.split_at(inputs_in);
             positions.extend_from_slice(ours);
             fodder.extend_from_slice(theirs);
             if let Some(tx) = produced_tx {
@@ -331,7 +362,8 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
     let chunks = chunks(&endings, &inputs);
     println!("[{backend}] {n} inputs in {} chunks, {} kills", chunks.len(), endings.len());
     let (go, go_rx) = tokio::sync::mpsc::unbounded_channel::<Go>();
-    let producing = producer(&lane, Arc::clone(&inputs), chunks, go_rx);
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let producing = producer(&lane, Arc::clone(&inputs), chunks, go_rx, Arc::clone(&sent));
 
     let mut kills: Vec<Kill> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
@@ -341,10 +373,10 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
         // one round. So that incarnation starts with its whole chunk on the broker.
         if let Ending::At { point: "claim.appended_with_completions", .. } = ending {
             let (produced_tx, produced) = tokio::sync::oneshot::channel();
-            go.send((incarnation, Some(produced_tx))).expect("producer task alive");
+            go.send(Go::Chunk(incarnation, Some(produced_tx))).expect("producer task alive");
             produced.await.expect("producer task alive");
         } else {
-            go.send((incarnation, None)).expect("producer task alive");
+            go.send(Go::Chunk(incarnation, None)).expect("producer task alive");
         }
         if let Ending::At { point: "compaction.chunk", .. } = ending
             && let Err(e) =
@@ -357,7 +389,8 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
         let failpoints = ending.failpoints();
         let args = ["run", "-c", lane.config_path.to_str().expect("utf-8")];
         let mut p = DedupdProcess::spawn_with_env(&args, &[("FAILPOINTS", failpoints.as_str())], &lane.log_path);
-        match lane.end(&mut p, *ending, log_from).await {
+        let backlog = Backlog::new(go.clone(), Arc::clone(&sent));
+        match lane.end(&mut p, *ending, log_from, (incarnation, backlog)).await {
             Ok(kill) => kills.push(kill),
             Err(e) => {
                 failures.push(format!("incarnation {incarnation}: {e}"));
@@ -365,7 +398,7 @@ async fn run(kind: StoreBackend, bootstrap: String, seed: u64) {
             }
         }
     }
-    go.send((endings.len(), None)).expect("producer task alive");
+    go.send(Go::Chunk(endings.len(), None)).expect("producer task alive");
     drop(go);
     let mut last = DedupdProcess::run(&lane.config_path, &lane.log_path);
     let (positions, fodder) = producing.await.expect("producer task");

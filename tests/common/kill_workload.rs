@@ -27,6 +27,10 @@ pub fn fodder_command(n: usize) -> (String, Vec<u8>) {
     (key, serde_json::to_vec(&value).expect("json"))
 }
 
+/// The incarnations' `pipeline.max_in_flight`: small, so that a chunk takes a few hundred
+/// ms and kills land mid-work; also the most claims one round of a batch makes.
+pub const MAX_IN_FLIGHT: usize = 8;
+
 /// How long records planted for compaction live ([`plant_expiring`]).
 pub const PLANTED_TTL: Duration = Duration::from_secs(2);
 /// Records planted for each incarnation meant to die in compaction.
@@ -197,7 +201,7 @@ compaction_chunk = 1
 
 [pipeline]
 # Small, so that a chunk takes a few hundred ms and kills land mid-work.
-max_in_flight = 8
+max_in_flight = {MAX_IN_FLIGHT}
 batch_size = 50
 batch_linger = "5ms"
 
