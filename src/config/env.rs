@@ -14,6 +14,14 @@
 //!
 //! Segments are lower-cased and may contain dots, so librdkafka properties can be set:
 //! `DEDUPD_KAFKA__CONSUMER__SESSION.TIMEOUT.MS=45000`. A bad override names its variable.
+//!
+//! A variable with one underscore where the key needs two (`DEDUPD_PIPELINE_MAX_IN_FLIGHT`,
+//! `DEDUPD_STORE_PATH`) is refused, naming the spelling that works, rather than ignored: the
+//! operator meant to set that key, and a store path silently not set is a store elsewhere.
+//! It is refused only when `SECTION__REST` is a key of that section: other `DEDUPD_*`
+//! variables without `__` are left alone (scripts/kafka/kafka.sh reads `DEDUPD_KAFKA_HOME`,
+//! and Kubernetes gives every container `DEDUPD_SERVICE_HOST`, `DEDUPD_PORT_…` for a
+//! Service named `dedupd`).
 
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
@@ -23,6 +31,14 @@ use super::ConfigError;
 
 /// Variables the command line reads itself; they are not config keys.
 const CLI_VARIABLES: [&str; 4] = ["CONFIG", "ADMIN_TOKEN", "ADMIN_URL", "LOG"];
+
+/// The config's sections (the top-level keys of [`super::Config`]), lowercase.
+pub(super) const SECTIONS: [&str; 11] =
+    ["kafka", "envelope", "limits", "store", "pipeline", "retry", "sinks", "routes", "http", "log", "telemetry"];
+
+/// Sections whose keys are names the operator chooses (a sink's), or a list: any
+/// `SECTION__REST` is one, so one underscore says nothing of what was meant.
+const NAMED_SECTIONS: [&str; 2] = ["sinks", "routes"];
 
 /// The name figment gives this source in errors and metadata.
 const SOURCE_NAME: &str = "DEDUPD_ environment variables";
@@ -69,19 +85,39 @@ impl EnvOverride {
     }
 }
 
+/// The key path `rest` (a variable's name after `DEDUPD_`, without `__`) may have meant,
+/// when it starts with a section whose keys are the config's own and one underscore:
+/// `PIPELINE_MAX_IN_FLIGHT` gives `pipeline.max_in_flight`.
+fn meant_path(rest: &str) -> Option<Vec<String>> {
+    let lower = rest.to_ascii_lowercase();
+    SECTIONS.iter().filter(|s| !NAMED_SECTIONS.contains(s)).find_map(|section| {
+        let key = lower.strip_prefix(section)?.strip_prefix('_').filter(|key| !key.is_empty())?;
+        Some(vec![section.to_string(), key.to_string()])
+    })
+}
+
 /// The `DEDUPD_*` overrides found in an environment.
 #[derive(Debug, Clone, Default)]
 pub struct EnvOverrides {
     overrides: Vec<EnvOverride>,
+    /// Variables with one underscore after a section ([`meant_path`]): refused by
+    /// [`EnvOverrides::apply`] where the key they meant exists.
+    near_misses: Vec<EnvOverride>,
 }
 
 impl EnvOverrides {
     /// Picks the overrides out of `env`. Other variables are ignored.
     pub fn read(env: impl IntoIterator<Item = (String, String)>) -> Result<EnvOverrides, ConfigError> {
-        let mut overrides = Vec::new();
+        let (mut overrides, mut near_misses) = (Vec::new(), Vec::new());
         for (var, text) in env {
             let Some(rest) = var.strip_prefix("DEDUPD_") else { continue };
-            if CLI_VARIABLES.contains(&rest) || !rest.contains("__") {
+            if CLI_VARIABLES.contains(&rest) {
+                continue;
+            }
+            if !rest.contains("__") {
+                if let Some(path) = meant_path(rest) {
+                    near_misses.push(EnvOverride { var, path, text, as_toml_scalar: false });
+                }
                 continue;
             }
             let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
@@ -92,7 +128,8 @@ impl EnvOverrides {
         }
         // Deterministic order: the environment's order is the OS's.
         overrides.sort_by(|a, b| a.var.cmp(&b.var));
-        Ok(EnvOverrides { overrides })
+        near_misses.sort_by(|a, b| a.var.cmp(&b.var));
+        Ok(EnvOverrides { overrides, near_misses })
     }
 
     /// Each override's key as config errors spell it (`store.default_ttl`,
@@ -105,6 +142,12 @@ impl EnvOverrides {
     /// `T`. An error caused by an override names the variable; one caused by the file is
     /// toml's own, with the line.
     pub fn apply<T: DeserializeOwned>(mut self, text: &str, file: toml::Table) -> Result<T, ConfigError> {
+        if let Some(miss) = self.near_misses.iter().find(|miss| names_a_key::<T>(miss)) {
+            let meant = format!("DEDUPD_{}", miss.path.join("__").to_ascii_uppercase());
+            return Err(miss.error(&format!(
+                "sets no key: an override is DEDUPD_SECTION__KEY, with two underscores after the section (did you mean {meant}?)"
+            )));
+        }
         // Each retry turns one more override into its TOML scalar, so this ends.
         loop {
             let figment = Figment::from(figment::providers::Serialized::defaults(&file)).merge(&self);
@@ -150,6 +193,16 @@ impl EnvOverrides {
             [only] => Some(*only),
             _ => None,
         }
+    }
+}
+
+/// Whether `miss`'s path is a key of `T`: an empty config with it set is read, or refused
+/// for its value, but not as an unknown key.
+fn names_a_key<T: DeserializeOwned>(miss: &EnvOverride) -> bool {
+    let alone = EnvOverrides { overrides: vec![miss.clone()], near_misses: Vec::new() };
+    match Figment::from(&alone).extract::<T>() {
+        Ok(_) => true,
+        Err(errors) => !errors.into_iter().any(|e| matches!(e.kind, figment::error::Kind::UnknownField(..))),
     }
 }
 

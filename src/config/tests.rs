@@ -120,6 +120,49 @@ mod unit {
     }
 
     #[test]
+    fn one_underscore_after_a_section_is_refused_with_the_spelling_that_works() {
+        let err = Config::from_toml_str("", env(&[("DEDUPD_PIPELINE_MAX_IN_FLIGHT", "4")])).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Env { var, reason }
+                if var == "DEDUPD_PIPELINE_MAX_IN_FLIGHT" && reason.contains("did you mean DEDUPD_PIPELINE__MAX_IN_FLIGHT?")),
+            "{err}"
+        );
+        // Refused for its name, whatever its value.
+        let err = Config::from_toml_str("", env(&[("DEDUPD_log_level", "loud")])).unwrap_err();
+        assert!(err.to_string().contains("DEDUPD_LOG__LEVEL"), "{err}");
+        let err = Config::from_toml_str("", env(&[("DEDUPD_HTTP_ADMIN_TOKEN", "0123456789abcdef")])).unwrap_err();
+        assert!(err.to_string().contains("DEDUPD_HTTP__ADMIN_TOKEN"), "{err}");
+        // Not meant as overrides: the command line's own, Kubernetes' service links, the
+        // test broker's, a sink's name, others.
+        let others = [
+            ("DEDUPD_LOG", "debug"),
+            ("DEDUPD_CONFIG", "/etc/dedupd.toml"),
+            ("DEDUPD_SERVICE_HOST", "10.0.0.1"),
+            ("DEDUPD_PORT_9464_TCP_ADDR", "10.0.0.1"),
+            ("DEDUPD_KAFKA_HOME", "/tmp/kafka"),
+            ("DEDUPD_KAFKA_VERSION", "4.3.1"),
+            ("DEDUPD_SINKS_API", "x"),
+            ("DEDUPD_STORE", "x"),
+            ("DEDUPD_STOREFRONT_URL", "x"),
+            ("DEDUPD_REQUIRE_KAFKA", "1"),
+        ];
+        Config::from_toml_str("", env(&others)).expect("none of them is taken for a key");
+    }
+
+    #[test]
+    fn the_sections_refused_with_one_underscore_are_the_configs() {
+        let shown = toml::Value::try_from(Config::default()).expect("serializes");
+        let mut keys: Vec<&str> = shown.as_table().expect("a table").keys().map(String::as_str).collect();
+        let mut sections = super::super::env::SECTIONS.to_vec();
+        // An empty list is left out of TOML.
+        keys.push("routes");
+        keys.sort_unstable();
+        keys.dedup();
+        sections.sort_unstable();
+        assert_eq!(keys, sections);
+    }
+
+    #[test]
     fn bad_env_override_names_the_variable() {
         for (var, value) in [
             ("DEDUPD_PIPELINE__MAX_IN_FLIGHT", "lots"),
