@@ -7,7 +7,9 @@
 //!   any parsing; headers do not count), UTF-8/JSON/object, shape, key, type, `ttl`/
 //!   `created_at`, payload, route. `Rejection::key` is set once the key is valid.
 //! - No value (a tombstone) is `invalid_json`, binary CloudEvents included; so is an empty
-//!   value. Numbers beyond f64 (`1e999`) are not JSON we can hold: `invalid_json`.
+//!   value. Numbers beyond f64 (`1e999`) are not JSON we can hold: `invalid_json`. So is an
+//!   object with a member name twice, at any depth (RFC 8785 fingerprints I-JSON only:
+//!   `json`).
 //! - Headers are matched ASCII case-insensitively (all of them, `header:NAME` included);
 //!   the last occurrence wins, and if that one has a null value the header is absent.
 //! - `envelope.format` pinned: the record is read as that shape whenever it has that
@@ -36,6 +38,7 @@
 
 mod config;
 mod headers;
+mod json;
 mod key;
 mod shapes;
 #[cfg(test)]
@@ -404,6 +407,7 @@ fn parse_json(bytes: &[u8], what: &str) -> Result<Value, Rejection> {
         )
     })?;
     serde_json::from_str(text)
+        .map(|json::UniqueNames(value)| value)
         .map_err(|e| reject(RejectReason::InvalidJson, format!("{what} is not valid JSON: {e}"), None))
 }
 

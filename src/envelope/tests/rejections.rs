@@ -40,6 +40,23 @@ fn non_utf8_non_json_and_non_objects_are_invalid_json() {
 }
 
 #[test]
+fn a_member_name_twice_is_invalid_json_in_every_shape() {
+    for v in [
+        r#"{"id":"k","type":"email.send","payload":{"amount":1,"amount":1000}}"#,
+        r#"{"id":"k","id":"k2","type":"email.send","payload":{}}"#,
+        r#"{"tool":"email.send","id":"k","arguments":{"to":"a","to":"b"}}"#,
+    ] {
+        let r = rec(v).err();
+        assert_eq!(r.reason, RejectReason::InvalidJson, "{v}");
+        assert!(r.message.contains("appears twice"), "{}", r.message);
+    }
+    let b = binary(r#"{"to":"a","to":"b"}"#).err();
+    assert_eq!(b.reason, RejectReason::InvalidJson);
+    // The same name in sibling objects is fine.
+    rec(r#"{"id":"k","type":"email.send","payload":{"a":{"x":1},"b":{"x":1}}}"#).ok();
+}
+
+#[test]
 fn too_large_is_checked_at_the_boundary_and_before_parsing() {
     let n = NATIVE.len();
     assert!(rec(NATIVE).parse_with(&env(), &limits(n)).is_ok());
