@@ -73,11 +73,34 @@ fn named_file_problem(property: &str, text: &str) -> Option<String> {
     }
     let path = Path::new(text);
     let readable = match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => std::fs::read_dir(path).map(drop),
-        Ok(_) => std::fs::File::open(path).map(drop),
+        // A CA directory is read by hash name only: whether it has one.
+        Ok(meta) if meta.is_dir() => std::fs::read_dir(path).map(|mut entries| {
+            property != "ssl.ca.location" || entries.any(|e| e.is_ok_and(|e| is_hash_name(&e.file_name())))
+        }),
+        Ok(_) => std::fs::File::open(path).map(|_| true),
         Err(e) => Err(e),
     };
-    readable.err().map(|e| format!("names {}, which cannot be read: {e}", path.display()))
+    match readable {
+        Err(e) => Some(format!("names {}, which cannot be read: {e}", path.display())),
+        Ok(false) => Some(format!(
+            "names the directory {}, which holds no certificate under a hash name (HASH.0): OpenSSL looks \
+             a CA up in a directory by its subject's hash only, so it would trust none of them; run \
+             `openssl rehash {}`, or name the PEM bundle file instead",
+            path.display(),
+            path.display()
+        )),
+        Ok(true) => None,
+    }
+}
+
+/// Whether `name` is how OpenSSL's hashed directory lookup names a certificate: eight hex
+/// digits, a dot and a number (`5ed36f99.0`), as `openssl rehash` (c_rehash) makes them.
+fn is_hash_name(name: &std::ffi::OsStr) -> bool {
+    let Some((hash, n)) = name.to_str().and_then(|n| n.split_once('.')) else { return false };
+    hash.len() == 8
+        && hash.bytes().all(|b| b.is_ascii_hexdigit())
+        && !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Builds the client `what` from `config` as `run` would, without its bootstrap servers
@@ -178,6 +201,23 @@ mod tests {
         assert!(problems[0].reason.contains("No such configuration property"), "{}", problems[0]);
         assert!(problems[1].reason.contains("cannot be read"), "{}", problems[1]);
         assert!(problems[2].reason.contains("is not set"), "{}", problems[2]);
+    }
+
+    #[test]
+    fn a_ca_directory_needs_its_hash_names() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), "not read").unwrap();
+        let ca_dir = || [("ssl.ca.location", text(dir.path().to_str().unwrap()))];
+        let problems = check_properties("kafka.connection", ca_dir());
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].reason.contains("openssl rehash"), "{}", problems[0]);
+        // What `openssl rehash` leaves: a link named by the subject's hash.
+        std::os::unix::fs::symlink("ca.pem", dir.path().join("5ed36f99.0")).unwrap();
+        assert!(check_properties("kafka.connection", ca_dir()).is_empty());
+        // Other directories (a keytab's, say) are not CA directories.
+        assert!(!is_hash_name(std::ffi::OsStr::new("5ed36f99.pem")));
+        assert!(!is_hash_name(std::ffi::OsStr::new("5ed36f9.0")));
+        assert!(is_hash_name(std::ffi::OsStr::new("0A1b2C3d.12")));
     }
 
     #[test]
