@@ -22,11 +22,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dedupd::cli::dispatch(cli)) {
+    let code = match runtime.block_on(dedupd::cli::dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
             dedupd::cli::print_error(e);
             ExitCode::from(2)
         }
-    }
+    };
+    // What is still running once the command is done (a sink call that outlasted the drain)
+    // is dropped; a thread blocked in it is left behind rather than waited for forever.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+    code
 }
+
+/// How long the runtime's leftover tasks and blocking threads get to end at exit.
+const RUNTIME_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);

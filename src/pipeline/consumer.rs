@@ -423,8 +423,17 @@ impl PipelineContext {
     /// permit, a token or a circuit never starts), waits for all of them to finish
     /// publishing their current batch within one [`DRAIN_TIMEOUT`], and drops them. Called
     /// outside the table's lock: a draining worker may still ask for a circuit pause.
+    ///
+    /// On a runtime thread it cannot wait, and does not: there the consumer is being closed
+    /// by the drop of its last handle, held by a worker that did not drain in time (a split
+    /// queue holds the consumer), after the consumer thread had stopped every worker. Waiting
+    /// there would panic ("a runtime within a runtime") inside librdkafka's close, which then
+    /// never returns.
     fn stop_workers(&self, workers: Vec<(Tp, WorkerHandle)>) {
-        let joins = workers
+        if workers.is_empty() {
+            return;
+        }
+        let joins: Vec<_> = workers
             .into_iter()
             .map(|(tp, h)| {
                 h.cancel.cancel();
@@ -432,10 +441,27 @@ impl PipelineContext {
                 (tp, h.join)
             })
             .collect();
-        for tp in self.runtime.block_on(drain_all(joins, DRAIN_TIMEOUT)) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tracing::warn!(
+                partitions = joins.len(),
+                "workers cancelled while the consumer closes; not waiting for them"
+            );
+            return;
+        }
+        for tp in self.runtime.block_on(drain_all(joins, drain_bound())) {
             tracing::error!(topic = %tp.0, partition = tp.1, "worker did not drain in time; its uncommitted records will be redelivered");
         }
     }
+}
+
+/// [`DRAIN_TIMEOUT`], or (feature `failpoints`) the milliseconds the failpoint
+/// `consumer.drain_timeout` returns, `return(MS)`, so that a test of a call outlasting the
+/// drain need not wait 30 s.
+fn drain_bound() -> Duration {
+    fail::fail_point!("consumer.drain_timeout", |ms: Option<String>| {
+        ms.and_then(|ms| ms.parse().ok()).map_or(DRAIN_TIMEOUT, Duration::from_millis)
+    });
+    DRAIN_TIMEOUT
 }
 
 /// Waits for the cancelled workers behind `joins`, all at the same time, for at most

@@ -292,7 +292,15 @@ async fn run_once<F: FnOnce(&Running) + Send>(
         return Err(PipelineError::Fatal);
     }
     save_presence(&core.store);
-    tracing::info!("dedupd stopped cleanly");
+    match core.engine.in_flight() {
+        0 => tracing::info!("dedupd stopped cleanly"),
+        // Their workers did not drain in time (logged above): what the calls did is never
+        // recorded, so their claims stay `in_progress` (docs/sinks.md, "Shutdown and revoke").
+        under_way => tracing::warn!(
+            commands = under_way,
+            "dedupd stopped with commands still at their sinks: their keys stay in_progress, to be re-run or made indeterminate when they come again"
+        ),
+    }
     Ok(Ended::Stopped)
 }
 
