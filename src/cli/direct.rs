@@ -5,7 +5,7 @@ use serde_json::Value;
 use super::CliError;
 use crate::config::Config;
 use crate::engine::{Clock, SystemClock};
-use crate::store::{Completion, ForgetError, KeyStore, ResolveError, StoreError, record_json};
+use crate::store::{Completion, ForgetError, KeyStore, ResolveError, StoreBackend, StoreError, record_json};
 
 /// An opened store and the config it came from.
 pub struct Direct {
@@ -20,7 +20,19 @@ fn is_lock_error(e: &StoreError) -> bool {
 
 impl Direct {
     /// Opens the configured store; a store held by a running instance is a [`CliError::Locked`].
-    pub fn open(config: Config) -> Result<Direct, CliError> {
+    /// Without `create`, a path holding no store of the configured backend is refused
+    /// rather than made one: an export of a mistyped path (or of a volume not mounted yet)
+    /// must not be an empty backup that succeeded, nor `inspect` say a key is absent.
+    pub fn open(config: Config, create: bool) -> Result<Direct, CliError> {
+        let (backend, path) = (config.store.backend, &config.store.path);
+        // Another backend's store there is refused by the open, naming it.
+        if !create && !StoreBackend::ALL.iter().any(|b| b.holds_store(path)) {
+            return Err(CliError::Other(format!(
+                "no {backend} store at {} (store.path): nothing to read or change there; `dedupd run` or \
+                 `dedupd import` creates one",
+                path.display()
+            )));
+        }
         match KeyStore::open_configured(&config.store) {
             Ok(store) => Ok(Direct { store, config }),
             Err(e) if is_lock_error(&e) => {
@@ -83,10 +95,48 @@ mod tests {
         config.store.backend = StoreBackend::Fjall;
         config.store.path = dir.path().join("store");
         let _held = KeyStore::open_configured(&config.store).unwrap();
-        match Direct::open(config) {
+        match Direct::open(config, false) {
             Err(e @ CliError::Locked { .. }) => assert!(e.to_string().contains("--admin"), "{e}"),
             Err(other) => panic!("expected Locked, got {other}"),
             Ok(_) => panic!("opened a store another handle holds"),
+        }
+    }
+
+    #[test]
+    fn only_an_import_makes_a_store_where_there_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        for backend in StoreBackend::ALL {
+            let mut config = Config::default();
+            config.store.backend = *backend;
+            config.store.path = dir.path().join(format!("typo-{backend}"));
+            match Direct::open(config.clone(), false) {
+                Err(e) => assert!(e.to_string().contains(&format!("no {backend} store at")), "{e}"),
+                Ok(_) => panic!("{backend}: opened a store where there was none"),
+            }
+            assert!(!config.store.path.exists(), "{backend}: the refused open left a directory");
+            let made = Direct::open(config.clone(), true).expect("an import creates the store");
+            drop(made);
+            assert!(backend.holds_store(&config.store.path), "{backend}: no store made");
+            Direct::open(config, false).expect("the store made is opened");
+        }
+    }
+
+    #[test]
+    fn a_store_of_another_backend_is_refused_naming_it() {
+        for (made, configured) in [(StoreBackend::Fjall, StoreBackend::Sled), (StoreBackend::Sled, StoreBackend::Fjall)] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("store");
+            drop(KeyStore::open(made, &path, crate::store::SyncMode::Batch).unwrap());
+            let mut config = Config::default();
+            config.store.backend = configured;
+            config.store.path = path.clone();
+            for create in [false, true] {
+                match Direct::open(config.clone(), create) {
+                    Err(e) => assert!(e.to_string().contains(&format!("holds a {made} store")), "{e}"),
+                    Ok(_) => panic!("{configured} opened over a {made} store"),
+                }
+            }
+            assert!(!configured.holds_store(&path), "a {configured} store was made beside the {made} one");
         }
     }
 }

@@ -269,10 +269,12 @@ enum Conn {
 }
 
 impl Target {
-    fn connect(&self) -> Result<Conn, CliError> {
+    /// Connects for `command`: only `import` may create the store it opens directly.
+    fn connect(&self, command: &Command) -> Result<Conn, CliError> {
+        let creates = matches!(command, Command::Import { .. });
         match (&self.admin, &self.config) {
             (Some(url), _) => Ok(Conn::Remote(remote::Remote::new(url)?)),
-            (None, Some(config)) => Ok(Conn::Direct(Box::new(direct::Direct::open(load(config)?)?))),
+            (None, Some(config)) => Ok(Conn::Direct(Box::new(direct::Direct::open(load(config)?, creates)?))),
             (None, None) => Err(CliError::NoTarget),
         }
     }
@@ -283,7 +285,7 @@ async fn operate(command: Command, target: &Target) -> Result<ExitCode, CliError
     if matches!(command, Command::Status { .. }) && target.admin.is_none() {
         return Err(CliError::StatusNeedsAdmin);
     }
-    let result = match target.connect() {
+    let result = match target.connect(&command) {
         Ok(conn) => run_operator(command, conn).await,
         Err(e) => Err(e),
     };

@@ -27,6 +27,13 @@ macro_rules! store_backends {
                     $(StoreBackend::$variant => $name,)+
                 }
             }
+
+            /// Whether `path` holds a store of this backend (not only leftovers of one).
+            pub fn holds_store(self, path: &std::path::Path) -> bool {
+                match self {
+                    $(StoreBackend::$variant => $module::$backend::holds_store(path),)+
+                }
+            }
         }
 
         /// Opens a backend of `kind` at `path`, its cache sized `cache`.

@@ -19,6 +19,13 @@ pub enum StoreError {
     /// backend reports it from its engine's error type, not from message text.
     #[error("{backend} store at {}: locked (held by another process or handle)", path.display())]
     Locked { backend: &'static str, path: PathBuf },
+    /// The store directory holds another backend's store than `store.backend` names.
+    #[error(
+        "{} holds a {found} store, but store.backend is \"{configured}\": set backend = \"{found}\" (changing \
+         the backend is no migration: export the store, then import it into a new path)",
+        path.display()
+    )]
+    OtherBackend { configured: &'static str, found: &'static str, path: PathBuf },
     /// A completion found its claim gone or replaced (an operator forgot the key meanwhile).
     #[error("key {0:?}: the claim was replaced before completion")]
     ClaimLost(String),
@@ -59,6 +66,7 @@ impl StoreError {
             StoreError::Backend { .. } | StoreError::JournalPoisoned { .. } => Some(WRITE_ERROR_KINDS[1]),
             StoreError::Corrupt { .. }
             | StoreError::Locked { .. }
+            | StoreError::OtherBackend { .. }
             | StoreError::ClaimLost(_)
             | StoreError::JournalCorrupt { .. } => None,
         }

@@ -127,6 +127,12 @@ fn records_options() -> KeyspaceCreateOptions {
 }
 
 impl FjallBackend {
+    /// Whether `path` holds a fjall database: its version marker is written (the last step
+    /// of a creation, see `clear_unfinished_creation`).
+    pub fn holds_store(path: &Path) -> bool {
+        path.join("version").metadata().is_ok_and(|m| m.len() >= 4)
+    }
+
     pub fn open(path: &Path, cache: CacheSize) -> Result<FjallBackend, StoreError> {
         clear_unfinished_creation(path)?;
         let db = Database::builder(path)

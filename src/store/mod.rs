@@ -183,6 +183,16 @@ impl KeyStore {
     /// journal in the same directory, whose claims left out by a crash become
     /// `in_progress` records.
     pub fn open_configured(config: &StoreConfig) -> Result<KeyStore, StoreError> {
+        // Opening one backend where another's store is would create a second, empty store
+        // beside it: every key new again.
+        let other = StoreBackend::ALL.iter().find(|&&b| b != config.backend && b.holds_store(&config.path));
+        if let Some(other) = other {
+            return Err(StoreError::OtherBackend {
+                configured: config.backend.name(),
+                found: other.name(),
+                path: config.path.clone(),
+            });
+        }
         let backend = open_backend(config.backend, &config.path, config.cache_bytes)?;
         let journal = journal::ClaimJournal::recover(backend.as_ref(), &config.path.join(journal::FILE_NAME))?;
         Self::build(backend, Some(journal), config.sync, Some(config.path.clone()))

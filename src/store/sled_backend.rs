@@ -83,6 +83,11 @@ fn full_key(tree: Tree, key: &[u8]) -> Vec<u8> {
 }
 
 impl SledBackend {
+    /// Whether `path` holds a sled database: its config and its data file.
+    pub fn holds_store(path: &Path) -> bool {
+        path.join("conf").is_file() && path.join("db").is_file()
+    }
+
     pub fn open(path: &Path, cache: CacheSize) -> Result<SledBackend, StoreError> {
         remove_unfinished_snapshots(path)?;
         remove_torn_config(path)?;
