@@ -2,7 +2,9 @@
 //! against the real admin server on a loopback listener: every valid key is reachable,
 //! `.` and `..` included (URL parsing removes them from a path, so the CLI sends them in
 //! the query), and keys with `/`, `%`, `?`, `#`, `+`, spaces and non-ASCII round-trip;
-//! `--admin` goes before or after the subcommand; a closed stdout ends the output quietly.
+//! `--admin` goes before or after the subcommand; a closed stdout ends the output quietly;
+//! a 404 from a server that is not dedupd's admin API is an error (exit 2), not "no such
+//! key" (exit 4).
 
 mod common;
 
@@ -194,5 +196,31 @@ async fn a_closed_stdout_ends_the_output_quietly() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
         assert_eq!((out.status.code(), stderr.as_ref()), (Some(0), ""), "{args:?}");
     }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_404_from_something_else_is_an_error_not_no_such_key() {
+    // A plain HTTP server on the address (a wrong port, a proxy without the path): 404s in
+    // text, as most servers answer.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "404 page not found") });
+    let other = tokio::spawn(async move { axum::serve(listener, app).await });
+    for args in
+        [["inspect", "k1", "--admin", &url].as_slice(), &["--admin", &url, "stats"], &["forget", "k1", "--admin", &url]]
+    {
+        let ran = cli(args).await;
+        assert_eq!(ran.code, Some(2), "{args:?}: {ran:?}");
+        assert!(ran.stderr.contains("without dedupd's error body"), "{ran:?}");
+    }
+    other.abort();
+
+    // dedupd itself still says "no such key" with exit 4.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
+    let server = start(&store).await;
+    let ran = cli(&["inspect", "absent", "--admin", &server.base]).await;
+    assert_eq!(ran.code, Some(4), "{ran:?}");
     server.stop().await;
 }

@@ -123,7 +123,8 @@ mod tests {
 
     #[test]
     fn a_store_of_another_backend_is_refused_naming_it() {
-        for (made, configured) in [(StoreBackend::Fjall, StoreBackend::Sled), (StoreBackend::Sled, StoreBackend::Fjall)] {
+        for (made, configured) in [(StoreBackend::Fjall, StoreBackend::Sled), (StoreBackend::Sled, StoreBackend::Fjall)]
+        {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("store");
             drop(KeyStore::open(made, &path, crate::store::SyncMode::Batch).unwrap());

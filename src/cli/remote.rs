@@ -133,19 +133,33 @@ pub(super) async fn check(response: Response) -> Result<Response, CliError> {
     if status.is_success() {
         return Ok(response);
     }
+    let url = response.url().clone();
     let text = response.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<Value>(&text)
+    // dedupd's API answers every error with `{"error": "..."}`.
+    let api_message = serde_json::from_str::<Value>(&text)
         .ok()
-        .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or(text);
-    Err(match status {
-        // The API being off is not an answer about the key.
-        StatusCode::NOT_FOUND if message.starts_with("the admin API is off") => CliError::Remote(message),
-        StatusCode::NOT_FOUND => CliError::NotFound(message),
+        .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string));
+    Err(match (status, api_message) {
+        // Only dedupd saying a key has no record is "no such key" (exit 4): a 404 from
+        // anything else (a wrong port, a proxy path, the API off) is no answer about it.
+        (StatusCode::NOT_FOUND, Some(message)) if message.starts_with("key ") => CliError::NotFound(message),
+        (StatusCode::NOT_FOUND, Some(message)) => CliError::Remote(message),
+        (StatusCode::NOT_FOUND, None) => CliError::Remote(format!(
+            "{url} answered 404 without dedupd's error body: is --admin the address of dedupd's HTTP listener \
+             (http.listen)? ({})",
+            text.trim().chars().take(200).collect::<String>()
+        )),
+        (status, message) => check_other(status, message.unwrap_or(text)),
+    })
+}
+
+/// A non-404 error answer.
+fn check_other(status: StatusCode, message: String) -> CliError {
+    match status {
         StatusCode::CONFLICT => CliError::Conflict(message),
         StatusCode::UNAUTHORIZED => CliError::Remote(format!("401 {message}: check {TOKEN_ENV}")),
         other => CliError::Remote(format!("{other}: {message}")),
-    })
+    }
 }
 
 #[cfg(test)]
