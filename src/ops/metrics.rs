@@ -144,7 +144,10 @@ impl Metrics {
             store_disk_bytes: IntGauge::new("store_disk_bytes", "Bytes the store occupies on disk.")?,
             compaction_removed: IntCounter::new("compaction_removed_total", "Expired records removed by compaction.")?,
             consumer_lag: IntGaugeVec::new(
-                Opts::new("consumer_lag", "Records between the consumer position and the partition end."),
+                Opts::new(
+                    "consumer_lag",
+                    "Records at the partition's end not yet committed: end offset minus the group's committed offset.",
+                ),
                 &["topic", "partition"],
             )?,
             in_flight: IntGauge::new("in_flight", "Commands claimed, not completed: at or waiting for their sink.")?,

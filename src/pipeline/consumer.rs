@@ -31,6 +31,7 @@ use crate::ops::{Health, Metrics};
 use crate::store::KeyStore;
 
 mod fence;
+mod lag;
 mod run;
 mod settings;
 mod split;
@@ -49,11 +50,6 @@ const COMMITTED_TIMEOUT: Duration = Duration::from_secs(10);
 /// costs a read and a log line at most twice a minute.
 const CHECK_RETRY_FIRST: Duration = Duration::from_secs(1);
 const CHECK_RETRY_MAX: Duration = Duration::from_secs(30);
-/// How often the lag of refused partitions is read: as often as librdkafka's statistics
-/// report the others' (`statistics.interval.ms`, consumer/settings.rs).
-const REFUSED_LAG_EVERY: Duration = Duration::from_secs(5);
-/// How long the poll loop waits for the broker's answer about one refused partition.
-const REFUSED_LAG_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// When the store check of partitions whose committed offsets could not be read runs again.
 #[derive(Debug)]
@@ -78,8 +74,8 @@ pub struct PipelineContext {
     /// Set while some partitions await the store check (their committed offsets could not
     /// be read): they stay paused and it is retried with backoff from the poll loop.
     check_retry: Mutex<Option<CheckRetry>>,
-    /// When the lag of refused partitions is next read (`report_refused_lag_if_due`).
-    refused_lag_due: Mutex<Instant>,
+    /// When the lag of partitions not fetched is next read (`lag`).
+    unfetched_lag_due: Mutex<Instant>,
     /// Whether the group session was lost (and taken back), to judge a fence.
     session: Mutex<Session>,
     /// The consumer itself, to split partition queues from the rebalance callback (which
@@ -92,21 +88,10 @@ pub struct PipelineContext {
 }
 
 impl ClientContext for PipelineContext {
-    /// librdkafka's statistics (every `statistics.interval.ms`): the lag of each assigned
-    /// partition, as librdkafka computes it (high watermark − committed/stored position).
-    /// A refused partition is not fetched, so librdkafka's figure for it stands still:
-    /// `report_refused_lag_if_due` reports it instead.
+    /// librdkafka's statistics (every `statistics.interval.ms`): the lag of each fetched
+    /// partition (see `lag`).
     fn stats(&self, statistics: rdkafka::Statistics) {
-        let reported = self.partitions.assigned_unrefused();
-        for (topic, t) in &statistics.topics {
-            for (partition, p) in &t.partitions {
-                let tp = (topic.clone(), *partition);
-                // -1 = not known yet (no fetch or no committed offset): skip, not zero.
-                if reported.contains(&tp) && p.consumer_lag >= 0 {
-                    self.metrics.lag(topic, *partition, p.consumer_lag);
-                }
-            }
-        }
+        self.report_fetched_lag(&statistics);
     }
 }
 
@@ -397,26 +382,6 @@ impl PipelineContext {
             return;
         }
         self.check_watermarks(consumer, &tps, read_committed(consumer, &tps));
-    }
-
-    /// Every [`REFUSED_LAG_EVERY`], the lag of each partition refused for a store behind it
-    /// (the broker's end of the partition minus its committed offset), which librdkafka's
-    /// statistics stop updating once the partition is no longer fetched: the alert on a
-    /// growing lag must see commands waiting on a refused partition.
-    fn report_refused_lag_if_due(&self, consumer: &BaseConsumer<Self>) {
-        {
-            let mut due = self.refused_lag_due.lock();
-            if Instant::now() < *due {
-                return;
-            }
-            *due = Instant::now() + REFUSED_LAG_EVERY;
-        }
-        for ((topic, partition), next) in self.partitions.refused_behind() {
-            match consumer.fetch_watermarks(&topic, partition, REFUSED_LAG_TIMEOUT) {
-                Ok((_, end)) => self.metrics.lag(&topic, partition, (end - next).max(0)),
-                Err(e) => tracing::debug!(error = %e, %topic, partition, "could not read a refused partition's end"),
-            }
-        }
     }
 
     /// Cancels every one of `workers` at once (no new sink calls: a call still waiting for a

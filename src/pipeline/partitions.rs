@@ -161,8 +161,19 @@ impl PartitionTable {
 
     /// The assigned partitions that are not refused: those whose lag librdkafka's statistics
     /// keep up to date (a refused one is not fetched).
-    pub(super) fn assigned_unrefused(&self) -> HashSet<Tp> {
-        self.state.lock().assigned.iter().filter(|(_, p)| !p.refused).map(|(tp, _)| tp.clone()).collect()
+    /// The assigned partitions being fetched (whose lag librdkafka's statistics know).
+    pub(super) fn fetched(&self) -> HashSet<Tp> {
+        let state = self.state.lock();
+        state.assigned.keys().filter(|tp| state.may_run(tp).is_ok()).cloned().collect()
+    }
+
+    /// The assigned partitions not fetched while a sink's circuit is open or their queue is
+    /// full (their lag is asked of the broker).
+    pub(super) fn stopped_fetching(&self) -> Vec<Tp> {
+        let state = self.state.lock();
+        let stopped =
+            |tp: &&Tp| matches!(state.may_run(tp), Err(Stopped::PausedForCircuit | Stopped::HeldForFullQueue));
+        state.assigned.keys().filter(stopped).cloned().collect()
     }
 
     /// The partitions refused for a store behind them, with their committed offsets.

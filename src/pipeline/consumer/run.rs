@@ -70,7 +70,7 @@ fn create_consumer(
         accept_empty_store: parts.accept_empty_store,
         restorer: parts.restorer.clone(),
         check_retry: Mutex::new(None),
-        refused_lag_due: Mutex::new(Instant::now()),
+        unfetched_lag_due: Mutex::new(Instant::now()),
         session: Mutex::new(Session::default()),
         consumer: OnceLock::new(),
         transactions: parts.shared.transactions.clone(),
@@ -152,7 +152,7 @@ fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerPart
         crate::crash::point("consumer.turn");
         // Held records go on as soon as their queue has room; poll briefly meanwhile.
         ctx.retry_check_if_due(consumer);
-        ctx.report_refused_lag_if_due(consumer);
+        ctx.report_unfetched_lag_if_due(consumer);
         // Partitions assigned (or checked) since the last turn start reading their queues.
         ctx.partitions.start_split_workers(|tp, split| start_worker(consumer, parts, tp, split));
         let holding = ctx.partitions.release_held(&**consumer);

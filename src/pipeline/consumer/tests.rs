@@ -23,7 +23,7 @@ fn context(dir: &std::path::Path) -> PipelineContext {
         accept_empty_store: false,
         restorer: None,
         check_retry: Mutex::new(None),
-        refused_lag_due: Mutex::new(Instant::now()),
+        unfetched_lag_due: Mutex::new(Instant::now()),
         session: Mutex::new(Session::default()),
         consumer: OnceLock::new(),
         transactions: None,

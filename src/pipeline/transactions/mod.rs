@@ -241,6 +241,12 @@ impl Transactions {
         self.owned.lock().entry(tp.clone()).or_insert(offset);
     }
 
+    /// The offset the group holds for `tp` as far as this process knows (what its
+    /// transactions committed, or the group held when `tp` was assigned).
+    pub(crate) fn committed(&self, tp: &Tp) -> Option<i64> {
+        self.owned.lock().get(tp).copied()
+    }
+
     /// `tps` are no longer owned: their offsets are another member's to commit.
     pub(crate) fn let_go(&self, tps: &[Tp]) {
         let mut owned = self.owned.lock();
