@@ -242,6 +242,9 @@ async fn key_routes_change_the_store() {
     assert_eq!((status, &body), (StatusCode::OK, &json!({"removed": 1})));
     assert_eq!(store.get("old").unwrap(), None);
     assert_eq!(store.counts().completed, 2);
+    // Counted as the background's compactions are.
+    let scraped = reqwest::get(url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(scraped.lines().any(|l| l == "dedupd_compaction_removed_total 1"), "{scraped}");
     server.stop().await;
 }
 

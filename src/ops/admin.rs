@@ -28,6 +28,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::metrics::Metrics;
 use crate::store::transfer::ImportOptions;
 use crate::store::{Completion, ForgetError, KeyStore, ResolveError, TransferError, record_json};
 use crate::time::{Clock, SystemClock};
@@ -100,8 +101,9 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + S
     tokio::task::spawn_blocking(f).await.map_err(internal)?
 }
 
-/// The `/v1` routes: the API when `admin` is set, else a 404 explaining it is off.
-pub fn router(admin: Option<AdminApi>) -> Router {
+/// The `/v1` routes: the API when `admin` is set, else a 404 explaining it is off. What an
+/// operator's compaction removes is counted in `metrics` as the background's is.
+pub fn router(admin: Option<AdminApi>, metrics: Arc<Metrics>) -> Router {
     let Some(admin) = admin else {
         return Router::new().route(
             "/v1/{*rest}",
@@ -119,6 +121,7 @@ pub fn router(admin: Option<AdminApi>) -> Router {
         .route("/v1/export", get(export))
         .route("/v1/import", post(import))
         .route_layer(middleware::from_fn_with_state(admin.clone(), require_token))
+        .layer(axum::Extension(metrics))
         .with_state(admin)
 }
 
@@ -283,10 +286,11 @@ async fn status(State(a): State<AdminApi>) -> ApiResult {
     Ok(axum::Json(sources.status()).into_response())
 }
 
-async fn compact(State(a): State<AdminApi>) -> ApiResult {
+async fn compact(State(a): State<AdminApi>, axum::Extension(metrics): axum::Extension<Arc<Metrics>>) -> ApiResult {
     blocking(move || {
         let now = SystemClock.now_ms();
         let removed = a.store.compact_expired(now, a.compaction_chunk).map_err(internal)?;
+        metrics.compacted(removed);
         Ok(axum::Json(serde_json::json!({"removed": removed})).into_response())
     })
     .await

@@ -223,8 +223,8 @@ pub async fn serve_with_admin(
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, health })
-        .merge(admin::router(admin));
+        .with_state(AppState { metrics: Arc::clone(&metrics), health })
+        .merge(admin::router(admin, metrics));
     let fut = async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(OpsError::Serve) };
     Ok((bound, Box::pin(fut)))
 }
