@@ -41,6 +41,12 @@ pub enum ConnectError {
     /// Nothing answered in time.
     #[error("the {client} could not reach {bootstrap} within {waited}: {last}")]
     TimedOut { client: String, bootstrap: String, waited: String, last: String },
+    /// A topic dedupd writes to is not there (or not visible to it).
+    #[error(
+        "{key}: topic {topic} does not exist (or is not visible): create it first; dedupd creates no topic it \
+         publishes to, and a broker's auto-creation would make one with its defaults (one partition, its replication)"
+    )]
+    MissingTopic { key: String, topic: String },
 }
 
 /// Creates a client from `config`; a refusal names `client` and never a secret.

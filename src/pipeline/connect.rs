@@ -22,9 +22,21 @@ pub(super) async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineErr
     let consumer = tokio::task::spawn_blocking(move || probe::probe("consumer", &consumer, timeout));
     let producer = tokio::task::spawn_blocking(move || probe::probe("results producer", &producer, timeout));
     let (consumer, producer) = tokio::join!(consumer, producer);
+    let mut seen = None;
     for (client, joined) in [("consumer", consumer), ("results producer", producer)] {
         let view = joined.map_err(|e| ConnectError::Create { client: client.into(), reason: e.to_string() })??;
         tracing::info!(client, brokers = ?view.brokers, "connected to Kafka");
+        seen = Some(view);
+    }
+    // Before anything is published: the producer would have a broker that auto-creates
+    // topics make a missing one, with the broker's defaults, and publish there.
+    let topics = seen.map(|view| view.topics).unwrap_or_default();
+    for (key, topic) in
+        [("kafka.results_topic", &kafka.results_topic), ("kafka.dead_letter_topic", &kafka.dead_letter_topic)]
+    {
+        if !topics.contains_key(topic) {
+            return Err(ConnectError::MissingTopic { key: key.into(), topic: topic.clone() }.into());
+        }
     }
     Ok(())
 }
