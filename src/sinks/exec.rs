@@ -97,6 +97,9 @@ impl SinkKind for ExecSinkConfig {
         problems.check(self.limits.validate(problems.at()));
         if self.program.trim().is_empty() {
             problems.add("program", self.program.clone(), "must name a program");
+        } else if let Some(why) = program_problem(&self.program) {
+            // Found at the first call, it would fail every command of the route for good.
+            problems.add("program", self.program.clone(), why);
         }
         if self.timeout.is_zero() {
             problems.add("timeout", "0s", "must be positive");
@@ -336,9 +339,48 @@ impl SinkEffect for ExecSink {
     }
 }
 
+/// Why `program` cannot be started on this machine now, as `Command::new` would look for
+/// it: a path (with a `/`) that is no executable file, or a name no directory of `PATH`
+/// holds as one.
+fn program_problem(program: &str) -> Option<&'static str> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable =
+        |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if program.contains('/') {
+        return match std::fs::metadata(program) {
+            Err(_) => Some("no such file"),
+            Ok(m) if !m.is_file() => Some("not a file"),
+            Ok(_) if !executable(std::path::Path::new(program)) => Some("not executable (no x permission)"),
+            Ok(_) => None,
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    match std::env::split_paths(&path).any(|dir| executable(&dir.join(program))) {
+        true => None,
+        false => Some("not found in PATH"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_that_cannot_be_started_is_a_problem_of_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("run.sh");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let at = |p: &std::path::Path| program_problem(p.to_str().unwrap());
+        assert_eq!(at(&dir.path().join("typo.sh")), Some("no such file"));
+        assert_eq!(at(dir.path()), Some("not a file"));
+        assert_eq!(at(&script), Some("not executable (no x permission)"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(at(&script), None);
+        // A name is looked up in PATH.
+        assert_eq!(program_problem("sh"), None);
+        assert_eq!(program_problem("surely-no-such-program-5e1c"), Some("not found in PATH"));
+    }
 
     fn bounded(bytes: &[u8], truncated: bool) -> Bounded {
         Bounded { bytes: bytes.to_vec(), truncated }
