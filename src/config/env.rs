@@ -114,6 +114,10 @@ impl EnvOverrides {
             if CLI_VARIABLES.contains(&rest) {
                 continue;
             }
+            if SECTIONS.iter().any(|s| rest.eq_ignore_ascii_case(s)) {
+                let reason = "sets no key: a section is not set whole; set its keys, DEDUPD_SECTION__KEY";
+                return Err(ConfigError::Env { var, reason: reason.into() });
+            }
             if !rest.contains("__") {
                 if let Some(path) = meant_path(rest) {
                     near_misses.push(EnvOverride { var, path, text, as_toml_scalar: false });
@@ -148,6 +152,9 @@ impl EnvOverrides {
                 "sets no key: an override is DEDUPD_SECTION__KEY, with two underscores after the section (did you mean {meant}?)"
             )));
         }
+        for over in &mut self.overrides {
+            spell_as_the_file(&mut over.path, &file);
+        }
         // Each retry turns one more override into its TOML scalar, so this ends.
         loop {
             let figment = Figment::from(figment::providers::Serialized::defaults(&file)).merge(&self);
@@ -179,11 +186,13 @@ impl EnvOverrides {
         {
             path.push(field.to_ascii_lowercase());
         }
-        if let Some(exact) = self.overrides.iter().position(|o| o.path == path) {
+        // Paths compared ignoring case: an override is spelled as the file's key it matches.
+        let lower = |p: &[String]| p.iter().map(|s| s.to_ascii_lowercase()).collect::<Vec<_>>();
+        if let Some(exact) = self.overrides.iter().position(|o| lower(&o.path) == path) {
             return Some(exact);
         }
         let below: Vec<usize> =
-            (0..self.overrides.len()).filter(|&i| self.overrides[i].path.starts_with(&path)).collect();
+            (0..self.overrides.len()).filter(|&i| lower(&self.overrides[i].path).starts_with(&path)).collect();
         if let Kind::InvalidType(Actual::Str(found), _) = &err.kind
             && let Some(&i) = below.iter().find(|&&i| self.overrides[i].text == *found)
         {
@@ -192,6 +201,23 @@ impl EnvOverrides {
         match below.as_slice() {
             [only] => Some(*only),
             _ => None,
+        }
+    }
+}
+
+/// Spells each segment of `path` as the file spells the key it matches ignoring case, so
+/// that `DEDUPD_SINKS__PAYMENTSAPI__URL` reaches `[sinks.PaymentsApi]` (a variable's name
+/// has no case to keep, and a sink's name is the operator's).
+fn spell_as_the_file(path: &mut [String], file: &toml::Table) {
+    let mut table = Some(file);
+    for segment in path.iter_mut() {
+        let Some(level) = table else { return };
+        match level.iter().find(|(key, _)| key.eq_ignore_ascii_case(segment)) {
+            Some((key, value)) => {
+                segment.clone_from(key);
+                table = value.as_table();
+            }
+            None => return,
         }
     }
 }

@@ -142,11 +142,28 @@ mod unit {
             ("DEDUPD_KAFKA_HOME", "/tmp/kafka"),
             ("DEDUPD_KAFKA_VERSION", "4.3.1"),
             ("DEDUPD_SINKS_API", "x"),
-            ("DEDUPD_STORE", "x"),
             ("DEDUPD_STOREFRONT_URL", "x"),
             ("DEDUPD_REQUIRE_KAFKA", "1"),
         ];
         Config::from_toml_str("", env(&others)).expect("none of them is taken for a key");
+    }
+
+    #[test]
+    fn a_whole_section_is_refused_and_a_sink_is_found_whatever_its_case() {
+        for var in ["DEDUPD_ROUTES", "DEDUPD_sinks", "DEDUPD_STORE"] {
+            let err = Config::from_toml_str("", env(&[(var, "[]")])).unwrap_err();
+            assert!(err.to_string().contains("a section is not set whole"), "{var}: {err}");
+        }
+        let file = "[sinks.PaymentsApi]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/x\"\n";
+        let c =
+            Config::from_toml_str(file, env(&[("DEDUPD_SINKS__PAYMENTSAPI__URL", "http://127.0.0.1:2/y")])).unwrap();
+        assert_eq!(c.sinks.len(), 1, "no second sink made");
+        let shown = toml::to_string(&c.sinks["PaymentsApi"]).unwrap();
+        assert!(shown.contains("http://127.0.0.1:2/y"), "{shown}");
+        // A bad value there still names its variable.
+        let var = "DEDUPD_SINKS__PAYMENTSAPI__MAX_RESPONSE_BYTES";
+        let err = Config::from_toml_str(file, env(&[(var, "lots")])).unwrap_err();
+        assert!(err.to_string().contains(var), "{err}");
     }
 
     #[test]
