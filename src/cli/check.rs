@@ -187,8 +187,15 @@ fn check_cluster(config: &Config) -> Result<ExitCode, CliError> {
     let producer = producer_config(kafka).map_err(|e| CliError::Other(e.to_string()))?;
     let mut failed = 0usize;
     let mut view = None;
-    for (client, settings) in [("consumer", &consumer), ("results producer", &producer)] {
-        match probe::probe(client, settings, timeout) {
+    // Both at once: an unreachable cluster costs one `connect_timeout`, not one per client.
+    let probes = std::thread::scope(|s| {
+        let consumer = s.spawn(|| probe::probe("consumer", &consumer, timeout));
+        let producer = s.spawn(|| probe::probe("results producer", &producer, timeout));
+        [("consumer", consumer.join()), ("results producer", producer.join())]
+    });
+    for (client, probed) in probes {
+        let probed = probed.map_err(|_| CliError::Other(format!("the {client} probe panicked")))?;
+        match probed {
             Ok(v) => {
                 print_line(format_args!("connect: {client}: ok, brokers {}", v.brokers.join(", ")))?;
                 view = Some(v);
