@@ -111,7 +111,7 @@ impl Config {
                 errors.push(invalid(&key, value, reason));
             }
         }
-        validate_routes(&self.routes, &self.sinks, &mut errors);
+        validate_routes(&self.routes, &self.sinks, self.store.max_ttl, &mut errors);
         validate_sizes(self, &mut errors);
         if let Some(token) = &self.http.admin_token
             && token.len() < 16
@@ -214,10 +214,21 @@ fn validate_kafka(k: &KafkaConfig, errors: &mut Vec<ConfigError>) {
     }
 }
 
+/// The largest `store.max_ttl`: beyond it an expiry is no longer a date anyone means (and far
+/// beyond it, past year 262143, not one that can be written).
+const MAX_TTL_CAP: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// `[store]` on its own: positive TTLs and intervals, the cap above the default.
 fn validate_store(s: &StoreConfig, errors: &mut Vec<ConfigError>) {
     if s.default_ttl.is_zero() {
         errors.push(invalid("store.default_ttl", "0s", "must be positive"));
+    }
+    if s.max_ttl > MAX_TTL_CAP {
+        errors.push(invalid(
+            "store.max_ttl",
+            humantime::format_duration(s.max_ttl),
+            "must be at most 100 years: a record is kept at most this long",
+        ));
     }
     if s.max_ttl < s.default_ttl {
         errors.push(invalid(
@@ -276,7 +287,12 @@ fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
 
 /// `[[routes]]`: each names a sink of `[sinks]`, has valid globs, a positive TTL and JSON
 /// pointers for its exclusions.
-fn validate_routes(routes: &[RouteConfig], sinks: &BTreeMap<String, SinkConfig>, errors: &mut Vec<ConfigError>) {
+fn validate_routes(
+    routes: &[RouteConfig],
+    sinks: &BTreeMap<String, SinkConfig>,
+    max_ttl: std::time::Duration,
+    errors: &mut Vec<ConfigError>,
+) {
     for (i, route) in routes.iter().enumerate() {
         let at = format!("routes[{i}]");
         if !sinks.contains_key(&route.sink) {
@@ -290,10 +306,15 @@ fn validate_routes(routes: &[RouteConfig], sinks: &BTreeMap<String, SinkConfig>,
                 errors.push(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
             }
         }
-        if let Some(ttl) = route.ttl
-            && ttl.is_zero()
-        {
-            errors.push(invalid(&format!("{at}.ttl"), "0s", "must be positive"));
+        match route.ttl {
+            Some(ttl) if ttl.is_zero() => errors.push(invalid(&format!("{at}.ttl"), "0s", "must be positive")),
+            // It would be cut to the cap without a word.
+            Some(ttl) if ttl > max_ttl => errors.push(invalid(
+                &format!("{at}.ttl"),
+                humantime::format_duration(ttl),
+                format!("is above store.max_ttl ({}), which caps every TTL", humantime::format_duration(max_ttl)),
+            )),
+            _ => {}
         }
         for p in &route.fingerprint_exclude {
             if !(p.is_empty() || p.starts_with('/')) {

@@ -330,6 +330,19 @@ mod unit {
     }
 
     #[test]
+    fn a_ttl_past_its_cap_is_refused() {
+        let err = Config::from_toml_str("[store]\nmax_ttl = \"99999999d\"\n", no_env()).unwrap_err();
+        assert!(err.to_string().contains("at most 100 years"), "{err}");
+        let text = "[store]\nmax_ttl = \"7d\"\n[sinks.s]\nkind = \"log\"\n[[routes]]\ntypes = [\"a\"]\nsink = \"s\"\nttl = \"30d\"\n";
+        let err = Config::from_toml_str(text, no_env()).unwrap_err();
+        assert!(
+            err.to_string().contains("routes[0].ttl") && err.to_string().contains("above store.max_ttl (7days)"),
+            "{err}"
+        );
+        Config::from_toml_str(&text.replace("30d", "7d"), no_env()).expect("a route at the cap");
+    }
+
+    #[test]
     fn max_ttl_below_default_is_refused() {
         let err = Config::from_toml_str("[store]\nmax_ttl = \"1h\"\n", no_env()).unwrap_err();
         assert!(err.to_string().contains("store.max_ttl"), "{err}");
