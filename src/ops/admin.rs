@@ -365,7 +365,7 @@ async fn import(
         let options = ImportOptions { overwrite: params.overwrite, force: params.force, now_ms: SystemClock.now_ms() };
         match a.store.import_from(std::io::BufReader::new(reader), options, |_| {}) {
             Ok(report) => Ok(axum::Json(report).into_response()),
-            Err(e @ TransferError::Line { .. }) => {
+            Err(e @ (TransferError::Line { .. } | TransferError::Incomplete { .. })) => {
                 Err(ApiError::new(StatusCode::BAD_REQUEST, format!("{e} (the lines before it were applied)")))
             }
             Err(TransferError::Io(e)) => Err(ApiError::new(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))),

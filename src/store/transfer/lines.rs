@@ -264,8 +264,12 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
             });
             Ok(Entry::Record { key: checked_key(r.key)?, record })
         }
-        (Some("record"), other) => Err(format!("unknown record state {other:?}")),
-        (other, _) => Err(format!("unknown line type {other:?}")),
+        (Some("record"), Some(other)) => {
+            Err(format!("unknown record state {other:?} (in_progress, completed or indeterminate)"))
+        }
+        (Some("record"), None) => Err("a record line without a state".into()),
+        (Some(other), _) => Err(format!("unknown line type {other:?} (header, watermark, record or end)")),
+        (None, _) => Err("a line without a type".into()),
     }
 }
 

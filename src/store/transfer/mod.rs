@@ -40,6 +40,9 @@ pub enum TransferError {
     /// A line is not a valid v1 export line.
     #[error("line {line}: {reason}")]
     Line { line: u64, reason: String },
+    /// The stream ended before its end line (after `lines` lines, 0 for an empty file).
+    #[error("{}: the export is incomplete (no end line)", match lines { 0 => "empty".to_string(), n => format!("ends after line {n}") })]
+    Incomplete { lines: u64 },
 }
 
 /// What an export wrote.
@@ -159,7 +162,7 @@ fn each_entry(
         apply(entry)?;
     }
     if !shape.ended {
-        return Err(TransferError::Line { line: line_no, reason: "no end line: the export is incomplete".into() });
+        return Err(TransferError::Incomplete { lines: line_no });
     }
     Ok(shape.seen)
 }

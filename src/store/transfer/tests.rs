@@ -195,7 +195,6 @@ fn bad_lines_are_named_by_number() {
         ),
         (format!("{}\n{{\"v\":2,\"type\":\"end\"}}\n", header_line(1, "s", 0)), 2, "version 2"),
         (format!("{}\n", end_line(0, 0)), 1, "header"),
-        (format!("{}\n{}\n", header_line(1, "s", 0), watermark_line("t", 0, 1)), 2, "incomplete"),
         (format!("{}\n{}\n", header_line(1, "s", 0), end_line(3, 0)), 2, "end line counts"),
         ("not json\n".to_string(), 1, "not a JSON object"),
     ];
@@ -208,4 +207,14 @@ fn bad_lines_are_named_by_number() {
             other => panic!("{text}: {other:?}"),
         }
     }
+    // Records of an unknown state or line type name what is known.
+    let state = format!("{}\n{{\"v\":1,\"type\":\"record\",\"state\":\"complete\"}}\n", header_line(1, "s", 0));
+    let err = validate(state.as_bytes(), |_| {}).unwrap_err().to_string();
+    assert_eq!(err, "line 2: unknown record state \"complete\" (in_progress, completed or indeterminate)");
+    // A stream that stops before its end line says where, an empty one that it is empty.
+    let cut = format!("{}\n{}\n", header_line(1, "s", 0), watermark_line("t", 0, 1));
+    let err = validate(cut.as_bytes(), |_| {}).unwrap_err().to_string();
+    assert_eq!(err, "ends after line 2: the export is incomplete (no end line)");
+    let err = validate("".as_bytes(), |_| {}).unwrap_err().to_string();
+    assert_eq!(err, "empty: the export is incomplete (no end line)");
 }
