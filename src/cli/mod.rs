@@ -83,8 +83,16 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff; `dedupd man > dedupd.1`, `man ./dedupd.1`).
-    Man,
+    /// Print the man page (roff; `dedupd man > dedupd.1`, `man ./dedupd.1`), or the page of
+    /// one subcommand (`dedupd man run > dedupd-run.1`), which the main page lists; with
+    /// `--dir DIR`, write every page into DIR instead.
+    Man {
+        /// The subcommand whose page to print.
+        subcommand: Option<String>,
+        /// Write every page (dedupd.1, dedupd-run.1, ...) into this directory.
+        #[arg(long, value_name = "DIR", conflicts_with = "subcommand")]
+        dir: Option<PathBuf>,
+    },
     /// Validate a config file: report every problem (with its line) and exit non-zero.
     CheckConfig {
         /// Also connect to the cluster: both clients authenticate, the topics exist, the
@@ -364,7 +372,7 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
         | Command::Demo { .. }
         | Command::CheckConfig { .. }
         | Command::Completions { .. }
-        | Command::Man => Err(CliError::Other("not an operator command".into())),
+        | Command::Man { .. } => Err(CliError::Other("not an operator command".into())),
     }
 }
 
@@ -398,7 +406,8 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(if summary.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Completions { shell } => generate::completions(shell).map(|()| ExitCode::SUCCESS),
-        Command::Man => generate::man().map(|()| ExitCode::SUCCESS),
+        Command::Man { subcommand, dir: None } => generate::man(subcommand.as_deref()).map(|()| ExitCode::SUCCESS),
+        Command::Man { dir: Some(dir), .. } => generate::man_pages(&dir).map(|()| ExitCode::SUCCESS),
         Command::CheckConfig { connect } => {
             let path = target.config.as_deref().ok_or(CliError::NoConfig)?;
             let path = path.to_path_buf();
