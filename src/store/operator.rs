@@ -5,6 +5,12 @@
 
 use super::{Completed, Completion, KeyStore, Record, StoreError};
 
+/// What an operator resolving an `in_progress` key needs to know: a claim left by a crash is
+/// found (and made `indeterminate`, or run again) only when its key comes again to a running
+/// instance.
+const IN_PROGRESS_HINT: &str = ": a claim left by a crash turns indeterminate (or runs again, for a key-forwarding \
+     sink) when its key comes again to a running instance; to drop it now, `forget --force`";
+
 /// Why a resolve did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
@@ -12,7 +18,7 @@ pub enum ResolveError {
     #[error("key {0:?} has no record")]
     NotFound(String),
     /// Only `indeterminate` records can be resolved.
-    #[error("key {key:?} is {state}, not indeterminate")]
+    #[error("key {key:?} is {state}, not indeterminate{}", if *state == "in_progress" { IN_PROGRESS_HINT } else { "" })]
     NotIndeterminate { key: String, state: &'static str },
     /// The store failed.
     #[error(transparent)]
@@ -143,5 +149,13 @@ mod tests {
             assert_eq!(json["expired"], expired, "at {now}");
             assert_eq!(json["expires_at"], "1970-01-01T00:00:10.000Z");
         }
+    }
+
+    #[test]
+    fn resolving_an_in_progress_key_says_when_it_can_be() {
+        let busy = ResolveError::NotIndeterminate { key: "k".into(), state: "in_progress" }.to_string();
+        assert!(busy.contains("comes again to a running instance") && busy.contains("forget --force"), "{busy}");
+        let done = ResolveError::NotIndeterminate { key: "k".into(), state: "completed" }.to_string();
+        assert_eq!(done, "key \"k\" is completed, not indeterminate");
     }
 }
