@@ -52,7 +52,7 @@ const FLAKY_KEY: &str = "main-1";
 /// `fenced_total` and `stalled_transactions_aborted_total`, at 0 without `store.changelog`;
 /// `state_restoring` has no series until a restore), then `build_info`, the store volume's
 /// gauges and the process collector's `process_*` (no prefix: the Prometheus client libraries' names).
-const CATALOGUE: [(&str, &str); 33] = [
+const CATALOGUE: [(&str, &str); 34] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
@@ -67,6 +67,7 @@ const CATALOGUE: [(&str, &str); 33] = [
     ("dedupd_consumer_restarts_total", "counter"),
     ("dedupd_duplicate_age_seconds", "histogram"),
     ("dedupd_refused_partitions", "gauge"),
+    ("dedupd_assigned_partitions", "gauge"),
     ("dedupd_sink_circuit_open", "gauge"),
     ("dedupd_store_write_errors_total", "counter"),
     ("dedupd_store_fsyncs_total", "counter"),

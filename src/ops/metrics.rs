@@ -35,6 +35,7 @@ pub struct Metrics {
     consumer_restarts: IntCounter,
     duplicate_age: HistogramVec,
     refused_partitions: IntGauge,
+    assigned_partitions: IntGauge,
     sink_circuit_open: IntGaugeVec,
     worker_panics: IntCounterVec,
     store_write_errors: IntCounterVec,
@@ -172,6 +173,10 @@ impl Metrics {
                 "refused_partitions",
                 "Partitions refused because their committed offset is beyond the store's watermark.",
             )?,
+            assigned_partitions: IntGauge::new(
+                "assigned_partitions",
+                "Partitions the consumer group assigned to this instance (0: it consumes nothing).",
+            )?,
             sink_circuit_open: IntGaugeVec::new(
                 Opts::new(
                     "sink_circuit_open",
@@ -221,6 +226,7 @@ impl Metrics {
             Box::new(self.consumer_restarts.clone()),
             Box::new(self.duplicate_age.clone()),
             Box::new(self.refused_partitions.clone()),
+            Box::new(self.assigned_partitions.clone()),
             Box::new(self.sink_circuit_open.clone()),
             Box::new(self.worker_panics.clone()),
             Box::new(self.store_write_errors.clone()),
@@ -394,6 +400,11 @@ impl Metrics {
     /// How many partitions are refused now.
     pub fn set_refused_partitions(&self, n: usize) {
         self.refused_partitions.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The consumer holds `n` partitions.
+    pub fn set_assigned_partitions(&self, n: usize) {
+        self.assigned_partitions.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// The worker of `topic`/`partition` panicked.

@@ -129,6 +129,7 @@ impl ConsumerContext for PipelineContext {
             // Nothing is held for a newly assigned partition: this undoes any backpressure
             // pause from before a revoke (the watermark check pauses refused ones again).
             self.partitions.assign(consumer, &parts);
+            self.metrics.set_assigned_partitions(self.partitions.assigned_count());
             // No worker of them starts before this callback returns (`run`).
             self.restore(consumer, &parts);
             let committed = read_committed(consumer, &parts);
@@ -237,6 +238,7 @@ impl PipelineContext {
             self.health.set_down(&name, None);
         }
         self.metrics.set_refused_partitions(still_refused);
+        self.metrics.set_assigned_partitions(self.partitions.assigned_count());
     }
 
     /// Commits the open results transaction with what the drained workers recorded, or, when

@@ -159,8 +159,11 @@ impl PartitionTable {
         self.state.lock().assigned.keys().cloned().collect()
     }
 
-    /// The assigned partitions that are not refused: those whose lag librdkafka's statistics
-    /// keep up to date (a refused one is not fetched).
+    /// How many partitions are assigned.
+    pub(super) fn assigned_count(&self) -> usize {
+        self.state.lock().assigned.len()
+    }
+
     /// The assigned partitions being fetched (whose lag librdkafka's statistics know).
     pub(super) fn fetched(&self) -> HashSet<Tp> {
         let state = self.state.lock();

@@ -96,6 +96,7 @@ pub(super) fn check_scrape(e: &Exposition, truth: &Truth, input: &str) {
     // No broker outage here: the consumer was never fenced, so never replaced.
     assert_eq!(e.value("dedupd_consumer_restarts_total", &[]), Some(0.0), "consumer_restarts_total");
     assert_eq!(e.value("dedupd_refused_partitions", &[]), Some(0.0), "refused_partitions");
+    assert_eq!(e.value("dedupd_assigned_partitions", &[]), Some(f64::from(PARTITIONS)), "assigned_partitions");
     // One 503 among answers is no outage: the receiver's circuit never stayed open.
     assert_eq!(e.value("dedupd_sink_circuit_open", &[("sink", "receiver")]), Some(0.0), "sink_circuit_open");
 
