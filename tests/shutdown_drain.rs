@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::State;
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, TopicTail, tail_of_file, wait_for_http_addr, wait_for_line};
+use common::process::{
+    DedupdProcess, KeptOnFailure, TopicTail, tail_of_file, until, wait_for_http_addr, wait_for_line,
+};
 use dedupd::outcome::ResultRecord;
 use parking_lot::Mutex;
 use rdkafka::message::Message;
@@ -97,16 +99,6 @@ fn commands_of(numbers: impl IntoIterator<Item = u64>) -> Vec<kafka::Outgoing> {
             (format!("k{i}"), serde_json::to_vec(&value).expect("json"), vec![])
         })
         .collect()
-}
-
-/// Polls `cond` every 50 ms until it holds; fails after `timeout` or if dedupd died.
-async fn until(what: &str, timeout: Duration, dedupd: &mut DedupdProcess, log: &Path, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(dedupd.exited().is_none(), "dedupd exited while waiting for {what}:\n{}", tail_of_file(log, 40));
-        assert!(Instant::now() < deadline, "no {what} within {timeout:?}; dedupd log:\n{}", tail_of_file(log, 40));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, TopicTail, tail_of_file, wait_for_http_addr};
+use common::process::{DedupdProcess, KeptOnFailure, TopicTail, tail_of_file, until, wait_for_http_addr};
 use dedupd::outcome::ResultRecord;
 use rdkafka::message::Message;
 use serde_json::json;
@@ -65,16 +65,6 @@ fn slow_program(dir: &Path, runs: &Path) -> std::path::PathBuf {
     std::fs::write(&path, script).expect("write the program");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("make it executable");
     path
-}
-
-/// Polls `cond` every 50 ms until it holds; fails after `timeout` or if dedupd died.
-async fn until(what: &str, timeout: Duration, dedupd: &mut DedupdProcess, log: &Path, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(dedupd.exited().is_none(), "dedupd exited while waiting for {what}:\n{}", tail_of_file(log, 40));
-        assert!(Instant::now() < deadline, "no {what} within {timeout:?}; dedupd log:\n{}", tail_of_file(log, 40));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn pid_alive(pid: i32) -> bool {

@@ -122,6 +122,7 @@ impl Metrics {
     // The metric catalogue: one definition per metric with its name, help text and labels,
     // read top to bottom against docs/metrics.md.
     pub fn new() -> Result<Metrics, MetricsError> {
+        let (refused_partitions, assigned_partitions) = partition_gauges()?;
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -161,22 +162,9 @@ impl Metrics {
                 "consumer_restarts_total",
                 "Kafka consumers replaced in process after librdkafka fenced them following their own lost group session.",
             )?,
-            duplicate_age: HistogramVec::new(
-                HistogramOpts::new(
-                    "duplicate_age_seconds",
-                    "How long after the first sighting a repeat arrived (evidence for choosing a TTL).",
-                )
-                .buckets(AGE_BUCKETS.to_vec()),
-                &["route"],
-            )?,
-            refused_partitions: IntGauge::new(
-                "refused_partitions",
-                "Partitions refused because their committed offset is beyond the store's watermark.",
-            )?,
-            assigned_partitions: IntGauge::new(
-                "assigned_partitions",
-                "Partitions the consumer group assigned to this instance (0: it consumes nothing).",
-            )?,
+            duplicate_age: duplicate_age()?,
+            refused_partitions,
+            assigned_partitions,
             sink_circuit_open: IntGaugeVec::new(
                 Opts::new(
                     "sink_circuit_open",
@@ -433,6 +421,19 @@ impl Metrics {
         }
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+/// `duplicate_age_seconds{route}`.
+fn duplicate_age() -> Result<HistogramVec, MetricsError> {
+    let help = "How long after the first sighting a repeat arrived (evidence for choosing a TTL).";
+    Ok(HistogramVec::new(HistogramOpts::new("duplicate_age_seconds", help).buckets(AGE_BUCKETS.to_vec()), &["route"])?)
+}
+
+/// `refused_partitions` and `assigned_partitions`.
+fn partition_gauges() -> Result<(IntGauge, IntGauge), MetricsError> {
+    let refused = "Partitions refused because their committed offset is beyond the store's watermark.";
+    let assigned = "Partitions the consumer group assigned to this instance (0: it consumes nothing).";
+    Ok((IntGauge::new("refused_partitions", refused)?, IntGauge::new("assigned_partitions", assigned)?))
 }
 
 #[cfg(test)]

@@ -292,16 +292,21 @@ async fn run_once<F: FnOnce(&Running) + Send>(
         return Err(PipelineError::Fatal);
     }
     save_presence(&core.store);
-    match core.engine.in_flight() {
+    log_stopped(core.engine.in_flight());
+    Ok(Ended::Stopped)
+}
+
+/// The last line of a stop, with `under_way` commands still at their sinks.
+fn log_stopped(under_way: usize) {
+    match under_way {
         0 => tracing::info!("dedupd stopped cleanly"),
         // Their workers did not drain in time (logged above): what the calls did is never
         // recorded, so their claims stay `in_progress` (docs/sinks.md, "Shutdown and revoke").
-        under_way => tracing::warn!(
-            commands = under_way,
+        n => tracing::warn!(
+            commands = n,
             "dedupd stopped with commands still at their sinks: their keys stay in_progress, to be re-run or made indeterminate when they come again"
         ),
     }
-    Ok(Ended::Stopped)
 }
 
 /// At a clean stop, once nothing more is written: the next open reads the presence filter

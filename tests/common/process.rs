@@ -498,3 +498,13 @@ pub async fn wait_for_http_addr(log: &Path, child: &mut DedupdProcess, timeout: 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Polls `cond` every 50 ms until it holds; fails after `timeout` or if dedupd died.
+pub async fn until(what: &str, timeout: Duration, dedupd: &mut DedupdProcess, log: &Path, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(dedupd.exited().is_none(), "dedupd exited while waiting for {what}:\n{}", tail_of_file(log, 40));
+        assert!(Instant::now() < deadline, "no {what} within {timeout:?}; dedupd log:\n{}", tail_of_file(log, 40));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
