@@ -17,14 +17,16 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::{COMMITTED_TIMEOUT, PipelineContext, read_committed};
+use super::PipelineContext;
 use crate::pipeline::control::Tp;
 
 /// How often the lag of partitions not fetched is read: as often as librdkafka's statistics
 /// report the others' (`statistics.interval.ms`, consumer/settings.rs).
 pub(super) const UNFETCHED_EVERY: Duration = Duration::from_secs(5);
-/// How long the poll loop waits for the broker's answer about one partition's end.
-const WATERMARK_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long the poll loop may spend on it each time, all partitions together: it blocks the
+/// loop, whose turns `/healthz` watches (bound 10 s). What is not read by then (a slow
+/// broker, many partitions paused at once) keeps its last figure until the next time.
+const UNFETCHED_BUDGET: Duration = Duration::from_secs(1);
 
 impl PipelineContext {
     /// The lags of the fetched partitions in `statistics`.
@@ -69,24 +71,42 @@ impl PipelineContext {
             }
             *due = Instant::now() + UNFETCHED_EVERY;
         }
+        let deadline = Instant::now() + UNFETCHED_BUDGET;
+        let left = || deadline.saturating_duration_since(Instant::now());
         let refused = self.partitions.refused_behind();
         let stopped = self.partitions.stopped_fetching();
         let committed = match stopped.is_empty() {
             true => Vec::new(),
-            false => read_committed(consumer, &stopped).unwrap_or_else(|e| {
-                tracing::debug!(error = %e, timeout = ?COMMITTED_TIMEOUT, "could not read the committed offsets of paused partitions");
+            false => committed_offsets(consumer, &stopped, left()).unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "could not read the committed offsets of paused partitions");
                 Vec::new()
             }),
         };
-        let stopped_at = committed.into_iter().filter_map(|(tp, offset)| match offset {
-            rdkafka::Offset::Offset(o) => Some((tp, o)),
-            _ => None,
-        });
-        for ((topic, partition), next) in refused.into_iter().chain(stopped_at) {
-            match consumer.fetch_watermarks(&topic, partition, WATERMARK_TIMEOUT) {
+        for ((topic, partition), next) in refused.into_iter().chain(committed) {
+            if left().is_zero() {
+                break;
+            }
+            match consumer.fetch_watermarks(&topic, partition, left()) {
                 Ok((_, end)) => self.metrics.lag(&topic, partition, (end - next).max(0)),
                 Err(e) => tracing::debug!(error = %e, %topic, partition, "could not read a partition's end"),
             }
         }
     }
+}
+
+/// The group's committed offsets of `tps` (those that have one), waiting at most `timeout`.
+fn committed_offsets(
+    consumer: &BaseConsumer<PipelineContext>,
+    tps: &[Tp],
+    timeout: Duration,
+) -> Result<Vec<(Tp, i64)>, rdkafka::error::KafkaError> {
+    let committed = consumer.committed_offsets(super::list_of(tps), timeout)?;
+    Ok(committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+            _ => None,
+        })
+        .collect())
 }
