@@ -14,7 +14,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::exposition::Exposition;
+use common::exposition::scrape;
 use common::kafka;
 use common::process::{DedupdProcess, KeptOnFailure, tail_of_file, wait_for_http_addr};
 use serde_json::json;
@@ -61,11 +61,6 @@ fn commands(kind: &str, from: usize, n: usize) -> Vec<kafka::Outgoing> {
             (format!("k{i}"), serde_json::to_vec(&value).expect("json"), vec![])
         })
         .collect()
-}
-
-async fn scrape(client: &reqwest::Client, http: &str) -> Exposition {
-    let text = client.get(format!("http://{http}/metrics")).send().await.expect("GET /metrics").text().await;
-    Exposition::parse(&text.expect("body"))
 }
 
 /// Each input partition's `dedupd_consumer_lag` (`None`: no series).

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use common::exposition::Exposition;
+use common::exposition::scrape;
 use common::kafka;
 use common::process::{DedupdProcess, KeptOnFailure, TopicTail, tail_of_file, wait_for_http_addr};
 use dedupd::outcome::ResultRecord;
@@ -152,11 +152,6 @@ fn commands(range: std::ops::Range<usize>) -> Vec<kafka::Outgoing> {
             (format!("k{i}"), serde_json::to_vec(&value).expect("json"), vec![])
         })
         .collect()
-}
-
-async fn scrape(client: &reqwest::Client, http: &str) -> Exposition {
-    let text = client.get(format!("http://{http}/metrics")).send().await.expect("GET /metrics").text().await;
-    Exposition::parse(&text.expect("body"))
 }
 
 fn results_of(tail: &TopicTail) -> Vec<ResultRecord> {

@@ -1,6 +1,7 @@
-//! The first step of `run`: the consumer's and the results producer's settings connect to
-//! the cluster within `kafka.connect_timeout`, or `run` stops with the cause (a refused
-//! login, an untrusted certificate, no answer) instead of retrying silently forever.
+//! The first step of `run` ([`ClusterSetup`]): the consumer's and the results producer's
+//! settings connect to the cluster within `kafka.connect_timeout`, or `run` stops with the
+//! cause (a refused login, an untrusted certificate, no answer, a missing topic) instead of
+//! retrying silently forever; then what the cluster's topics allow is read.
 
 use std::time::Duration;
 
@@ -9,13 +10,46 @@ use rdkafka::client::DefaultClientContext;
 
 use super::publish::DeadLetterLimit;
 use super::{KafkaConfig, PipelineError, consumer_config, producer_config};
+use crate::config::Config;
 use crate::connection::probe::{self, ConnectError};
 
 /// The broker's own default `max.message.bytes`, assumed when the topic's cannot be read.
 const BROKER_DEFAULT_MAX_MESSAGE_BYTES: usize = 1_048_588;
 
+/// What `run` learns from the cluster, and makes there, before it starts.
+pub(super) struct ClusterSetup {
+    /// Under transactional results: the largest dead-letter copy.
+    pub(super) dead_letter_limit: Option<DeadLetterLimit>,
+    /// Under `store.changelog`: the changelog topic (and the by-key topic), found or made.
+    pub(super) changelog_topic: Option<super::changelog::ChangelogTopic>,
+    /// Under the by-key hop: the largest forward the producer and the by-key topic take.
+    pub(super) forward_limit: usize,
+}
+
+impl ClusterSetup {
+    pub(super) async fn read(config: &Config) -> Result<ClusterSetup, PipelineError> {
+        check_cluster(&config.kafka).await?;
+        let dead_letter_limit = match config.kafka.transactional_results {
+            true => Some(dead_letter_limit(&config.kafka).await?),
+            false => None,
+        };
+        let changelog_topic = match config.store.changelog {
+            true => Some(super::changelog::ensure_topic(config).await?),
+            false => None,
+        };
+        let forward_limit = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref()) {
+            Some(by_key) => {
+                let topic_max = topic_max_message_bytes(&config.kafka, by_key).await?;
+                DeadLetterLimit::of_topic(topic_max.min(config.kafka.producer_max_bytes())).0
+            }
+            None => usize::MAX,
+        };
+        Ok(ClusterSetup { dead_letter_limit, changelog_topic, forward_limit })
+    }
+}
+
 /// Probes both clients at once, each on a blocking thread (librdkafka's calls block).
-pub(super) async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineError> {
+async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineError> {
     let timeout = kafka.connect_timeout;
     let consumer = consumer_config(kafka)?;
     let producer = producer_config(kafka)?;
@@ -45,12 +79,12 @@ pub(super) async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineErr
 /// (its `max.message.bytes`, read with DescribeConfigs), so that no copy aborts a
 /// transaction (`publish`). When it cannot be read (no permission, an old broker) the
 /// broker's default is assumed and the log says so.
-pub(super) async fn dead_letter_limit(kafka: &KafkaConfig) -> Result<DeadLetterLimit, PipelineError> {
+async fn dead_letter_limit(kafka: &KafkaConfig) -> Result<DeadLetterLimit, PipelineError> {
     Ok(DeadLetterLimit::of_topic(topic_max_message_bytes(kafka, &kafka.dead_letter_topic).await?))
 }
 
 /// `topic`'s `max.message.bytes`, or the broker's default (logged) when it cannot be read.
-pub(super) async fn topic_max_message_bytes(kafka: &KafkaConfig, topic: &str) -> Result<usize, PipelineError> {
+async fn topic_max_message_bytes(kafka: &KafkaConfig, topic: &str) -> Result<usize, PipelineError> {
     let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
     let resource = ResourceSpecifier::Topic(topic);
     let options = AdminOptions::new().request_timeout(Some(kafka.connect_timeout));

@@ -153,7 +153,16 @@ impl ConsumerContext for PipelineContext {
 
 /// The committed offsets of `tps`, as the group coordinator has them.
 fn read_committed(consumer: &BaseConsumer<PipelineContext>, tps: &[Tp]) -> Result<Vec<(Tp, Offset)>, KafkaError> {
-    let committed = consumer.committed_offsets(list_of(tps), COMMITTED_TIMEOUT)?;
+    read_committed_within(consumer, tps, COMMITTED_TIMEOUT)
+}
+
+/// [`read_committed`], waiting at most `timeout`.
+fn read_committed_within(
+    consumer: &BaseConsumer<PipelineContext>,
+    tps: &[Tp],
+    timeout: Duration,
+) -> Result<Vec<(Tp, Offset)>, KafkaError> {
+    let committed = consumer.committed_offsets(list_of(tps), timeout)?;
     Ok(committed.elements().iter().map(|e| ((e.topic().to_string(), e.partition()), e.offset())).collect())
 }
 

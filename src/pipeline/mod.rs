@@ -72,6 +72,7 @@ use crate::ops::{Health, Metrics};
 use crate::sinks::{self, Sink};
 use crate::store::{KeyStore, StoreError};
 use background::Background;
+use connect::ClusterSetup;
 use restart::{Ended, Kept, restart_after_fence};
 
 pub use changelog::state_partition;
@@ -320,38 +321,6 @@ fn save_presence(store: &KeyStore) {
         }
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %e, "could not save the presence filter: the next start scans the store"),
-    }
-}
-
-/// What `run` learns from the cluster, and makes there, before it starts.
-struct ClusterSetup {
-    /// Under transactional results: the largest dead-letter copy.
-    dead_letter_limit: Option<publish::DeadLetterLimit>,
-    /// Under `store.changelog`: the changelog topic (and the by-key topic), found or made.
-    changelog_topic: Option<changelog::ChangelogTopic>,
-    /// Under the by-key hop: the largest forward the producer and the by-key topic take.
-    forward_limit: usize,
-}
-
-impl ClusterSetup {
-    async fn read(config: &Config) -> Result<ClusterSetup, PipelineError> {
-        connect::check_cluster(&config.kafka).await?;
-        let dead_letter_limit = match config.kafka.transactional_results {
-            true => Some(connect::dead_letter_limit(&config.kafka).await?),
-            false => None,
-        };
-        let changelog_topic = match config.store.changelog {
-            true => Some(changelog::ensure_topic(config).await?),
-            false => None,
-        };
-        let forward_limit = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref()) {
-            Some(by_key) => {
-                let topic_max = connect::topic_max_message_bytes(&config.kafka, by_key).await?;
-                publish::DeadLetterLimit::of_topic(topic_max.min(config.kafka.producer_max_bytes())).0
-            }
-            None => usize::MAX,
-        };
-        Ok(ClusterSetup { dead_letter_limit, changelog_topic, forward_limit })
     }
 }
 

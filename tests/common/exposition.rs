@@ -112,3 +112,9 @@ fn parse_sample(line: &str) -> Sample {
     };
     Sample { name, labels, value }
 }
+
+/// `GET http://HTTP/metrics`, parsed; panics (a test helper) when it cannot be read.
+pub async fn scrape(client: &reqwest::Client, http: &str) -> Exposition {
+    let response = client.get(format!("http://{http}/metrics")).send().await.expect("GET /metrics");
+    Exposition::parse(&response.text().await.expect("body"))
+}

@@ -9,10 +9,7 @@ use super::truth::Truth;
 use super::{ADMIN_TOKEN, CATALOGUE, DISTINCT, PARTITIONS};
 use crate::common::exposition::Exposition;
 
-pub(super) async fn scrape(client: &reqwest::Client, http: &str) -> Exposition {
-    let response = client.get(format!("http://{http}/metrics")).send().await.expect("GET /metrics");
-    Exposition::parse(&response.text().await.expect("body"))
-}
+pub(super) use crate::common::exposition::scrape;
 
 /// Every metric of the catalogue has HELP, TYPE and samples (but those in `absent`, which
 /// may have no series yet), and nothing outside the catalogue is exposed.

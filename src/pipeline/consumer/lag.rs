@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::PipelineContext;
+use super::{PipelineContext, read_committed_within};
 use crate::pipeline::control::Tp;
 
 /// How often the lag of partitions not fetched is read: as often as librdkafka's statistics
 /// report the others' (`statistics.interval.ms`, consumer/settings.rs).
-pub(super) const UNFETCHED_EVERY: Duration = Duration::from_secs(5);
+const UNFETCHED_EVERY: Duration = Duration::from_secs(5);
 /// How long the poll loop may spend on it each time, all partitions together: it blocks the
 /// loop, whose turns `/healthz` watches (bound 10 s). What is not read by then (a slow
 /// broker, many partitions paused at once) keeps its last figure until the next time.
@@ -77,12 +77,17 @@ impl PipelineContext {
         let stopped = self.partitions.stopped_fetching();
         let committed = match stopped.is_empty() {
             true => Vec::new(),
-            false => committed_offsets(consumer, &stopped, left()).unwrap_or_else(|e| {
+            false => read_committed_within(consumer, &stopped, left()).unwrap_or_else(|e| {
                 tracing::debug!(error = %e, "could not read the committed offsets of paused partitions");
                 Vec::new()
             }),
         };
-        for ((topic, partition), next) in refused.into_iter().chain(committed) {
+        // A partition with no committed offset has no lag to report.
+        let stopped_at = committed.into_iter().filter_map(|(tp, offset)| match offset {
+            rdkafka::Offset::Offset(o) => Some((tp, o)),
+            _ => None,
+        });
+        for ((topic, partition), next) in refused.into_iter().chain(stopped_at) {
             if left().is_zero() {
                 break;
             }
@@ -92,21 +97,4 @@ impl PipelineContext {
             }
         }
     }
-}
-
-/// The group's committed offsets of `tps` (those that have one), waiting at most `timeout`.
-fn committed_offsets(
-    consumer: &BaseConsumer<PipelineContext>,
-    tps: &[Tp],
-    timeout: Duration,
-) -> Result<Vec<(Tp, i64)>, rdkafka::error::KafkaError> {
-    let committed = consumer.committed_offsets(super::list_of(tps), timeout)?;
-    Ok(committed
-        .elements()
-        .iter()
-        .filter_map(|e| match e.offset() {
-            rdkafka::Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
-            _ => None,
-        })
-        .collect())
 }
