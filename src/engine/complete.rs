@@ -13,7 +13,7 @@ use super::retry::RunEnd;
 use super::run::Ran;
 use super::{Engine, EngineError, ItemResult};
 use crate::envelope::Command;
-use crate::store::{Completed, Completion, DurableClaim, KeyStore, Record, SourcePos, StoreError};
+use crate::store::{Completed, Completion, DurableClaim, Indeterminate, KeyStore, Record, SourcePos, StoreError};
 use crate::time::Rfc3339Memo;
 
 /// What a round's sink runs leave to store.
@@ -69,6 +69,24 @@ impl Engine {
                         tracing::warn!(key = %cmd.key, "claim changed while abandoning it; leaving it");
                     }
                     ItemResult::Abandoned
+                }
+                RunEnd::Indeterminate { why, attempts } => {
+                    let record = Record::Indeterminate(Indeterminate {
+                        fingerprint: claim.record().fingerprint,
+                        claimed_at_ms: first_seen_ms,
+                        attempts: prior + attempts,
+                        why,
+                    });
+                    let mine = Record::InProgress(claim.record().clone());
+                    if self.store.compare_and_swap(&cmd.key, Some(&mine), Some(&record))?.is_err() {
+                        // An operator forgot or resolved the key while its sink ran: their
+                        // record stands; this input still learns the call is in doubt.
+                        tracing::warn!(key = %cmd.key, "the claim was changed by an operator while its sink ran; indeterminate result published, not stored");
+                    }
+                    let item = &queues.items()[head.index];
+                    let mut p = self.processed_from_record(item, cmd, &record, completed_at_ms);
+                    p.sink_called = true;
+                    ItemResult::Done(Box::new(p))
                 }
                 RunEnd::Interrupted { attempts } => {
                     tracing::warn!(key = %cmd.key, attempts, "abandoned after sink calls without an answer; the claim stays in_progress");

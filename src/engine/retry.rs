@@ -15,7 +15,7 @@ use super::ticket::Ticket;
 use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
 use crate::sinks::limit::LimitPermit;
-use crate::sinks::{CallWatch, Sink, SinkError, SinkOutput, SinkRequest};
+use crate::sinks::{CallAnswer, CallWatch, CheckAnswer, Sink, SinkError, SinkOutput, SinkRequest};
 use crate::store::DurableClaim;
 use crate::telemetry::{CommandSpan, SinkCallSpan};
 
@@ -33,6 +33,10 @@ pub(super) enum RunEnd {
     Releasable,
     /// Cancelled after at least one call that may have reached the sink, without an answer.
     Interrupted { attempts: u32 },
+    /// A call that may have landed without an answer, for a sink that does not forward the
+    /// key, and no check said the effect is absent: never called again blind
+    /// (docs/contract.md §4). The key becomes `indeterminate`, `why` saying so.
+    Indeterminate { why: String, attempts: u32 },
 }
 
 /// The wait before attempt `next` (2, 3, ...): `initial * 2^(next-2)`, capped, with the
@@ -145,7 +149,18 @@ pub(super) async fn run_with_retry<'a>(
             }
             Err(SinkError::Transient { message, retry_after }) => (message, retry_after),
         };
-        if admission.map(Admission::failed_transiently) == Some(Verdict::SinkDown) {
+        let verdict = admission.map(Admission::failed_transiently);
+        if watch.answer() == CallAnswer::Maybe && !sink.forwards_key() {
+            // The request may have landed: ask the receiver before calling again, or stop.
+            let asked = AfterMaybe { sink, claim, command, owner, attempt, message: &message };
+            match asked.settle(cancel).await {
+                Settled::Found(result) => return RunEnd::Succeeded { result, attempts: tally.calls },
+                Settled::Absent => tally.unanswered -= 1,
+                Settled::Unsettled(why) => return RunEnd::Indeterminate { why, attempts: tally.calls },
+                Settled::Stopped => return tally.stopped(),
+            }
+        }
+        if verdict == Some(Verdict::SinkDown) {
             tracing::warn!(key = claim.key(), attempt, error = %message,
                 "transient sink failure with the sink's circuit open; waiting for the sink, not spending a retry");
             continue;
@@ -165,6 +180,85 @@ pub(super) async fn run_with_retry<'a>(
         // most of which never retry, and each would otherwise carry this wait's state.
         if !Box::pin(sleep_unless_cancelled(wait, cancel)).await {
             return tally.stopped();
+        }
+    }
+}
+
+/// What became of a call that may have landed unanswered, for a sink that does not
+/// forward the key.
+enum Settled {
+    /// The sink's check found the effect: this is its result.
+    Found(Value),
+    /// The sink's check said the effect is absent: the command may be called again.
+    Absent,
+    /// No check, or it did not tell: the key becomes `indeterminate` for this reason.
+    Unsettled(String),
+    /// Cancelled, or this instance no longer owns the key, before the check answered.
+    Stopped,
+}
+
+/// A call that may have landed unanswered, for a sink that does not forward the key.
+struct AfterMaybe<'a> {
+    sink: &'a Sink,
+    claim: &'a DurableClaim,
+    command: &'a Command,
+    owner: Option<&'a dyn ChangeLog>,
+    /// The call's attempt number, as the sink saw it.
+    attempt: u32,
+    /// What the call ended with.
+    message: &'a str,
+}
+
+impl AfterMaybe<'_> {
+    /// Asks the sink's receiver, with its check after `check.delay`, whether the effect
+    /// exists; without a check the call stays unsettled.
+    async fn settle(self, cancel: &CancellationToken) -> Settled {
+        let AfterMaybe { sink, claim, command, owner, attempt, message } = self;
+        let name = sink.name();
+        let Some(timing) = sink.check_timing() else {
+            tracing::warn!(
+                key = claim.key(),
+                sink = name,
+                error = message,
+                "the call may have landed without an answer; the sink does not forward the key and has no check: the key is indeterminate"
+            );
+            return Settled::Unsettled(format!(
+                "the call may have reached sink `{name}` without an answer ({message}); the sink does not forward the key and has no check, so it is not called again"
+            ));
+        };
+        tracing::info!(key = claim.key(), sink = name, error = message, delay = %humantime::format_duration(timing.delay),
+            "the call may have landed without an answer; checking with the receiver before any other call");
+        if !sleep_unless_cancelled(timing.delay, cancel).await || !still_owned(owner, claim).await {
+            return Settled::Stopped;
+        }
+        let watch = CallWatch::new(cancel);
+        let request = SinkRequest::new(claim, &command.kind, &command.payload, attempt, command.traceparent.as_deref())
+            .with_tracestate(command.tracestate.as_deref())
+            .watched_by(&watch);
+        match sink.check(request).await {
+            CheckAnswer::Found(result) => {
+                tracing::info!(key = claim.key(), sink = name, "check: the effect exists; the command succeeded");
+                Settled::Found(result)
+            }
+            CheckAnswer::Absent => {
+                tracing::info!(key = claim.key(), sink = name, "check: the effect is absent; calling again");
+                Settled::Absent
+            }
+            CheckAnswer::Unknown(why) | CheckAnswer::Error(why) if cancel.is_cancelled() => {
+                tracing::debug!(key = claim.key(), sink = name, why, "check given up");
+                Settled::Stopped
+            }
+            CheckAnswer::Unknown(why) | CheckAnswer::Error(why) => {
+                tracing::warn!(
+                    key = claim.key(),
+                    sink = name,
+                    why,
+                    "check did not tell whether the effect exists: the key is indeterminate"
+                );
+                Settled::Unsettled(format!(
+                    "the call may have reached sink `{name}` without an answer ({message}), and its check did not tell whether the effect exists ({why}); the sink does not forward the key, so it is not called again"
+                ))
+            }
         }
     }
 }

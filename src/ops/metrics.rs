@@ -13,16 +13,22 @@ pub use figures::Figures;
 
 use crate::envelope::RejectReason;
 use crate::outcome::Outcome;
+use crate::sinks::CallAnswer;
 use crate::store::{Fsyncs, State, StateCounts, WRITE_ERROR_KINDS};
 
 /// The `status` values of `sink_requests_total`.
 pub const SINK_STATUSES: [&str; 3] = ["ok", "transient", "permanent"];
+
+/// The `answer` values of `checks_total`: each [`crate::sinks::CheckAnswer`]'s label.
+pub const CHECK_ANSWERS: [&str; 4] = ["found", "absent", "unknown", "error"];
 
 /// The metrics of one dedupd process, in their own registry.
 pub struct Metrics {
     registry: Registry,
     commands: IntCounterVec,
     sink_requests: IntCounterVec,
+    sink_calls: IntCounterVec,
+    checks: IntCounterVec,
     sink_duration: HistogramVec,
     process_duration: Histogram,
     store_records: IntGaugeVec,
@@ -132,6 +138,16 @@ impl Metrics {
                 Opts::new("sink_requests_total", "Sink calls by sink and status (ok, transient, permanent)."),
                 &["sink", "status"],
             )?,
+            sink_calls: counter_vec(
+                "sink_calls_total",
+                "Sink calls by sink and what the receiver made of them: answered, never_sent (refused before the request left) or maybe (sent without an answer).",
+                &["sink", "answer"],
+            )?,
+            checks: counter_vec(
+                "checks_total",
+                "Checks asking a sink's receiver whether a command's effect exists, by answer: found, absent, unknown, error (could not ask).",
+                &["sink", "answer"],
+            )?,
             sink_duration: HistogramVec::new(
                 HistogramOpts::new("sink_duration_seconds", "Duration of one sink call.")
                     .buckets(LATENCY_BUCKETS.to_vec()),
@@ -202,6 +218,8 @@ impl Metrics {
         for c in [
             Box::new(self.commands.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(self.sink_requests.clone()),
+            Box::new(self.sink_calls.clone()),
+            Box::new(self.checks.clone()),
             Box::new(self.sink_duration.clone()),
             Box::new(self.process_duration.clone()),
             Box::new(self.store_records.clone()),
@@ -267,6 +285,12 @@ impl Metrics {
             for status in SINK_STATUSES {
                 self.sink_requests.with_label_values(&[*sink, status]);
             }
+            for answer in CallAnswer::ALL {
+                self.sink_calls.with_label_values(&[*sink, answer.as_str()]);
+            }
+            for answer in CHECK_ANSWERS {
+                self.checks.with_label_values(&[*sink, answer]);
+            }
             self.sink_duration.with_label_values(&[*sink]);
         }
     }
@@ -280,6 +304,16 @@ impl Metrics {
     pub fn sink_request(&self, sink: &str, status: &str, seconds: f64) {
         self.sink_requests.with_label_values(&[sink, status]).inc();
         self.sink_duration.with_label_values(&[sink]).observe(seconds);
+    }
+
+    /// One sink call ended with `answer` from the receiver.
+    pub fn sink_call(&self, sink: &str, answer: CallAnswer) {
+        self.sink_calls.with_label_values(&[sink, answer.as_str()]).inc();
+    }
+
+    /// One check ended with `answer` (one of [`CHECK_ANSWERS`]).
+    pub fn check(&self, sink: &str, answer: &str) {
+        self.checks.with_label_values(&[sink, answer]).inc();
     }
 
     /// A commit of the results transaction took `seconds`.

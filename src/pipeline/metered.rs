@@ -1,12 +1,14 @@
 //! Sink calls as metrics: every configured sink is wrapped so that each call counts in
-//! `sink_requests_total{sink,status}` and `sink_duration_seconds{sink}`, whatever its kind.
+//! `sink_requests_total{sink,status}`, `sink_calls_total{sink,answer}` and
+//! `sink_duration_seconds{sink}`, and each check in `checks_total{sink,answer}`, whatever
+//! its kind.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::ops::Metrics;
 use crate::ops::metrics::SINK_STATUSES;
-use crate::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
+use crate::sinks::{CheckAnswer, Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
 
 /// A sink's effect that reports each call to the metrics.
 pub struct MeteredEffect {
@@ -37,6 +39,15 @@ impl SinkEffect for MeteredEffect {
             Err(SinkError::Permanent { .. }) => permanent,
         };
         self.metrics.sink_request(&self.sink, status, started.elapsed().as_secs_f64());
+        if let Some(answer) = request.call_answer() {
+            self.metrics.sink_call(&self.sink, answer);
+        }
         result
+    }
+
+    async fn check(&self, request: SinkRequest<'_>) -> CheckAnswer {
+        let answer = self.inner.check(request).await;
+        self.metrics.check(&self.sink, answer.label());
+        answer
     }
 }

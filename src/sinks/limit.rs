@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::{Duration, Instant};
 
-use super::{SinkEffect, SinkError, SinkOutput, SinkRequest};
+use super::{CheckAnswer, SinkEffect, SinkError, SinkOutput, SinkRequest};
 
 /// `[sinks.NAME.limits]`: all optional; an absent key means no limit of that kind.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -229,6 +229,20 @@ impl SinkEffect for LimitedEffect {
             permit = self.limiter.acquire() => permit?,
         };
         self.inner.execute(request).await
+    }
+
+    /// A check asks the receiver, so it waits for the limits as a call does (it never runs
+    /// beside a call of its key, so it never holds limits the caller took for one).
+    async fn check(&self, request: SinkRequest<'_>) -> CheckAnswer {
+        let permit = tokio::select! {
+            biased;
+            () = request.given_up() => return CheckAnswer::Error("given up while waiting for the sink's limits".into()),
+            permit = self.limiter.acquire() => permit,
+        };
+        match permit {
+            Ok(_permit) => self.inner.check(request).await,
+            Err(e) => CheckAnswer::Error(format!("the sink's limits: {e}")),
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 //! [`build_all`]); no dispatch code elsewhere names a kind. What the engine holds is a
 //! [`Sink`]: those facts (name, key forwarding, circuit breaker) around the kind's effect.
 
+pub mod check;
 pub mod circuit;
 pub mod exec;
 pub mod http;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub use self::check::{CheckAnswer, CheckTiming};
 use self::circuit::{Admission, Circuit, CircuitConfig};
 use self::limit::{LimitPermit, LimitedEffect, SinkLimiter, SinkLimits};
 pub use self::problems::{Problem, Problems};
@@ -63,6 +65,13 @@ pub trait SinkKind {
     fn circuit(&self) -> &CircuitConfig;
     /// Builds the effect of the instance called `name` (the name is for its logs and errors).
     fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError>;
+    /// When the instance has a check (`[sinks.NAME.check]`), its timing; its effect then
+    /// answers [`SinkEffect::check`]. `None` (the default): no check, so a call of a sink
+    /// that does not forward the key that may have landed unanswered makes its command
+    /// `indeterminate` at once (docs/contract.md §4).
+    fn check_timing(&self) -> Option<CheckTiming> {
+        None
+    }
 }
 
 /// Generates [`SinkConfig`] (one variant per kind, tagged by `kind = "<name>"`) and its
@@ -179,6 +188,47 @@ impl CallWatch {
     pub fn answered(&self) -> bool {
         self.answered.load(Ordering::Acquire)
     }
+
+    /// How the call ended as far as the receiver is concerned, from what the sink said.
+    pub fn answer(&self) -> CallAnswer {
+        if self.answered() {
+            CallAnswer::Answered
+        } else if self.never_sent() {
+            CallAnswer::NeverSent
+        } else {
+            CallAnswer::Maybe
+        }
+    }
+}
+
+/// How one sink call ended as far as its receiver is concerned (docs/contract.md §4, "Calls
+/// without an answer"). Every call ends as exactly one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallAnswer {
+    /// The receiver answered: success, a permanent failure, or a transient failure it
+    /// answered (an HTTP 503, an SMTP 4xx, a program's exit code).
+    Answered,
+    /// Refused before the request left: the receiver never saw it (connection refused,
+    /// connect timeout, DNS, TLS handshake, a program that could not start).
+    NeverSent,
+    /// Sent without an answer: the effect may exist (a timeout after the request was
+    /// written, a reset while waiting, a program killed by its timeout, SMTP after DATA, a
+    /// Kafka delivery whose outcome is unknown).
+    Maybe,
+}
+
+impl CallAnswer {
+    /// Every answer, for metrics initialisation.
+    pub const ALL: [CallAnswer; 3] = [CallAnswer::Answered, CallAnswer::NeverSent, CallAnswer::Maybe];
+
+    /// The `answer` label of `dedupd_sink_calls_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallAnswer::Answered => "answered",
+            CallAnswer::NeverSent => "never_sent",
+            CallAnswer::Maybe => "maybe",
+        }
+    }
 }
 
 impl<'a> SinkRequest<'a> {
@@ -245,6 +295,12 @@ impl<'a> SinkRequest<'a> {
         if let Some(watch) = self.watch {
             watch.answered.store(true, Ordering::Release);
         }
+    }
+
+    /// How the call ended as far as the receiver is concerned, once the sink returned; `None`
+    /// for an unwatched request.
+    pub fn call_answer(&self) -> Option<CallAnswer> {
+        self.watch.map(CallWatch::answer)
     }
 
     /// A request without a claim, for the sinks' unit tests (which have no store).
@@ -318,8 +374,18 @@ pub type SinkOutput = Value;
 /// What a kind's runtime provides: the effect, performed once per call.
 #[async_trait::async_trait]
 pub trait SinkEffect: Send + Sync {
-    /// Performs the effect once.
+    /// Performs the effect once. Says through `request` whether the receiver answered or
+    /// the request never left ([`SinkRequest::answered`], [`SinkRequest::never_sent`]);
+    /// saying neither means the call may have landed unanswered ([`CallAnswer::Maybe`]).
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError>;
+
+    /// Asks the receiver whether the effect of `request`'s command exists (module
+    /// [`check`]). Called only for an instance whose config has a check
+    /// ([`SinkKind::check_timing`]), never beside a call of the same key.
+    async fn check(&self, request: SinkRequest<'_>) -> CheckAnswer {
+        let _ = request;
+        CheckAnswer::Error("this sink has no check".into())
+    }
 }
 
 /// One sink instance at run time, as the engine holds it: the facts its config states
@@ -328,6 +394,8 @@ pub trait SinkEffect: Send + Sync {
 pub struct Sink {
     name: String,
     forwards_key: bool,
+    /// The check's timing, when the instance has a check.
+    check: Option<CheckTiming>,
     circuit: Option<Circuit>,
     /// The limits the effect waits for, also taken ahead by [`Sink::try_reserve`].
     limiter: Option<Arc<SinkLimiter>>,
@@ -353,13 +421,20 @@ impl Sink {
     /// permit and spends no token).
     pub fn build(name: &str, kind: &dyn SinkKind) -> Result<Sink, SinkBuildError> {
         Ok(Sink::new(name, kind.forwards_key(), kind.build(name)?)
+            .with_check(kind.check_timing())
             .with_limits(kind.limits())
             .with_circuit(kind.circuit()))
     }
 
     /// The instance `name` performing `effect`, without limits or circuit breaker.
     pub fn new(name: &str, forwards_key: bool, effect: Arc<dyn SinkEffect>) -> Sink {
-        Sink { name: name.to_string(), forwards_key, circuit: None, limiter: None, effect }
+        Sink { name: name.to_string(), forwards_key, check: None, circuit: None, limiter: None, effect }
+    }
+
+    /// The same instance with a check of this timing (none for `None`): its effect answers
+    /// [`SinkEffect::check`].
+    pub fn with_check(self, check: Option<CheckTiming>) -> Sink {
+        Sink { check, ..self }
     }
 
     /// The same instance with its effect behind `limits` (unchanged when they set nothing).
@@ -392,6 +467,17 @@ impl Sink {
     /// Whether a re-run after a crash is safe because the key goes downstream.
     pub fn forwards_key(&self) -> bool {
         self.forwards_key
+    }
+
+    /// The instance's check's timing, when it has a check.
+    pub fn check_timing(&self) -> Option<&CheckTiming> {
+        self.check.as_ref()
+    }
+
+    /// Asks the receiver whether the effect of `request`'s command exists (see
+    /// [`SinkEffect::check`]); only for an instance with a check.
+    pub async fn check(&self, request: SinkRequest<'_>) -> CheckAnswer {
+        self.effect.check(request).await
     }
 
     /// The instance's circuit breaker, if it has one: the engine asks it before every call
