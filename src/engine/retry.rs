@@ -152,6 +152,11 @@ pub(super) async fn run_with_retry<'a>(
         let verdict = admission.map(Admission::failed_transiently);
         if watch.answer() == CallAnswer::Maybe && !sink.forwards_key() {
             // The request may have landed: ask the receiver before calling again, or stop.
+            // Cancelled (a revoke, a shutdown): the claim stays `in_progress` for the crash
+            // rules, settled by the partition's next owner (docs/contract.md §4).
+            if cancel.is_cancelled() {
+                return tally.stopped();
+            }
             let asked = AfterMaybe { sink, claim, command, owner, attempt, message: &message };
             match asked.settle(cancel).await {
                 Settled::Found(result) => return RunEnd::Succeeded { result, attempts: tally.calls },
