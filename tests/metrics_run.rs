@@ -52,9 +52,11 @@ const FLAKY_KEY: &str = "main-1";
 /// `fenced_total` and `stalled_transactions_aborted_total`, at 0 without `store.changelog`;
 /// `state_restoring` has no series until a restore), then `build_info`, the store volume's
 /// gauges and the process collector's `process_*` (no prefix: the Prometheus client libraries' names).
-const CATALOGUE: [(&str, &str); 34] = [
+const CATALOGUE: [(&str, &str); 36] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
+    ("dedupd_sink_calls_total", "counter"),
+    ("dedupd_checks_total", "counter"),
     ("dedupd_sink_duration_seconds", "histogram"),
     ("dedupd_process_duration_seconds", "histogram"),
     ("dedupd_store_records", "gauge"),
@@ -271,6 +273,14 @@ async fn metrics_after_a_run_match_what_the_run_did() {
     for status in ["ok", "transient", "permanent"] {
         let v = fresh.value("dedupd_sink_requests_total", &[("sink", "receiver"), ("status", status)]);
         assert_eq!(v, Some(0.0), "sink_requests_total{{receiver,{status}}} before any record");
+    }
+    for answer in ["answered", "never_sent", "maybe"] {
+        let v = fresh.value("dedupd_sink_calls_total", &[("sink", "receiver"), ("answer", answer)]);
+        assert_eq!(v, Some(0.0), "sink_calls_total{{receiver,{answer}}} before any record");
+    }
+    for answer in ["found", "absent", "unknown", "error"] {
+        let v = fresh.value("dedupd_checks_total", &[("sink", "receiver"), ("answer", answer)]);
+        assert_eq!(v, Some(0.0), "checks_total{{receiver,{answer}}} before any record");
     }
     let inputs = workload();
     let positions = produce(&bootstrap, &input, &inputs).await;

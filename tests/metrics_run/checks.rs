@@ -47,6 +47,12 @@ pub(super) fn check_scrape(e: &Exposition, truth: &Truth, input: &str) {
         truth.sink_requests,
         "sink_requests_total"
     );
+    // The receiver answers every request it takes, so every call was answered.
+    assert_eq!(
+        e.nonzero_by("dedupd_sink_calls_total", &["sink", "answer"]),
+        BTreeMap::from([(vec!["receiver".to_string(), "answered".to_string()], truth.sink_calls)]),
+        "sink_calls_total"
+    );
     assert_eq!(
         e.value("dedupd_sink_duration_seconds_count", &[("sink", "receiver")]),
         Some(truth.sink_calls),

@@ -1,0 +1,139 @@
+//! The lost answer, on a real broker (docs/contract.md §4, "Calls without an answer"):
+//! `dedupd run` with an `http` sink that does not forward the key, whose receiver reads the
+//! whole first POST of a key and never answers it. dedupd must not send that command again
+//! blind: without a check each key ends `indeterminate` after exactly one POST (no retry
+//! spent, the partition moves on), and its repeats report `indeterminate` too.
+//!
+//! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test kafka_unanswered`.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use common::kafka;
+use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+/// The receiver: POSTs per key, and the keys whose first POST it took without answering.
+#[derive(Default)]
+struct Payments {
+    posts: Mutex<BTreeMap<String, usize>>,
+}
+
+/// A payments API: the first POST of a key is read whole and never answered (the answer is
+/// lost); a later one is answered 201.
+async fn pay(State(payments): State<Arc<Payments>>, headers: HeaderMap, body: Bytes) -> (StatusCode, String) {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let seen = {
+        let mut posts = payments.posts.lock();
+        let n = posts.entry(key.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    if seen == 1 {
+        // Read, never answered: the client's request timeout ends the call.
+        std::future::pending::<()>().await;
+    }
+    let payload: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    (StatusCode::CREATED, json!({"id": format!("pay-{key}"), "ref": payload["ref"]}).to_string())
+}
+
+/// Starts the payments API on a free loopback port; returns its address.
+async fn start_payments(payments: Arc<Payments>) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let app = axum::Router::new().route("/pay", axum::routing::post(pay)).with_state(payments);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, task)
+}
+
+/// A dedupd config: the `pay` sink (no key forwarded, a 1 s request timeout, no circuit
+/// breaker so that every command goes straight to its call) with `extra` appended to it.
+fn config(bootstrap: &str, topics: (&str, &str, &str), store: &std::path::Path, api: &str, extra: &str) -> String {
+    let (input, results, dlq) = topics;
+    format!(
+        "{}\n[store]\npath = {store:?}\n\n[retry]\nmax_attempts = 5\ninitial_backoff = \"50ms\"\n\n\
+         [sinks.pay]\nkind = \"http\"\nurl = \"http://{api}/pay\"\nforward_key = false\nrequest_timeout = \"1s\"\n{extra}\n\
+         [sinks.pay.circuit]\nenabled = false\n\n[[routes]]\ntypes = [\"*\"]\nsink = \"pay\"\n\n\
+         [http]\nlisten = \"127.0.0.1:0\"\n\n[log]\nformat = \"json\"\n",
+        kafka::kafka_table(bootstrap, &kafka::unique("ua-group"), input, results, dlq),
+    )
+}
+
+/// Each key twice (the second a plain repeat), to `input`.
+async fn produce_twice(bootstrap: &str, input: &str, keys: &[String]) {
+    let mut records = Vec::new();
+    for _ in 0..2 {
+        for key in keys {
+            let value = json!({"id": key, "type": "payment.create", "payload": {"ref": format!("ref-{key}"), "cents": 100}});
+            records.push((key.clone(), serde_json::to_vec(&value).expect("json"), vec![]));
+        }
+    }
+    kafka::produce_all(bootstrap, input, records).await;
+}
+
+/// The `outcome` of every result, by key, in the order published.
+fn outcomes_by_key(results: &[rdkafka::message::OwnedMessage]) -> HashMap<String, Vec<String>> {
+    use rdkafka::Message;
+    let mut by_key: HashMap<String, Vec<String>> = HashMap::new();
+    for m in results {
+        let v: Value = serde_json::from_slice(m.payload().unwrap_or_default()).expect("result json");
+        let key = v["key"].as_str().unwrap_or_default().to_string();
+        by_key.entry(key).or_default().push(v["outcome"].as_str().unwrap_or_default().to_string());
+    }
+    by_key
+}
+
+/// `dedupd inspect KEY -c CONFIG` against the stopped instance's store.
+fn inspect(config: &std::path::Path, key: &str) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupd"))
+        .args(["inspect", key, "-c"])
+        .arg(config)
+        .output()
+        .expect("dedupd inspect");
+    assert!(out.status.success(), "inspect {key}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("inspect json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_without_a_check_is_indeterminate_after_one_call() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results, dlq) = (kafka::unique("ua-in"), kafka::unique("ua-results"), kafka::unique("ua-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, 2), (&results, 1), (&dlq, 1)]).await;
+    let payments = Arc::new(Payments::default());
+    let (api, server) = start_payments(Arc::clone(&payments)).await;
+    let keys: Vec<String> = (0..4).map(|i| format!("charge-{i}")).collect();
+    produce_twice(&bootstrap, &input, &keys).await;
+
+    let dir = KeptOnFailure::new();
+    let (config_path, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+    let text = config(&bootstrap, (&input, &results, &dlq), &dir.path().join("store"), &api, "");
+    std::fs::write(&config_path, text).expect("config");
+    let mut dedupd = DedupdProcess::run(&config_path, &log);
+    let published = kafka::read_all(&bootstrap, &results, 2 * keys.len(), Duration::from_secs(90)).await;
+    assert_eq!(published.len(), 2 * keys.len(), "a result per input:\n{}", tail_of_file(&log, 40));
+    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
+    server.abort();
+
+    let posts = payments.posts.lock().clone();
+    let expected: BTreeMap<String, usize> = keys.iter().map(|k| (k.clone(), 1)).collect();
+    assert_eq!(posts, expected, "exactly one POST per key: a call that may have landed is never repeated blind");
+    let outcomes = outcomes_by_key(&published);
+    for key in &keys {
+        assert_eq!(outcomes[key], ["indeterminate", "indeterminate"], "{key}: its input and its repeat");
+        let record = inspect(&config_path, key);
+        assert_eq!(record["state"], "indeterminate", "{key}: {record}");
+        assert_eq!(record["attempts"], 1, "{key}: {record}");
+        let why = record["why"].as_str().unwrap_or_default();
+        assert!(why.contains("may have reached sink `pay` without an answer"), "{key}: {why}");
+    }
+    assert_eq!(kafka::count_records(&bootstrap, &results).await, 2 * keys.len() as i64, "one result per input");
+}
