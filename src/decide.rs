@@ -39,6 +39,8 @@ pub struct Context {
     pub executing_here: bool,
     /// The route's sink forwards the key downstream, so a re-run is safe.
     pub sink_forwards_key: bool,
+    /// The route's sink has a check: its receiver can be asked whether an effect exists.
+    pub sink_has_check: bool,
     /// `envelope.stale_guard`.
     pub stale_guard: bool,
 }
@@ -51,6 +53,10 @@ pub enum Action {
     /// Re-claim an orphaned `in_progress` record (attempt + 1) and run the sink again with
     /// the same key: safe because the sink forwards the key.
     RerunOrphan,
+    /// Re-claim an orphaned `in_progress` record and ask the sink's receiver, with its
+    /// check, whether the effect exists before any call: found completes it, absent runs
+    /// it, anything else makes it `indeterminate` (the sink does not forward the key).
+    CheckOrphan,
     /// Turn an orphaned `in_progress` record into `indeterminate` and report that.
     MarkIndeterminate,
     /// Publish `duplicate`, replaying the stored result.
@@ -95,6 +101,7 @@ pub fn decide(input: Result<&Arrival<'_>, RejectReason>, stored: Option<&Record>
         Record::Indeterminate(_) => Action::ReportIndeterminate,
         Record::InProgress(_) if ctx.executing_here => Action::Wait,
         Record::InProgress(_) if ctx.sink_forwards_key => Action::RerunOrphan,
+        Record::InProgress(_) if ctx.sink_has_check => Action::CheckOrphan,
         Record::InProgress(_) => Action::MarkIndeterminate,
     }
 }
@@ -122,7 +129,13 @@ mod tests {
     }
 
     fn ctx() -> Context {
-        Context { now_ms: NOW, executing_here: false, sink_forwards_key: false, stale_guard: true }
+        Context {
+            now_ms: NOW,
+            executing_here: false,
+            sink_forwards_key: false,
+            sink_has_check: false,
+            stale_guard: true,
+        }
     }
 
     fn completed(fp: Fingerprint, expires_at_ms: i64) -> Record {
@@ -219,6 +232,15 @@ mod tests {
     fn row_orphan_reruns_when_sink_forwards_key() {
         let c = Context { sink_forwards_key: true, ..ctx() };
         assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &c), Action::RerunOrphan);
+    }
+
+    #[test]
+    fn row_orphan_is_checked_when_sink_has_a_check() {
+        let c = Context { sink_has_check: true, ..ctx() };
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &c), Action::CheckOrphan);
+        // A sink that forwards the key runs again with it: no need to ask.
+        let forwarding = Context { sink_forwards_key: true, ..c };
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &forwarding), Action::RerunOrphan);
     }
 
     #[test]

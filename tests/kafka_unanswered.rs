@@ -73,7 +73,8 @@ async fn produce_twice(bootstrap: &str, input: &str, keys: &[String]) {
     let mut records = Vec::new();
     for _ in 0..2 {
         for key in keys {
-            let value = json!({"id": key, "type": "payment.create", "payload": {"ref": format!("ref-{key}"), "cents": 100}});
+            let value =
+                json!({"id": key, "type": "payment.create", "payload": {"ref": format!("ref-{key}"), "cents": 100}});
             records.push((key.clone(), serde_json::to_vec(&value).expect("json"), vec![]));
         }
     }

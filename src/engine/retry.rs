@@ -1,8 +1,11 @@
 //! Running one durable claim through its sink: transient failures are retried with
 //! exponential backoff and jitter, reusing the same key; permanent ones end it.
 
+mod check;
 mod config;
 pub use config::RetryConfig;
+
+use check::{Asking, Settled};
 
 use std::time::Duration;
 
@@ -15,8 +18,8 @@ use super::ticket::Ticket;
 use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
 use crate::sinks::limit::LimitPermit;
-use crate::sinks::{CallAnswer, CallWatch, CheckAnswer, Sink, SinkError, SinkOutput, SinkRequest};
-use crate::store::DurableClaim;
+use crate::sinks::{CallAnswer, CallWatch, Sink, SinkError, SinkOutput, SinkRequest};
+use crate::store::{DurableClaim, InProgress};
 use crate::telemetry::{CommandSpan, SinkCallSpan};
 
 /// How a sink run ended.
@@ -80,6 +83,8 @@ pub(super) struct SinkRun<'a> {
     pub(super) owner: Option<&'a dyn ChangeLog>,
     /// With traces on: the command's span, the parent of each call's.
     pub(super) span: Option<&'a CommandSpan>,
+    /// The claim a crash left in progress that this run took over, if it took one over.
+    pub(super) orphan: Option<&'a InProgress>,
 }
 
 /// Calls `sink` for `claim` until it succeeds, fails permanently, runs out of attempts, or
@@ -99,13 +104,37 @@ pub(super) async fn run_with_retry<'a>(
     limiter: &'a Semaphore,
     cancel: &CancellationToken,
 ) -> RunEnd {
-    let SinkRun { sink, claim, command, mut ticket, owner, span } = run;
+    let SinkRun { sink, claim, command, mut ticket, owner, span, orphan } = run;
     let max = retry.max_attempts.get();
     // Calls an earlier run of this claim made before a crash count too: `retry.max_attempts`
     // bounds a command's calls in all (docs/contract.md §4), not each run's.
     let made_before = claim.record().attempts.saturating_sub(1);
     let mut tally = Tally::default();
     let mut permit = None;
+    if let Some(orphan) = orphan.filter(|_| !sink.forwards_key()) {
+        // A crash left the claim with a call that may have landed: ask before calling. The
+        // check waits for the sink's limits itself, so the ticket's are given back (its
+        // `max_in_flight` permit is kept); the first call then takes its own turn.
+        if let Some(Ticket { permit: taken, reservation }) = ticket.take() {
+            permit = Some(taken);
+            drop(reservation);
+        }
+        let doubt = format!(
+            "a call left in progress by a crash (claimed at {} by {}/{}/{}) may have reached sink `{}`",
+            crate::time::rfc3339_ms(orphan.claimed_at_ms),
+            orphan.source.topic,
+            orphan.source.partition,
+            orphan.source.offset,
+            sink.name()
+        );
+        let asking = Asking { sink, claim, command, owner, attempt: made_before };
+        match asking.settle(doubt, cancel).await {
+            Settled::Found(result) => return RunEnd::Succeeded { result, attempts: 0 },
+            Settled::Absent => {}
+            Settled::Unsettled(why) => return RunEnd::Indeterminate { why, attempts: 0 },
+            Settled::Stopped => return tally.stopped(),
+        }
+    }
     loop {
         if cancel.is_cancelled() {
             return tally.stopped();
@@ -157,8 +186,9 @@ pub(super) async fn run_with_retry<'a>(
             if cancel.is_cancelled() {
                 return tally.stopped();
             }
-            let asked = AfterMaybe { sink, claim, command, owner, attempt, message: &message };
-            match asked.settle(cancel).await {
+            let doubt = format!("the call may have reached sink `{}` without an answer ({message})", sink.name());
+            let asking = Asking { sink, claim, command, owner, attempt };
+            match asking.settle(doubt, cancel).await {
                 Settled::Found(result) => return RunEnd::Succeeded { result, attempts: tally.calls },
                 Settled::Absent => tally.unanswered -= 1,
                 Settled::Unsettled(why) => return RunEnd::Indeterminate { why, attempts: tally.calls },
@@ -185,85 +215,6 @@ pub(super) async fn run_with_retry<'a>(
         // most of which never retry, and each would otherwise carry this wait's state.
         if !Box::pin(sleep_unless_cancelled(wait, cancel)).await {
             return tally.stopped();
-        }
-    }
-}
-
-/// What became of a call that may have landed unanswered, for a sink that does not
-/// forward the key.
-enum Settled {
-    /// The sink's check found the effect: this is its result.
-    Found(Value),
-    /// The sink's check said the effect is absent: the command may be called again.
-    Absent,
-    /// No check, or it did not tell: the key becomes `indeterminate` for this reason.
-    Unsettled(String),
-    /// Cancelled, or this instance no longer owns the key, before the check answered.
-    Stopped,
-}
-
-/// A call that may have landed unanswered, for a sink that does not forward the key.
-struct AfterMaybe<'a> {
-    sink: &'a Sink,
-    claim: &'a DurableClaim,
-    command: &'a Command,
-    owner: Option<&'a dyn ChangeLog>,
-    /// The call's attempt number, as the sink saw it.
-    attempt: u32,
-    /// What the call ended with.
-    message: &'a str,
-}
-
-impl AfterMaybe<'_> {
-    /// Asks the sink's receiver, with its check after `check.delay`, whether the effect
-    /// exists; without a check the call stays unsettled.
-    async fn settle(self, cancel: &CancellationToken) -> Settled {
-        let AfterMaybe { sink, claim, command, owner, attempt, message } = self;
-        let name = sink.name();
-        let Some(timing) = sink.check_timing() else {
-            tracing::warn!(
-                key = claim.key(),
-                sink = name,
-                error = message,
-                "the call may have landed without an answer; the sink does not forward the key and has no check: the key is indeterminate"
-            );
-            return Settled::Unsettled(format!(
-                "the call may have reached sink `{name}` without an answer ({message}); the sink does not forward the key and has no check, so it is not called again"
-            ));
-        };
-        tracing::info!(key = claim.key(), sink = name, error = message, delay = %humantime::format_duration(timing.delay),
-            "the call may have landed without an answer; checking with the receiver before any other call");
-        if !sleep_unless_cancelled(timing.delay, cancel).await || !still_owned(owner, claim).await {
-            return Settled::Stopped;
-        }
-        let watch = CallWatch::new(cancel);
-        let request = SinkRequest::new(claim, &command.kind, &command.payload, attempt, command.traceparent.as_deref())
-            .with_tracestate(command.tracestate.as_deref())
-            .watched_by(&watch);
-        match sink.check(request).await {
-            CheckAnswer::Found(result) => {
-                tracing::info!(key = claim.key(), sink = name, "check: the effect exists; the command succeeded");
-                Settled::Found(result)
-            }
-            CheckAnswer::Absent => {
-                tracing::info!(key = claim.key(), sink = name, "check: the effect is absent; calling again");
-                Settled::Absent
-            }
-            CheckAnswer::Unknown(why) | CheckAnswer::Error(why) if cancel.is_cancelled() => {
-                tracing::debug!(key = claim.key(), sink = name, why, "check given up");
-                Settled::Stopped
-            }
-            CheckAnswer::Unknown(why) | CheckAnswer::Error(why) => {
-                tracing::warn!(
-                    key = claim.key(),
-                    sink = name,
-                    why,
-                    "check did not tell whether the effect exists: the key is indeterminate"
-                );
-                Settled::Unsettled(format!(
-                    "the call may have reached sink `{name}` without an answer ({message}), and its check did not tell whether the effect exists ({why}); the sink does not forward the key, so it is not called again"
-                ))
-            }
         }
     }
 }

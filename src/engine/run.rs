@@ -10,6 +10,7 @@ use super::claim::Claimed;
 use super::retry::{RunEnd, SinkRun, run_with_retry};
 use super::ticket::Ticket;
 use super::{Engine, Item};
+use crate::store::Record;
 use crate::telemetry::CommandSpan;
 
 /// A claim whose sink run ended.
@@ -83,6 +84,10 @@ impl Engine {
             ticket,
             owner: self.changelog.as_deref(),
             span: command_span,
+            orphan: match &claimed.previous {
+                Some(Record::InProgress(orphan)) => Some(orphan),
+                _ => None,
+            },
         };
         run_with_retry(run, &self.retry, &self.limiter, cancel).instrument(span)
     }

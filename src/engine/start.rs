@@ -139,6 +139,7 @@ impl Engine {
                 now_ms: now,
                 executing_here: waiter.is_some(),
                 sink_forwards_key: sink.forwards_key(),
+                sink_has_check: sink.check_timing().is_some(),
                 stale_guard: self.stale_guard,
             };
             let action = decide(Ok(&arrival), stored.as_ref(), &ctx);
@@ -148,11 +149,14 @@ impl Engine {
                         return Ok(Start::Wait(rx));
                     }
                 }
-                Action::Execute | Action::RerunOrphan => {
+                Action::Execute | Action::RerunOrphan | Action::CheckOrphan => {
                     if !self.mark_in_flight(&cmd.key) {
                         continue;
                     }
-                    let claim = claim_record(item, cmd, action == Action::RerunOrphan, stored.as_ref(), now);
+                    // Taking over an orphan (to run it again, or to check it first: `retry`)
+                    // keeps its first sighting and counts the attempt it may make.
+                    let orphan = matches!(action, Action::RerunOrphan | Action::CheckOrphan);
+                    let claim = claim_record(item, cmd, orphan, stored.as_ref(), now);
                     let request = ClaimRequest { key: cmd.key.clone(), expected: stored, stamp, claim };
                     return Ok(Start::Claim(Box::new(request)));
                 }

@@ -1,0 +1,218 @@
+//! The engine's rule for calls without an answer (docs/contract.md §4): for a sink that
+//! does not forward the key, a call that may have landed unanswered (`maybe`) is never
+//! followed by another call unless the sink's check said the effect is absent; a claim a
+//! crash left in progress is checked, not marked `indeterminate` straight away, when the
+//! sink has a check. A sink that forwards the key keeps retrying with it.
+//!
+//! The sink here is scripted (what each call and check answers) so that every row of that
+//! rule is driven exactly; the real sinks' answers are proven against real receivers in
+//! their own tests (http_check, exec_sink, smtp_sink, kafka_sink_check, kafka_unanswered).
+//!
+//! Run with `cargo test --test engine_unanswered`.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::orphan::EngineWithSink;
+use dedupd::outcome::Outcome;
+use dedupd::sinks::{CheckAnswer, CheckTiming, Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
+use dedupd::store::Record;
+use parking_lot::Mutex;
+use serde_json::json;
+
+/// How one scripted call ends.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    /// Answered 2xx.
+    Ok,
+    /// Sent, never answered (a timeout after the request left).
+    Lost,
+    /// Answered with a transient failure (a 503).
+    Busy,
+    /// Refused before the request left (connection refused).
+    Refused,
+}
+
+/// A sink whose calls and checks end as scripted, recording each in order.
+struct Scripted {
+    calls: Mutex<VecDeque<Call>>,
+    checks: Mutex<VecDeque<CheckAnswer>>,
+    log: Mutex<Vec<String>>,
+}
+
+impl Scripted {
+    fn new(calls: &[Call], checks: Vec<CheckAnswer>) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            calls: Mutex::new(calls.iter().copied().collect()),
+            checks: Mutex::new(checks.into()),
+            log: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn log(&self) -> Vec<String> {
+        self.log.lock().clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl SinkEffect for Scripted {
+    async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
+        let call = self.calls.lock().pop_front().expect("a scripted call left");
+        self.log.lock().push(format!("call {call:?}"));
+        let transient = |message: &str| Err(SinkError::Transient { message: message.into(), retry_after: None });
+        match call {
+            Call::Ok => {
+                request.answered();
+                Ok(json!({"paid": request.key()}))
+            }
+            Call::Lost => transient("timed out waiting for the answer"),
+            Call::Busy => {
+                request.answered();
+                transient("HTTP 503")
+            }
+            Call::Refused => {
+                request.never_sent();
+                transient("connection refused")
+            }
+        }
+    }
+
+    async fn check(&self, _request: SinkRequest<'_>) -> CheckAnswer {
+        let answer = self.checks.lock().pop_front().expect("a scripted check left");
+        self.log.lock().push(format!("check {}", answer.label()));
+        answer
+    }
+}
+
+/// A check with no delay worth waiting for.
+fn timing() -> Option<CheckTiming> {
+    Some(CheckTiming {
+        delay: Duration::from_millis(10),
+        interval: Duration::from_secs(60),
+        deadline: Duration::from_secs(3600),
+    })
+}
+
+/// Runs one command through `scripted` (forwarding the key or not, with a check or not).
+async fn run_one(
+    scripted: &Arc<Scripted>,
+    forwards_key: bool,
+    check: Option<CheckTiming>,
+) -> (EngineWithSink, Outcome) {
+    let sink = Sink::new("s", forwards_key, Arc::clone(scripted) as Arc<dyn SinkEffect>).with_check(check);
+    let mut e = EngineWithSink::new(Arc::new(sink));
+    let item = e.item("pay-1", json!({"ref": "r-1"}));
+    let results = e.deliver(&[item]).await;
+    let outcome = results[0].result.outcome;
+    (e, outcome)
+}
+
+#[tokio::test]
+async fn a_lost_answer_without_a_check_is_indeterminate_after_one_call() {
+    let scripted = Scripted::new(&[Call::Lost], vec![]);
+    let (e, outcome) = run_one(&scripted, false, None).await;
+    assert_eq!(outcome, Outcome::Indeterminate);
+    assert_eq!(scripted.log(), ["call Lost"], "no second call, no retry spent");
+    let Some(Record::Indeterminate(r)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
+    assert_eq!(r.attempts, 1);
+    assert!(r.why.contains("has no check"), "{}", r.why);
+}
+
+#[tokio::test]
+async fn a_lost_answer_found_by_the_check_succeeds_with_the_checks_answer() {
+    let found = json!({"status": 200, "body": {"id": "pay-1"}});
+    let scripted = Scripted::new(&[Call::Lost], vec![CheckAnswer::Found(found.clone())]);
+    let (e, outcome) = run_one(&scripted, false, timing()).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(scripted.log(), ["call Lost", "check found"]);
+    let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&c.result).unwrap(), found);
+    assert_eq!(c.attempts, 1);
+}
+
+#[tokio::test]
+async fn a_lost_answer_the_check_finds_absent_is_called_again() {
+    let scripted = Scripted::new(&[Call::Lost, Call::Ok], vec![CheckAnswer::Absent]);
+    let (e, outcome) = run_one(&scripted, false, timing()).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(scripted.log(), ["call Lost", "check absent", "call Ok"]);
+    let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
+    assert_eq!(c.attempts, 2);
+}
+
+#[tokio::test]
+async fn a_check_that_does_not_tell_leaves_the_key_indeterminate() {
+    for answer in [CheckAnswer::Unknown("HTTP 500".into()), CheckAnswer::Error("connection refused".into())] {
+        let label = answer.label();
+        let scripted = Scripted::new(&[Call::Lost], vec![answer]);
+        let (e, outcome) = run_one(&scripted, false, timing()).await;
+        assert_eq!(outcome, Outcome::Indeterminate, "{label}");
+        assert_eq!(scripted.log(), ["call Lost".to_string(), format!("check {label}")]);
+        let Some(Record::Indeterminate(r)) = e.record("pay-1") else { panic!("{label}: {:?}", e.record("pay-1")) };
+        assert!(r.why.contains("its check did not tell"), "{}", r.why);
+    }
+}
+
+#[tokio::test]
+async fn answered_and_unsent_failures_are_retried_without_a_check() {
+    // The engine here makes at most 2 calls (common::engine::test_retry).
+    for first in [Call::Busy, Call::Refused] {
+        let scripted = Scripted::new(&[first, Call::Ok], vec![]);
+        let (_, outcome) = run_one(&scripted, false, timing()).await;
+        assert_eq!(outcome, Outcome::Succeeded, "{first:?}");
+        assert_eq!(scripted.log(), [format!("call {first:?}"), "call Ok".to_string()], "nothing in doubt: no check");
+    }
+}
+
+#[tokio::test]
+async fn a_sink_that_forwards_the_key_retries_a_lost_answer_with_it() {
+    let scripted = Scripted::new(&[Call::Lost, Call::Ok], vec![]);
+    let (_, outcome) = run_one(&scripted, true, timing()).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(scripted.log(), ["call Lost", "call Ok"]);
+}
+
+/// A claim left in progress by a crash, then the command delivered again to a fresh
+/// engine whose sink has a check (and does not forward the key).
+async fn orphan_then_redelivered(scripted: &Arc<Scripted>) -> (EngineWithSink, Outcome) {
+    let sink = Sink::new("s", false, Arc::clone(scripted) as Arc<dyn SinkEffect>).with_check(timing());
+    let mut e = EngineWithSink::new(Arc::new(sink));
+    let item = e.item("pay-1", json!({"ref": "r-1"}));
+    e.orphan_claim(&item);
+    let results = e.deliver(&[item]).await;
+    let outcome = results[0].result.outcome;
+    (e, outcome)
+}
+
+#[tokio::test]
+async fn an_orphan_found_by_the_check_succeeds_without_a_call() {
+    let scripted = Scripted::new(&[], vec![CheckAnswer::Found(json!({"status": 200}))]);
+    let (e, outcome) = orphan_then_redelivered(&scripted).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(scripted.log(), ["check found"]);
+    let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
+    assert_eq!(c.attempts, 1, "the crashed run's call, no other");
+}
+
+#[tokio::test]
+async fn an_orphan_the_check_finds_absent_runs() {
+    let scripted = Scripted::new(&[Call::Ok], vec![CheckAnswer::Absent]);
+    let (e, outcome) = orphan_then_redelivered(&scripted).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(scripted.log(), ["check absent", "call Ok"]);
+    let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
+    assert_eq!(c.attempts, 2);
+}
+
+#[tokio::test]
+async fn an_orphan_the_check_cannot_settle_is_indeterminate_without_a_call() {
+    let scripted = Scripted::new(&[], vec![CheckAnswer::Error("connection refused".into())]);
+    let (e, outcome) = orphan_then_redelivered(&scripted).await;
+    assert_eq!(outcome, Outcome::Indeterminate);
+    assert_eq!(scripted.log(), ["check error"]);
+    let Some(Record::Indeterminate(r)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
+    assert!(r.why.contains("left in progress by a crash"), "{}", r.why);
+}
