@@ -4,8 +4,8 @@
 //!
 //! A kind that can ask its receiver has a `[sinks.NAME.check]` table; its config states the
 //! check's timing ([`SinkKind::check_timing`](super::SinkKind::check_timing)) and its effect
-//! performs the check ([`SinkEffect::check`](super::SinkEffect::check)). The timing keys are
-//! the same for every kind: `delay`, `interval` and `deadline`.
+//! performs the check ([`SinkEffect::check`](super::SinkEffect::check)). Every kind's table
+//! has `delay`; the rest says how to ask.
 
 use std::time::Duration;
 
@@ -39,55 +39,37 @@ impl CheckAnswer {
     }
 }
 
-/// When an instance's check runs: the timing keys of `[sinks.NAME.check]`, resolved.
+/// When an instance's check runs: `check.delay` of `[sinks.NAME.check]`, resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckTiming {
-    /// After a call without an answer, how long to wait before checking, so that a request
-    /// still being processed at the receiver has landed (`check.delay`; by default twice
-    /// the call's timeout).
+    /// After a call without an answer, or before checking a claim a crash left, how long
+    /// to wait so that a request still being processed at the receiver has landed
+    /// (`check.delay`; by default twice the call's timeout).
     pub delay: Duration,
-    /// How often a key left `indeterminate` is checked again (`check.interval`).
-    pub interval: Duration,
-    /// How long after its claim a key left `indeterminate` is checked again
-    /// (`check.deadline`); past it the key waits for an operator.
-    pub deadline: Duration,
-}
-
-/// `check.interval` when unset.
-pub fn default_interval() -> Duration {
-    Duration::from_secs(60)
-}
-
-/// `check.deadline` when unset.
-pub fn default_deadline() -> Duration {
-    Duration::from_secs(24 * 60 * 60)
 }
 
 impl CheckTiming {
     /// The timing a kind's `[sinks.NAME.check]` states: `delay` when set, else twice
     /// `call_timeout` (the longest a call of the instance can take).
-    pub fn new(delay: Option<Duration>, interval: Duration, deadline: Duration, call_timeout: Duration) -> CheckTiming {
-        CheckTiming { delay: delay.unwrap_or_else(|| call_timeout.saturating_mul(2)), interval, deadline }
+    pub fn new(delay: Option<Duration>, call_timeout: Duration) -> CheckTiming {
+        CheckTiming { delay: delay.unwrap_or_else(|| call_timeout.saturating_mul(2)) }
     }
 
-    /// Adds a problem for each timing key that cannot work (keys `check.interval`, ...).
+    /// Adds a problem for a delay that cannot work (key `check.delay`): longer than a day,
+    /// it would hold the key's partition that long after every call without an answer.
     pub fn validate(&self, problems: &mut Problems<'_>) {
-        let shown = |d: Duration| humantime::format_duration(d).to_string();
-        if self.interval.is_zero() {
-            problems.add("check.interval", shown(self.interval), "must be positive");
-        }
-        if self.deadline.is_zero() {
-            problems.add("check.deadline", shown(self.deadline), "must be positive");
-        }
-        if self.delay > self.deadline {
+        if self.delay > MAX_DELAY {
             problems.add(
                 "check.delay",
-                shown(self.delay),
-                format!("must not be longer than check.deadline ({})", shown(self.deadline)),
+                humantime::format_duration(self.delay).to_string(),
+                format!("must be at most {}", humantime::format_duration(MAX_DELAY)),
             );
         }
     }
 }
+
+/// The longest `check.delay` accepted.
+const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 #[cfg(test)]
 mod tests {
@@ -95,19 +77,18 @@ mod tests {
 
     #[test]
     fn the_delay_defaults_to_twice_the_call_timeout() {
-        let t = CheckTiming::new(None, default_interval(), default_deadline(), Duration::from_secs(2));
-        assert_eq!(t.delay, Duration::from_secs(4));
-        let set = CheckTiming::new(Some(Duration::from_secs(1)), default_interval(), default_deadline(), Duration::MAX);
+        assert_eq!(CheckTiming::new(None, Duration::from_secs(2)).delay, Duration::from_secs(4));
+        let set = CheckTiming::new(Some(Duration::from_secs(1)), Duration::MAX);
         assert_eq!(set.delay, Duration::from_secs(1));
+        assert_eq!(CheckTiming::new(None, Duration::MAX).delay, Duration::MAX, "saturates");
     }
 
     #[test]
-    fn timing_problems_name_their_keys() {
-        let t =
-            CheckTiming { delay: Duration::from_secs(10), interval: Duration::ZERO, deadline: Duration::from_secs(5) };
+    fn a_delay_past_a_day_is_refused_naming_its_key() {
         let mut problems = Problems::new("sinks.pay");
-        t.validate(&mut problems);
+        CheckTiming { delay: MAX_DELAY }.validate(&mut problems);
+        CheckTiming { delay: MAX_DELAY + Duration::from_secs(1) }.validate(&mut problems);
         let keys: Vec<String> = problems.into_vec().into_iter().map(|p| p.0).collect();
-        assert_eq!(keys, ["sinks.pay.check.interval", "sinks.pay.check.delay"]);
+        assert_eq!(keys, ["sinks.pay.check.delay"]);
     }
 }

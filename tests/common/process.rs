@@ -238,6 +238,7 @@ struct ReceiverState {
     last_arrival: Arc<Mutex<Option<Instant>>>,
     delay_ms: (u64, u64),
     rng: Arc<Mutex<SplitMix>>,
+    lookups: Arc<AtomicUsize>,
 }
 
 struct InFlight(Arc<AtomicUsize>);
@@ -283,8 +284,30 @@ async fn slow_receive(
     axum::Json(serde_json::json!({"accepted": true, "seq": seq}))
 }
 
+/// `GET /lookup?key=K`: the payments whose POST body carried `"key": K`, as a payments API
+/// answers a search by reference: 200 `{"payments": [{"seq": N}, ...]}`, an empty list for
+/// none. A lookup is not a request [`SlowReceiver::seen`] lists.
+async fn lookup(
+    State(s): State<ReceiverState>,
+    axum::extract::Query(query): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> axum::Json<serde_json::Value> {
+    let wanted = query.get("key").cloned().unwrap_or_default();
+    let payments: Vec<serde_json::Value> = s
+        .seen
+        .lock()
+        .iter()
+        .filter(|seen| {
+            serde_json::from_slice::<serde_json::Value>(&seen.body).is_ok_and(|b| b["key"].as_str() == Some(&wanted))
+        })
+        .map(|seen| serde_json::json!({"seq": seen.seq}))
+        .collect();
+    s.lookups.fetch_add(1, Ordering::SeqCst);
+    axum::Json(serde_json::json!({ "payments": payments }))
+}
+
 /// An HTTP receiver on 127.0.0.1 that records every POST (any path) on arrival and answers
-/// 200 `{"accepted": true, "seq": N}` after a random delay in `delay_ms`.
+/// 200 `{"accepted": true, "seq": N}` after a random delay in `delay_ms`; `GET /lookup`
+/// finds the POSTs of a key (see [`lookup`]).
 pub struct SlowReceiver {
     /// Where it listens.
     pub addr: std::net::SocketAddr,
@@ -305,8 +328,12 @@ impl SlowReceiver {
             last_arrival: Arc::default(),
             delay_ms,
             rng: Arc::new(Mutex::new(SplitMix(seed))),
+            lookups: Arc::default(),
         };
-        let app = axum::Router::new().fallback(axum::routing::post(slow_receive)).with_state(state.clone());
+        let app = axum::Router::new()
+            .route("/lookup", axum::routing::get(lookup))
+            .fallback(axum::routing::post(slow_receive))
+            .with_state(state.clone());
         let stop = CancellationToken::new();
         let task = {
             let stop = stop.clone();
@@ -323,6 +350,11 @@ impl SlowReceiver {
     /// Requests seen so far.
     pub fn count(&self) -> usize {
         self.state.seen.lock().len()
+    }
+
+    /// `GET /lookup` requests answered so far.
+    pub fn lookups(&self) -> usize {
+        self.state.lookups.load(Ordering::SeqCst)
     }
 
     /// Requests being answered right now.
