@@ -167,6 +167,7 @@ mod tests {
             claimed_at_ms: NOW - 10,
             attempts: 1,
             why: "crash".into(),
+            held: None,
         })
     }
 

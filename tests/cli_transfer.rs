@@ -154,6 +154,7 @@ fn indeterminate_file(dir: &Path, key: &str) -> PathBuf {
         claimed_at_ms: chrono::Utc::now().timestamp_millis(),
         attempts: 1,
         why: "made by the test".into(),
+        held: None,
     });
     let path = dir.join(format!("{key}.jsonl"));
     let text = format!("{}\n{}\n{}\n", header_line(0, "test", 1), record_line(key, &record), end_line(1, 0));

@@ -133,6 +133,12 @@ async fn a_lost_answer_without_a_check_is_indeterminate_after_one_call() {
         let record = inspect(&config_path, key);
         assert_eq!(record["state"], "indeterminate", "{key}: {record}");
         assert_eq!(record["attempts"], 1, "{key}: {record}");
+        // The command in doubt is kept with the key, for whoever asks the receiver.
+        assert_eq!(
+            (&record["sink"], &record["route"], &record["type"]),
+            (&json!("pay"), &json!("pay"), &json!("payment.create"))
+        );
+        assert_eq!(record["payload"]["ref"], format!("ref-{key}"), "{record}");
         let why = record["why"].as_str().unwrap_or_default();
         assert!(why.contains("may have reached sink `pay` without an answer"), "{key}: {why}");
     }

@@ -13,7 +13,7 @@ use super::retry::RunEnd;
 use super::run::Ran;
 use super::{Engine, EngineError, ItemResult};
 use crate::envelope::Command;
-use crate::store::{Completed, Completion, DurableClaim, Indeterminate, KeyStore, Record, SourcePos, StoreError};
+use crate::store::{Completed, Completion, DurableClaim, Held, Indeterminate, KeyStore, Record, SourcePos, StoreError};
 use crate::time::Rfc3339Memo;
 
 /// What a round's sink runs leave to store.
@@ -76,6 +76,7 @@ impl Engine {
                         claimed_at_ms: first_seen_ms,
                         attempts: prior + attempts,
                         why,
+                        held: Some(self.held(cmd, &claim.record().source)),
                     });
                     let mine = Record::InProgress(claim.record().clone());
                     if self.store.compare_and_swap(&cmd.key, Some(&mine), Some(&record))?.is_err() {
@@ -125,6 +126,21 @@ impl Engine {
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.flush()).await.map_err(|e| EngineError::Join(e.to_string()))??;
         self.queue_changelog().await
+    }
+}
+
+impl Engine {
+    /// What an `indeterminate` record keeps of `cmd`, claimed by the record at `source`:
+    /// what a later check needs to ask its sink's receiver about it.
+    pub(super) fn held(&self, cmd: &Command, source: &SourcePos) -> Box<Held> {
+        let route = self.router.routes().get(cmd.route).map(|r| r.name.clone()).unwrap_or_default();
+        Box::new(Held {
+            sink: self.route_sinks[cmd.route].name().to_string(),
+            route,
+            kind: cmd.kind.clone(),
+            payload: serde_json::to_vec(&cmd.payload).unwrap_or_else(|_| b"null".to_vec()),
+            source: source.clone(),
+        })
     }
 }
 

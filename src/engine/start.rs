@@ -228,6 +228,7 @@ impl Engine {
             claimed_at_ms: p.claimed_at_ms,
             attempts: p.attempts,
             why,
+            held: Some(self.held(cmd, &p.source)),
         });
         if self.store.compare_and_swap(&cmd.key, stored, Some(&new))?.is_ok() {
             // One line per key, for the operator who settles it (docs/runbook.md, "Resolving

@@ -129,10 +129,22 @@ pub fn record_json(key: &str, record: &Record, now_ms: i64) -> serde_json::Value
             // so) until compaction removes it: the key's next command runs again.
             "expired": record.is_expired(now_ms),
         }),
-        Record::Indeterminate(r) => json!({
-            "key": key, "state": "indeterminate", "fingerprint": r.fingerprint.to_string(),
-            "claimed_at": rfc3339_ms(r.claimed_at_ms), "attempts": r.attempts, "why": r.why,
-        }),
+        Record::Indeterminate(r) => {
+            let mut json = json!({
+                "key": key, "state": "indeterminate", "fingerprint": r.fingerprint.to_string(),
+                "claimed_at": rfc3339_ms(r.claimed_at_ms), "attempts": r.attempts, "why": r.why,
+            });
+            // The command in doubt, for the operator who asks its receiver (and for a check).
+            if let Some(held) = &r.held {
+                json["sink"] = json!(held.sink);
+                json["route"] = json!(held.route);
+                json["type"] = json!(held.kind);
+                json["payload"] = serde_json::from_slice(&held.payload)
+                    .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&held.payload).into_owned()));
+                json["source"] = json!(held.source);
+            }
+            json
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! strings and blobs as LEB128 length + bytes. Decoding checks every length against the
 //! buffer, so a torn or foreign value is an error, never a panic. A completed record's
 //! `source` comes last and only when known (`[1][topic][partition][offset]`), so records
-//! written before it existed read as they were, with none.
+//! written before it existed read as they were, with none; an indeterminate record's held
+//! command likewise (`[1][sink][route][type][payload][topic][partition][offset]`).
 
 use crate::fingerprint::Fingerprint;
 
@@ -82,7 +83,8 @@ pub struct Completed {
     pub source: Option<SourcePos>,
 }
 
-/// A claim whose effect is unknown (orphaned by a crash, sink does not forward the key).
+/// A claim whose effect is unknown: a call of a sink that does not forward the key may
+/// have landed without an answer (or a crash left the claim), and no check settled it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Indeterminate {
     /// Fingerprint of the command.
@@ -93,6 +95,24 @@ pub struct Indeterminate {
     pub attempts: u32,
     /// Why it is indeterminate.
     pub why: String,
+    /// The command in doubt and where it ran, when known (records written before dedupd
+    /// kept it have none): what a later check needs to ask the receiver about it.
+    pub held: Option<Box<Held>>,
+}
+
+/// The command of an `indeterminate` key, kept with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The sink instance that was called (`[sinks.NAME]`).
+    pub sink: String,
+    /// The route that chose it.
+    pub route: String,
+    /// The command type.
+    pub kind: String,
+    /// The payload, as JSON text.
+    pub payload: Vec<u8>,
+    /// The input record that claimed the key.
+    pub source: SourcePos,
 }
 
 /// What the store holds for a key.
@@ -174,7 +194,12 @@ impl Record {
                     + r.error.as_ref().map_or(0, String::len)
                     + r.source.as_ref().map_or(0, |s| s.topic.len())
             }
-            Record::Indeterminate(r) => r.why.len(),
+            Record::Indeterminate(r) => {
+                r.why.len()
+                    + r.held.as_ref().map_or(0, |h| {
+                        h.sink.len() + h.route.len() + h.kind.len() + h.payload.len() + h.source.topic.len()
+                    })
+            }
         };
         let mut out = Vec::with_capacity(112 + variable);
         out.push(VERSION);
@@ -220,6 +245,16 @@ impl Record {
                 out.extend_from_slice(&r.claimed_at_ms.to_le_bytes());
                 put_varint(&mut out, u64::from(r.attempts));
                 put_bytes(&mut out, r.why.as_bytes());
+                if let Some(held) = &r.held {
+                    out.push(1);
+                    for text in [&held.sink, &held.route, &held.kind] {
+                        put_bytes(&mut out, text.as_bytes());
+                    }
+                    put_bytes(&mut out, &held.payload);
+                    put_bytes(&mut out, held.source.topic.as_bytes());
+                    out.extend_from_slice(&held.source.partition.to_le_bytes());
+                    out.extend_from_slice(&held.source.offset.to_le_bytes());
+                }
             }
         }
         out
@@ -289,6 +324,20 @@ impl Record {
                 claimed_at_ms: r.i64()?,
                 attempts: r.u32_varint()?,
                 why: r.string()?,
+                held: match r.buf.first() {
+                    None => None,
+                    Some(1) => {
+                        r.u8()?;
+                        Some(Box::new(Held {
+                            sink: r.string()?,
+                            route: r.string()?,
+                            kind: r.string()?,
+                            payload: r.bytes()?.to_vec(),
+                            source: SourcePos { topic: r.string()?, partition: r.i32()?, offset: r.i64()? },
+                        }))
+                    }
+                    Some(other) => return Err(DecodeError(format!("bad held-command flag {other}"))),
+                },
             }),
             other => return Err(DecodeError(format!("unknown state {other}"))),
         };
@@ -417,6 +466,20 @@ mod tests {
                 claimed_at_ms: -5,
                 attempts: 2,
                 why: "crash".into(),
+                held: None,
+            }),
+            Record::Indeterminate(Indeterminate {
+                fingerprint: fp(3),
+                claimed_at_ms: 5,
+                attempts: 1,
+                why: "no answer".into(),
+                held: Some(Box::new(Held {
+                    sink: "pay".into(),
+                    route: "payments".into(),
+                    kind: "payment.create".into(),
+                    payload: br#"{"ref":"r-1"}"#.to_vec(),
+                    source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
+                })),
             }),
         ];
         for r in records {

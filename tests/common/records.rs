@@ -33,6 +33,7 @@ pub fn indeterminate(fp: u8) -> Record {
         claimed_at_ms: 1_000,
         attempts: 1,
         why: "crash".into(),
+        held: None,
     })
 }
 

@@ -6,7 +6,7 @@ use serde_json::value::RawValue;
 
 use super::FORMAT_VERSION;
 use crate::fingerprint::Fingerprint;
-use crate::store::record::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos};
+use crate::store::record::{Completed, Completion, Held, InProgress, Indeterminate, Record, SourcePos};
 
 /// The first line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -92,6 +92,43 @@ struct IndeterminateLine {
     claimed_at_ms: i64,
     attempts: u32,
     why: String,
+    /// The command in doubt, when the record keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    held: Option<HeldLine>,
+}
+
+/// An indeterminate record's held command, as a line carries it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeldLine {
+    sink: String,
+    route: String,
+    #[serde(rename = "type")]
+    kind: String,
+    payload: serde_json::Value,
+    source: SourcePos,
+}
+
+impl HeldLine {
+    fn of(held: &Held) -> HeldLine {
+        HeldLine {
+            sink: held.sink.clone(),
+            route: held.route.clone(),
+            kind: held.kind.clone(),
+            payload: serde_json::from_slice(&held.payload).unwrap_or(serde_json::Value::Null),
+            source: held.source.clone(),
+        }
+    }
+
+    fn into_held(self) -> Box<Held> {
+        Box::new(Held {
+            sink: self.sink,
+            route: self.route,
+            kind: self.kind,
+            payload: serde_json::to_vec(&self.payload).unwrap_or_else(|_| b"null".to_vec()),
+            source: self.source,
+        })
+    }
 }
 
 /// Just enough of a line to pick its full shape.
@@ -190,6 +227,7 @@ pub fn record_line(key: &str, record: &Record) -> String {
             claimed_at_ms: r.claimed_at_ms,
             attempts: r.attempts,
             why: r.why.clone(),
+            held: r.held.as_deref().map(HeldLine::of),
         }),
     };
     out.unwrap_or_default()
@@ -261,6 +299,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
                 claimed_at_ms: r.claimed_at_ms,
                 attempts: r.attempts,
                 why: r.why,
+                held: r.held.map(HeldLine::into_held),
             });
             Ok(Entry::Record { key: checked_key(r.key)?, record })
         }

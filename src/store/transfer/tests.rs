@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::fingerprint::Fingerprint;
-use crate::store::record::{Completed, Completion, InProgress, Indeterminate, SourcePos};
+use crate::store::record::{Completed, Completion, Held, InProgress, Indeterminate, SourcePos};
 use crate::store::{Op, watermark_key};
 use crate::store::{StoreBackend, SyncMode};
 
@@ -82,6 +82,23 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                 claimed_at_ms: 7,
                 attempts: 1,
                 why: "crash".into(),
+                held: None,
+            }),
+        ),
+        (
+            "unanswered",
+            Record::Indeterminate(Indeterminate {
+                fingerprint: fp(6),
+                claimed_at_ms: 9,
+                attempts: 1,
+                why: "no answer".into(),
+                held: Some(Box::new(Held {
+                    sink: "pay".into(),
+                    route: "payments".into(),
+                    kind: "payment.create".into(),
+                    payload: br#"{"cents":100,"ref":"r-1"}"#.to_vec(),
+                    source: SourcePos { topic: "t".into(), partition: 0, offset: 3 },
+                })),
             }),
         ),
         (
@@ -100,7 +117,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
     a.raise_watermarks(&[("t".into(), 2, 41), ("u.v".into(), 0, 7)]).unwrap();
     let mut buf = Vec::new();
     let counts = a.export_to(now, &mut buf).unwrap();
-    assert_eq!(counts, ExportCounts { records: 5, watermarks: 2 });
+    assert_eq!(counts, ExportCounts { records: 6, watermarks: 2 });
     assert_eq!(validate(buf.as_slice(), |_| {}).unwrap(), counts);
 
     let b = KeyStore::open(to, &dir.path().join("b"), SyncMode::Batch).unwrap();
@@ -109,7 +126,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
     assert_eq!(
         report,
         ImportReport {
-            imported: 4,
+            imported: 5,
             unchanged: 0,
             kept_newer: 0,
             kept_in_progress: 0,
@@ -126,8 +143,13 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
     assert_eq!(b.counts().completed, 2);
 
     // Again: nothing changes. A newer stored record is kept unless overwriting.
-    let newer =
-        Record::Indeterminate(Indeterminate { fingerprint: fp(4), claimed_at_ms: 99, attempts: 1, why: "x".into() });
+    let newer = Record::Indeterminate(Indeterminate {
+        fingerprint: fp(4),
+        claimed_at_ms: 99,
+        attempts: 1,
+        why: "x".into(),
+        held: None,
+    });
     let old = b.get("unknown").unwrap();
     b.compare_and_swap("unknown", old.as_ref(), Some(&newer)).unwrap().unwrap();
     let again =
@@ -136,7 +158,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
         again,
         ImportReport {
             imported: 0,
-            unchanged: 3,
+            unchanged: 4,
             kept_newer: 1,
             kept_in_progress: 0,
             expired: 1,
