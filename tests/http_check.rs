@@ -362,3 +362,25 @@ async fn without_a_check_an_unanswered_post_is_indeterminate_at_once() {
     assert_eq!(seen[0].method, Method::POST);
     assert!(matches!(h.record("pay-1"), Some(Record::Indeterminate(r)) if r.why.contains("has no check")));
 }
+
+// ---- the docs ----
+
+#[test]
+fn the_documented_example_is_a_valid_sink_with_the_documented_timing() {
+    let doc = include_str!("../docs/sinks.md");
+    let start = doc.find("```toml\n[sinks.payments]\n").expect("docs/sinks.md has the payments example");
+    let text = &doc[start + "```toml\n".len()..];
+    let text = &text[..text.find("```").expect("the block ends")];
+    let table: toml::Table = toml::from_str(text).unwrap();
+    let sink: SinkConfig = table["sinks"]["payments"].clone().try_into().unwrap();
+    assert_eq!(sink.problems("sinks.payments"), vec![]);
+    let timing = sink.as_kind().check_timing().expect("a check");
+    assert_eq!(
+        (timing.delay, timing.interval, timing.deadline),
+        (Duration::from_secs(4), Duration::from_secs(60), Duration::from_secs(86400))
+    );
+    let SinkConfig::Http(http) = sink else { panic!("an http sink") };
+    let check = http.check.expect("a check");
+    // Written out in the example, the default: twice request_timeout.
+    assert_eq!(HttpCheckConfig { delay: None, ..check.clone() }.timing(http.request_timeout), timing);
+}
