@@ -145,7 +145,7 @@ fn config(base: &str, check: Option<HttpCheckConfig>) -> HttpSinkConfig {
         forward_key: false,
         connect_timeout: Duration::from_secs(1),
         request_timeout: Duration::from_secs(1),
-        check,
+        check: check.map(Box::new),
         ..HttpSinkConfig::default()
     }
 }
@@ -380,7 +380,7 @@ fn the_documented_example_is_a_valid_sink_with_the_documented_timing() {
         (Duration::from_secs(4), Duration::from_secs(60), Duration::from_secs(86400))
     );
     let SinkConfig::Http(http) = sink else { panic!("an http sink") };
-    let check = http.check.expect("a check");
+    let check = *http.check.expect("a check");
     // Written out in the example, the default: twice request_timeout.
     assert_eq!(HttpCheckConfig { delay: None, ..check.clone() }.timing(http.request_timeout), timing);
 }

@@ -103,9 +103,10 @@ pub struct HttpSinkConfig {
     #[serde(default)]
     pub circuit: crate::sinks::circuit::CircuitConfig,
     /// How to ask the receiver whether a call that may have landed unanswered did
-    /// (`[sinks.NAME.check]`, only with `forward_key = false`; see [`check`]).
+    /// (`[sinks.NAME.check]`, only with `forward_key = false`; see [`check`]). Boxed: most
+    /// sinks have none, and every sink's config is as large as the largest kind's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub check: Option<HttpCheckConfig>,
+    pub check: Option<Box<HttpCheckConfig>>,
 }
 
 /// Which redirects an `http` sink follows (`follow_redirects`).

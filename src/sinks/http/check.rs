@@ -362,7 +362,7 @@ mod tests {
     fn defaults() {
         let config = sink("url = \"https://api.test/payments?reference={/ref}\"");
         let check = config.check.as_ref().unwrap();
-        assert_eq!(check, &HttpCheckConfig::new("https://api.test/payments?reference={/ref}"));
+        assert_eq!(**check, HttpCheckConfig::new("https://api.test/payments?reference={/ref}"));
         assert_eq!(
             (check.method.as_str(), &check.found_status[..], &check.absent_status[..]),
             ("GET", &[200][..], &[404][..])
