@@ -244,3 +244,28 @@ fn run_refuses_kafka_settings_as_check_config_does_before_connecting() {
     assert!(text.contains("kafka.connection.\"sasl.passwd\""), "{text}");
     assert!(!text.contains("hunter2-typo"), "a refused property's value is never printed: {text}");
 }
+
+#[test]
+fn every_problem_of_an_http_check_is_reported_at_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\ninput_topics = [\"in\"]\n\n\
+                [sinks.pay]\nkind = \"http\"\nurl = \"http://127.0.0.1:9/payments\"\nforward_key = true\n\n\
+                [sinks.pay.check]\nurl = \"{/base}/payments\"\nmethod = \"PUT\"\nfound_status = [200, 404]\n\
+                found_pointer = \"data/0\"\n";
+    let path = write(dir.path(), head);
+    let (code, out) = check_config(&path, &[]);
+    let p = path.display();
+    assert_eq!(code, 2, "{out}");
+    for (line, key) in [
+        (8, "sinks.pay.forward_key"),
+        (11, "sinks.pay.check.url"),
+        (12, "sinks.pay.check.method"),
+        // Unwritten (its default, [404]): the line of its table.
+        (10, "sinks.pay.check.absent_status"),
+        (14, "sinks.pay.check.found_pointer"),
+    ] {
+        assert!(out.contains(&format!("{p}:{line}: config key `{key}`")), "missing {key} in:\n{out}");
+    }
+    assert!(out.contains("a check is only used when forward_key = false"), "{out}");
+    assert!(out.trim_end().ends_with(&format!("{p}: 5 problem(s)")), "{out}");
+}

@@ -23,10 +23,17 @@
 //! empty, and never more than `max_response_bytes` (a longer body is kept as its first
 //! bytes of text and the result gets `"truncated": true`).
 //!
+//! With `forward_key = false`, `[sinks.NAME.check]` says how to ask the receiver whether a
+//! call that may have landed without an answer did (a timeout after the request was
+//! written, a reset while waiting): see [`check`]. Which calls those are is [`never_sent`]'s
+//! and `execute`'s to say (docs/contract.md §4).
+//!
 //! TLS is rustls with the platform verifier (reqwest's `rustls` feature): certificates
 //! are checked against the system's roots, as a browser on the same host would.
 
+mod check;
 mod classify;
+mod error;
 mod outgoing;
 mod response;
 
@@ -39,13 +46,18 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use self::check::Check;
+pub use self::check::HttpCheckConfig;
 use self::classify::{Class, Ending, classify, redirect_location, redirect_policy, retry_after};
+pub use self::error::HttpSinkError;
 pub use self::outgoing::HttpAuthConfig;
 use self::outgoing::Outgoing;
 pub use self::response::MAX_BODY_BYTES;
 use self::response::{describe, read_body};
 use super::limit::SinkLimits;
-use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{
+    CheckAnswer, CheckTiming, Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest,
+};
 
 /// Config of an `http` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -90,6 +102,11 @@ pub struct HttpSinkConfig {
     /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
     #[serde(default)]
     pub circuit: crate::sinks::circuit::CircuitConfig,
+    /// How to ask the receiver whether a call that may have landed unanswered did
+    /// (`[sinks.NAME.check]`, only with `forward_key = false`; see [`check`]). Boxed: most
+    /// sinks have none, and every sink's config is as large as the largest kind's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<Box<HttpCheckConfig>>,
 }
 
 /// Which redirects an `http` sink follows (`follow_redirects`).
@@ -140,6 +157,7 @@ impl Default for HttpSinkConfig {
             max_response_bytes: default_max_response_bytes(),
             limits: SinkLimits::default(),
             circuit: crate::sinks::circuit::CircuitConfig::default(),
+            check: None,
         }
     }
 }
@@ -152,6 +170,9 @@ impl SinkKind for HttpSinkConfig {
             problems.add("request_timeout", "0s", "must be positive");
         }
         problems.check(self.limits.validate(problems.at()));
+        if let Some(check) = &self.check {
+            check.validate(self, problems);
+        }
     }
 
     fn forwards_key(&self) -> bool {
@@ -171,6 +192,11 @@ impl SinkKind for HttpSinkConfig {
         &self.circuit
     }
 
+    fn check_timing(&self) -> Option<CheckTiming> {
+        // A call's longest is its request_timeout (reqwest's timeout covers connecting too).
+        self.check.as_ref().map(|check| check.timing(self.request_timeout))
+    }
+
     fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
         let sink =
             HttpSink::new(name, self).map_err(|e| SinkBuildError { name: name.to_string(), reason: e.to_string() })?;
@@ -184,56 +210,6 @@ const ATTEMPT: HeaderName = HeaderName::from_static("dedupd-attempt");
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
-/// Why an `http` sink could not be built from its config.
-#[derive(Debug, thiserror::Error)]
-pub enum HttpSinkError {
-    /// The URL does not parse, or is not `http://` / `https://`.
-    #[error("sink `{sink}`: url `{url}` is not usable: {reason}")]
-    InvalidUrl {
-        /// The sink instance.
-        sink: String,
-        /// The configured URL.
-        url: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// `request_timeout` is zero.
-    #[error("sink `{sink}`: request_timeout must be positive")]
-    ZeroTimeout {
-        /// The sink instance.
-        sink: String,
-    },
-    /// An environment variable the config names is unset or empty.
-    #[error("sink `{sink}`: environment variable {var} (for {purpose}) is not set")]
-    MissingEnv {
-        /// The sink instance.
-        sink: String,
-        /// The variable.
-        var: String,
-        /// What it was for (`header \`X-Api-Key\``, `auth.bearer_env`).
-        purpose: String,
-    },
-    /// A header, auth or template setting is unusable.
-    #[error("sink `{sink}`: {key}: {reason}")]
-    Config {
-        /// The sink instance.
-        sink: String,
-        /// The key under the sink's table.
-        key: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// reqwest refused to build the client (e.g. the TLS backend failed to initialise).
-    #[error("sink `{sink}`: cannot build the HTTP client: {source}")]
-    Client {
-        /// The sink instance.
-        sink: String,
-        /// The underlying error.
-        #[source]
-        source: reqwest::Error,
-    },
-}
-
 /// An `http` sink at run time: one pooled client per instance.
 #[derive(Debug)]
 pub struct HttpSink {
@@ -243,6 +219,8 @@ pub struct HttpSink {
     request_timeout: Duration,
     max_response_bytes: usize,
     client: reqwest::Client,
+    /// The check, when `[sinks.NAME.check]` is set.
+    check: Option<Check>,
 }
 
 impl HttpSink {
@@ -278,6 +256,7 @@ impl HttpSink {
             request_timeout: config.request_timeout,
             max_response_bytes: config.max_response_bytes.get(),
             client,
+            check: config.check.as_ref().map(|c| Check::build(name, c, config.auth.is_some())).transpose()?,
         })
     }
 
@@ -382,6 +361,13 @@ impl SinkEffect for HttpSink {
                 }
                 Err(SinkError::Permanent { message, result })
             }
+        }
+    }
+
+    async fn check(&self, request: SinkRequest<'_>) -> CheckAnswer {
+        match &self.check {
+            Some(check) => check.ask(self, &request).await,
+            None => CheckAnswer::Error(format!("sink `{}` has no [check]", self.name)),
         }
     }
 }

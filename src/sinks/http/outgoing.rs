@@ -88,8 +88,9 @@ pub(super) struct Outgoing {
     headers: HeaderMap,
 }
 
+/// Where a request goes: the call's `url`, or a check's `check.url`.
 #[derive(Debug)]
-enum UrlSource {
+pub(super) enum UrlSource {
     Fixed(reqwest::Url),
     /// A template whose scheme and authority are literal text; `sample` (rendered with a
     /// filler) has them, and every rendered URL must keep them; `sample_dots` is how many
@@ -99,6 +100,33 @@ enum UrlSource {
         sample: reqwest::Url,
         sample_dots: usize,
     },
+}
+
+impl UrlSource {
+    /// The URL for `payload`; `Err` when a field is missing or the rendered URL does not
+    /// parse or leaves the configured origin (the caller prefixes the key it came from).
+    pub(super) fn render(&self, payload: &Value) -> Result<reqwest::Url, String> {
+        match self {
+            UrlSource::Fixed(url) => Ok(url.clone()),
+            UrlSource::Template { template, sample, sample_dots } => {
+                let text = template.render(payload, Encoding::Url).map_err(|e| e.to_string())?;
+                let url = reqwest::Url::parse(&text).map_err(|e| format!("rendered `{text}` does not parse: {e}"))?;
+                // Percent-encoding already keeps values out of the authority; this holds even
+                // if the encoding ever changes.
+                if !same_authority(&url, sample) {
+                    return Err(format!("rendered `{text}` leaves the configured scheme, host or port"));
+                }
+                // `.` and `..` are unreserved, so they go in unescaped, and URL parsing then
+                // removes them with the segment before: a value would climb out of its own
+                // segment. Counted in the text, before parsing normalises them away (a value
+                // never holds `/`, and an encoded dot from it stays text: `%` is escaped).
+                if dot_segments(&text) != *sample_dots {
+                    return Err(format!("rendered `{text}`: a payload value `.` or `..` cannot be a path segment"));
+                }
+                Ok(url)
+            }
+        }
+    }
 }
 
 impl Outgoing {
@@ -172,29 +200,7 @@ impl Outgoing {
     /// The URL of one request; `Err` (permanent) when a field is missing or the rendered
     /// URL does not parse.
     pub(super) fn url(&self, payload: &Value) -> Result<reqwest::Url, String> {
-        match &self.url {
-            UrlSource::Fixed(url) => Ok(url.clone()),
-            UrlSource::Template { template, sample, sample_dots } => {
-                let text = template.render(payload, Encoding::Url).map_err(|e| format!("url: {e}"))?;
-                let url =
-                    reqwest::Url::parse(&text).map_err(|e| format!("url: rendered `{text}` does not parse: {e}"))?;
-                // Percent-encoding already keeps values out of the authority; this holds even
-                // if the encoding ever changes.
-                if !same_authority(&url, sample) {
-                    return Err(format!("url: rendered `{text}` leaves the configured scheme, host or port"));
-                }
-                // `.` and `..` are unreserved, so they go in unescaped, and URL parsing then
-                // removes them with the segment before: a value would climb out of its own
-                // segment. Counted in the text, before parsing normalises them away (a value
-                // never holds `/`, and an encoded dot from it stays text: `%` is escaped).
-                if dot_segments(&text) != *sample_dots {
-                    return Err(format!(
-                        "url: rendered `{text}`: a payload value `.` or `..` cannot be a path segment"
-                    ));
-                }
-                Ok(url)
-            }
-        }
+        self.url.render(payload).map_err(|e| format!("url: {e}"))
     }
 
     /// The JSON body of one request: the payload, or the body template rendered from it.
@@ -214,7 +220,7 @@ impl Outgoing {
 /// A fixed URL, or a template whose literal start fixes the scheme and the whole authority
 /// (user, host, port), so that a payload value can only fill path segments, query values or
 /// the fragment, and whose shape parses when fields are filled in.
-fn url_source(sink: &str, url: &str) -> Result<UrlSource, HttpSinkError> {
+pub(super) fn url_source(sink: &str, url: &str) -> Result<UrlSource, HttpSinkError> {
     let invalid = |reason: String| HttpSinkError::InvalidUrl { sink: sink.into(), url: url.into(), reason };
     let template = StringTemplate::parse(url).map_err(|e| invalid(e.to_string()))?;
     let prefix = template.literal_prefix();

@@ -20,6 +20,9 @@ pub(crate) struct Body {
     truncated: bool,
     /// Why reading the body failed part way, if it did (the status still counts).
     error: Option<String>,
+    /// Whether `value` is the whole body parsed as JSON (a JSON string and a text body are
+    /// both a string `value`; a check's `found_pointer` may only look into the former).
+    json: bool,
 }
 
 impl Body {
@@ -27,10 +30,10 @@ impl Body {
     /// else lossy UTF-8 text cut to `limit` bytes at a character boundary, null when empty.
     pub(crate) fn from_bytes(bytes: &[u8], truncated: bool, limit: usize) -> Body {
         if bytes.is_empty() {
-            return Body { value: Value::Null, truncated, error: None };
+            return Body { value: Value::Null, truncated, error: None, json: false };
         }
         if !truncated && let Ok(value) = serde_json::from_slice::<Value>(bytes) {
-            return Body { value, truncated, error: None };
+            return Body { value, truncated, error: None, json: true };
         }
         // A cut may split the last character: drop the incomplete tail.
         let whole = match std::str::from_utf8(bytes) {
@@ -48,7 +51,7 @@ impl Body {
             text.truncate(cut);
             truncated = true;
         }
-        Body { value: Value::String(text), truncated, error: None }
+        Body { value: Value::String(text), truncated, error: None, json: false }
     }
 
     /// The result stored for a response: `{"status", "body"}`, plus `"truncated": true`
@@ -62,6 +65,18 @@ impl Body {
             result["body_error"] = Value::String(error);
         }
         result
+    }
+
+    /// The body as JSON, read whole; `Err` says why it is not (empty, not JSON, longer
+    /// than `max_response_bytes`, or cut short by an error).
+    pub(super) fn json(&self) -> Result<&Value, String> {
+        match (&self.error, self.truncated, self.json) {
+            (Some(error), _, _) => Err(format!("reading the body failed: {error}")),
+            (None, true, _) => Err("the body is longer than max_response_bytes".into()),
+            (None, false, false) if self.value.is_null() => Err("the body is empty".into()),
+            (None, false, false) => Err("the body is not JSON".into()),
+            (None, false, true) => Ok(&self.value),
+        }
     }
 
     /// A short quote of the body for an error message.
@@ -97,7 +112,12 @@ pub(super) async fn read_body(response: &mut reqwest::Response, limit: usize) ->
             }
             Ok(None) => break,
             Err(err) => {
-                return Body { value: Value::Null, truncated: false, error: Some(describe(err.without_url())) };
+                return Body {
+                    value: Value::Null,
+                    truncated: false,
+                    error: Some(describe(err.without_url())),
+                    json: false,
+                };
             }
         }
     }
@@ -163,6 +183,18 @@ mod tests {
             Body::from_bytes(b"abc", true, MAX_BODY_BYTES).into_result(200),
             json!({"status": 200, "body": "abc", "truncated": true})
         );
+    }
+
+    #[test]
+    fn only_a_whole_json_body_is_json() {
+        assert_eq!(Body::from_bytes(br#""text""#, false, MAX_BODY_BYTES).json(), Ok(&json!("text")));
+        assert_eq!(Body::from_bytes(b"[]", false, MAX_BODY_BYTES).json(), Ok(&json!([])));
+        for (bytes, truncated, why) in
+            [(&b"text"[..], false, "not JSON"), (b"", false, "empty"), (b"[1,", true, "longer than")]
+        {
+            let err = Body::from_bytes(bytes, truncated, MAX_BODY_BYTES).json().unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
     }
 
     #[test]
