@@ -19,7 +19,7 @@ use serde_json::Value;
 use super::outgoing::{UrlSource, check_header_name, url_source};
 use super::response::{Body, describe, read_body};
 use super::{HttpSink, HttpSinkConfig, HttpSinkError};
-use crate::sinks::check::{self, CheckAnswer, CheckTiming};
+use crate::sinks::check::{CheckAnswer, CheckTiming};
 use crate::sinks::template::JsonTemplate;
 use crate::sinks::{Problems, SinkRequest};
 
@@ -54,12 +54,6 @@ pub struct HttpCheckConfig {
     /// How long after a call without an answer to check (default: twice `request_timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
     pub delay: Option<Duration>,
-    /// How often a key left `indeterminate` is checked again (default 1 min).
-    #[serde(default = "check::default_interval", with = "humantime_serde")]
-    pub interval: Duration,
-    /// How long after its claim a key is checked again at all (default 24 h).
-    #[serde(default = "check::default_deadline", with = "humantime_serde")]
-    pub deadline: Duration,
 }
 
 fn default_method() -> String {
@@ -94,14 +88,12 @@ impl HttpCheckConfig {
             headers: BTreeMap::new(),
             body_template: None,
             delay: None,
-            interval: check::default_interval(),
-            deadline: check::default_deadline(),
         }
     }
 
     /// The check's timing; `request_timeout` is the longest a call of the sink takes.
     pub fn timing(&self, request_timeout: Duration) -> CheckTiming {
-        CheckTiming::new(self.delay, self.interval, self.deadline, request_timeout)
+        CheckTiming::new(self.delay, request_timeout)
     }
 
     /// Adds every problem of the table (keys `check.url`, ...) of the sink `sink`.
@@ -369,7 +361,6 @@ mod tests {
         );
         let timing = check.timing(config.request_timeout);
         assert_eq!(timing.delay, Duration::from_secs(4), "twice request_timeout");
-        assert_eq!((timing.interval, timing.deadline), (check::default_interval(), check::default_deadline()));
         assert_eq!(keys(&config), Vec::<String>::new());
         assert_eq!(crate::sinks::SinkKind::check_timing(&config), Some(timing));
         assert_eq!(
@@ -391,7 +382,7 @@ mod tests {
         let config = sink(
             "url = \"{/base}/payments\"\nmethod = \"DELETE\"\nfound_status = [200, 99]\nabsent_status = [404, 600]\n\
              found_pointer = \"data\"\nheaders = { Idempotency-Key = \"x\" }\nbody_template = { a = \"{oops\" }\n\
-             interval = \"0s\"",
+             delay = \"2d\"",
         );
         assert_eq!(
             keys(&config),
@@ -403,7 +394,7 @@ mod tests {
                 "sinks.pay.check.found_pointer",
                 "sinks.pay.check.headers",
                 "sinks.pay.check.body_template",
-                "sinks.pay.check.interval",
+                "sinks.pay.check.delay",
             ]
         );
     }
@@ -454,8 +445,8 @@ mod tests {
     }
 
     #[test]
-    fn the_delay_must_fit_the_deadline_and_names_its_key() {
-        let config = sink("url = \"https://api.test/\"\ndelay = \"2h\"\ndeadline = \"1h\"");
+    fn a_delay_past_a_day_is_refused_naming_its_key() {
+        let config = sink("url = \"https://api.test/\"\ndelay = \"25h\"");
         assert_eq!(keys(&config), ["sinks.pay.check.delay"]);
     }
 
