@@ -2,7 +2,10 @@
 //! `dedupd run` with an `http` sink that does not forward the key, whose receiver reads the
 //! whole first POST of a key and never answers it. dedupd must not send that command again
 //! blind: without a check each key ends `indeterminate` after exactly one POST (no retry
-//! spent, the partition moves on), and its repeats report `indeterminate` too.
+//! spent, the partition moves on), and its repeats report `indeterminate` too. With a check
+//! (`GET /payments?reference=...`) each key ends `succeeded` after that one POST, the
+//! lookup's answer its result, and its repeat is a `duplicate` of it; a key whose POST the
+//! receiver lost (taken, never recorded) is found absent and POSTed once more.
 //!
 //! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test kafka_unanswered`.
 
@@ -20,35 +23,57 @@ use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-/// The receiver: POSTs per key, and the keys whose first POST it took without answering.
+/// The receiver: POSTs per key, the payments it made (by reference), and its lookups.
 #[derive(Default)]
 struct Payments {
     posts: Mutex<BTreeMap<String, usize>>,
+    made: Mutex<BTreeMap<String, String>>,
+    lookups: Mutex<usize>,
 }
 
 /// A payments API: the first POST of a key is read whole and never answered (the answer is
-/// lost); a later one is answered 201.
+/// lost); its payment is made, unless the key starts with `lost-` (the request was taken
+/// and dropped). A later POST is answered 201.
 async fn pay(State(payments): State<Arc<Payments>>, headers: HeaderMap, body: Bytes) -> (StatusCode, String) {
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let payload: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let reference = payload["ref"].as_str().unwrap_or_default().to_string();
     let seen = {
         let mut posts = payments.posts.lock();
         let n = posts.entry(key.clone()).or_default();
         *n += 1;
         *n
     };
+    let id = format!("pay-{key}-{seen}");
+    if seen > 1 || !key.starts_with("lost-") {
+        payments.made.lock().insert(reference, id.clone());
+    }
     if seen == 1 {
         // Read, never answered: the client's request timeout ends the call.
         std::future::pending::<()>().await;
     }
-    let payload: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    (StatusCode::CREATED, json!({"id": format!("pay-{key}"), "ref": payload["ref"]}).to_string())
+    (StatusCode::CREATED, json!({"id": id, "ref": payload["ref"]}).to_string())
+}
+
+/// `GET /payments?reference=R`: 200 with the payment made for `R`, an empty list for none.
+async fn find(
+    State(payments): State<Arc<Payments>>,
+    axum::extract::Query(query): axum::extract::Query<HashMap<String, String>>,
+) -> String {
+    *payments.lookups.lock() += 1;
+    let reference = query.get("reference").cloned().unwrap_or_default();
+    let data: Vec<Value> = payments.made.lock().get(&reference).map(|id| json!({"id": id})).into_iter().collect();
+    json!({ "data": data }).to_string()
 }
 
 /// Starts the payments API on a free loopback port; returns its address.
 async fn start_payments(payments: Arc<Payments>) -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    let app = axum::Router::new().route("/pay", axum::routing::post(pay)).with_state(payments);
+    let app = axum::Router::new()
+        .route("/pay", axum::routing::post(pay))
+        .route("/payments", axum::routing::get(find))
+        .with_state(payments);
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -142,5 +167,58 @@ async fn a_lost_answer_without_a_check_is_indeterminate_after_one_call() {
         let why = record["why"].as_str().unwrap_or_default();
         assert!(why.contains("may have reached sink `pay` without an answer"), "{key}: {why}");
     }
+    assert_eq!(kafka::count_records(&bootstrap, &results).await, 2 * keys.len() as i64, "one result per input");
+}
+
+/// The check: the payments API's search by the payload's reference; a payment listed is
+/// found, an empty list absent.
+fn check_table(api: &str) -> String {
+    format!(
+        "[sinks.pay.check]\nurl = \"http://{api}/payments?reference={{/ref}}\"\nfound_pointer = \"/data/0/id\"\ndelay = \"500ms\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_is_settled_by_the_check() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results, dlq) = (kafka::unique("uc-in"), kafka::unique("uc-results"), kafka::unique("uc-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, 2), (&results, 1), (&dlq, 1)]).await;
+    let payments = Arc::new(Payments::default());
+    let (api, server) = start_payments(Arc::clone(&payments)).await;
+    let mut keys: Vec<String> = (0..3).map(|i| format!("charge-{i}")).collect();
+    keys.push("lost-0".into());
+    produce_twice(&bootstrap, &input, &keys).await;
+
+    let dir = KeptOnFailure::new();
+    let (config_path, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+    let text = config(&bootstrap, (&input, &results, &dlq), &dir.path().join("store"), &api, &check_table(&api));
+    std::fs::write(&config_path, text).expect("config");
+    let mut dedupd = DedupdProcess::run(&config_path, &log);
+    let published = kafka::read_all(&bootstrap, &results, 2 * keys.len(), Duration::from_secs(90)).await;
+    assert_eq!(published.len(), 2 * keys.len(), "a result per input:\n{}", tail_of_file(&log, 40));
+    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
+    server.abort();
+
+    let posts = payments.posts.lock().clone();
+    let made = payments.made.lock().clone();
+    let outcomes = outcomes_by_key(&published);
+    for key in &keys {
+        let lost = key.starts_with("lost-");
+        assert_eq!(posts[key], if lost { 2 } else { 1 }, "{key}: POSTs ({posts:?})");
+        assert_eq!(outcomes[key], ["succeeded", "duplicate"], "{key}: its input and its repeat");
+        let record = inspect(&config_path, key);
+        assert_eq!((&record["state"], &record["outcome"]), (&json!("completed"), &json!("succeeded")), "{record}");
+        let payment = &made[&format!("ref-{key}")];
+        if lost {
+            // Absent, so POSTed again: that POST's answer is the result.
+            assert_eq!(record["result"]["body"]["id"], json!(payment), "{record}");
+            assert_eq!(record["attempts"], 2, "{record}");
+        } else {
+            // Found: the lookup's answer is the result; the POST was never sent again.
+            assert_eq!(record["result"]["body"]["data"][0]["id"], json!(payment), "{record}");
+            assert_eq!(record["attempts"], 1, "{record}");
+        }
+    }
+    assert!(*payments.lookups.lock() >= keys.len(), "one lookup per lost answer at least");
     assert_eq!(kafka::count_records(&bootstrap, &results).await, 2 * keys.len() as i64, "one result per input");
 }
