@@ -41,13 +41,13 @@ pub(super) enum Secure {
 
 /// A relay and the connections to it kept for reuse.
 pub(super) struct Relay {
-    pub(super) host: String,
-    pub(super) port: u16,
-    pub(super) secure: Secure,
-    pub(super) hello: ClientId,
-    pub(super) credentials: Option<Credentials>,
+    host: String,
+    port: u16,
+    secure: Secure,
+    hello: ClientId,
+    credentials: Option<Credentials>,
     /// Bound on each step.
-    pub(super) timeout: Duration,
+    timeout: Duration,
     idle: Mutex<Vec<(AsyncSmtpConnection, Instant)>>,
 }
 
