@@ -181,7 +181,8 @@ fn every_problem_of_one_sink_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let head = "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\ninput_topics = [\"in\"]\n\n\
                 [sinks.runner]\nkind = \"exec\"\nprogram = \"\"\ntimeout = \"0s\"\ntransient_exit_codes = [0]\n\n\
-                [sinks.runner.circuit]\nprobe_backoff = \"0s\"\n";
+                [sinks.runner.circuit]\nprobe_backoff = \"0s\"\n\n\
+                [sinks.runner.check]\nprogram = \"/no/such/check-program\"\ndelay = \"2d\"\n";
     let path = write(dir.path(), head);
     let (code, out) = check_config(&path, &[]);
     let p = path.display();
@@ -191,10 +192,12 @@ fn every_problem_of_one_sink_is_reported() {
         (8, "sinks.runner.timeout"),
         (9, "sinks.runner.transient_exit_codes"),
         (12, "sinks.runner.circuit.probe_backoff"),
+        (15, "sinks.runner.check.program"),
+        (16, "sinks.runner.check.delay"),
     ] {
         assert!(out.contains(&format!("{p}:{line}: config key `{key}`")), "missing {key} in:\n{out}");
     }
-    assert!(out.trim_end().ends_with(&format!("{p}: 4 problem(s)")), "{out}");
+    assert!(out.trim_end().ends_with(&format!("{p}: 6 problem(s)")), "{out}");
 }
 
 #[test]

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use dedupd::outcome::Outcome;
 use dedupd::sinks::exec::{ExecSink, ExecSinkConfig};
-use dedupd::sinks::{SinkConfig, SinkEffect, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::{CallAnswer, CallWatch, SinkConfig, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::Record;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use common::orphan::EngineWithSink;
 
@@ -320,4 +321,133 @@ async fn an_orphaned_claim_reruns_with_the_same_key_only_when_forwarding() {
     assert!(!done[0].sink_called);
     assert!(matches!(h.record("orphan-2"), Some(Record::Indeterminate(_))));
     assert_eq!(effects(), "orphan-1 attempt=2\n", "the program did not run for the indeterminate key");
+}
+
+/// Runs one attempt watched, as the engine makes it: its result and what the sink said of
+/// whether the program answered.
+async fn run_watched(sink: &ExecSink) -> (Result<SinkOutput, SinkError>, CallAnswer) {
+    let payload = json!({ "n": 1 });
+    let claim = common::claims::durable_claim("watched-1");
+    let watch = CallWatch::new(&CancellationToken::new());
+    let request = SinkRequest::new(&claim, "job.run", &payload, 1, None).watched_by(&watch);
+    let result = tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound");
+    (result, request.call_answer().expect("a watched request"))
+}
+
+#[tokio::test]
+async fn an_exit_code_is_an_answer_a_program_that_cannot_start_was_never_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let program = script(out, "exit.sh", &format!("exit $(cat '{0}/code')", out.display()));
+    let sink = ExecSink::new(&config(&program));
+    for (code, ok) in [(0, true), (75, false), (3, false)] {
+        std::fs::write(out.join("code"), code.to_string()).unwrap();
+        let (result, answer) = run_watched(&sink).await;
+        assert_eq!(result.is_ok(), ok, "exit {code}: {result:?}");
+        assert_eq!(answer, CallAnswer::Answered, "exit {code} (transient codes included) answers the call");
+    }
+
+    // Validation refuses a program that is not executable; one that stops being executable
+    // after the config was checked cannot be started: nothing ran.
+    let cfg = config(&program);
+    assert_eq!(SinkConfig::Exec(cfg.clone()).problems("sinks.jobs"), vec![]);
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (result, answer) = run_watched(&ExecSink::new(&cfg)).await;
+    assert!(
+        matches!(&result, Err(SinkError::Permanent { message, .. }) if message.contains("cannot start")),
+        "{result:?}"
+    );
+    assert_eq!(answer, CallAnswer::NeverSent);
+}
+
+#[tokio::test]
+async fn a_program_killed_at_its_timeout_or_by_a_signal_may_have_done_its_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let mut cfg = config(&hanging_script(out));
+    cfg.timeout = Duration::from_millis(300);
+    let (result, answer) = run_watched(&ExecSink::new(&cfg)).await;
+    assert!(
+        matches!(&result, Err(SinkError::Transient { message, .. }) if message.contains("timed out")),
+        "{result:?}"
+    );
+    assert_eq!(answer, CallAnswer::Maybe);
+
+    let killed = script(out, "killed.sh", "kill -9 $$");
+    let (result, answer) = run_watched(&ExecSink::new(&config(&killed))).await;
+    assert!(matches!(&result, Err(SinkError::Transient { message, .. }) if message.contains("signal")), "{result:?}");
+    assert_eq!(answer, CallAnswer::Maybe);
+}
+
+/// A program that appends a line to `runs` each time it starts, then does `then`.
+fn counting_script(out: &Path, then: &str) -> PathBuf {
+    script(out, "effect.sh", &format!("echo \"$DEDUPD_KEY\" >> '{0}/runs'\n{then}", out.display()))
+}
+
+fn runs(out: &Path) -> usize {
+    std::fs::read_to_string(out.join("runs")).unwrap_or_default().lines().count()
+}
+
+/// A non-forwarding sink (the default) running `program` with a 2 s timeout (the first run
+/// of a hanging program lasts that long; a run that must finish has that long even on a
+/// loaded machine) and `check_table` (TOML lines of `[check]`, none when empty), through
+/// the engine.
+fn engine_with(program: &Path, check_table: &str) -> EngineWithSink {
+    let mut text = format!("program = {:?}\ntimeout = \"2s\"\n", program.display().to_string());
+    if !check_table.is_empty() {
+        text.push_str(&format!("[check]\n{check_table}\n"));
+    }
+    let cfg: ExecSinkConfig = toml::from_str(&text).unwrap();
+    assert!(!cfg.forward_key);
+    EngineWithSink::new(std::sync::Arc::new(SinkConfig::Exec(cfg).build("jobs").unwrap()))
+}
+
+#[tokio::test]
+async fn a_hung_program_without_a_check_runs_once_and_its_key_is_indeterminate() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let mut h = engine_with(&counting_script(out, "exec sleep 600"), "");
+    let item = h.item("hung-1", json!({ "n": 1 }));
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Indeterminate, "{:?}", done[0].result);
+    assert!(done[0].result.error.as_deref().unwrap_or("").contains("has no check"), "{:?}", done[0].result.error);
+    assert_eq!(runs(out), 1, "never run again blind (retry.max_attempts is 2 here)");
+    match h.record("hung-1") {
+        Some(Record::Indeterminate(r)) => assert_eq!(r.attempts, 1),
+        other => panic!("expected an indeterminate record, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_check_that_finds_the_effect_completes_the_command_with_its_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let check = script(out, "check.sh", "echo '{\"payment\": \"pay_7\", \"status\": \"settled\"}'");
+    let mut h =
+        engine_with(&counting_script(out, "exec sleep 600"), &format!("program = {:?}", check.display().to_string()));
+    let item = h.item("found-1", json!({ "reference": "r-7" }));
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Succeeded, "{:?}", done[0].result);
+    assert_eq!(done[0].result.result, json!({ "exit_code": 0, "stdout": { "payment": "pay_7", "status": "settled" } }));
+    assert_eq!(runs(out), 1, "the check answered for the call: no second run");
+    assert!(matches!(h.record("found-1"), Some(Record::Completed(_))));
+}
+
+#[tokio::test]
+async fn a_check_that_finds_nothing_lets_the_program_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    // The first run hangs past the timeout; the second succeeds.
+    let program = counting_script(
+        out,
+        &format!("[ \"$(wc -l < '{0}/runs')\" -gt 1 ] || exec sleep 600\necho '{{\"done\": true}}'", out.display()),
+    );
+    let check = script(out, "check.sh", &format!("echo checked >> '{0}/checks'\nexit 1", out.display()));
+    let mut h = engine_with(&program, &format!("program = {:?}\ndelay = \"10ms\"", check.display().to_string()));
+    let item = h.item("absent-1", json!({ "n": 1 }));
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Succeeded, "{:?}", done[0].result);
+    assert_eq!(done[0].result.result, json!({ "exit_code": 0, "stdout": { "done": true } }));
+    assert_eq!((runs(out), done[0].result.attempts), (2, 2));
+    assert_eq!(std::fs::read_to_string(out.join("checks")).unwrap(), "checked\n", "one check, between the runs");
 }

@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use dedupd::outcome::Outcome;
 use dedupd::sinks::smtp::{SmtpSink, SmtpSinkConfig, SmtpTls, message_id};
-use dedupd::sinks::{SinkConfig, SinkEffect, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::{CallAnswer, CallWatch, SinkConfig, SinkEffect, SinkError, SinkOutput, SinkRequest};
 use dedupd::store::Record;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use common::orphan::EngineWithSink;
+use common::silent_smtp::SilentSmtp;
 use common::smtp_server::{ServerTls, SmtpServer, test_ca};
 
 /// Upper bound on anything a test waits for.
@@ -37,6 +39,16 @@ async fn send(sink: &SmtpSink, key: &str, payload: Value) -> Result<SinkOutput, 
     let claim = common::claims::durable_claim(key);
     let request = SinkRequest::new(&claim, "email.send", &payload, 1, None);
     tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound")
+}
+
+/// Like [`send`], watched as the engine watches a call: also what the sink said of whether
+/// the relay answered.
+async fn send_watched(sink: &SmtpSink, key: &str, payload: Value) -> (Result<SinkOutput, SinkError>, CallAnswer) {
+    let claim = common::claims::durable_claim(key);
+    let watch = CallWatch::new(&CancellationToken::new());
+    let request = SinkRequest::new(&claim, "email.send", &payload, 1, None).watched_by(&watch);
+    let result = tokio::time::timeout(BOUND, sink.execute(request)).await.expect("the sink answers within the bound");
+    (result, request.call_answer().expect("a watched request"))
 }
 
 #[tokio::test]
@@ -121,34 +133,74 @@ async fn replies_4xx_are_transient_5xx_permanent() {
     let Some(server) = SmtpServer::start() else { return };
     let sink = SmtpSink::new("mailer", &config(server.port)).unwrap();
 
-    match send(&sink, "k1", json!({ "to": "tempfail@example.org", "text": "x" })).await {
-        Err(SinkError::Transient { message, .. }) => assert!(message.contains("451"), "{message}"),
-        other => panic!("451 must be transient, got {other:?}"),
+    // Every reply with a code answers the call, whatever it says.
+    match send_watched(&sink, "k1", json!({ "to": "tempfail@example.org", "text": "x" })).await {
+        (Err(SinkError::Transient { message, .. }), CallAnswer::Answered) => {
+            assert!(message.contains("451"), "{message}")
+        }
+        other => panic!("451 must be transient and answered, got {other:?}"),
     }
-    match send(&sink, "k2", json!({ "to": ["alice@example.org", "reject@example.org"], "text": "x" })).await {
-        Err(SinkError::Permanent { message, result }) => {
+    match send_watched(&sink, "k2", json!({ "to": ["alice@example.org", "reject@example.org"], "text": "x" })).await {
+        (Err(SinkError::Permanent { message, result }), CallAnswer::Answered) => {
             assert!(message.contains("550"), "{message}");
             assert_eq!(result["code"], json!(550));
             assert_eq!(result["message_id"], json!("<k2@mail.example>"));
         }
-        other => panic!("550 must be permanent, got {other:?}"),
+        other => panic!("550 must be permanent and answered, got {other:?}"),
     }
     // The same (pooled) sink still delivers afterwards.
-    send(&sink, "k3", json!({ "to": "alice@example.org", "text": "after" })).await.unwrap();
+    let (sent, answer) = send_watched(&sink, "k3", json!({ "to": "alice@example.org", "text": "after" })).await;
+    assert_eq!((sent.is_ok(), answer), (true, CallAnswer::Answered), "{sent:?}");
     let got = server.wait_for(1);
     assert_eq!(got.len(), 1, "refused messages are not stored");
     assert_eq!(got[0].header("Message-ID").as_deref(), Some("<k3@mail.example>"));
 }
 
 #[tokio::test]
-async fn an_unreachable_relay_is_transient() {
+async fn an_unreachable_relay_is_transient_and_was_never_sent() {
     // A port that was free a moment ago: nothing listens there.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let sink = SmtpSink::new("mailer", &config(port)).unwrap();
-    match send(&sink, "k", json!({ "to": "alice@example.org", "text": "x" })).await {
-        Err(SinkError::Transient { message, .. }) => assert!(message.contains("SMTP send failed"), "{message}"),
-        other => panic!("connection refused must be transient, got {other:?}"),
+    match send_watched(&sink, "k", json!({ "to": "alice@example.org", "text": "x" })).await {
+        (Err(SinkError::Transient { message, .. }), CallAnswer::NeverSent) => {
+            assert!(message.contains("SMTP send failed"), "{message}")
+        }
+        other => panic!("connection refused must be transient and never sent, got {other:?}"),
     }
+}
+
+/// The case the sink cannot settle: the relay read the whole message and its reply never
+/// came. The call may have delivered it.
+#[tokio::test]
+async fn no_reply_to_the_end_of_the_message_is_a_maybe() {
+    let server = SilentSmtp::start().await;
+    let mut cfg = config(server.port);
+    cfg.timeout = Duration::from_secs(1);
+    let sink = SmtpSink::new("mailer", &cfg).unwrap();
+    match send_watched(&sink, "k-silent", json!({ "to": "alice@example.org", "text": "x" })).await {
+        (Err(SinkError::Transient { message, .. }), CallAnswer::Maybe) => {
+            assert!(message.contains("no reply to the end of the message within 1s"), "{message}")
+        }
+        other => panic!("a silent end of DATA must be transient and a maybe, got {other:?}"),
+    }
+    assert_eq!(server.messages(), 1, "the relay has the whole message");
+}
+
+/// Through the engine, a sink that does not forward the key (the default) and has no check
+/// (smtp has none) sends once: the key is indeterminate, not retried blind.
+#[tokio::test]
+async fn through_the_engine_a_silent_relay_gets_one_message_and_the_key_is_indeterminate() {
+    let server = SilentSmtp::start().await;
+    let mut cfg = config(server.port);
+    cfg.timeout = Duration::from_secs(1);
+    assert!(!cfg.forward_key);
+    let mut h = EngineWithSink::new(Arc::new(SinkConfig::Smtp(cfg).build("mailer").unwrap()));
+    let item = h.item("silent-1", json!({ "to": "alice@example.org", "subject": "once", "text": "x" }));
+    let done = h.deliver(std::slice::from_ref(&item)).await;
+    assert_eq!(done[0].result.outcome, Outcome::Indeterminate, "{:?}", done[0].result);
+    assert!(matches!(h.record("silent-1"), Some(Record::Indeterminate(r)) if r.attempts == 1));
+    server.wait_for(1, BOUND).await;
+    assert_eq!(server.messages(), 1, "one message, never sent again (retry.max_attempts is 2 here)");
 }
 
 #[tokio::test]
@@ -192,9 +244,12 @@ async fn auth_uses_the_configured_credentials() {
 
     with_auth.password = Some("wrong".into());
     let sink = SmtpSink::new("mailer", &with_auth).unwrap();
-    match send(&sink, "k-bad-auth", json!({ "to": "alice@example.org", "text": "x" })).await {
-        Err(SinkError::Permanent { message, .. }) => assert!(message.contains("535"), "{message}"),
-        other => panic!("bad credentials (535) must be permanent, got {other:?}"),
+    // A reply before the mail transaction answers the call too.
+    match send_watched(&sink, "k-bad-auth", json!({ "to": "alice@example.org", "text": "x" })).await {
+        (Err(SinkError::Permanent { message, .. }), CallAnswer::Answered) => {
+            assert!(message.contains("535"), "{message}")
+        }
+        other => panic!("bad credentials (535) must be permanent and answered, got {other:?}"),
     }
     assert_eq!(server.received().len(), 1);
 
@@ -237,8 +292,8 @@ async fn starttls_and_implicit_tls_verify_the_relay_certificate() {
 
         // The system's roots do not include the test CA: the handshake fails, nothing is sent.
         let untrusted = SmtpSink::new("mailer", &secured).unwrap();
-        match send(&untrusted, "k-untrusted", json!({ "to": "alice@example.org", "text": "x" })).await {
-            Err(SinkError::Transient { message, .. }) => {
+        match send_watched(&untrusted, "k-untrusted", json!({ "to": "alice@example.org", "text": "x" })).await {
+            (Err(SinkError::Transient { message, .. }), CallAnswer::NeverSent) => {
                 assert!(message.contains("invalid peer certificate: UnknownIssuer"), "{message}")
             }
             other => panic!("{tls:?}: an untrusted certificate must fail (transient), got {other:?}"),

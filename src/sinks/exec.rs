@@ -15,29 +15,41 @@
 //! `DEDUPD_KEY` as an idempotency key: it decides whether a claim orphaned by a crash is
 //! re-run (true) or becomes `indeterminate` (false), docs/contract.md §4.
 //!
+//! What the engine learns of each call ([`crate::sinks::CallAnswer`]): a program that exited
+//! by itself, with any code, *answered*; one that could not be started was *never sent*;
+//! one killed at its timeout, killed by a signal, or whose output or end could not be read
+//! *may* have done its effect. After such a call, a sink that does not forward the key runs
+//! its check (`[sinks.NAME.check]`, [`check`]) before running the program again, or leaves
+//! the key `indeterminate` when it has none.
+//!
 //! The result stored and replayed to repeats is `{"exit_code": 0, "stdout": <stdout>}`,
 //! stdout parsed as JSON when it is valid JSON, else its text (lossy UTF-8), `null` when
 //! empty. At most `max_output_bytes` of stdout are kept (more is read and dropped so the
 //! program never blocks on a full pipe) and the result then gets `"truncated": true`;
 //! stderr is bounded the same way and quoted in failure messages.
 //!
-//! Each run gets a process group of its own. When a run is abandoned (timeout, or dedupd
-//! dropping it at shutdown) the whole group is killed, so a script's children (a `curl` it
-//! started, a background job) cannot finish an effect after dedupd gave up on the attempt.
-//! After a normal exit nothing is killed; but a child that keeps stdout open makes the run
-//! last until it closes, or until the timeout.
+//! Each run gets a process group of its own ([`process`]). When a run is abandoned (timeout,
+//! or dedupd dropping it at shutdown) the whole group is killed, so a script's children (a
+//! `curl` it started, a background job) cannot finish an effect after dedupd gave up on the
+//! attempt. After a normal exit nothing is killed; but a child that keeps stdout open makes
+//! the run last until it closes, or until the timeout.
+
+mod check;
+mod process;
+
+pub use self::check::ExecCheckConfig;
 
 use std::num::NonZeroUsize;
-use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 
-use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use self::process::{Finished, Program, RunFailure, failure_message, result};
+use super::{
+    CheckAnswer, CheckTiming, Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest,
+};
 
 /// Config of an `exec` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -71,6 +83,10 @@ pub struct ExecSinkConfig {
     /// which always is); everything else is withheld.
     #[serde(default)]
     pub env_passthrough: Vec<String>,
+    /// `[sinks.NAME.check]`: a program that asks the receiver whether a command's effect
+    /// exists, run after a call that may have done it without an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<ExecCheckConfig>,
 }
 
 fn default_timeout() -> Duration {
@@ -110,6 +126,25 @@ impl SinkKind for ExecSinkConfig {
         if let Some(bad) = self.env_passthrough.iter().find(|n| n.is_empty() || n.contains('=') || n.contains('\0')) {
             problems.add("env_passthrough", bad.clone(), "not an environment variable name");
         }
+        if let Some(check) = &self.check {
+            if self.forward_key {
+                // The engine retries such a sink with the key: the check would never run.
+                let at = problems.at();
+                problems.add(
+                    "forward_key",
+                    "true",
+                    format!(
+                        "a sink that forwards the key is run again with the key; a check is only used when \
+                         forward_key = false (set it to false, or remove [{at}.check])"
+                    ),
+                );
+            }
+            check.validate(self.timeout, problems);
+        }
+    }
+
+    fn check_timing(&self) -> Option<CheckTiming> {
+        self.check.as_ref().map(|check| check.timing(self.timeout))
     }
 
     fn forwards_key(&self) -> bool {
@@ -135,206 +170,75 @@ pub struct ExecSink {
     config: ExecSinkConfig,
 }
 
-/// What a finished run produced.
-struct Finished {
-    status: ExitStatus,
-    stdout: Bounded,
-    stderr: Bounded,
-}
-
-/// The first bytes of a stream and whether there were more.
-#[derive(Default)]
-struct Bounded {
-    bytes: Vec<u8>,
-    truncated: bool,
-}
-
 impl ExecSink {
     /// Builds the sink from a validated config.
     pub fn new(config: &ExecSinkConfig) -> ExecSink {
         ExecSink { config: config.clone() }
     }
 
-    fn command(&self, request: &SinkRequest<'_>) -> Command {
-        let mut command = Command::new(&self.config.program);
-        command.args(&self.config.args).env_clear();
-        for name in std::iter::once("PATH").chain(self.config.env_passthrough.iter().map(String::as_str)) {
-            if let Some(value) = std::env::var_os(name) {
-                command.env(name, value);
-            }
+    /// The sink's own program, as configured.
+    fn program(&self) -> Program<'_> {
+        Program {
+            program: &self.config.program,
+            args: &self.config.args,
+            timeout: self.config.timeout,
+            env_passthrough: &self.config.env_passthrough,
+            max_output_bytes: self.config.max_output_bytes.get(),
         }
-        command
-            .env("DEDUPD_KEY", request.key())
-            .env("DEDUPD_TYPE", request.kind())
-            .env("DEDUPD_ATTEMPT", request.attempt().to_string());
-        if let Some(traceparent) = request.traceparent() {
-            command.env("TRACEPARENT", traceparent);
-        }
-        if let Some(tracestate) = request.tracestate() {
-            command.env("TRACESTATE", tracestate);
-        }
-        // A group of its own, so that abandoning the run can kill the program's children too.
-        command.process_group(0);
-        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
-        command
     }
 
-    /// Runs the program to its end; `Err` is a transient failure (spawn or I/O trouble, or
-    /// the timeout, after which the process has been killed and reaped).
-    async fn run(&self, request: &SinkRequest<'_>) -> Result<Finished, SinkError> {
-        let transient = |message: String| SinkError::Transient { message, retry_after: None };
-        let stdin_bytes =
-            serde_json::to_vec(request.payload()).map_err(|e| transient(format!("cannot encode the payload: {e}")))?;
-        let mut child = self.command(request).spawn().map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => SinkError::Permanent {
-                message: format!("cannot start `{}`: {e}", self.config.program),
-                result: json!({ "exit_code": Value::Null, "error": e.to_string() }),
-            },
-            _ => transient(format!("cannot start `{}`: {e}", self.config.program)),
-        })?;
-        // Declared after `child`, so dropped before it: the group is killed while its leader
-        // is not yet reaped, and the group id cannot have been reused.
-        let mut group = GroupKill(child.id().and_then(|pid| rustix::process::Pid::from_raw(pid.try_into().ok()?)));
-        let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-        let max = self.config.max_output_bytes.get();
-        let run = async {
-            // All at once: a program may write before it reads, and pipes are finite.
-            let (_, stdout, stderr, status) = tokio::join!(
-                write_all_and_close(stdin, stdin_bytes),
-                read_bounded(stdout, max),
-                read_bounded(stderr, max),
-                child.wait()
-            );
-            (stdout, stderr, status)
+    /// What a run that ended by itself means: its exit code answered the call.
+    fn ended(&self, request: &SinkRequest<'_>, finished: Finished) -> Result<SinkOutput, SinkError> {
+        let Finished { status, stdout, stderr } = finished;
+        let program = &self.config.program;
+        let Some(code) = status.code() else {
+            // Killed by a signal from outside (OOM killer, an operator): worth another try,
+            // but not an answer: it may have died after doing its effect.
+            return Err(SinkError::Transient {
+                message: failure_message(format!("`{program}` was killed by a signal ({status})"), &stderr),
+                retry_after: None,
+            });
         };
-        match tokio::time::timeout(self.config.timeout, run).await {
-            Ok((stdout, stderr, Ok(status))) => {
-                group.disarm();
-                Ok(Finished { status, stdout: stdout?, stderr: stderr? })
-            }
-            Ok((_, _, Err(e))) => Err(transient(format!("waiting for `{}` failed: {e}", self.config.program))),
-            Err(_) => {
-                group.kill();
-                // kill() also reaps the program, so no zombie outlives the attempt.
-                let killed = child.kill().await;
-                let mut message = format!(
-                    "`{}` timed out after {}; killed",
-                    self.config.program,
-                    humantime::format_duration(self.config.timeout)
-                );
-                if let Err(e) = killed {
-                    message.push_str(&format!(" (kill failed: {e})"));
-                }
-                Err(transient(message))
-            }
+        request.answered();
+        match code {
+            0 => Ok(result(Some(0), &stdout)),
+            code if self.config.transient_exit_codes.contains(&code) => Err(SinkError::Transient {
+                message: failure_message(format!("`{program}` exited with transient code {code}"), &stderr),
+                retry_after: None,
+            }),
+            code => Err(SinkError::Permanent {
+                message: failure_message(format!("`{program}` exited with code {code}"), &stderr),
+                result: result(Some(code), &stdout),
+            }),
         }
-    }
-}
-
-/// Kills a run's process group when dropped, unless disarmed after a normal exit.
-struct GroupKill(Option<rustix::process::Pid>);
-
-impl GroupKill {
-    fn kill(&mut self) {
-        if let Some(group) = self.0.take() {
-            // ESRCH (the group is already gone) is the expected race; nothing else can help.
-            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Feeds the payload to stdin and closes it. A program that exits without reading stdin
-/// (broken pipe) is not an error: whether it needed the payload is for its exit code to say.
-async fn write_all_and_close(stdin: Option<tokio::process::ChildStdin>, bytes: Vec<u8>) {
-    if let Some(mut stdin) = stdin {
-        let _ = stdin.write_all(&bytes).await;
-        let _ = stdin.shutdown().await;
-    }
-}
-
-/// Reads a stream to its end, keeping at most `max` bytes.
-async fn read_bounded(stream: Option<impl AsyncRead + Unpin>, max: usize) -> Result<Bounded, SinkError> {
-    let mut out = Bounded::default();
-    let Some(mut stream) = stream else { return Ok(out) };
-    let mut chunk = vec![0u8; 8 * 1024];
-    loop {
-        let n = stream.read(&mut chunk).await.map_err(|e| SinkError::Transient {
-            message: format!("reading the program's output failed: {e}"),
-            retry_after: None,
-        })?;
-        if n == 0 {
-            return Ok(out);
-        }
-        let room = max.saturating_sub(out.bytes.len());
-        out.bytes.extend_from_slice(&chunk[..n.min(room)]);
-        out.truncated |= n > room;
-    }
-}
-
-/// stdout as a result value: JSON when it parses (and was not cut), else text, `null` if empty.
-fn stdout_value(stdout: &Bounded) -> Value {
-    let text = String::from_utf8_lossy(&stdout.bytes);
-    if text.trim().is_empty() {
-        return Value::Null;
-    }
-    if !stdout.truncated
-        && let Ok(value) = serde_json::from_slice::<Value>(&stdout.bytes)
-    {
-        return value;
-    }
-    Value::String(text.into_owned())
-}
-
-/// The result object: exit code, stdout, and `truncated` when stdout was cut.
-fn result(exit_code: Option<i32>, stdout: &Bounded) -> Value {
-    let mut result = json!({ "exit_code": exit_code, "stdout": stdout_value(stdout) });
-    if stdout.truncated {
-        result["truncated"] = Value::Bool(true);
-    }
-    result
-}
-
-/// A failure message: what happened, and the (bounded) stderr when there was any.
-fn failure_message(what: String, stderr: &Bounded) -> String {
-    let text = String::from_utf8_lossy(&stderr.bytes);
-    let text = text.trim();
-    match (text.is_empty(), stderr.truncated) {
-        (true, _) => what,
-        (false, false) => format!("{what}; stderr: {text}"),
-        (false, true) => format!("{what}; stderr (truncated): {text}"),
     }
 }
 
 #[async_trait::async_trait]
 impl SinkEffect for ExecSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
-        let Finished { status, stdout, stderr } = self.run(&request).await?;
-        let program = &self.config.program;
-        match status.code() {
-            Some(0) => Ok(result(Some(0), &stdout)),
-            Some(code) if self.config.transient_exit_codes.contains(&code) => Err(SinkError::Transient {
-                message: failure_message(format!("`{program}` exited with transient code {code}"), &stderr),
-                retry_after: None,
-            }),
-            Some(code) => Err(SinkError::Permanent {
-                message: failure_message(format!("`{program}` exited with code {code}"), &stderr),
-                result: result(Some(code), &stdout),
-            }),
-            // Killed by a signal from outside (OOM killer, an operator): worth another try.
-            None => Err(SinkError::Transient {
-                message: failure_message(format!("`{program}` was killed by a signal ({status})"), &stderr),
-                retry_after: None,
-            }),
+        match self.program().run(&request).await {
+            Ok(finished) => self.ended(&request, finished),
+            Err(RunFailure::NotStarted(e)) => {
+                request.never_sent();
+                let message = format!("cannot start `{}`: {e}", self.config.program);
+                Err(match e.kind() {
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => SinkError::Permanent {
+                        message,
+                        result: json!({ "exit_code": Value::Null, "error": e.to_string() }),
+                    },
+                    _ => SinkError::Transient { message, retry_after: None },
+                })
+            }
+            // Neither answered nor never sent: the program may have done its effect.
+            Err(RunFailure::Unfinished(message)) => Err(SinkError::Transient { message, retry_after: None }),
+        }
+    }
+
+    async fn check(&self, request: SinkRequest<'_>) -> CheckAnswer {
+        match &self.config.check {
+            Some(check) => check::run(&check.program(&self.program()), &request).await,
+            None => CheckAnswer::Error(format!("the exec sink running `{}` has no check", self.config.program)),
         }
     }
 }
@@ -380,19 +284,6 @@ mod tests {
         // A name is looked up in PATH.
         assert_eq!(program_problem("sh"), None);
         assert_eq!(program_problem("surely-no-such-program-5e1c"), Some("not found in PATH"));
-    }
-
-    fn bounded(bytes: &[u8], truncated: bool) -> Bounded {
-        Bounded { bytes: bytes.to_vec(), truncated }
-    }
-
-    #[test]
-    fn stdout_is_json_when_it_parses_else_text() {
-        assert_eq!(stdout_value(&bounded(b"{\"id\": 7}\n", false)), json!({"id": 7}));
-        assert_eq!(stdout_value(&bounded(b"queued\n", false)), json!("queued\n"));
-        assert_eq!(stdout_value(&bounded(b"  \n", false)), Value::Null);
-        // A cut JSON document is kept as the text it is, not half-parsed.
-        assert_eq!(stdout_value(&bounded(b"[1, 2", true)), json!("[1, 2"));
     }
 
     #[test]

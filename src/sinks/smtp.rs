@@ -20,26 +20,37 @@
 //! Failures: an SMTP 4xx reply, a connection, TLS or timeout error, or a malformed reply is
 //! transient; a 5xx reply (e.g. a rejected recipient or bad credentials) is permanent.
 //!
+//! What the engine learns of each call ([`crate::sinks::CallAnswer`], [`session`]): any reply
+//! with a code, at any step, *answered* it; a failure while setting up the session (connect,
+//! TLS, greeting, EHLO, STARTTLS, AUTH) means it was *never sent*; any other failure from
+//! MAIL FROM on (a timeout or a reset waiting for the reply to the message's end) *may*
+//! have delivered it. The sink has no check: SMTP gives no way to ask a relay whether it
+//! delivered a message, so a call that may have landed leaves a key that does not forward
+//! the key `indeterminate`.
+//!
 //! The result stored and replayed to repeats is
 //! `{"message_id": "<...>", "code": 250, "reply": "<the relay's reply text>"}`.
+
+mod session;
 
 use std::fmt;
 use std::num::NonZeroU16;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use lettre::Message;
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
-use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
+use lettre::transport::smtp::client::{Certificate, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use self::session::{Cause, Failed, Relay, Secure};
+use super::{CallAnswer, Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// How the connection to the relay is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -85,7 +96,8 @@ pub struct SmtpSinkConfig {
     /// private CA); read when the sink is built.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
-    /// Bound on each SMTP exchange (connect, each command and reply).
+    /// Bound on each step of a call: connecting (TCP, TLS, greeting, EHLO), STARTTLS, AUTH,
+    /// and each command's reply, the message's end included.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
     /// Right-hand side of every Message-ID, e.g. `mail.example.com`.
@@ -225,11 +237,7 @@ pub fn message_id(key: &str, domain: &str) -> String {
 pub struct SmtpSink {
     config: SmtpSinkConfig,
     default_from: Option<Mailbox>,
-    credentials: Option<Credentials>,
-    tls: Tls,
-    /// Built on first use: lettre's connection pool spawns its cleanup task on the tokio
-    /// runtime, which the sink's build need not run in.
-    transport: OnceLock<AsyncSmtpTransport<Tokio1Executor>>,
+    relay: Relay,
 }
 
 impl SmtpSink {
@@ -248,8 +256,8 @@ impl SmtpSink {
             config.username.clone().zip(password).map(|(user, password)| Credentials::new(user, password));
         let default_from =
             config.from.as_deref().map(str::parse::<Mailbox>).transpose().map_err(|e| fail(format!("from: {e}")))?;
-        let tls = match config.tls {
-            SmtpTls::None => Tls::None,
+        let secure = match config.tls {
+            SmtpTls::None => Secure::None,
             SmtpTls::Starttls | SmtpTls::Tls => {
                 let mut params = TlsParameters::builder(config.host.clone());
                 if let Some(path) = &config.ca_file {
@@ -262,30 +270,17 @@ impl SmtpSink {
                     params = params.add_root_certificate(roots);
                 }
                 let params = params.build().map_err(|e| fail(format!("TLS setup: {e}")))?;
-                if config.tls == SmtpTls::Tls { Tls::Wrapper(params) } else { Tls::Required(params) }
+                if config.tls == SmtpTls::Tls { Secure::Implicit(params) } else { Secure::Starttls(params) }
             }
         };
-        Ok(SmtpSink { config: config.clone(), default_from, credentials, tls, transport: OnceLock::new() })
-    }
-
-    fn transport(&self) -> &AsyncSmtpTransport<Tokio1Executor> {
-        self.transport.get_or_init(|| {
-            let port = self.config.port.map(NonZeroU16::get).unwrap_or(match self.config.tls {
-                SmtpTls::None => 25,
-                SmtpTls::Starttls => 587,
-                SmtpTls::Tls => 465,
-            });
-            let helo = self.config.helo_name.clone().unwrap_or_else(|| "localhost".into());
-            let mut builder = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(self.config.host.clone())
-                .port(port)
-                .tls(self.tls.clone())
-                .timeout(Some(self.config.timeout))
-                .hello_name(ClientId::Domain(helo));
-            if let Some(credentials) = &self.credentials {
-                builder = builder.credentials(credentials.clone());
-            }
-            builder.build()
-        })
+        let port = config.port.map(NonZeroU16::get).unwrap_or(match config.tls {
+            SmtpTls::None => 25,
+            SmtpTls::Starttls => 587,
+            SmtpTls::Tls => 465,
+        });
+        let hello = ClientId::Domain(config.helo_name.clone().unwrap_or_else(|| "localhost".into()));
+        let relay = Relay::new(config.host.clone(), port, secure, hello, credentials, config.timeout);
+        Ok(SmtpSink { config: config.clone(), default_from, relay })
     }
 
     /// The message for one request; `Err` says which payload field is wrong.
@@ -347,14 +342,18 @@ fn mailboxes(field: &str, value: &Value) -> Result<Vec<Mailbox>, String> {
     }
 }
 
-/// Sorts a lettre error into transient (4xx, connection, TLS, timeout, bad reply) and
-/// permanent (5xx, or lettre refusing the message itself).
-fn classify(err: lettre::transport::smtp::Error, message_id: &str) -> SinkError {
-    let code = err.status().map(u16::from);
-    let message = format!("SMTP send failed: {err}");
-    if err.is_permanent() || err.is_client() {
+/// Sorts a failed call into transient (4xx, connection, TLS, timeout, bad reply) and
+/// permanent (5xx, or a relay that cannot take the message as configured).
+fn classify(failed: &Failed, message_id: &str) -> SinkError {
+    let message = format!("SMTP send failed: {failed}");
+    let (permanent, code) = match &failed.cause {
+        Cause::Smtp(err) => (err.is_permanent() || err.is_client(), err.status().map(u16::from)),
+        Cause::Unsupported(_) => (true, None),
+        Cause::TimedOut { .. } => (false, None),
+    };
+    if permanent {
         SinkError::Permanent {
-            result: json!({ "message_id": message_id, "code": code, "error": err.to_string() }),
+            result: json!({ "message_id": message_id, "code": code, "error": failed.to_string() }),
             message,
         }
     } else {
@@ -366,13 +365,29 @@ fn classify(err: lettre::transport::smtp::Error, message_id: &str) -> SinkError 
 impl SinkEffect for SmtpSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
         let message_id = message_id(request.key(), &self.config.message_id_domain);
-        let message = self.message(&request, &message_id).map_err(|message| SinkError::Permanent {
-            result: json!({ "message_id": Value::Null, "error": message }),
-            message: format!("bad email payload: {message}"),
+        let message = self.message(&request, &message_id).map_err(|message| {
+            request.never_sent();
+            SinkError::Permanent {
+                result: json!({ "message_id": Value::Null, "error": message }),
+                message: format!("bad email payload: {message}"),
+            }
         })?;
-        let response = self.transport().send(message).await.map_err(|e| classify(e, &message_id))?;
-        let reply: Vec<&str> = response.message().collect();
-        Ok(json!({ "message_id": message_id, "code": u16::from(response.code()), "reply": reply.join("\n") }))
+        match self.relay.send(&message).await {
+            Ok(response) => {
+                request.answered();
+                let reply: Vec<&str> = response.message().collect();
+                Ok(json!({ "message_id": message_id, "code": u16::from(response.code()), "reply": reply.join("\n") }))
+            }
+            Err(failed) => {
+                match failed.answer() {
+                    CallAnswer::Answered => request.answered(),
+                    CallAnswer::NeverSent => request.never_sent(),
+                    // Said by saying nothing.
+                    CallAnswer::Maybe => {}
+                }
+                Err(classify(&failed, &message_id))
+            }
+        }
     }
 }
 

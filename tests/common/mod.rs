@@ -14,5 +14,6 @@ pub mod process;
 pub mod records;
 pub mod scripted;
 pub mod secured_kafka;
+pub mod silent_smtp;
 pub mod smtp_server;
 pub mod state_group;
