@@ -119,16 +119,9 @@ pub(super) async fn run_with_retry<'a>(
             permit = Some(taken);
             drop(reservation);
         }
-        let doubt = format!(
-            "a call left in progress by a crash (claimed at {} by {}/{}/{}) may have reached sink `{}`",
-            crate::time::rfc3339_ms(orphan.claimed_at_ms),
-            orphan.source.topic,
-            orphan.source.partition,
-            orphan.source.offset,
-            sink.name()
-        );
         let asking = Asking { sink, claim, command, owner, attempt: made_before };
-        match asking.settle(doubt, cancel).await {
+        // Boxed, as every rarely taken wait here: a round holds thousands of runs.
+        match Box::pin(asking.settle(orphan_doubt(orphan, sink), cancel)).await {
             Settled::Found(result) => return RunEnd::Succeeded { result, attempts: 0 },
             Settled::Absent => {}
             Settled::Unsettled(why) => return RunEnd::Indeterminate { why, attempts: 0 },
@@ -188,7 +181,7 @@ pub(super) async fn run_with_retry<'a>(
             }
             let doubt = format!("the call may have reached sink `{}` without an answer ({message})", sink.name());
             let asking = Asking { sink, claim, command, owner, attempt };
-            match asking.settle(doubt, cancel).await {
+            match Box::pin(asking.settle(doubt, cancel)).await {
                 Settled::Found(result) => return RunEnd::Succeeded { result, attempts: tally.calls },
                 Settled::Absent => tally.unanswered -= 1,
                 Settled::Unsettled(why) => return RunEnd::Indeterminate { why, attempts: tally.calls },
@@ -217,6 +210,18 @@ pub(super) async fn run_with_retry<'a>(
             return tally.stopped();
         }
     }
+}
+
+/// What is in doubt about a claim a crash left at `sink`, for the key's `why` and the log.
+fn orphan_doubt(orphan: &InProgress, sink: &Sink) -> String {
+    format!(
+        "a call left in progress by a crash (claimed at {} by {}/{}/{}) may have reached sink `{}`",
+        crate::time::rfc3339_ms(orphan.claimed_at_ms),
+        orphan.source.topic,
+        orphan.source.partition,
+        orphan.source.offset,
+        sink.name()
+    )
 }
 
 /// Sleeps for `wait`; `false` when `cancel` fires first.
