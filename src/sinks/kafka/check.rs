@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
@@ -167,6 +168,28 @@ impl Read {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
+    /// Makes the librdkafka request `call` (given how long it may block) at most a second
+    /// at a time, again while it fails for want of the cluster, until it answers, the
+    /// check's time is up or its caller gave up: a request blocks this thread, and one that
+    /// gave up must not keep it (and a shutdown waiting for it) for the whole `timeout`.
+    fn patiently<T>(&self, mut call: impl FnMut(Duration) -> KafkaResult<T>) -> KafkaResult<T> {
+        use RDKafkaErrorCode as C;
+        loop {
+            let answer = call(self.left().min(Duration::from_secs(1)));
+            let code = answer.as_ref().err().and_then(KafkaError::rdkafka_error_code);
+            let again = match code {
+                Some(C::OperationTimedOut | C::TimedOutQueue) => Duration::ZERO,
+                // Refused at once: wait a little before asking again, not in a tight loop.
+                Some(C::BrokerTransportFailure | C::AllBrokersDown | C::Resolve) => Duration::from_millis(200),
+                _ => return answer,
+            };
+            if self.left() <= again || self.stop.load(Ordering::Acquire) {
+                return answer;
+            }
+            std::thread::sleep(again);
+        }
+    }
+
     fn run(self) -> CheckAnswer {
         let consumer: BaseConsumer = match self.client.create() {
             Ok(consumer) => consumer,
@@ -186,23 +209,29 @@ impl Read {
     fn spans(&self, consumer: &BaseConsumer) -> Result<Vec<Span>, CheckAnswer> {
         let topic = self.topic.as_str();
         let failed = |what: &str, e: &dyn std::fmt::Display| CheckAnswer::Error(format!("{what} `{topic}`: {e}"));
-        let metadata = consumer.fetch_metadata(Some(topic), self.left()).map_err(|e| failed("reading topic", &e))?;
+        let metadata =
+            self.patiently(|t| consumer.fetch_metadata(Some(topic), t)).map_err(|e| failed("reading topic", &e))?;
         let Some(listed) = metadata.topics().iter().find(|t| t.name() == topic) else {
             return Err(CheckAnswer::Unknown(format!("the cluster did not list topic `{topic}`")));
         };
         if let Some(err) = listed.error() {
-            let code = rdkafka::error::RDKafkaErrorCode::from(err);
+            let code = RDKafkaErrorCode::from(err);
             return Err(CheckAnswer::Unknown(format!("the cluster answered for topic `{topic}`: {code}")));
         }
         let mut highs = Vec::new();
         let mut times = TopicPartitionList::new();
         for partition in listed.partitions().iter().map(|p| p.id()) {
-            let (_, high) =
-                consumer.fetch_watermarks(topic, partition, self.left()).map_err(|e| failed("watermarks of", &e))?;
+            let (_, high) = self
+                .patiently(|t| consumer.fetch_watermarks(topic, partition, t))
+                .map_err(|e| failed("watermarks of", &e))?;
             highs.push((partition, high));
-            times.add_partition_offset(topic, partition, Offset::Offset(self.since_ms)).map_err(|e| failed("", &e))?;
+            times
+                .add_partition_offset(topic, partition, Offset::Offset(self.since_ms))
+                .map_err(|e| failed("listing the partitions of", &e))?;
         }
-        let starts = consumer.offsets_for_times(times, self.left()).map_err(|e| failed("offsets by time of", &e))?;
+        let starts = self
+            .patiently(|t| consumer.offsets_for_times(times.clone(), t))
+            .map_err(|e| failed("offsets by time of", &e))?;
         let mut assignment = TopicPartitionList::new();
         let mut spans = Vec::new();
         for (partition, high) in highs {
@@ -214,7 +243,9 @@ impl Read {
                 other => return Err(failed("offsets by time of", &format!("partition {partition}: {other:?}"))),
             };
             if start < high {
-                assignment.add_partition_offset(topic, partition, Offset::Offset(start)).map_err(|e| failed("", &e))?;
+                assignment
+                    .add_partition_offset(topic, partition, Offset::Offset(start))
+                    .map_err(|e| failed("listing the partitions of", &e))?;
                 spans.push(Span { partition, high, read: 0 });
             }
         }
@@ -247,7 +278,7 @@ impl Read {
                         return answer;
                     }
                 }
-                Some(Err(rdkafka::error::KafkaError::PartitionEOF(partition))) => {
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
                     // At the end of what it may read: done once past the start's high
                     // watermark (read_committed stops early before an open transaction).
                     let at = position(consumer, &self.topic, partition);
