@@ -309,3 +309,35 @@ async fn a_check_given_up_ends_at_once() {
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     canceller.await.expect("canceller");
 }
+
+/// Another producer's transaction is open on the partition when the sink's record lands
+/// after its first record: a `read_committed` reader cannot get past it, so the check
+/// cannot tell (it must not say absent); once the transaction commits, it finds the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_before_the_record_leaves_the_check_unable_to_tell() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let topic = kafka::unique("chk-open");
+    kafka::create_topics(&bootstrap, &[(&topic, 1)]).await;
+    let claim = common::claims::durable_claim_at("pay-open", now_ms());
+    let txn: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("transactional.id", kafka::unique("chk-open-id"))
+        .create()
+        .expect("transactional producer");
+    let p = txn.clone();
+    tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30))).await.unwrap().unwrap();
+    txn.begin_transaction().unwrap();
+    produce_keyed(&txn, &topic, &[("in-txn".to_string(), None)]).await;
+    let sink = build(&format!(
+        "brokers = \"{bootstrap}\"\ntopic = \"{topic}\"\ndelivery_timeout = \"20s\"\n[sinks.out.check]\ntimeout = \"3s\""
+    ));
+    let (outcome, _) = call(&sink, &claim, &json!({"amount": 5})).await;
+    let stored = outcome.expect("delivered");
+    match check(&sink, &claim).await {
+        CheckAnswer::Error(why) => assert!(why.contains("high watermark"), "{why}"),
+        other => panic!("expected the check unable to tell, got {other:?}"),
+    }
+    let p = txn.clone();
+    tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await.unwrap().unwrap();
+    assert_eq!(check(&sink, &claim).await, CheckAnswer::Found(stored));
+}

@@ -9,6 +9,9 @@
 //! the partition a record went to depends on the producer's `partitioner` and on the
 //! topic's partition count at the time, neither of which the check can be sure of.
 //!
+//! Records of another producer's open transaction hold a `read_committed` reader back: a
+//! check reaching one waits for it to end within `timeout`, else fails (never "absent").
+//!
 //! The window: a record stamped more than [`CLOCK_SKEW`] before the claim is not looked at,
 //! and one the topic's retention already deleted is not seen (so `check.deadline` must stay
 //! below the topic's `retention.ms`).
@@ -191,22 +194,42 @@ impl Read {
     }
 
     fn run(self) -> CheckAnswer {
-        let consumer: BaseConsumer = match self.client.create() {
-            Ok(consumer) => consumer,
-            Err(e) => {
-                let reason = crate::connection::check::client_error(&self.client, &e);
-                return CheckAnswer::Error(format!("cannot create the check's consumer: {reason}"));
-            }
+        // Two clients: the watermarks are asked `read_uncommitted`, because under
+        // `read_committed` librdkafka asks for the last stable offset, which an open
+        // transaction of another producer holds back, and a record of the sink written
+        // after that transaction began would lie past it unseen: absent, wrongly. The
+        // reader is `read_committed`, so it never takes an aborted record for the effect;
+        // it waits at such a transaction until it ends or `timeout` passes.
+        let mut listing = self.client.clone();
+        listing.set("isolation.level", "read_uncommitted");
+        let (lister, reader) = match (self.consumer(&listing), self.consumer(&self.client)) {
+            (Ok(lister), Ok(reader)) => (lister, reader),
+            (Err(answer), _) | (_, Err(answer)) => return answer,
         };
-        match self.spans(&consumer) {
-            Ok(spans) => self.scan(&consumer, spans),
-            Err(answer) => answer,
+        let (spans, assignment) = match self.spans(&lister) {
+            Ok(found) => found,
+            Err(answer) => return answer,
+        };
+        drop(lister);
+        if spans.is_empty() {
+            return CheckAnswer::Absent;
         }
+        if let Err(e) = reader.assign(&assignment) {
+            return CheckAnswer::Error(format!("assigning the partitions of `{}`: {e}", self.topic));
+        }
+        self.scan(&reader, spans)
     }
 
-    /// Assigns each partition from its first record at or after `since_ms`, and says up to
-    /// where to read it; partitions with nothing to read are left out.
-    fn spans(&self, consumer: &BaseConsumer) -> Result<Vec<Span>, CheckAnswer> {
+    fn consumer(&self, config: &ClientConfig) -> Result<BaseConsumer, CheckAnswer> {
+        config.create().map_err(|e| {
+            let reason = crate::connection::check::client_error(config, &e);
+            CheckAnswer::Error(format!("cannot create the check's consumer: {reason}"))
+        })
+    }
+
+    /// Each partition to read (from its first record at or after `since_ms`, as an
+    /// assignment) and up to where; partitions with nothing to read are left out.
+    fn spans(&self, consumer: &BaseConsumer) -> Result<(Vec<Span>, TopicPartitionList), CheckAnswer> {
         let topic = self.topic.as_str();
         let failed = |what: &str, e: &dyn std::fmt::Display| CheckAnswer::Error(format!("{what} `{topic}`: {e}"));
         let metadata =
@@ -249,10 +272,7 @@ impl Read {
                 spans.push(Span { partition, high, read: 0 });
             }
         }
-        if !spans.is_empty() {
-            consumer.assign(&assignment).map_err(|e| failed("assigning", &e))?;
-        }
-        Ok(spans)
+        Ok((spans, assignment))
     }
 
     /// Reads the assigned partitions to their high watermarks, looking for the key.
