@@ -341,3 +341,34 @@ async fn an_open_transaction_before_the_record_leaves_the_check_unable_to_tell()
     tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await.unwrap().unwrap();
     assert_eq!(check(&sink, &claim).await, CheckAnswer::Found(stored));
 }
+
+/// A caller that gives up (shutdown, revoke) while the producer's queue is full gets the
+/// call back at once, never sent, not after `delivery_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_while_the_queue_is_full_was_never_sent() {
+    let sink = build(&format!(
+        "brokers = \"{}\"\ntopic = \"t\"\ndelivery_timeout = \"60s\"\n[sinks.out.producer]\n\"queue.buffering.max.kbytes\" = \"1\"",
+        unreachable()
+    ));
+    let claim = common::claims::durable_claim("pay-given-up");
+    let payload = json!({"blob": "x".repeat(4000)});
+    let cancel = CancellationToken::new();
+    let watch = CallWatch::new(&cancel);
+    let request = SinkRequest::new(&claim, "pay", &payload, 1, None).watched_by(&watch);
+    let started = std::time::Instant::now();
+    let canceller = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cancel.cancel();
+        })
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(30), sink.execute(request)).await.expect("bounded call");
+    assert!(
+        matches!(&outcome, Err(SinkError::Transient { message, .. }) if message.contains("QueueFull")),
+        "{outcome:?}"
+    );
+    assert_eq!(watch.answer(), CallAnswer::NeverSent);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    canceller.await.expect("canceller");
+}

@@ -9,6 +9,11 @@
 //! - value = the payload as JSON, or `template` rendered from it (a JSON value whose
 //!   string leaves may name payload fields, see [`super::template`]).
 //!
+//! Each call ends answered (acknowledged, or refused by the cluster for good), never sent
+//! (librdkafka would not take the message) or maybe (a delivery timeout, anything else):
+//! see [`classify`]; the key is forwarded, so a transient failure, answered or not, is
+//! retried with the same key.
+//!
 //! The stored result is `{"topic", "partition", "offset"}` of the acknowledged record.
 //! Failures are classified in [`classify`]; `[sinks.NAME.check]` finds a command's record
 //! in the topic by its key header ([`check`]).
@@ -310,7 +315,7 @@ impl SinkEffect for KafkaSink {
             }
         }
         let record = FutureRecord::to(&self.topic).key(request.key()).payload(&bytes).headers(headers);
-        let delivery = match self.enqueue(record).await {
+        let delivery = match self.enqueue(record, &request).await {
             Ok(delivery) => delivery,
             Err(err) => {
                 // librdkafka refused the message itself (a queue that stayed full, a message
@@ -369,17 +374,24 @@ impl KafkaSink {
 
     /// Hands the record to the producer, waiting up to `delivery_timeout` while its queue is
     /// full (as `FutureProducer::send` does, but telling a refused enqueue from a failed
-    /// delivery).
-    async fn enqueue(&self, mut record: FutureRecord<'_, str, Vec<u8>>) -> Result<DeliveryFuture, KafkaError> {
+    /// delivery), or until the caller gives up: nothing left then either.
+    async fn enqueue(
+        &self,
+        mut record: FutureRecord<'_, str, Vec<u8>>,
+        request: &SinkRequest<'_>,
+    ) -> Result<DeliveryFuture, KafkaError> {
         let until = tokio::time::Instant::now() + self.delivery_timeout;
         loop {
             match self.producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                Err((full @ KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                     if tokio::time::Instant::now() < until =>
                 {
                     record = back;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::select! {
+                        () = request.given_up() => return Err(full),
+                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
                 }
                 Err((err, _)) => return Err(err),
             }
