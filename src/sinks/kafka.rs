@@ -9,8 +9,17 @@
 //! - value = the payload as JSON, or `template` rendered from it (a JSON value whose
 //!   string leaves may name payload fields, see [`super::template`]).
 //!
+//! Each call ends answered (acknowledged, or refused by the cluster for good), never sent
+//! (librdkafka would not take the message) or maybe (a delivery timeout, anything else):
+//! see [`classify`]; the key is forwarded, so a transient failure, answered or not, is
+//! retried with the same key.
+//!
 //! The stored result is `{"topic", "partition", "offset"}` of the acknowledged record.
-//! Failures are classified in [`classify`].
+//! Failures are classified in [`classify`]; `[sinks.NAME.check]` finds a command's record
+//! in the topic by its key header ([`check`]).
+
+pub mod check;
+pub(crate) mod classify;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,14 +28,17 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::limit::SinkLimits;
 use super::template::JsonTemplate;
+use super::{CallAnswer, CheckAnswer, CheckTiming};
 use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 use crate::connection::{ConnectionConfig, ConnectionError};
+use check::{KEY_HEADER, KafkaCheck, KafkaCheckConfig};
+use classify::{Class, classify, delivery_answer};
 
 /// Config of a `kafka` sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -65,6 +77,9 @@ pub struct KafkaSinkConfig {
     /// The circuit breaker (`[sinks.NAME.circuit]`, see docs/sinks.md).
     #[serde(default)]
     pub circuit: crate::sinks::circuit::CircuitConfig,
+    /// The check (`[sinks.NAME.check]`): finding a command's record in the topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<KafkaCheckConfig>,
 }
 
 fn default_delivery_timeout() -> Duration {
@@ -118,6 +133,25 @@ impl KafkaSinkConfig {
             .set("message.timeout.ms", self.delivery_timeout.as_millis().max(1).to_string());
         Ok(c)
     }
+
+    /// The check's consumer settings: dedupd's, then `connection` (not `producer`: those
+    /// are the producer's), then a group id of its own that never joins a group nor commits
+    /// (librdkafka assigns partitions only to a consumer with one) and `read_committed`.
+    pub fn check_client_config(&self, name: &str) -> Result<ClientConfig, ConnectionError> {
+        let mut c = ClientConfig::new();
+        c.set("client.id", "dedupd");
+        if let Some(connection) = &self.connection {
+            connection.apply(&format!("sinks.{name}.connection"), &mut c)?;
+        }
+        c.set("bootstrap.servers", self.bootstrap_servers.as_deref().unwrap_or_default())
+            .set("group.id", format!("dedupd-check-{name}"))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest");
+        Ok(c)
+    }
 }
 
 impl SinkKind for KafkaSinkConfig {
@@ -160,6 +194,13 @@ impl SinkKind for KafkaSinkConfig {
             problems.add("template", template.to_string(), e.to_string());
         }
         problems.check(self.limits.validate(problems.at()));
+        if let Some(check) = &self.check {
+            check.validate(self.delivery_timeout, problems);
+        }
+    }
+
+    fn check_timing(&self) -> Option<CheckTiming> {
+        self.check.as_ref().map(|c| c.timing(self.delivery_timeout))
     }
 
     fn forwards_key(&self) -> bool {
@@ -219,6 +260,7 @@ pub struct KafkaSink {
     template: Option<JsonTemplate>,
     delivery_timeout: Duration,
     producer: FutureProducer,
+    check: Option<KafkaCheck>,
 }
 
 impl KafkaSink {
@@ -236,12 +278,17 @@ impl KafkaSink {
             sink: name.to_string(),
             reason: crate::connection::check::client_error(&c, &e),
         })?;
+        let check = match &config.check {
+            Some(check) => Some(KafkaCheck::new(&config.topic, config.check_client_config(name)?, check)),
+            None => None,
+        };
         Ok(KafkaSink {
             name: name.to_string(),
             topic: config.topic.clone(),
             template,
             delivery_timeout: config.delivery_timeout,
             producer,
+            check,
         })
     }
 }
@@ -249,14 +296,17 @@ impl KafkaSink {
 #[async_trait::async_trait]
 impl SinkEffect for KafkaSink {
     async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
-        let value = match &self.template {
-            Some(template) => template.render(request.payload()).map_err(|e| permanent(e.to_string()))?,
-            None => request.payload().clone(),
+        let bytes = match self.value(&request) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                // Refused before anything was handed to the producer.
+                request.never_sent();
+                return Err(e);
+            }
         };
-        let bytes = serde_json::to_vec(&value).map_err(|e| permanent(format!("cannot serialise the value: {e}")))?;
         let attempt = request.attempt().to_string();
         let mut headers = OwnedHeaders::new()
-            .insert(Header { key: "idempotency-key", value: Some(request.key()) })
+            .insert(Header { key: KEY_HEADER, value: Some(request.key()) })
             .insert(Header { key: "dedupd-command-type", value: Some(request.kind()) })
             .insert(Header { key: "dedupd-attempt", value: Some(attempt.as_str()) });
         for (key, value) in [("traceparent", request.traceparent()), ("tracestate", request.tracestate())] {
@@ -265,23 +315,34 @@ impl SinkEffect for KafkaSink {
             }
         }
         let record = FutureRecord::to(&self.topic).key(request.key()).payload(&bytes).headers(headers);
+        let delivery = match self.enqueue(record, &request).await {
+            Ok(delivery) => delivery,
+            Err(err) => {
+                // librdkafka refused the message itself (a queue that stayed full, a message
+                // over the client's message.max.bytes, an unknown partition): it never
+                // entered the producer, so nothing of it left.
+                request.never_sent();
+                return Err(self.failure(&request, &err));
+            }
+        };
         // librdkafka reports every message within message.timeout.ms; the outer bound is
         // a safety net so that an attempt can never hang.
         let bound = self.delivery_timeout.saturating_add(Duration::from_secs(5));
-        let sent = tokio::time::timeout(bound, self.producer.send(record, self.delivery_timeout)).await;
-        match sent {
-            Ok(Ok(delivery)) => {
+        match tokio::time::timeout(bound, delivery).await {
+            Ok(Ok(Ok(delivery))) => {
+                request.answered();
                 tracing::debug!(sink = %self.name, key = request.key(), partition = delivery.partition, offset = delivery.offset, "kafka sink: acknowledged");
                 Ok(json!({ "topic": self.topic, "partition": delivery.partition, "offset": delivery.offset }))
             }
-            Ok(Err((err, _message))) => {
-                let message = format!("producing to `{}`: {err}", self.topic);
-                tracing::debug!(sink = %self.name, key = request.key(), error = %message, "kafka sink: not delivered");
-                match classify(&err) {
-                    Class::Transient => Err(SinkError::Transient { message, retry_after: None }),
-                    Class::Permanent => Err(permanent(message)),
+            Ok(Ok(Err((err, _message)))) => {
+                if delivery_answer(&err) == CallAnswer::Answered {
+                    request.answered();
                 }
+                Err(self.failure(&request, &err))
             }
+            // The producer dropped the delivery: its outcome is unknown (maybe).
+            Ok(Err(_canceled)) => Err(self.failure(&request, &KafkaError::Canceled)),
+            // No report in time: the record may have been written (maybe).
             Err(_) => Err(SinkError::Transient {
                 message: format!(
                     "producing to `{}`: no acknowledgement within {}",
@@ -292,135 +353,65 @@ impl SinkEffect for KafkaSink {
             }),
         }
     }
+
+    async fn check(&self, request: SinkRequest<'_>) -> CheckAnswer {
+        match &self.check {
+            Some(check) => check.check(request).await,
+            None => CheckAnswer::Error(format!("sink `{}` has no [sinks.{}.check]", self.name, self.name)),
+        }
+    }
+}
+
+impl KafkaSink {
+    /// The record's value: the payload, or the template rendered from it.
+    fn value(&self, request: &SinkRequest<'_>) -> Result<Vec<u8>, SinkError> {
+        let value = match &self.template {
+            Some(template) => template.render(request.payload()).map_err(|e| permanent(e.to_string()))?,
+            None => request.payload().clone(),
+        };
+        serde_json::to_vec(&value).map_err(|e| permanent(format!("cannot serialise the value: {e}")))
+    }
+
+    /// Hands the record to the producer, waiting up to `delivery_timeout` while its queue is
+    /// full (as `FutureProducer::send` does, but telling a refused enqueue from a failed
+    /// delivery), or until the caller gives up: nothing left then either.
+    async fn enqueue(
+        &self,
+        mut record: FutureRecord<'_, str, Vec<u8>>,
+        request: &SinkRequest<'_>,
+    ) -> Result<DeliveryFuture, KafkaError> {
+        let until = tokio::time::Instant::now() + self.delivery_timeout;
+        loop {
+            match self.producer.send_result(record) {
+                Ok(delivery) => return Ok(delivery),
+                Err((full @ KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if tokio::time::Instant::now() < until =>
+                {
+                    record = back;
+                    tokio::select! {
+                        () = request.given_up() => return Err(full),
+                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                }
+                Err((err, _)) => return Err(err),
+            }
+        }
+    }
+
+    /// The failure `err` of `request`'s call, classified.
+    fn failure(&self, request: &SinkRequest<'_>, err: &KafkaError) -> SinkError {
+        let message = format!("producing to `{}`: {err}", self.topic);
+        tracing::debug!(sink = %self.name, key = request.key(), error = %message, "kafka sink: not delivered");
+        match classify(err) {
+            Class::Transient => SinkError::Transient { message, retry_after: None },
+            Class::Permanent => permanent(message),
+        }
+    }
 }
 
 fn permanent(message: String) -> SinkError {
     SinkError::Permanent { result: json!({ "error": message }), message }
 }
 
-/// What a delivery error means for the command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
-    /// Retry with the same key.
-    Transient,
-    /// Retrying cannot help.
-    Permanent,
-}
-
-/// The single place that says which producer errors are transient.
-///
-/// Transient: the delivery timed out or the local queue was full (`MessageTimedOut`,
-/// `QueueFull`), the cluster was unreachable or changing leaders (`BrokerTransportFailure`,
-/// `AllBrokersDown`, `Resolve`, `NetworkException`, `RequestTimedOut`,
-/// `LeaderNotAvailable`, `NotLeaderForPartition`, `PreferredLeaderNotAvailable`,
-/// `FencedLeaderEpoch`, `KafkaStorageError`, `NotEnoughReplicas`,
-/// `NotEnoughReplicasAfterAppend`), the message was purged because the producer shut down
-/// (`PurgeQueue`, and a cancelled delivery future), and an idempotence sequence error the
-/// producer recovers from (`OutOfOrderSequenceNumber`).
-///
-/// Permanent: everything else, notably `MessageSizeTooLarge`, `InvalidMessage`,
-/// `InvalidRecord`, `TopicAuthorizationFailed`, `ClusterAuthorizationFailed`, and
-/// `UnknownTopic` / `UnknownTopicOrPartition` (the topic does not exist and is not
-/// auto-created: a config mistake that retries cannot fix).
-pub(crate) fn classify(err: &KafkaError) -> Class {
-    use RDKafkaErrorCode as C;
-    let transient = |code: &RDKafkaErrorCode| {
-        matches!(
-            code,
-            C::MessageTimedOut
-                | C::QueueFull
-                | C::BrokerTransportFailure
-                | C::AllBrokersDown
-                | C::Resolve
-                | C::NetworkException
-                | C::RequestTimedOut
-                | C::LeaderNotAvailable
-                | C::NotLeaderForPartition
-                | C::PreferredLeaderNotAvailable
-                | C::FencedLeaderEpoch
-                | C::KafkaStorageError
-                | C::NotEnoughReplicas
-                | C::NotEnoughReplicasAfterAppend
-                | C::PurgeQueue
-                | C::OutOfOrderSequenceNumber
-        )
-    };
-    match err {
-        KafkaError::Canceled => Class::Transient,
-        KafkaError::MessageProduction(code) if transient(code) => Class::Transient,
-        _ => Class::Permanent,
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config() -> KafkaSinkConfig {
-        toml::from_str("bootstrap_servers = \"127.0.0.1:1\"\ntopic = \"out\"").unwrap()
-    }
-
-    #[test]
-    fn defaults_and_brokers_alias() {
-        let c: KafkaSinkConfig = toml::from_str("brokers = \"b:9092\"\ntopic = \"t\"").unwrap();
-        assert_eq!(c.bootstrap_servers.as_deref(), Some("b:9092"));
-        assert_eq!(c.delivery_timeout, Duration::from_secs(30));
-        assert!(c.limits.is_unlimited());
-        assert!(toml::from_str::<KafkaSinkConfig>("brokers = \"b\"\ntopic = \"t\"\nacks = \"1\"").is_err());
-    }
-
-    #[test]
-    fn validate_names_the_key() {
-        let mut c = config();
-        c.producer.insert("acks".into(), "1".into());
-        assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.producer.\"acks\"");
-        let mut c = config();
-        c.topic = " ".into();
-        assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.topic");
-        let mut c = config();
-        c.template = Some(json!({"x": "{broken"}));
-        assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.template");
-        assert!(config().problems("sinks.k").is_empty());
-        // Every problem, in the order they are checked, not only the first.
-        c.topic = " ".into();
-        c.producer.insert("acks".into(), "1".into());
-        let keys: Vec<String> = c.problems("sinks.k").into_iter().map(|(key, _, _)| key).collect();
-        assert_eq!(keys, ["sinks.k.topic", "sinks.k.producer.\"acks\"", "sinks.k.template"]);
-    }
-
-    #[test]
-    fn retriable_errors_are_transient_others_permanent() {
-        for code in [
-            RDKafkaErrorCode::MessageTimedOut,
-            RDKafkaErrorCode::QueueFull,
-            RDKafkaErrorCode::AllBrokersDown,
-            RDKafkaErrorCode::NotEnoughReplicas,
-        ] {
-            assert_eq!(classify(&KafkaError::MessageProduction(code)), Class::Transient, "{code:?}");
-        }
-        assert_eq!(classify(&KafkaError::Canceled), Class::Transient);
-        for code in [
-            RDKafkaErrorCode::MessageSizeTooLarge,
-            RDKafkaErrorCode::TopicAuthorizationFailed,
-            RDKafkaErrorCode::UnknownTopicOrPartition,
-            RDKafkaErrorCode::InvalidRecord,
-        ] {
-            assert_eq!(classify(&KafkaError::MessageProduction(code)), Class::Permanent, "{code:?}");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_missing_template_field_is_permanent_and_named() {
-        let mut c = config();
-        c.template = Some(json!({"to": "{/customer/email}"}));
-        let sink = KafkaSink::new("k", &c).unwrap();
-        let payload = json!({"customer": {}});
-        let request = SinkRequest::unclaimed("k1", "t", &payload, 1, None);
-        match sink.execute(request).await {
-            Err(SinkError::Permanent { message, .. }) => {
-                assert!(message.contains("/customer/email"), "{message}")
-            }
-            other => panic!("expected a permanent failure, got {other:?}"),
-        }
-    }
-}
+mod tests;

@@ -153,6 +153,8 @@ pub struct SinkRequest<'a> {
     watch: Option<&'a CallWatch>,
     /// The caller holds what the sink's limits ask for this call (see [`Sink::try_reserve`]).
     limits_taken: bool,
+    /// When the key was first claimed (Unix ms), `None` without a claim (unit tests).
+    claimed_at_ms: Option<i64>,
 }
 
 /// The caller's side of one sink call: its cancellation, which the call observes while it
@@ -249,6 +251,7 @@ impl<'a> SinkRequest<'a> {
             tracestate: None,
             watch: None,
             limits_taken: false,
+            claimed_at_ms: Some(claim.record().claimed_at_ms),
         }
     }
 
@@ -312,7 +315,17 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest { key, kind, payload, attempt, traceparent, tracestate: None, watch: None, limits_taken: false }
+        SinkRequest {
+            key,
+            kind,
+            payload,
+            attempt,
+            traceparent,
+            tracestate: None,
+            watch: None,
+            limits_taken: false,
+            claimed_at_ms: None,
+        }
     }
 
     /// The idempotency key.
@@ -344,6 +357,12 @@ impl<'a> SinkRequest<'a> {
     /// W3C `tracestate` to pass on with [`traceparent`](Self::traceparent), if any.
     pub fn tracestate(&self) -> Option<&'a str> {
         self.tracestate
+    }
+
+    /// When the key was first claimed, Unix ms (a re-run keeps its first claim's time): a
+    /// check looks for the effect from then on. `None` for a request without a claim.
+    pub fn claimed_at_ms(&self) -> Option<i64> {
+        self.claimed_at_ms
     }
 }
 
