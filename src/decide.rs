@@ -55,7 +55,8 @@ pub enum Action {
     RerunOrphan,
     /// Re-claim an orphaned `in_progress` record and ask the sink's receiver, with its
     /// check, whether the effect exists before any call: found completes it, absent runs
-    /// it, anything else makes it `indeterminate` (the sink does not forward the key).
+    /// it, anything else makes it `indeterminate`, or, when the sink forwards the key, runs
+    /// it again with the key.
     CheckOrphan,
     /// Turn an orphaned `in_progress` record into `indeterminate` and report that.
     MarkIndeterminate,
@@ -100,8 +101,8 @@ pub fn decide(input: Result<&Arrival<'_>, RejectReason>, stored: Option<&Record>
         Record::Completed(_) => Action::Replay,
         Record::Indeterminate(_) => Action::ReportIndeterminate,
         Record::InProgress(_) if ctx.executing_here => Action::Wait,
-        Record::InProgress(_) if ctx.sink_forwards_key => Action::RerunOrphan,
         Record::InProgress(_) if ctx.sink_has_check => Action::CheckOrphan,
+        Record::InProgress(_) if ctx.sink_forwards_key => Action::RerunOrphan,
         Record::InProgress(_) => Action::MarkIndeterminate,
     }
 }
@@ -239,9 +240,9 @@ mod tests {
     fn row_orphan_is_checked_when_sink_has_a_check() {
         let c = Context { sink_has_check: true, ..ctx() };
         assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &c), Action::CheckOrphan);
-        // A sink that forwards the key runs again with it: no need to ask.
+        // A sink that forwards the key is asked too: a record found is not written twice.
         let forwarding = Context { sink_forwards_key: true, ..c };
-        assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &forwarding), Action::RerunOrphan);
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&in_progress(FP)), &forwarding), Action::CheckOrphan);
     }
 
     #[test]

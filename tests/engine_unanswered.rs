@@ -2,7 +2,8 @@
 //! does not forward the key, a call that may have landed unanswered (`maybe`) is never
 //! followed by another call unless the sink's check said the effect is absent; a claim a
 //! crash left in progress is checked, not marked `indeterminate` straight away, when the
-//! sink has a check. A sink that forwards the key keeps retrying with it.
+//! sink has a check. A sink that forwards the key keeps retrying with it, asking first when
+//! it has a check (a record found is not written twice).
 //!
 //! The sink here is scripted (what each call and check answers) so that every row of that
 //! rule is driven exactly; the real sinks' answers are proven against real receivers in
@@ -166,15 +167,42 @@ async fn answered_and_unsent_failures_are_retried_without_a_check() {
 #[tokio::test]
 async fn a_sink_that_forwards_the_key_retries_a_lost_answer_with_it() {
     let scripted = Scripted::new(&[Call::Lost, Call::Ok], vec![]);
-    let (_, outcome) = run_one(&scripted, true, timing()).await;
+    let (_, outcome) = run_one(&scripted, true, None).await;
     assert_eq!(outcome, Outcome::Succeeded);
     assert_eq!(scripted.log(), ["call Lost", "call Ok"]);
+}
+
+#[tokio::test]
+async fn a_sink_that_forwards_the_key_and_has_a_check_is_not_called_again_for_an_effect_found() {
+    let found = json!({"topic": "payments", "partition": 0, "offset": 7});
+    let scripted = Scripted::new(&[Call::Lost], vec![CheckAnswer::Found(found.clone())]);
+    let (e, outcome) = run_one(&scripted, true, timing()).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(scripted.log(), ["call Lost", "check found"], "no second record");
+    let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&c.result).unwrap(), found);
+}
+
+#[tokio::test]
+async fn a_sink_that_forwards_the_key_is_called_again_when_its_check_does_not_tell() {
+    for answer in [CheckAnswer::Absent, CheckAnswer::Unknown("past max_records".into())] {
+        let label = answer.label();
+        let scripted = Scripted::new(&[Call::Lost, Call::Ok], vec![answer]);
+        let (_, outcome) = run_one(&scripted, true, timing()).await;
+        assert_eq!(outcome, Outcome::Succeeded, "{label}");
+        assert_eq!(scripted.log(), ["call Lost".to_string(), format!("check {label}"), "call Ok".to_string()]);
+    }
 }
 
 /// A claim left in progress by a crash, then the command delivered again to a fresh
 /// engine whose sink has a check (and does not forward the key).
 async fn orphan_then_redelivered(scripted: &Arc<Scripted>) -> (EngineWithSink, Outcome) {
-    let sink = Sink::new("s", false, Arc::clone(scripted) as Arc<dyn SinkEffect>).with_check(timing());
+    orphan_at(scripted, false).await
+}
+
+/// As [`orphan_then_redelivered`], the sink forwarding the key or not.
+async fn orphan_at(scripted: &Arc<Scripted>, forwards_key: bool) -> (EngineWithSink, Outcome) {
+    let sink = Sink::new("s", forwards_key, Arc::clone(scripted) as Arc<dyn SinkEffect>).with_check(timing());
     let mut e = EngineWithSink::new(Arc::new(sink));
     let item = e.item("pay-1", json!({"ref": "r-1"}));
     e.orphan_claim(&item);
@@ -211,4 +239,18 @@ async fn an_orphan_the_check_cannot_settle_is_indeterminate_without_a_call() {
     assert_eq!(scripted.log(), ["check error"]);
     let Some(Record::Indeterminate(r)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
     assert!(r.why.contains("left in progress by a crash"), "{}", r.why);
+}
+
+#[tokio::test]
+async fn an_orphan_at_a_sink_that_forwards_the_key_is_checked_then_run_again_unless_found() {
+    let scripted = Scripted::new(&[], vec![CheckAnswer::Found(json!({"offset": 3}))]);
+    let (_, outcome) = orphan_at(&scripted, true).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(scripted.log(), ["check found"], "the record the crashed run wrote is not written again");
+    let scripted = Scripted::new(&[Call::Ok], vec![CheckAnswer::Error("cluster unreachable".into())]);
+    let (e, outcome) = orphan_at(&scripted, true).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(scripted.log(), ["check error", "call Ok"], "run again with the key");
+    let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
+    assert_eq!(c.attempts, 2);
 }

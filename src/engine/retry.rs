@@ -111,21 +111,11 @@ pub(super) async fn run_with_retry<'a>(
     let made_before = claim.record().attempts.saturating_sub(1);
     let mut tally = Tally::default();
     let mut permit = None;
-    if let Some(orphan) = orphan.filter(|_| !sink.forwards_key()) {
-        // A crash left the claim with a call that may have landed: ask before calling. The
-        // check waits for the sink's limits itself, so the ticket's are given back (its
-        // `max_in_flight` permit is kept); the first call then takes its own turn.
-        if let Some(Ticket { permit: taken, reservation }) = ticket.take() {
-            permit = Some(taken);
-            drop(reservation);
-        }
+    if let Some(orphan) = orphan.filter(|_| asks_first(sink)) {
         let asking = Asking { sink, claim, command, owner, attempt: made_before };
         // Boxed, as every rarely taken wait here: a round holds thousands of runs.
-        match Box::pin(asking.settle(orphan_doubt(orphan, sink), cancel)).await {
-            Settled::Found(result) => return RunEnd::Succeeded { result, attempts: 0 },
-            Settled::Absent => {}
-            Settled::Unsettled(why) => return RunEnd::Indeterminate { why, attempts: 0 },
-            Settled::Stopped => return tally.stopped(),
+        if let Some(end) = Box::pin(settle_orphan(asking, orphan, &mut ticket, &mut permit, cancel)).await {
+            return end;
         }
     }
     loop {
@@ -172,7 +162,7 @@ pub(super) async fn run_with_retry<'a>(
             Err(SinkError::Transient { message, retry_after }) => (message, retry_after),
         };
         let verdict = admission.map(Admission::failed_transiently);
-        if watch.answer() == CallAnswer::Maybe && !sink.forwards_key() {
+        if watch.answer() == CallAnswer::Maybe && asks_first(sink) {
             // The request may have landed: ask the receiver before calling again, or stop.
             // Cancelled (a revoke, a shutdown): the claim stays `in_progress` for the crash
             // rules, settled by the partition's next owner (docs/contract.md §4).
@@ -181,11 +171,8 @@ pub(super) async fn run_with_retry<'a>(
             }
             let doubt = format!("the call may have reached sink `{}` without an answer ({message})", sink.name());
             let asking = Asking { sink, claim, command, owner, attempt };
-            match Box::pin(asking.settle(doubt, cancel)).await {
-                Settled::Found(result) => return RunEnd::Succeeded { result, attempts: tally.calls },
-                Settled::Absent => tally.unanswered -= 1,
-                Settled::Unsettled(why) => return RunEnd::Indeterminate { why, attempts: tally.calls },
-                Settled::Stopped => return tally.stopped(),
+            if let Some(end) = Box::pin(settle_maybe(asking, doubt, &mut tally, cancel)).await {
+                return end;
             }
         }
         if verdict == Some(Verdict::SinkDown) {
@@ -210,6 +197,60 @@ pub(super) async fn run_with_retry<'a>(
             return tally.stopped();
         }
     }
+}
+
+/// Asks the receiver about the claim a crash left in progress, before any call: `Some` ends
+/// the run, `None` lets it call (absent; or unsettled at a sink that forwards the key).
+async fn settle_orphan<'a>(
+    asking: Asking<'_>,
+    orphan: &InProgress,
+    ticket: &mut Option<Ticket<'a>>,
+    permit: &mut Option<SemaphorePermit<'a>>,
+    cancel: &CancellationToken,
+) -> Option<RunEnd> {
+    // The check waits for the sink's limits itself, so the ticket's are given back (its
+    // `max_in_flight` permit is kept); the first call then takes its own turn.
+    if let Some(Ticket { permit: taken, reservation }) = ticket.take() {
+        *permit = Some(taken);
+        drop(reservation);
+    }
+    let sink = asking.sink;
+    match asking.settle(orphan_doubt(orphan, sink), cancel).await {
+        Settled::Found(result) => Some(RunEnd::Succeeded { result, attempts: 0 }),
+        Settled::Unsettled(why) if !sink.forwards_key() => Some(RunEnd::Indeterminate { why, attempts: 0 }),
+        Settled::Absent | Settled::Unsettled(_) => None,
+        Settled::Stopped => Some(RunEnd::Releasable),
+    }
+}
+
+/// Asks the receiver about a call that may have landed without an answer: `Some` ends the
+/// run, `None` lets it call again (absent; or unsettled at a sink that forwards the key, the
+/// next call carrying the key as it would without a check).
+async fn settle_maybe(
+    asking: Asking<'_>,
+    doubt: String,
+    tally: &mut Tally,
+    cancel: &CancellationToken,
+) -> Option<RunEnd> {
+    let sink = asking.sink;
+    match asking.settle(doubt, cancel).await {
+        Settled::Found(result) => Some(RunEnd::Succeeded { result, attempts: tally.calls }),
+        Settled::Absent => {
+            tally.unanswered -= 1;
+            None
+        }
+        Settled::Unsettled(why) if !sink.forwards_key() => Some(RunEnd::Indeterminate { why, attempts: tally.calls }),
+        Settled::Unsettled(_) => None,
+        Settled::Stopped => Some(tally.stopped()),
+    }
+}
+
+/// Whether a command in doubt at `sink` (a call that may have landed, a claim a crash left)
+/// is checked before any other call: always when the sink does not forward the key (with no
+/// check it is then left `indeterminate`); when it does, only if it has a check, a record
+/// found sparing the receiver a second copy it would have to drop by the key.
+fn asks_first(sink: &Sink) -> bool {
+    !sink.forwards_key() || sink.check_timing().is_some()
 }
 
 /// What is in doubt about a claim a crash left at `sink`, for the key's `why` and the log.

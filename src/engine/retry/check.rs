@@ -1,6 +1,7 @@
-//! Asking the receiver ("check before writing", docs/contract.md §4): for a sink that does
-//! not forward the key, a call that may have landed without an answer, or a claim a crash
-//! left in progress, is settled by the sink's check, never by calling again blind.
+//! Asking the receiver ("check before writing", docs/contract.md §4): a call that may have
+//! landed without an answer, or a claim a crash left in progress, is settled by the sink's
+//! check. A sink that does not forward the key is never called again blind; one that does
+//! is called again with the key unless the check found the effect.
 
 use tokio_util::sync::CancellationToken;
 
@@ -17,13 +18,14 @@ pub(super) enum Settled {
     Found(Value),
     /// The receiver said the effect is absent: the command may be called.
     Absent,
-    /// No check, or it did not tell: the key becomes `indeterminate` for this reason.
+    /// No check, or it did not tell, for this reason: the key becomes `indeterminate`, or,
+    /// at a sink that forwards the key, is called again with it.
     Unsettled(String),
     /// Cancelled, or this instance no longer owns the key, before the check answered.
     Stopped,
 }
 
-/// A command in doubt at a sink that does not forward the key, whose claim this run holds.
+/// A command in doubt at its sink, whose claim this run holds.
 pub(super) struct Asking<'a> {
     pub(super) sink: &'a Sink,
     pub(super) claim: &'a DurableClaim,
@@ -74,6 +76,15 @@ impl Asking<'_> {
             CheckAnswer::Unknown(why) | CheckAnswer::Error(why) if cancel.is_cancelled() => {
                 tracing::debug!(key = claim.key(), sink = name, why, "check given up");
                 Settled::Stopped
+            }
+            CheckAnswer::Unknown(why) | CheckAnswer::Error(why) if sink.forwards_key() => {
+                tracing::warn!(
+                    key = claim.key(),
+                    sink = name,
+                    why,
+                    "check did not tell whether the effect exists: calling again with the key"
+                );
+                Settled::Unsettled(why)
             }
             CheckAnswer::Unknown(why) | CheckAnswer::Error(why) => {
                 tracing::warn!(

@@ -13,8 +13,8 @@
 //! check reaching one waits for it to end within `timeout`, else fails (never "absent").
 //!
 //! The window: a record stamped more than [`CLOCK_SKEW`] before the claim is not looked at,
-//! and one the topic's retention already deleted is not seen (so `check.deadline` must stay
-//! below the topic's `retention.ms`).
+//! and one the topic's retention already deleted is not seen (so a claim older than the
+//! topic's `retention.ms` cannot be found).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +27,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::sinks::check::{self, CheckAnswer, CheckTiming};
+use crate::sinks::check::{CheckAnswer, CheckTiming};
 use crate::sinks::{Problems, SinkRequest};
 
 /// The header that carries the idempotency key on every record the sink produces.
@@ -46,12 +46,6 @@ pub struct KafkaCheckConfig {
     /// when unset.
     #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub delay: Option<Duration>,
-    /// How often a key left `indeterminate` is checked again.
-    #[serde(default = "check::default_interval", with = "humantime_serde")]
-    pub interval: Duration,
-    /// How long after its claim a key is checked again; keep it below the topic's retention.
-    #[serde(default = "check::default_deadline", with = "humantime_serde")]
-    pub deadline: Duration,
     /// At most this many records read from each partition; reaching it before the high
     /// watermark leaves the answer unknown.
     #[serde(default = "default_max_records")]
@@ -72,7 +66,7 @@ fn default_timeout() -> Duration {
 impl KafkaCheckConfig {
     /// The check's timing, `delivery_timeout` being the longest a call waits.
     pub fn timing(&self, delivery_timeout: Duration) -> CheckTiming {
-        CheckTiming::new(self.delay, self.interval, self.deadline, delivery_timeout)
+        CheckTiming::new(self.delay, delivery_timeout)
     }
 
     /// Adds a problem for each value that cannot work (keys `check.*`).
@@ -365,13 +359,8 @@ mod tests {
         assert_eq!((c.max_records, c.timeout), (100_000, Duration::from_secs(10)));
         let t = c.timing(Duration::from_secs(30));
         assert_eq!(t.delay, Duration::from_secs(60), "twice delivery_timeout");
-        assert_eq!((t.interval, t.deadline), (check::default_interval(), check::default_deadline()));
-        let set: KafkaCheckConfig = toml::from_str("delay = \"5m\"\ninterval = \"30s\"\ndeadline = \"2h\"").unwrap();
-        let t = set.timing(Duration::from_secs(30));
-        assert_eq!(
-            (t.delay, t.interval, t.deadline),
-            (Duration::from_secs(300), Duration::from_secs(30), Duration::from_secs(7200))
-        );
+        let set: KafkaCheckConfig = toml::from_str("delay = \"5m\"").unwrap();
+        assert_eq!(set.timing(Duration::from_secs(30)).delay, Duration::from_secs(300));
         assert!(toml::from_str::<KafkaCheckConfig>("max_record = 5").is_err(), "unknown keys are refused");
     }
 
@@ -382,9 +371,6 @@ mod tests {
             problems("max_records = 0\ntimeout = \"0s\""),
             ["sinks.pay.check.max_records", "sinks.pay.check.timeout"]
         );
-        assert_eq!(
-            problems("interval = \"0s\"\ndelay = \"2d\""),
-            ["sinks.pay.check.interval", "sinks.pay.check.delay"]
-        );
+        assert_eq!(problems("delay = \"2d\""), ["sinks.pay.check.delay"]);
     }
 }

@@ -62,7 +62,7 @@ fn a_check_table_gives_the_check_timing_and_its_problems_their_keys() {
     assert_eq!(c.check.as_ref().map(|c| c.max_records), Some(5));
     assert!(c.problems("sinks.k").is_empty());
     let bad: KafkaSinkConfig =
-        toml::from_str("brokers = \"b\"\ntopic = \"t\"\n[check]\nmax_records = 0\ndeadline = \"1s\"").unwrap();
+        toml::from_str("brokers = \"b\"\ntopic = \"t\"\n[check]\nmax_records = 0\ndelay = \"25h\"").unwrap();
     let keys: Vec<String> = bad.problems("sinks.k").into_iter().map(|(key, _, _)| key).collect();
     assert_eq!(keys, ["sinks.k.check.delay", "sinks.k.check.max_records"]);
     assert!(toml::from_str::<KafkaSinkConfig>("brokers = \"b\"\ntopic = \"t\"\n[check]\nwhere = 1").is_err());
