@@ -65,6 +65,38 @@ struct Tally {
 }
 
 impl Tally {
+    /// Counts a call that ended with `outcome`. Success or a permanent failure ends the run
+    /// (`Err`, the circuit told the call was answered); a transient failure gives its
+    /// message, the wait the receiver asked for, and the circuit's verdict on it.
+    fn count(
+        &mut self,
+        watch: &CallWatch,
+        outcome: Result<SinkOutput, SinkError>,
+        admission: Option<Admission<'_>>,
+    ) -> Result<(String, Option<Duration>, Option<Verdict>), RunEnd> {
+        self.calls += 1;
+        if !watch.never_sent() && !watch.answered() {
+            self.unanswered += 1;
+        }
+        match outcome {
+            Ok(result) => {
+                if let Some(a) = admission {
+                    a.answered();
+                }
+                Err(RunEnd::Succeeded { result, attempts: self.calls })
+            }
+            Err(SinkError::Permanent { message, result }) => {
+                if let Some(a) = admission {
+                    a.answered();
+                }
+                Err(RunEnd::Failed { result, error: message, attempts: self.calls })
+            }
+            Err(SinkError::Transient { message, retry_after }) => {
+                Ok((message, retry_after, admission.map(Admission::failed_transiently)))
+            }
+        }
+    }
+
     /// How the run ends when cancelled now.
     fn stopped(&self) -> RunEnd {
         if self.unanswered == 0 { RunEnd::Releasable } else { RunEnd::Interrupted { attempts: self.calls } }
@@ -142,36 +174,14 @@ pub(super) async fn run_with_retry<'a>(
             // nothing for the circuit to learn.
             return tally.stopped();
         }
-        tally.calls += 1;
-        if !watch.never_sent() && !watch.answered() {
-            tally.unanswered += 1;
-        }
-        let (message, retry_after) = match outcome {
-            Ok(result) => {
-                if let Some(a) = admission {
-                    a.answered();
-                }
-                return RunEnd::Succeeded { result, attempts: tally.calls };
-            }
-            Err(SinkError::Permanent { message, result }) => {
-                if let Some(a) = admission {
-                    a.answered();
-                }
-                return RunEnd::Failed { result, error: message, attempts: tally.calls };
-            }
-            Err(SinkError::Transient { message, retry_after }) => (message, retry_after),
+        let (message, retry_after, verdict) = match tally.count(&watch, outcome, admission) {
+            Ok(transient) => transient,
+            Err(end) => return end,
         };
-        let verdict = admission.map(Admission::failed_transiently);
         if watch.answer() == CallAnswer::Maybe && asks_first(sink) {
             // The request may have landed: ask the receiver before calling again, or stop.
-            // Cancelled (a revoke, a shutdown): the claim stays `in_progress` for the crash
-            // rules, settled by the partition's next owner (docs/contract.md §4).
-            if cancel.is_cancelled() {
-                return tally.stopped();
-            }
-            let doubt = format!("the call may have reached sink `{}` without an answer ({message})", sink.name());
             let asking = Asking { sink, claim, command, owner, attempt };
-            if let Some(end) = Box::pin(settle_maybe(asking, doubt, &mut tally, cancel)).await {
+            if let Some(end) = Box::pin(settle_maybe(asking, &message, &mut tally, cancel)).await {
                 return end;
             }
         }
@@ -228,11 +238,17 @@ async fn settle_orphan<'a>(
 /// next call carrying the key as it would without a check).
 async fn settle_maybe(
     asking: Asking<'_>,
-    doubt: String,
+    message: &str,
     tally: &mut Tally,
     cancel: &CancellationToken,
 ) -> Option<RunEnd> {
+    // Cancelled (a revoke, a shutdown): the claim stays `in_progress` for the crash rules,
+    // settled by the partition's next owner (docs/contract.md §4).
+    if cancel.is_cancelled() {
+        return Some(tally.stopped());
+    }
     let sink = asking.sink;
+    let doubt = format!("the call may have reached sink `{}` without an answer ({message})", sink.name());
     match asking.settle(doubt, cancel).await {
         Settled::Found(result) => Some(RunEnd::Succeeded { result, attempts: tally.calls }),
         Settled::Absent => {

@@ -118,6 +118,22 @@ fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Result<Histogram, pro
     Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
 }
 
+/// What sink calls and checks ended as, by sink: `sink_calls_total` and `checks_total`.
+fn answer_counters() -> Result<(IntCounterVec, IntCounterVec), prometheus::Error> {
+    Ok((
+        counter_vec(
+            "sink_calls_total",
+            "Sink calls by sink and what the receiver made of them: answered, never_sent (refused before the request left) or maybe (sent without an answer).",
+            &["sink", "answer"],
+        )?,
+        counter_vec(
+            "checks_total",
+            "Checks asking a sink's receiver whether a command's effect exists, by answer: found, absent, unknown, error (could not ask).",
+            &["sink", "answer"],
+        )?,
+    ))
+}
+
 /// A counter with labels (registered with the others by [`Metrics::new`]).
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
     IntCounterVec::new(Opts::new(name, help), labels)
@@ -129,6 +145,7 @@ impl Metrics {
     // read top to bottom against docs/metrics.md.
     pub fn new() -> Result<Metrics, MetricsError> {
         let (refused_partitions, assigned_partitions) = partition_gauges()?;
+        let (sink_calls, checks) = answer_counters()?;
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -138,16 +155,8 @@ impl Metrics {
                 Opts::new("sink_requests_total", "Sink calls by sink and status (ok, transient, permanent)."),
                 &["sink", "status"],
             )?,
-            sink_calls: counter_vec(
-                "sink_calls_total",
-                "Sink calls by sink and what the receiver made of them: answered, never_sent (refused before the request left) or maybe (sent without an answer).",
-                &["sink", "answer"],
-            )?,
-            checks: counter_vec(
-                "checks_total",
-                "Checks asking a sink's receiver whether a command's effect exists, by answer: found, absent, unknown, error (could not ask).",
-                &["sink", "answer"],
-            )?,
+            sink_calls,
+            checks,
             sink_duration: HistogramVec::new(
                 HistogramOpts::new("sink_duration_seconds", "Duration of one sink call.")
                     .buckets(LATENCY_BUCKETS.to_vec()),
