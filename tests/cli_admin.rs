@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::records::{completed_for_an_hour, in_progress, indeterminate};
+use common::records::{completed_for_an_hour, in_progress, indeterminate, indeterminate_at};
 use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
 use dedupd::store::{Completion, KeyStore, Record};
 use dedupd::store::{StoreBackend, SyncMode};
@@ -223,4 +223,83 @@ async fn a_404_from_something_else_is_an_error_not_no_such_key() {
     let ran = cli(&["inspect", "absent", "--admin", &server.base]).await;
     assert_eq!(ran.code, Some(4), "{ran:?}");
     server.stop().await;
+}
+
+/// A store of records of each state, indeterminate ones of two routes and sinks.
+fn store_to_list(store: &KeyStore) {
+    for (key, record) in [
+        ("pay-2", indeterminate_at(2, 5_000, "payments", "pay-api")),
+        ("pay-1", indeterminate_at(1, 1_000, "payments", "pay-api")),
+        ("mail-1", indeterminate_at(3, 1_000, "emails", "mail")),
+        ("done-1", completed_for_an_hour(4)),
+        ("busy-1", in_progress(5)),
+    ] {
+        store.compare_and_swap(key, None, Some(&record)).unwrap().unwrap();
+    }
+    store.flush_always().unwrap();
+}
+
+/// The `key`s of JSON lines, in order.
+fn listed_keys(ran: &Ran) -> Vec<String> {
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    ran.stdout
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?} is not JSON: {e}"));
+            v["key"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn keys_lists_the_records_a_filter_matches_through_the_api_and_on_a_stopped_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_path = dir.path().join("store");
+    let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &store_path, SyncMode::Batch).unwrap());
+    store_to_list(&store);
+    let server = start(&store).await;
+    let url = server.base.clone();
+    let cases: &[(&[&str], &[&str])] = &[
+        (&[], &["busy-1", "done-1", "mail-1", "pay-1", "pay-2"]),
+        (&["--state", "indeterminate"], &["mail-1", "pay-1", "pay-2"]),
+        (&["--state", "indeterminate", "--sink", "pay-api"], &["pay-1", "pay-2"]),
+        (&["--route", "emails"], &["mail-1"]),
+        (&["--sink", "pay-api", "--since", "1970-01-01T00:00:02Z"], &["pay-2"]),
+        (&["--state", "indeterminate", "--until", "1970-01-01T00:00:02Z"], &["mail-1", "pay-1"]),
+        (&["--state", "completed", "--route", "payments"], &[]),
+    ];
+    let mut through_api = Vec::new();
+    for (filters, want) in cases {
+        let ran = cli(&[&["keys", "--admin", url.as_str()], *filters].concat()).await;
+        assert_eq!(listed_keys(&ran), *want, "{filters:?}");
+        through_api.push(ran.stdout);
+    }
+    // Each line is the record as `inspect` shows it, the command in doubt included.
+    let ran = cli(&["keys", "--admin", &url, "--route", "emails"]).await;
+    let line: Value = serde_json::from_str(ran.stdout.trim()).unwrap();
+    assert_eq!((line["state"].as_str(), line["sink"].as_str()), (Some("indeterminate"), Some("mail")));
+    assert_eq!(line["payload"], serde_json::json!({"amount": 5}));
+
+    // A bad filter is refused naming it, before anything is listed; the API says why too.
+    let ran = cli(&["keys", "--admin", &url, "--since", "yesterday"]).await;
+    assert_eq!((ran.code, ran.stdout.as_str()), (Some(2), ""), "{ran:?}");
+    assert!(ran.stderr.contains("--since: \"yesterday\" is not an RFC 3339 instant"), "{ran:?}");
+    let ran = cli(&["keys", "--admin", &url, "--state", "done"]).await;
+    assert_eq!(ran.code, Some(2), "{ran:?}");
+    let answer =
+        reqwest::Client::new().get(format!("{url}/v1/keys?state=done")).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(answer.status(), 400);
+    let body: Value = answer.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("no state \"done\""), "{body}");
+    server.stop().await;
+    drop(store);
+
+    // The same filters on the stopped store print the same lines (but `expired`, as of now).
+    let config = common::records::config_file(&dir.path().join("dedupd.toml"), &store_path, None);
+    let config = config.to_str().unwrap();
+    for ((filters, want), api) in cases.iter().zip(&through_api) {
+        let ran = cli(&[&["keys", "-c", config], *filters].concat()).await;
+        assert_eq!(listed_keys(&ran), *want, "{filters:?}");
+        assert_eq!(ran.stdout.lines().count(), api.lines().count());
+    }
 }

@@ -1,5 +1,5 @@
 //! The command line (docs/contract.md §8). `run` and `demo` start the pipeline; the operator commands
-//! (`inspect`, `forget`, `resolve`, `stats`, `compact`, `export`, `import`) work on a running
+//! (`inspect`, `keys`, `forget`, `resolve`, `stats`, `compact`, `export`, `import`) work on a running
 //! instance through its admin API with `--admin URL` (token from `DEDUPD_ADMIN_TOKEN`), or
 //! on a stopped instance's store directly with `-c FILE` ([`direct`]; [`remote`];
 //! [`transfer`] for export and import). Both paths print the same things.
@@ -13,6 +13,7 @@
 mod check;
 mod direct;
 mod generate;
+mod keys;
 mod librdkafka;
 mod open_files;
 mod output;
@@ -105,6 +106,9 @@ pub enum Command {
         /// The key.
         key: String,
     },
+    /// List the records matching every filter given, one JSON document per line (e.g.
+    /// `keys --state indeterminate --sink payments`).
+    Keys(keys::KeysArgs),
     /// Remove a key so that its next arrival runs again. An `in_progress` key needs
     /// `--force`: forget it only when no instance is executing it.
     Forget {
@@ -334,6 +338,10 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
                 Conn::Remote(r) => r.resolve(&key, outcome).await,
             }?)
         }
+        Command::Keys(args) => match conn {
+            Conn::Direct(d) => keys::list_direct(&d, &args),
+            Conn::Remote(r) => keys::list_remote(&r, &args).await,
+        },
         Command::Stats => print_json(&match conn {
             Conn::Direct(d) => d.stats(),
             Conn::Remote(r) => r.stats().await,

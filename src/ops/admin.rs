@@ -30,7 +30,7 @@ use subtle::ConstantTimeEq;
 
 use super::metrics::Metrics;
 use crate::store::transfer::ImportOptions;
-use crate::store::{Completion, ForgetError, KeyStore, ResolveError, TransferError, record_json};
+use crate::store::{Completion, ForgetError, KeyStore, KeysQuery, ResolveError, TransferError, record_json};
 use crate::time::{Clock, SystemClock};
 
 /// What the admin routes need.
@@ -113,7 +113,7 @@ pub fn router(admin: Option<AdminApi>, metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/v1/keys/{key}", get(inspect).delete(forget))
         .route("/v1/keys/{key}/resolve", post(resolve))
-        .route("/v1/keys", get(inspect_query).delete(forget_query))
+        .route("/v1/keys", get(keys_query).delete(forget_query))
         .route("/v1/resolve", post(resolve_query))
         .route("/v1/stats", get(stats))
         .route("/v1/status", get(status))
@@ -172,10 +172,6 @@ fn key_param(params: Result<Query<KeyParam>, QueryRejection>) -> Result<String, 
 
 async fn inspect(State(a): State<AdminApi>, Path(key): Path<String>) -> ApiResult {
     inspect_key(a, key).await
-}
-
-async fn inspect_query(State(a): State<AdminApi>, params: Result<Query<KeyParam>, QueryRejection>) -> ApiResult {
-    inspect_key(a, key_param(params)?).await
 }
 
 async fn inspect_key(a: AdminApi, key: String) -> ApiResult {
@@ -322,14 +318,43 @@ impl Write for ChannelWriter {
 }
 
 async fn export(State(a): State<AdminApi>) -> Response {
+    jsonl_body("export", move |out| a.store.export_to(SystemClock.now_ms(), out).map(drop))
+}
+
+/// `GET /v1/keys`: with `?key=K`, the key's record (as `/v1/keys/K`); otherwise the records
+/// matching the filter the query gives (`state`, `route`, `sink`, `since`, `until`: as
+/// `dedupd keys` takes them), JSON lines, streamed.
+async fn keys_query(
+    State(a): State<AdminApi>,
+    params: Result<Query<std::collections::BTreeMap<String, String>>, QueryRejection>,
+) -> ApiResult {
+    let Ok(Query(params)) = params else {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query"));
+    };
+    if let Some(key) = params.get("key") {
+        if params.len() > 1 {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "bad query: ?key=KEY takes no filter"));
+        }
+        return inspect_key(a, key.clone()).await;
+    }
+    let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, format!("bad query: {e}"));
+    let query: KeysQuery =
+        serde_json::to_value(&params).and_then(serde_json::from_value).map_err(|e| bad(e.to_string()))?;
+    let filter = query.filter().map_err(bad)?;
+    Ok(jsonl_body("listing", move |out| a.store.list_keys(&filter, SystemClock.now_ms(), out).map(drop)))
+}
+
+/// An `application/jsonl` body of what `write` writes, run on the blocking pool and handed
+/// over in chunks. An error cuts the body off: the client sees a stream cut, not an end.
+fn jsonl_body(
+    what: &'static str,
+    write: impl FnOnce(&mut dyn Write) -> Result<(), TransferError> + Send + 'static,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
     tokio::task::spawn_blocking(move || {
         let mut out = ChannelWriter { tx: tx.clone(), buf: Vec::new() };
-        let now = SystemClock.now_ms();
-        if let Err(e) = a.store.export_to(now, &mut out) {
-            tracing::warn!(error = %e, "admin export stopped");
-            // Ends the body with an error: the client sees a cut-off stream without its end
-            // line, which import refuses.
+        if let Err(e) = write(&mut out).and_then(|()| out.flush().map_err(TransferError::from)) {
+            tracing::warn!(error = %e, "admin {what} stopped");
             let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
         }
     });

@@ -171,6 +171,15 @@ impl Record {
         }
     }
 
+    /// When it last changed: its completion, else its claim.
+    pub fn changed_at_ms(&self) -> i64 {
+        match self {
+            Record::Completed(c) => c.completed_at_ms,
+            Record::InProgress(p) => p.claimed_at_ms,
+            Record::Indeterminate(i) => i.claimed_at_ms,
+        }
+    }
+
     /// When it expires: only completed records do.
     pub fn expires_at_ms(&self) -> Option<i64> {
         match self {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use dedupd::fingerprint::Fingerprint;
-use dedupd::store::{Completed, Completion, InProgress, Indeterminate, Record, SourcePos};
+use dedupd::store::{Completed, Completion, Held, InProgress, Indeterminate, Record, SourcePos};
 
 /// A `succeeded` record with fingerprint `[fp; 32]` that expires at `expires_at_ms`.
 pub fn completed(fp: u8, expires_at_ms: i64) -> Record {
@@ -34,6 +34,24 @@ pub fn indeterminate(fp: u8) -> Record {
         attempts: 1,
         why: "crash".into(),
         held: None,
+    })
+}
+
+/// An `indeterminate` record claimed at `claimed_at_ms` by `route`, whose call of `sink`
+/// may have landed: the command in doubt kept with it.
+pub fn indeterminate_at(fp: u8, claimed_at_ms: i64, route: &str, sink: &str) -> Record {
+    Record::Indeterminate(Indeterminate {
+        fingerprint: Fingerprint([fp; 32]),
+        claimed_at_ms,
+        attempts: 1,
+        why: format!("the call may have reached sink `{sink}` without an answer"),
+        held: Some(Box::new(Held {
+            sink: sink.into(),
+            route: route.into(),
+            kind: "payment.charge".into(),
+            payload: br#"{"amount":5}"#.to_vec(),
+            source: SourcePos { topic: "commands".into(), partition: 0, offset: i64::from(fp) },
+        })),
     })
 }
 

@@ -98,15 +98,6 @@ pub enum Imported {
     Expired,
 }
 
-/// The time a record last changed: completion, else claim.
-fn changed_at_ms(r: &Record) -> i64 {
-    match r {
-        Record::Completed(c) => c.completed_at_ms,
-        Record::InProgress(p) => p.claimed_at_ms,
-        Record::Indeterminate(i) => i.claimed_at_ms,
-    }
-}
-
 /// The shape every stream must have: header first, end last with matching counts.
 #[derive(Default)]
 struct Shape {
@@ -231,7 +222,7 @@ impl KeyStore {
                 Some(c) if c == record => return Ok(Imported::Unchanged),
                 // A claim may be executing right now: replacing it could run its effect twice.
                 Some(Record::InProgress(_)) if !options.force => return Ok(Imported::KeptInProgress),
-                Some(c) if !options.overwrite && changed_at_ms(c) >= changed_at_ms(record) => {
+                Some(c) if !options.overwrite && c.changed_at_ms() >= record.changed_at_ms() => {
                     return Ok(Imported::KeptNewer);
                 }
                 _ => {}
