@@ -99,6 +99,7 @@ fn api(store: &Arc<KeyStore>) -> AdminApi {
         compaction_chunk: 100,
         status: None,
         owner: None,
+        sinks: Default::default(),
     }
 }
 

@@ -57,6 +57,7 @@ async fn start(store: &Arc<KeyStore>) -> Server {
         compaction_chunk: 100,
         status: None,
         owner: None,
+        sinks: Default::default(),
     };
     let metrics = Arc::new(Metrics::new().unwrap());
     let health = Arc::new(Health::default());

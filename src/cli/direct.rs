@@ -5,12 +5,24 @@ use serde_json::Value;
 use super::CliError;
 use crate::config::Config;
 use crate::engine::{Clock, SystemClock};
+use crate::ops::settle::{self, SettleError};
 use crate::store::{Completion, ForgetError, KeyStore, ResolveError, StoreBackend, StoreError, record_json};
 
 /// An opened store and the config it came from.
 pub struct Direct {
     pub(super) store: KeyStore,
     pub(super) config: Config,
+}
+
+/// A settle refused or failed, as the CLI exits for it: 4 no such key, 3 not
+/// indeterminate, else 2.
+pub(super) fn settle_error(e: SettleError) -> CliError {
+    match e {
+        SettleError::NotFound(_) => CliError::NotFound(e.to_string()),
+        SettleError::NotIndeterminate { .. } | SettleError::Changed(_) => CliError::Conflict(e.to_string()),
+        SettleError::Store(e) => e.into(),
+        e => CliError::Other(e.to_string()),
+    }
 }
 
 /// True when the backend could not get the store directory's lock (another process has it).
@@ -70,6 +82,21 @@ impl Direct {
             Err(e @ ResolveError::NotIndeterminate { .. }) => Err(CliError::Conflict(e.to_string())),
             Err(ResolveError::Store(e)) => Err(e.into()),
         }
+    }
+
+    /// Settles an indeterminate key by its sink's check (`resolve --check`): the sinks are
+    /// built from the config, as `run` builds them. Returns what was asked and the new
+    /// record.
+    pub async fn resolve_by_check(&self, key: &str) -> Result<Value, CliError> {
+        let sinks = crate::sinks::build_all(&self.config.sinks)
+            .map_err(|e| CliError::Other(e.to_string()))?
+            .into_iter()
+            .map(|(name, sink)| (name, std::sync::Arc::new(sink)))
+            .collect();
+        let doubt = settle::in_doubt(&self.store, &sinks, key).map_err(settle_error)?;
+        let answer = settle::ask(&doubt).await;
+        let ttl = i64::try_from(self.config.store.default_ttl.as_millis()).unwrap_or(i64::MAX);
+        settle::settle(&self.store, &doubt, answer, SystemClock.now_ms(), ttl).map_err(settle_error)
     }
 
     /// The stats document.

@@ -118,13 +118,19 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Resolve an indeterminate key as succeeded or failed.
+    /// Resolve an indeterminate key as succeeded or failed, or (`--check`) by asking its
+    /// sink's receiver with the sink's check: found, succeeded with its answer; absent,
+    /// failed; neither, left as it is (exit 2).
     Resolve {
         /// The key.
         key: String,
         /// The outcome to record.
-        #[arg(long = "as", value_enum)]
-        outcome: ResolveAs,
+        #[arg(long = "as", value_enum, required_unless_present = "check", conflicts_with = "check")]
+        outcome: Option<ResolveAs>,
+        /// Run the check of the sink the key's command went to, now, and settle the key by
+        /// its answer.
+        #[arg(long)]
+        check: bool,
     },
     /// Record counts per state, disk usage, next expiry.
     Stats,
@@ -328,10 +334,15 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
             }?;
             print_line(format_args!("forgot {} (was {was})", output::quoted(&key)))
         }
-        Command::Resolve { key, outcome } => {
+        Command::Resolve { key, check: true, .. } => print_json(&match conn {
+            Conn::Direct(d) => d.resolve_by_check(&key).await,
+            Conn::Remote(r) => r.resolve_by_check(&key).await,
+        }?),
+        Command::Resolve { key, outcome, .. } => {
             let outcome = match outcome {
-                ResolveAs::Succeeded => Completion::Succeeded,
-                ResolveAs::Failed => Completion::Failed,
+                Some(ResolveAs::Succeeded) => Completion::Succeeded,
+                Some(ResolveAs::Failed) => Completion::Failed,
+                None => return Err(CliError::Other("resolve takes --as succeeded|failed or --check".into())),
             };
             print_json(&match conn {
                 Conn::Direct(d) => d.resolve(&key, outcome),

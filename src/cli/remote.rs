@@ -115,6 +115,12 @@ impl Remote {
         self.call(Method::POST, self.key_url(key, KeyAction::Resolve)?, Some(body)).await
     }
 
+    /// Settles an indeterminate key by its sink's check, run by the instance.
+    pub async fn resolve_by_check(&self, key: &str) -> Result<Value, CliError> {
+        let body = serde_json::json!({"check": true});
+        self.call(Method::POST, self.key_url(key, KeyAction::Resolve)?, Some(body)).await
+    }
+
     /// The stats document.
     pub async fn stats(&self) -> Result<Value, CliError> {
         self.call(Method::GET, self.url(&["stats"])?, None).await

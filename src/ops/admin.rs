@@ -11,8 +11,9 @@
 //! parsers remove them as path segments even percent-encoded (`%2E` is a dot segment too),
 //! so no client can send them in the path.
 
+use std::collections::HashMap;
 use std::io::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::Router;
@@ -29,6 +30,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::metrics::Metrics;
+use super::settle::{self, SettleError};
+use crate::sinks::Sink;
 use crate::store::transfer::ImportOptions;
 use crate::store::{Completion, ForgetError, KeyStore, KeysQuery, ResolveError, TransferError, record_json};
 use crate::time::{Clock, SystemClock};
@@ -48,6 +51,9 @@ pub struct AdminApi {
     pub status: Option<super::StatusSources>,
     /// With several instances (`store.changelog`): whether this one may change a key now.
     pub owner: Option<Arc<dyn KeyOwner>>,
+    /// The engine's sinks by name, for `resolve --check`: weak, so that the engine alone
+    /// keeps them (and drops them when it stops).
+    pub sinks: HashMap<String, Weak<Sink>>,
 }
 
 /// Says whether this instance may change a key's record now. With the store on Kafka a key
@@ -237,8 +243,11 @@ async fn forget_key(a: AdminApi, key: String, force: bool) -> ApiResult {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResolveBody {
-    #[serde(rename = "as")]
-    outcome: Completion,
+    #[serde(rename = "as", default)]
+    outcome: Option<Completion>,
+    /// Settle by the sink's check instead (`resolve --check`).
+    #[serde(default)]
+    check: bool,
 }
 
 async fn resolve(State(a): State<AdminApi>, Path(key): Path<String>, body: Bytes) -> ApiResult {
@@ -254,14 +263,19 @@ async fn resolve_query(
 }
 
 async fn resolve_key(a: AdminApi, key: String, body: Bytes) -> ApiResult {
-    let body: ResolveBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(StatusCode::BAD_REQUEST, format!("body must be {{\"as\": \"succeeded\"|\"failed\"}}: {e}"))
-    })?;
+    const SHAPE: &str = "body must be {\"as\": \"succeeded\"|\"failed\"} or {\"check\": true}";
+    let body: ResolveBody =
+        serde_json::from_slice(&body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{SHAPE}: {e}")))?;
+    let outcome = match (body.outcome, body.check) {
+        (Some(outcome), false) => outcome,
+        (None, true) => return resolve_by_check(a, key).await,
+        _ => return Err(ApiError::new(StatusCode::BAD_REQUEST, SHAPE)),
+    };
     check_owner(&a, &key)?;
     blocking(move || {
         let now = SystemClock.now_ms();
         let ttl = i64::try_from(a.resolve_ttl.as_millis()).unwrap_or(i64::MAX);
-        match a.store.resolve(&key, body.outcome, now, ttl) {
+        match a.store.resolve(&key, outcome, now, ttl) {
             Ok(r) => Ok(axum::Json(record_json(&key, &r, now)).into_response()),
             Err(e @ ResolveError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
             Err(e @ ResolveError::NotIndeterminate { .. }) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
@@ -269,6 +283,37 @@ async fn resolve_key(a: AdminApi, key: String, body: Bytes) -> ApiResult {
         }
     })
     .await
+}
+
+/// `resolve --check`: the key's sink's check, run by this instance (its sinks as the engine
+/// holds them), settles it. Only the key's owner may, as for any write.
+async fn resolve_by_check(a: AdminApi, key: String) -> ApiResult {
+    check_owner(&a, &key)?;
+    // The engine keeps the sinks; gone, the instance is stopping.
+    let sinks: HashMap<String, Arc<Sink>> =
+        a.sinks.iter().filter_map(|(name, sink)| Some((name.clone(), sink.upgrade()?))).collect();
+    let (store, k) = (Arc::clone(&a.store), key.clone());
+    let doubt = blocking(move || settle::in_doubt(&store, &sinks, &k).map_err(settle_refused)).await?;
+    let answer = settle::ask(&doubt).await;
+    blocking(move || {
+        let ttl = i64::try_from(a.resolve_ttl.as_millis()).unwrap_or(i64::MAX);
+        let settled = settle::settle(&a.store, &doubt, answer, SystemClock.now_ms(), ttl).map_err(settle_refused)?;
+        Ok(axum::Json(settled).into_response())
+    })
+    .await
+}
+
+/// The answer to a settle refused or failed: 404 no record, 409 not indeterminate or
+/// changed meanwhile, 502 the receiver's check did not tell, 422 nothing to ask with.
+fn settle_refused(e: SettleError) -> ApiError {
+    let status = match &e {
+        SettleError::NotFound(_) => StatusCode::NOT_FOUND,
+        SettleError::NotIndeterminate { .. } | SettleError::Changed(_) => StatusCode::CONFLICT,
+        SettleError::NotHeld(_) | SettleError::NoCheck { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        SettleError::Unsettled { .. } => StatusCode::BAD_GATEWAY,
+        SettleError::Store(e) => return internal(e),
+    };
+    ApiError::new(status, e.to_string())
 }
 
 async fn stats(State(a): State<AdminApi>) -> ApiResult {

@@ -5,6 +5,7 @@
 pub mod admin;
 mod config;
 pub mod metrics;
+pub mod settle;
 pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};

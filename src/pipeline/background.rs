@@ -27,7 +27,9 @@ impl Background {
         stop: &CancellationToken,
     ) -> Result<Background, PipelineError> {
         let circuit_gauges = circuits::spawn_gauges(&sinks, &core.metrics, stop);
-        // From here on the engine alone keeps the sinks.
+        // From here on the engine alone keeps the sinks; the admin API asks their checks
+        // through weak references (`resolve --check`).
+        let weak_sinks = sinks.iter().map(|(name, sink)| (name.clone(), Arc::downgrade(sink))).collect();
         drop(sinks);
         let admin = config.http.admin_token.clone().map(|token| crate::ops::AdminApi {
             store: Arc::clone(&core.store),
@@ -39,6 +41,7 @@ impl Background {
                 metrics: Arc::clone(&core.metrics),
             }),
             owner: core.changelog.as_ref().map(changelog::Changelog::key_owner),
+            sinks: weak_sinks,
         });
         let metrics = Arc::clone(&core.metrics);
         let stopped = stop.clone().cancelled_owned();

@@ -1,6 +1,6 @@
 //! Checks, "check before writing" (docs/contract.md §4, "Calls without an answer"): asking a
-//! sink's receiver whether a command's effect exists, for a sink that does not forward the
-//! key and whose call may have landed without an answer.
+//! sink's receiver whether a command's effect exists, when a call may have landed without
+//! an answer, and for an operator's `resolve --check` ([`super::Sink::check_held`]).
 //!
 //! A kind that can ask its receiver has a `[sinks.NAME.check]` table; its config states the
 //! check's timing ([`SinkKind::check_timing`](super::SinkKind::check_timing)) and its effect
@@ -9,7 +9,10 @@
 
 use std::time::Duration;
 
-use super::{Problems, SinkOutput};
+use serde_json::Value;
+
+use super::{Problems, SinkOutput, SinkRequest};
+use crate::store::Held;
 
 /// What a check learnt of a command's effect at the receiver.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,5 +93,30 @@ mod tests {
         CheckTiming { delay: MAX_DELAY + Duration::from_secs(1) }.validate(&mut problems);
         let keys: Vec<String> = problems.into_vec().into_iter().map(|p| p.0).collect();
         assert_eq!(keys, ["sinks.pay.check.delay"]);
+    }
+}
+
+impl super::Sink {
+    /// Asks the receiver whether the effect of the command kept with an `indeterminate` key
+    /// exists (`resolve --check`). No claim is taken: the engine never calls a sink for an
+    /// `indeterminate` key, so nothing runs beside the check, and a request built here never
+    /// reaches [`SinkEffect::execute`].
+    pub async fn check_held(&self, key: &str, held: &Held, claimed_at_ms: i64) -> CheckAnswer {
+        let payload: Value = match serde_json::from_slice(&held.payload) {
+            Ok(payload) => payload,
+            Err(e) => return CheckAnswer::Error(format!("the kept payload is not JSON: {e}")),
+        };
+        let request = SinkRequest {
+            key,
+            kind: &held.kind,
+            payload: &payload,
+            attempt: 1,
+            traceparent: None,
+            tracestate: None,
+            watch: None,
+            limits_taken: false,
+            claimed_at_ms: Some(claimed_at_ms),
+        };
+        self.effect.check(request).await
     }
 }

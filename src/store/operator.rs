@@ -3,7 +3,7 @@
 //! The CLI on a stopped store and the admin API on a running one both call these, so the
 //! two paths behave alike.
 
-use super::{Completed, Completion, KeyStore, Record, StoreError};
+use super::{Completed, Completion, Indeterminate, KeyStore, Record, StoreError};
 
 /// What an operator resolving an `in_progress` key needs to know: a claim left by a crash is
 /// found (and made `indeterminate`, or run again) only when its key comes again to a running
@@ -78,31 +78,75 @@ impl KeyStore {
             let current = self.get(key)?;
             let ind = match &current {
                 None => return Err(ResolveError::NotFound(key.to_string())),
-                Some(Record::Indeterminate(ind)) => ind.clone(),
+                Some(Record::Indeterminate(ind)) => ind,
                 Some(other) => {
                     return Err(ResolveError::NotIndeterminate { key: key.to_string(), state: other.state().as_str() });
                 }
             };
-            let new = Record::Completed(Completed {
-                fingerprint: ind.fingerprint,
+            let settled = Settled {
                 outcome,
                 result: br#"{"resolved_by":"operator"}"#.to_vec(),
                 error: match outcome {
                     Completion::Succeeded => None,
                     Completion::Failed => Some(format!("resolved as failed by an operator; was: {}", ind.why)),
                 },
-                first_seen_at_ms: ind.claimed_at_ms,
-                completed_at_ms: now_ms,
-                expires_at_ms: now_ms.saturating_add(ttl_ms),
-                attempts: ind.attempts,
-                // An indeterminate record does not keep its claim's source.
-                source: None,
-            });
+            };
+            let new = settled.record(ind, now_ms, ttl_ms);
             if self.compare_and_swap(key, current.as_ref(), Some(&new))?.is_ok() {
                 self.flush_always()?;
                 return Ok(new);
             }
         }
+    }
+
+    /// Completes `key`'s `indeterminate` record `was` as `settled` says, if it is still
+    /// `was` (`None` when it changed meanwhile), expiring `ttl_ms` after `now_ms`. Flushed
+    /// before returning.
+    pub fn settle(
+        &self,
+        key: &str,
+        was: &Indeterminate,
+        settled: Settled,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Option<Record>, StoreError> {
+        let new = settled.record(was, now_ms, ttl_ms);
+        let expected = Record::Indeterminate(was.clone());
+        if self.compare_and_swap(key, Some(&expected), Some(&new))?.is_err() {
+            return Ok(None);
+        }
+        self.flush_always()?;
+        Ok(Some(new))
+    }
+}
+
+/// How an `indeterminate` key is settled: the outcome repeats replay, with its result and
+/// error.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    /// The outcome.
+    pub outcome: Completion,
+    /// The result, JSON text.
+    pub result: Vec<u8>,
+    /// The error of a failure.
+    pub error: Option<String>,
+}
+
+impl Settled {
+    /// The completed record replacing `ind`.
+    fn record(self, ind: &Indeterminate, now_ms: i64, ttl_ms: i64) -> Record {
+        Record::Completed(Completed {
+            fingerprint: ind.fingerprint,
+            outcome: self.outcome,
+            result: self.result,
+            error: self.error,
+            first_seen_at_ms: ind.claimed_at_ms,
+            completed_at_ms: now_ms,
+            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            attempts: ind.attempts,
+            // The claim's source is kept with the command in doubt, when it was.
+            source: ind.held.as_ref().map(|h| h.source.clone()),
+        })
     }
 }
 

@@ -1,0 +1,225 @@
+//! `dedupd resolve KEY --check` (docs/sinks.md, "Checks"): an `indeterminate` key settled by
+//! asking its receiver, with the real `dedupd` binary and a real HTTP receiver on 127.0.0.1
+//! that answers lookups by a payment's reference; on a stopped instance's store (`-c`,
+//! the sinks built from its config) and through a running admin API (the engine's sinks).
+//! What the store holds afterwards and what the receiver was asked are checked, not only
+//! what the command printed.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use common::records::{completed_for_an_hour, indeterminate};
+use dedupd::fingerprint::Fingerprint;
+use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
+use dedupd::sinks::{Sink, SinkConfig};
+use dedupd::store::{Completion, Held, Indeterminate, KeyStore, Record, SourcePos, StoreBackend, SyncMode};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "resolve-check-token-0123456789";
+
+/// The lookups the receiver was asked, by reference.
+type Asked = Arc<Mutex<Vec<String>>>;
+
+/// A payments API's lookup: `found-*` references exist (200 with the payment), `absent-*`
+/// do not (404), anything else is an error (500).
+async fn start_receiver() -> (String, Asked) {
+    async fn lookup(State(asked): State<Asked>, Query(q): Query<HashMap<String, String>>) -> (StatusCode, String) {
+        let reference = q.get("ref").cloned().unwrap_or_default();
+        asked.lock().push(reference.clone());
+        if reference.starts_with("found-") {
+            (StatusCode::OK, json!({"id": format!("ch_{reference}")}).to_string())
+        } else if reference.starts_with("absent-") {
+            (StatusCode::NOT_FOUND, String::new())
+        } else {
+            (StatusCode::INTERNAL_SERVER_ERROR, "lookup down".into())
+        }
+    }
+    let asked = Asked::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().route("/lookup", axum::routing::get(lookup)).with_state(Arc::clone(&asked));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (base, asked)
+}
+
+/// The `pay` sink's table: POSTs that cannot take the key, looked up by `ref`.
+fn pay_sink(base: &str) -> String {
+    format!(
+        r#"kind = "http"
+url = "{base}/charges"
+forward_key = false
+request_timeout = "2s"
+
+[check]
+url = "{base}/lookup?ref={{/ref}}"
+"#
+    )
+}
+
+/// An `indeterminate` record whose command (`{"ref": reference}`) went to sink `pay`.
+fn in_doubt(fp: u8, reference: &str) -> Record {
+    Record::Indeterminate(Indeterminate {
+        fingerprint: Fingerprint([fp; 32]),
+        claimed_at_ms: 1_000,
+        attempts: 1,
+        why: "the call may have reached sink `pay` without an answer".into(),
+        held: Some(Box::new(Held {
+            sink: "pay".into(),
+            route: "payments".into(),
+            kind: "payment.charge".into(),
+            payload: json!({"ref": reference}).to_string().into_bytes(),
+            source: SourcePos { topic: "commands".into(), partition: 0, offset: i64::from(fp) },
+        })),
+    })
+}
+
+/// A store holding one key per case.
+fn fill(store: &KeyStore) {
+    for (key, record) in [
+        ("k-found", in_doubt(1, "found-1")),
+        ("k-absent", in_doubt(2, "absent-2")),
+        ("k-down", in_doubt(3, "down-3")),
+        ("k-old", indeterminate(4)),
+        ("k-done", completed_for_an_hour(5)),
+    ] {
+        store.compare_and_swap(key, None, Some(&record)).unwrap().unwrap();
+    }
+    store.flush_always().unwrap();
+}
+
+/// `dedupd ARGS` with the admin token and no other `DEDUPD_*` variable: exit code, stdout,
+/// stderr.
+async fn dedupd(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_dedupd"));
+    cmd.args(args).stdin(std::process::Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEDUPD_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.env("DEDUPD_ADMIN_TOKEN", TOKEN).output())
+        .await
+        .expect("dedupd ends within 30 s")
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `resolve --check` for each case with `target` and checks what it printed; then
+/// `store` (opened after the runs, for a stopped store) holds what each answer means.
+async fn resolve_each(target: &[&str]) -> Vec<(Option<i32>, String, String)> {
+    let mut ran = Vec::new();
+    for key in ["k-found", "k-absent", "k-down", "k-old", "k-done", "k-none"] {
+        ran.push(dedupd(&[&["resolve", key, "--check"], target].concat()).await);
+    }
+    ran
+}
+
+/// What every run printed and what the store and the receiver hold afterwards.
+fn assert_settled(ran: &[(Option<i32>, String, String)], store: &KeyStore, asked: &Asked) {
+    let printed: Value = serde_json::from_str(&ran[0].1).unwrap_or_else(|e| panic!("{e}: {:?}", ran[0]));
+    assert_eq!((ran[0].0, printed["check"].as_str()), (Some(0), Some("found")), "{:?}", ran[0]);
+    let Some(Record::Completed(found)) = store.get("k-found").unwrap() else { panic!("k-found not completed") };
+    assert_eq!(found.outcome, Completion::Succeeded);
+    let result: Value = serde_json::from_slice(&found.result).unwrap();
+    assert_eq!(result, json!({"status": 200, "body": {"id": "ch_found-1"}}), "the check's answer is the result");
+
+    assert_eq!(ran[1].0, Some(0), "{:?}", ran[1]);
+    let Some(Record::Completed(absent)) = store.get("k-absent").unwrap() else { panic!("k-absent not completed") };
+    assert_eq!(absent.outcome, Completion::Failed);
+    assert!(absent.error.as_deref().unwrap_or("").contains("found no effect"), "{:?}", absent.error);
+
+    assert_eq!(ran[2].0, Some(2), "{:?}", ran[2]);
+    assert!(ran[2].2.contains("did not tell") && ran[2].2.contains("HTTP 500"), "{:?}", ran[2]);
+    assert!(matches!(store.get("k-down").unwrap(), Some(Record::Indeterminate(_))), "left as it was");
+
+    assert_eq!(ran[3].0, Some(2), "{:?}", ran[3]);
+    assert!(ran[3].2.contains("does not keep the command in doubt"), "{:?}", ran[3]);
+    assert_eq!((ran[4].0, ran[5].0), (Some(3), Some(4)), "not indeterminate; no such key: {ran:?}");
+    assert_eq!(*asked.lock(), ["found-1", "absent-2", "down-3"], "one lookup per key that keeps its command");
+}
+
+#[tokio::test]
+async fn resolve_check_settles_a_stopped_stores_keys_by_the_receivers_answer() {
+    let (base, asked) = start_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store_path = dir.path().join("store");
+    fill(&KeyStore::open(StoreBackend::Fjall, &store_path, SyncMode::Batch).unwrap());
+    let config = config_file(dir.path(), &store_path, &base);
+
+    let ran = resolve_each(&["-c", &config]).await;
+    let store = KeyStore::open(StoreBackend::Fjall, &store_path, SyncMode::Batch).unwrap();
+    assert_settled(&ran, &store, &asked);
+}
+
+#[tokio::test]
+async fn resolve_check_through_the_admin_api_asks_with_the_engines_sinks() {
+    let (base, asked) = start_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
+    fill(&store);
+    let config: SinkConfig = toml::from_str(&pay_sink(&base)).unwrap();
+    let sink: Arc<Sink> = Arc::new(config.build("pay").unwrap());
+    let admin = AdminApi {
+        store: Arc::clone(&store),
+        token: TOKEN.into(),
+        resolve_ttl: Duration::from_secs(3600),
+        compaction_chunk: 100,
+        status: None,
+        owner: None,
+        sinks: HashMap::from([("pay".to_string(), Arc::downgrade(&sink))]),
+    };
+    let stop = CancellationToken::new();
+    let (addr, serve) = serve_with_admin(
+        &dedupd::ops::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
+        Arc::new(Metrics::new().unwrap()),
+        Arc::new(Health::default()),
+        Some(admin),
+        stop.clone().cancelled_owned(),
+    )
+    .await
+    .unwrap();
+    let server = tokio::spawn(serve);
+
+    let ran = resolve_each(&["--admin", &format!("http://{addr}")]).await;
+    assert_settled(&ran, &store, &asked);
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap().unwrap();
+}
+
+/// A stopped instance's config: its store at `store`, the `pay` sink at `base`.
+fn config_file(dir: &Path, store: &Path, base: &str) -> String {
+    let sink = pay_sink(base).replace("[check]", "[sinks.pay.check]");
+    let text = format!(
+        r#"[kafka]
+bootstrap_servers = "127.0.0.1:9"
+group_id = "g"
+input_topics = ["in"]
+results_topic = "results"
+dead_letter_topic = "dlq"
+
+[store]
+path = {store:?}
+
+[sinks.pay]
+{sink}
+[[routes]]
+types = ["*"]
+sink = "pay"
+"#
+    );
+    let path = dir.join("dedupd.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
