@@ -2,8 +2,9 @@
 //! asking its receiver, with the real `dedupd` binary and a real HTTP receiver on 127.0.0.1
 //! that answers lookups by a payment's reference; on a stopped instance's store (`-c`,
 //! the sinks built from its config) and through a running admin API (the engine's sinks).
-//! What the store holds afterwards and what the receiver was asked are checked, not only
-//! what the command printed.
+//! The same by filter (`resolve --where ... --check`, `forget --where ...`): the count
+//! first, nothing changed without `--yes`. What the store holds afterwards and what the
+//! receiver was asked are checked, not only what the command printed.
 
 mod common;
 
@@ -163,39 +164,126 @@ async fn resolve_check_settles_a_stopped_stores_keys_by_the_receivers_answer() {
     assert_settled(&ran, &store, &asked);
 }
 
+/// The `key`s of JSON lines and whether each has no `error`.
+fn lines(stdout: &str) -> Vec<(String, bool)> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .map(|v| (v["key"].as_str().unwrap().to_string(), v.get("error").is_none()))
+        .collect()
+}
+
+/// `resolve --where` and `forget --where` with `target`; `store` is read after each run.
+async fn act_by_filter(target: &[&str], store: &dyn Fn() -> Arc<KeyStore>, asked: &Asked) {
+    let (code, out, err) = dedupd(&[&["resolve", "--where", "sink=pay", "--check"].as_slice(), target].concat()).await;
+    assert_eq!((code, out.as_str()), (Some(0), ""), "{err}");
+    assert!(err.contains("3 key(s) match; nothing changed: add --yes"), "{err}");
+    assert!(asked.lock().is_empty(), "no check without --yes");
+    assert!(matches!(store().get("k-found").unwrap(), Some(Record::Indeterminate(_))));
+
+    let (code, out, err) =
+        dedupd(&[&["resolve", "--where", "sink=pay", "--check", "--yes"].as_slice(), target].concat()).await;
+    assert_eq!(code, Some(2), "one key was not settled: {err}");
+    let want = [("k-absent".to_string(), true), ("k-down".to_string(), false), ("k-found".to_string(), true)];
+    assert_eq!(lines(&out), want, "{out}");
+    assert!(err.contains("done for 2 of 3 key(s)"), "{err}");
+    assert_eq!(*asked.lock(), ["absent-2", "down-3", "found-1"]);
+    let s = store();
+    assert!(matches!(s.get("k-found").unwrap(), Some(Record::Completed(c)) if c.outcome == Completion::Succeeded));
+    assert!(matches!(s.get("k-absent").unwrap(), Some(Record::Completed(c)) if c.outcome == Completion::Failed));
+    drop(s);
+
+    let (code, _, err) =
+        dedupd(&[&["resolve", "--where", "state=completed", "--as", "failed", "--yes"].as_slice(), target].concat())
+            .await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("indeterminate keys only"), "{err}");
+    let (code, _, err) = dedupd(&[&["forget", "--where", "colour=red"].as_slice(), target].concat()).await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--where colour=red: FIELD is one of"), "{err}");
+
+    let (code, out, err) =
+        dedupd(&[&["forget", "--where", "state=indeterminate", "--yes"].as_slice(), target].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(lines(&out), [("k-down".to_string(), true), ("k-old".to_string(), true)]);
+    let s = store();
+    assert_eq!((s.get("k-down").unwrap(), s.get("k-old").unwrap()), (None, None));
+    assert!(s.get("k-done").unwrap().is_some(), "a key the filter does not match is kept");
+}
+
+#[tokio::test]
+async fn resolve_and_forget_by_filter_on_a_stopped_store() {
+    let (base, asked) = start_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store_path = dir.path().join("store");
+    fill(&KeyStore::open(StoreBackend::Fjall, &store_path, SyncMode::Batch).unwrap());
+    let config = config_file(dir.path(), &store_path, &base);
+    let open = || Arc::new(KeyStore::open(StoreBackend::Fjall, &store_path, SyncMode::Batch).unwrap());
+    act_by_filter(&["-c", &config], &open, &asked).await;
+}
+
+#[tokio::test]
+async fn resolve_and_forget_by_filter_through_the_admin_api() {
+    let (base, asked) = start_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
+    fill(&store);
+    let server = AdminServer::start(&store, &base).await;
+    act_by_filter(&["--admin", &server.url], &|| Arc::clone(&store), &asked).await;
+    server.stop().await;
+}
+
+/// An admin API on 127.0.0.1 over `store`, with the `pay` sink at `base` as an engine's.
+struct AdminServer {
+    url: String,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), dedupd::ops::OpsError>>,
+    /// The engine's part: the admin API holds the sink weakly.
+    _sink: Arc<Sink>,
+}
+
+impl AdminServer {
+    async fn start(store: &Arc<KeyStore>, base: &str) -> AdminServer {
+        let config: SinkConfig = toml::from_str(&pay_sink(base)).unwrap();
+        let sink: Arc<Sink> = Arc::new(config.build("pay").unwrap());
+        let admin = AdminApi {
+            store: Arc::clone(store),
+            token: TOKEN.into(),
+            resolve_ttl: Duration::from_secs(3600),
+            compaction_chunk: 100,
+            status: None,
+            owner: None,
+            sinks: HashMap::from([("pay".to_string(), Arc::downgrade(&sink))]),
+        };
+        let stop = CancellationToken::new();
+        let (addr, serve) = serve_with_admin(
+            &dedupd::ops::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
+            Arc::new(Metrics::new().unwrap()),
+            Arc::new(Health::default()),
+            Some(admin),
+            stop.clone().cancelled_owned(),
+        )
+        .await
+        .unwrap();
+        AdminServer { url: format!("http://{addr}"), stop, task: tokio::spawn(serve), _sink: sink }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(10), self.task).await.unwrap().unwrap().unwrap();
+    }
+}
+
 #[tokio::test]
 async fn resolve_check_through_the_admin_api_asks_with_the_engines_sinks() {
     let (base, asked) = start_receiver().await;
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
     fill(&store);
-    let config: SinkConfig = toml::from_str(&pay_sink(&base)).unwrap();
-    let sink: Arc<Sink> = Arc::new(config.build("pay").unwrap());
-    let admin = AdminApi {
-        store: Arc::clone(&store),
-        token: TOKEN.into(),
-        resolve_ttl: Duration::from_secs(3600),
-        compaction_chunk: 100,
-        status: None,
-        owner: None,
-        sinks: HashMap::from([("pay".to_string(), Arc::downgrade(&sink))]),
-    };
-    let stop = CancellationToken::new();
-    let (addr, serve) = serve_with_admin(
-        &dedupd::ops::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
-        Arc::new(Metrics::new().unwrap()),
-        Arc::new(Health::default()),
-        Some(admin),
-        stop.clone().cancelled_owned(),
-    )
-    .await
-    .unwrap();
-    let server = tokio::spawn(serve);
-
-    let ran = resolve_each(&["--admin", &format!("http://{addr}")]).await;
+    let server = AdminServer::start(&store, &base).await;
+    let ran = resolve_each(&["--admin", &server.url]).await;
     assert_settled(&ran, &store, &asked);
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap().unwrap();
+    server.stop().await;
 }
 
 /// A stopped instance's config: its store at `store`, the `pay` sink at `base`.

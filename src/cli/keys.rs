@@ -65,10 +65,44 @@ pub async fn list_remote(r: &Remote, args: &KeysArgs) -> Result<(), CliError> {
     let query = args.query();
     // Refused here as the direct path refuses it, before any request.
     query.filter().map_err(|e| CliError::Other(format!("--{e}")))?;
+    let mut out = std::io::stdout().lock();
+    let mut written = Ok(());
+    stream_remote(r, &query, &mut |chunk| {
+        written = out.write_all(chunk);
+        written.is_ok()
+    })
+    .await?;
+    written.and_then(|()| out.flush()).or_else(closed_or)
+}
+
+/// The keys of a running instance's records matching `query`, in key order.
+pub async fn keys_remote(r: &Remote, query: &KeysQuery) -> Result<Vec<String>, CliError> {
+    let mut text = Vec::new();
+    stream_remote(r, query, &mut |chunk| {
+        text.extend_from_slice(chunk);
+        true
+    })
+    .await?;
+    text.split(|b| *b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let record: serde_json::Value = serde_json::from_slice(line)
+                .map_err(|e| CliError::Remote(format!("a listed record is not JSON: {e}")))?;
+            record["key"]
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| CliError::Remote("a listed record has no key".into()))
+        })
+        .collect()
+}
+
+/// `GET /v1/keys` with `query`, handing each chunk of the answer to `each` until it says
+/// stop.
+async fn stream_remote(r: &Remote, query: &KeysQuery, each: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), CliError> {
     let mut url = r.url(&["keys"])?;
     {
         let mut pairs = url.query_pairs_mut();
-        let KeysQuery { state, route, sink, since, until } = &query;
+        let KeysQuery { state, route, sink, since, until } = query;
         for (name, value) in [("state", state), ("route", route), ("sink", sink), ("since", since), ("until", until)] {
             if let Some(value) = value {
                 pairs.append_pair(name, value);
@@ -77,14 +111,13 @@ pub async fn list_remote(r: &Remote, args: &KeysArgs) -> Result<(), CliError> {
     }
     let response = r.request(Method::GET, url).send().await.map_err(|e| CliError::Remote(e.to_string()))?;
     let mut stream = check(response).await?.bytes_stream();
-    let mut out = std::io::stdout().lock();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| CliError::Remote(format!("the listing was cut: {e}")))?;
-        if let Err(e) = out.write_all(&chunk) {
-            return closed_or(e);
+        if !each(&chunk) {
+            break;
         }
     }
-    out.flush().or_else(closed_or)
+    Ok(())
 }
 
 /// A closed stdout ends the listing quietly (`dedupd keys | head`); any other write error

@@ -10,6 +10,7 @@
 //!
 //! Exit codes: 0 done, 2 error, 3 refused because of the key's state, 4 no such key.
 
+mod bulk;
 mod check;
 mod direct;
 mod generate;
@@ -112,18 +113,26 @@ pub enum Command {
     /// Remove a key so that its next arrival runs again. An `in_progress` key needs
     /// `--force`: forget it only when no instance is executing it.
     Forget {
-        /// The key.
-        key: String,
+        /// The key (or --where).
+        #[arg(required_unless_present = "filters", conflicts_with = "filters")]
+        key: Option<String>,
         /// Also forget an `in_progress` key.
         #[arg(long)]
         force: bool,
+        /// Every key a filter matches instead.
+        #[command(flatten)]
+        bulk: bulk::Bulk,
     },
     /// Resolve an indeterminate key as succeeded or failed, or (`--check`) by asking its
     /// sink's receiver with the sink's check: found, succeeded with its answer; absent,
     /// failed; neither, left as it is (exit 2).
     Resolve {
-        /// The key.
-        key: String,
+        /// The key (or --where).
+        #[arg(required_unless_present = "filters", conflicts_with = "filters")]
+        key: Option<String>,
+        /// Every indeterminate key a filter matches instead.
+        #[command(flatten)]
+        bulk: bulk::Bulk,
         /// The outcome to record.
         #[arg(long = "as", value_enum, required_unless_present = "check", conflicts_with = "check")]
         outcome: Option<ResolveAs>,
@@ -327,18 +336,20 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
             Conn::Direct(d) => d.inspect(&key),
             Conn::Remote(r) => r.inspect(&key).await,
         }?),
-        Command::Forget { key, force } => {
+        Command::Forget { key: None, force, bulk } => bulk::forget(conn, &bulk, force).await,
+        Command::Resolve { key: None, outcome, check, bulk } => bulk::resolve(conn, &bulk, outcome, check).await,
+        Command::Forget { key: Some(key), force, .. } => {
             let was = match conn {
                 Conn::Direct(d) => d.forget(&key, force),
                 Conn::Remote(r) => r.forget(&key, force).await,
             }?;
             print_line(format_args!("forgot {} (was {was})", output::quoted(&key)))
         }
-        Command::Resolve { key, check: true, .. } => print_json(&match conn {
+        Command::Resolve { key: Some(key), check: true, .. } => print_json(&match conn {
             Conn::Direct(d) => d.resolve_by_check(&key).await,
             Conn::Remote(r) => r.resolve_by_check(&key).await,
         }?),
-        Command::Resolve { key, outcome, .. } => {
+        Command::Resolve { key: Some(key), outcome, .. } => {
             let outcome = match outcome {
                 Some(ResolveAs::Succeeded) => Completion::Succeeded,
                 Some(ResolveAs::Failed) => Completion::Failed,

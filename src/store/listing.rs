@@ -7,7 +7,7 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-use super::{KeyStore, Record, State, TransferError, record_json};
+use super::{KeyStore, Record, State, StoreError, TransferError, record_json};
 
 /// Which records `keys` lists: every condition given must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -114,6 +114,22 @@ impl KeyStore {
         }
         out.flush()?;
         Ok(listed)
+    }
+}
+
+impl KeyStore {
+    /// The keys whose records match `filter`, in key order (for an operator's action on
+    /// each: `resolve --where`, `forget --where`).
+    pub fn matching_keys(&self, filter: &KeyFilter) -> Result<Vec<String>, StoreError> {
+        let mut keys = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.scan_records(after.as_deref(), 1000)?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(last.clone());
+            keys.extend(page.into_iter().filter(|(_, r)| filter.matches(r)).map(|(k, _)| k));
+        }
+        Ok(keys)
     }
 }
 
