@@ -368,7 +368,9 @@ async fn without_a_check_an_unanswered_post_is_indeterminate_at_once() {
 #[test]
 fn the_documented_example_is_a_valid_sink_with_the_documented_timing() {
     let doc = include_str!("../docs/sinks.md");
-    let start = doc.find("```toml\n[sinks.payments]\n").expect("docs/sinks.md has the payments example");
+    let section = doc.find("## `http`: check before writing").expect("docs/sinks.md has the http check's section");
+    let doc = &doc[section..];
+    let start = doc.find("```toml\n[sinks.payments]\n").expect("the section has the payments example");
     let text = &doc[start + "```toml\n".len()..];
     let text = &text[..text.find("```").expect("the block ends")];
     let table: toml::Table = toml::from_str(text).unwrap();

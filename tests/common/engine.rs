@@ -41,9 +41,9 @@ impl Clock for ManualClock {
 pub enum Behaviour {
     /// Does the effect and succeeds.
     Succeed,
-    /// Refuses permanently (no effect).
+    /// Refuses permanently (no effect; answered).
     FailPermanently,
-    /// Fails transiently on every call (no effect).
+    /// Fails transiently on every call (no effect; answered, as a 503 is).
     FailTransiently,
     /// The process dies before the effect (engine cancelled, claim left in place).
     CrashBeforeEffect,
@@ -123,10 +123,13 @@ impl SinkEffect for ScriptedSink {
                 effect();
                 Ok(serde_json::json!({"done": request.key()}))
             }
+            // The receiver answered both failures (a 400, a 503): nothing is in doubt.
             Behaviour::FailPermanently => {
+                request.answered();
                 Err(SinkError::Permanent { message: "refused".into(), result: serde_json::json!({"status": 400}) })
             }
             Behaviour::FailTransiently => {
+                request.answered();
                 Err(SinkError::Transient { message: "unavailable".into(), retry_after: None })
             }
             Behaviour::CrashBeforeEffect => {
