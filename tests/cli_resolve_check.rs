@@ -117,6 +117,11 @@ async fn dedupd(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// `dedupd ARGS TARGET...`.
+async fn dedupd_at(args: &[&str], target: &[&str]) -> (Option<i32>, String, String) {
+    dedupd(&[args, target].concat()).await
+}
+
 /// Runs `resolve --check` for each case with `target` and checks what it printed; then
 /// `store` (opened after the runs, for a stopped store) holds what each answer means.
 async fn resolve_each(target: &[&str]) -> Vec<(Option<i32>, String, String)> {
@@ -175,14 +180,13 @@ fn lines(stdout: &str) -> Vec<(String, bool)> {
 
 /// `resolve --where` and `forget --where` with `target`; `store` is read after each run.
 async fn act_by_filter(target: &[&str], store: &dyn Fn() -> Arc<KeyStore>, asked: &Asked) {
-    let (code, out, err) = dedupd(&[&["resolve", "--where", "sink=pay", "--check"].as_slice(), target].concat()).await;
+    let (code, out, err) = dedupd_at(&["resolve", "--where", "sink=pay", "--check"], target).await;
     assert_eq!((code, out.as_str()), (Some(0), ""), "{err}");
     assert!(err.contains("3 key(s) match; nothing changed: add --yes"), "{err}");
     assert!(asked.lock().is_empty(), "no check without --yes");
     assert!(matches!(store().get("k-found").unwrap(), Some(Record::Indeterminate(_))));
 
-    let (code, out, err) =
-        dedupd(&[&["resolve", "--where", "sink=pay", "--check", "--yes"].as_slice(), target].concat()).await;
+    let (code, out, err) = dedupd_at(&["resolve", "--where", "sink=pay", "--check", "--yes"], target).await;
     assert_eq!(code, Some(2), "one key was not settled: {err}");
     let want = [("k-absent".to_string(), true), ("k-down".to_string(), false), ("k-found".to_string(), true)];
     assert_eq!(lines(&out), want, "{out}");
@@ -193,17 +197,14 @@ async fn act_by_filter(target: &[&str], store: &dyn Fn() -> Arc<KeyStore>, asked
     assert!(matches!(s.get("k-absent").unwrap(), Some(Record::Completed(c)) if c.outcome == Completion::Failed));
     drop(s);
 
-    let (code, _, err) =
-        dedupd(&[&["resolve", "--where", "state=completed", "--as", "failed", "--yes"].as_slice(), target].concat())
-            .await;
+    let (code, _, err) = dedupd_at(&["resolve", "--where", "state=completed", "--as", "failed", "--yes"], target).await;
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("indeterminate keys only"), "{err}");
-    let (code, _, err) = dedupd(&[&["forget", "--where", "colour=red"].as_slice(), target].concat()).await;
+    let (code, _, err) = dedupd_at(&["forget", "--where", "colour=red"], target).await;
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--where colour=red: FIELD is one of"), "{err}");
 
-    let (code, out, err) =
-        dedupd(&[&["forget", "--where", "state=indeterminate", "--yes"].as_slice(), target].concat()).await;
+    let (code, out, err) = dedupd_at(&["forget", "--where", "state=indeterminate", "--yes"], target).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(lines(&out), [("k-down".to_string(), true), ("k-old".to_string(), true)]);
     let s = store();

@@ -74,28 +74,6 @@ impl CheckTiming {
 /// The longest `check.delay` accepted.
 const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_delay_defaults_to_twice_the_call_timeout() {
-        assert_eq!(CheckTiming::new(None, Duration::from_secs(2)).delay, Duration::from_secs(4));
-        let set = CheckTiming::new(Some(Duration::from_secs(1)), Duration::MAX);
-        assert_eq!(set.delay, Duration::from_secs(1));
-        assert_eq!(CheckTiming::new(None, Duration::MAX).delay, Duration::MAX, "saturates");
-    }
-
-    #[test]
-    fn a_delay_past_a_day_is_refused_naming_its_key() {
-        let mut problems = Problems::new("sinks.pay");
-        CheckTiming { delay: MAX_DELAY }.validate(&mut problems);
-        CheckTiming { delay: MAX_DELAY + Duration::from_secs(1) }.validate(&mut problems);
-        let keys: Vec<String> = problems.into_vec().into_iter().map(|p| p.0).collect();
-        assert_eq!(keys, ["sinks.pay.check.delay"]);
-    }
-}
-
 impl super::Sink {
     /// Asks the receiver whether the effect of the command kept with an `indeterminate` key
     /// exists (`resolve --check`). No claim is taken: the engine never calls a sink for an
@@ -118,5 +96,27 @@ impl super::Sink {
             claimed_at_ms: Some(claimed_at_ms),
         };
         self.effect.check(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delay_defaults_to_twice_the_call_timeout() {
+        assert_eq!(CheckTiming::new(None, Duration::from_secs(2)).delay, Duration::from_secs(4));
+        let set = CheckTiming::new(Some(Duration::from_secs(1)), Duration::MAX);
+        assert_eq!(set.delay, Duration::from_secs(1));
+        assert_eq!(CheckTiming::new(None, Duration::MAX).delay, Duration::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_delay_past_a_day_is_refused_naming_its_key() {
+        let mut problems = Problems::new("sinks.pay");
+        CheckTiming { delay: MAX_DELAY }.validate(&mut problems);
+        CheckTiming { delay: MAX_DELAY + Duration::from_secs(1) }.validate(&mut problems);
+        let keys: Vec<String> = problems.into_vec().into_iter().map(|p| p.0).collect();
+        assert_eq!(keys, ["sinks.pay.check.delay"]);
     }
 }
