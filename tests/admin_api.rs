@@ -5,17 +5,17 @@
 
 mod common;
 
+use common::admin::Server;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::records::{completed, in_progress, indeterminate};
 use dedupd::fingerprint::Fingerprint;
-use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
+use dedupd::ops::AdminApi;
 use dedupd::store::{Completion, KeyStore, Record};
 use dedupd::store::{StoreBackend, SyncMode};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "s3cret-token-0123456789";
 
@@ -23,33 +23,8 @@ fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-struct Server {
-    base: String,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), dedupd::ops::OpsError>>,
-}
-
 async fn start(admin: Option<AdminApi>) -> Server {
-    let metrics = Arc::new(Metrics::new().unwrap());
-    let health = Arc::new(Health::default());
-    let stop = CancellationToken::new();
-    let (addr, fut) = serve_with_admin(
-        &dedupd::ops::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
-        metrics,
-        health,
-        admin,
-        stop.clone().cancelled_owned(),
-    )
-    .await
-    .unwrap();
-    Server { base: format!("http://{addr}"), stop, task: tokio::spawn(fut) }
-}
-
-impl Server {
-    async fn stop(self) {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.unwrap().unwrap().unwrap();
-    }
+    Server::start(admin).await
 }
 
 /// Sends a request; returns status, `WWW-Authenticate` and the body as JSON (or a string).
@@ -92,15 +67,7 @@ fn store_with_records(dir: &std::path::Path) -> Arc<KeyStore> {
 }
 
 fn api(store: &Arc<KeyStore>) -> AdminApi {
-    AdminApi {
-        store: Arc::clone(store),
-        token: TOKEN.into(),
-        resolve_ttl: Duration::from_secs(3600),
-        compaction_chunk: 100,
-        status: None,
-        owner: None,
-        sinks: Default::default(),
-    }
+    common::admin::api(store, TOKEN)
 }
 
 #[tokio::test]

@@ -8,15 +8,14 @@
 
 mod common;
 
+use common::admin::Server;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::records::{completed_for_an_hour, in_progress, indeterminate, indeterminate_at};
-use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
 use dedupd::store::{Completion, KeyStore, Record};
 use dedupd::store::{StoreBackend, SyncMode};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "cli-admin-token-0123456789";
 
@@ -43,42 +42,8 @@ const AWKWARD_KEYS: &[&str] = &[
     "\"quoted\"",
 ];
 
-struct Server {
-    base: String,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), dedupd::ops::OpsError>>,
-}
-
 async fn start(store: &Arc<KeyStore>) -> Server {
-    let admin = AdminApi {
-        store: Arc::clone(store),
-        token: TOKEN.into(),
-        resolve_ttl: Duration::from_secs(3600),
-        compaction_chunk: 100,
-        status: None,
-        owner: None,
-        sinks: Default::default(),
-    };
-    let metrics = Arc::new(Metrics::new().unwrap());
-    let health = Arc::new(Health::default());
-    let stop = CancellationToken::new();
-    let (addr, fut) = serve_with_admin(
-        &dedupd::ops::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
-        metrics,
-        health,
-        Some(admin),
-        stop.clone().cancelled_owned(),
-    )
-    .await
-    .unwrap();
-    Server { base: format!("http://{addr}"), stop, task: tokio::spawn(fut) }
-}
-
-impl Server {
-    async fn stop(self) {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.unwrap().unwrap().unwrap();
-    }
+    Server::start(Some(common::admin::api(store, TOKEN))).await
 }
 
 /// What a CLI run left behind.

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::admin::Server;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -17,12 +19,11 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use common::records::{completed_for_an_hour, indeterminate};
 use dedupd::fingerprint::Fingerprint;
-use dedupd::ops::{AdminApi, Health, Metrics, serve_with_admin};
+use dedupd::ops::AdminApi;
 use dedupd::sinks::{Sink, SinkConfig};
 use dedupd::store::{Completion, Held, Indeterminate, KeyStore, Record, SourcePos, StoreBackend, SyncMode};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "resolve-check-token-0123456789";
 
@@ -229,50 +230,21 @@ async fn resolve_and_forget_by_filter_through_the_admin_api() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
     fill(&store);
-    let server = AdminServer::start(&store, &base).await;
-    act_by_filter(&["--admin", &server.url], &|| Arc::clone(&store), &asked).await;
+    let (server, _sink) = start_admin(&store, &base).await;
+    act_by_filter(&["--admin", &server.base], &|| Arc::clone(&store), &asked).await;
     server.stop().await;
 }
 
-/// An admin API on 127.0.0.1 over `store`, with the `pay` sink at `base` as an engine's.
-struct AdminServer {
-    url: String,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), dedupd::ops::OpsError>>,
-    /// The engine's part: the admin API holds the sink weakly.
-    _sink: Arc<Sink>,
-}
-
-impl AdminServer {
-    async fn start(store: &Arc<KeyStore>, base: &str) -> AdminServer {
-        let config: SinkConfig = toml::from_str(&pay_sink(base)).unwrap();
-        let sink: Arc<Sink> = Arc::new(config.build("pay").unwrap());
-        let admin = AdminApi {
-            store: Arc::clone(store),
-            token: TOKEN.into(),
-            resolve_ttl: Duration::from_secs(3600),
-            compaction_chunk: 100,
-            status: None,
-            owner: None,
-            sinks: HashMap::from([("pay".to_string(), Arc::downgrade(&sink))]),
-        };
-        let stop = CancellationToken::new();
-        let (addr, serve) = serve_with_admin(
-            &dedupd::ops::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
-            Arc::new(Metrics::new().unwrap()),
-            Arc::new(Health::default()),
-            Some(admin),
-            stop.clone().cancelled_owned(),
-        )
-        .await
-        .unwrap();
-        AdminServer { url: format!("http://{addr}"), stop, task: tokio::spawn(serve), _sink: sink }
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.unwrap().unwrap().unwrap();
-    }
+/// An admin API on 127.0.0.1 over `store`, with the `pay` sink at `base` as an engine's
+/// (held weakly by the API: the returned sink keeps it).
+async fn start_admin(store: &Arc<KeyStore>, base: &str) -> (Server, Arc<Sink>) {
+    let config: SinkConfig = toml::from_str(&pay_sink(base)).unwrap();
+    let sink: Arc<Sink> = Arc::new(config.build("pay").unwrap());
+    let admin = AdminApi {
+        sinks: HashMap::from([("pay".to_string(), Arc::downgrade(&sink))]),
+        ..common::admin::api(store, TOKEN)
+    };
+    (Server::start(Some(admin)).await, sink)
 }
 
 #[tokio::test]
@@ -281,34 +253,15 @@ async fn resolve_check_through_the_admin_api_asks_with_the_engines_sinks() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(KeyStore::open(StoreBackend::Fjall, &dir.path().join("store"), SyncMode::Batch).unwrap());
     fill(&store);
-    let server = AdminServer::start(&store, &base).await;
-    let ran = resolve_each(&["--admin", &server.url]).await;
+    let (server, _sink) = start_admin(&store, &base).await;
+    let ran = resolve_each(&["--admin", &server.base]).await;
     assert_settled(&ran, &store, &asked);
     server.stop().await;
 }
 
 /// A stopped instance's config: its store at `store`, the `pay` sink at `base`.
 fn config_file(dir: &Path, store: &Path, base: &str) -> String {
-    let sink = pay_sink(base).replace("[check]", "[sinks.pay.check]");
-    let text = format!(
-        r#"[kafka]
-bootstrap_servers = "127.0.0.1:9"
-group_id = "g"
-input_topics = ["in"]
-results_topic = "results"
-dead_letter_topic = "dlq"
-
-[store]
-path = {store:?}
-
-[sinks.pay]
-{sink}
-[[routes]]
-types = ["*"]
-sink = "pay"
-"#
-    );
-    let path = dir.join("dedupd.toml");
-    std::fs::write(&path, text).unwrap();
+    let table = pay_sink(base).replace("[check]", "[sinks.pay.check]");
+    let path = common::records::config_file_with_sink(&dir.join("dedupd.toml"), store, None, "pay", &table);
     path.to_str().unwrap().to_string()
 }

@@ -84,18 +84,7 @@ impl super::Sink {
             Ok(payload) => payload,
             Err(e) => return CheckAnswer::Error(format!("the kept payload is not JSON: {e}")),
         };
-        let request = SinkRequest {
-            key,
-            kind: &held.kind,
-            payload: &payload,
-            attempt: 1,
-            traceparent: None,
-            tracestate: None,
-            watch: None,
-            limits_taken: false,
-            claimed_at_ms: Some(claimed_at_ms),
-        };
-        self.effect.check(request).await
+        self.effect.check(SinkRequest::of(key, &held.kind, &payload, 1, Some(claimed_at_ms))).await
     }
 }
 

@@ -242,17 +242,35 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
+        SinkRequest::of(claim.key(), kind, payload, attempt, Some(claim.record().claimed_at_ms))
+            .with_traceparent(traceparent)
+    }
+
+    /// The request's fields, no trace context, unwatched. Private: outside this module a
+    /// request for a call needs a durable claim ([`SinkRequest::new`]).
+    fn of(
+        key: &'a str,
+        kind: &'a str,
+        payload: &'a Value,
+        attempt: u32,
+        claimed_at_ms: Option<i64>,
+    ) -> SinkRequest<'a> {
         SinkRequest {
-            key: claim.key(),
+            key,
             kind,
             payload,
             attempt,
-            traceparent,
+            traceparent: None,
             tracestate: None,
             watch: None,
             limits_taken: false,
-            claimed_at_ms: Some(claim.record().claimed_at_ms),
+            claimed_at_ms,
         }
+    }
+
+    /// The same request, passing on `traceparent`.
+    fn with_traceparent(self, traceparent: Option<&'a str>) -> SinkRequest<'a> {
+        SinkRequest { traceparent, ..self }
     }
 
     /// The same request, passing on `tracestate` with its `traceparent`.
@@ -315,17 +333,7 @@ impl<'a> SinkRequest<'a> {
         attempt: u32,
         traceparent: Option<&'a str>,
     ) -> SinkRequest<'a> {
-        SinkRequest {
-            key,
-            kind,
-            payload,
-            attempt,
-            traceparent,
-            tracestate: None,
-            watch: None,
-            limits_taken: false,
-            claimed_at_ms: None,
-        }
+        SinkRequest::of(key, kind, payload, attempt, None).with_traceparent(traceparent)
     }
 
     /// The idempotency key.

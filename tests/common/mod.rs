@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests. Each test binary uses a part of them.
 #![allow(dead_code)]
 
+pub mod admin;
 pub mod claims;
 pub mod effects;
 pub mod engine;

@@ -68,6 +68,12 @@ pub fn in_progress(fp: u8) -> Record {
 /// Writes a config file at `path` for a stopped instance whose store is at `store` (with
 /// `backend` when given, else the default) and a log sink; returns `path`.
 pub fn config_file(path: &Path, store: &Path, backend: Option<&str>) -> PathBuf {
+    config_file_with_sink(path, store, backend, "log", "kind = \"log\"\n")
+}
+
+/// As [`config_file`], with the sink `name` whose table (its keys and sub-tables, written
+/// as `[sinks.NAME.SUB]`) is `table`, to which every command type is routed.
+pub fn config_file_with_sink(path: &Path, store: &Path, backend: Option<&str>, name: &str, table: &str) -> PathBuf {
     let backend = backend.map(|b| format!("backend = \"{b}\"\n")).unwrap_or_default();
     let text = format!(
         r#"[kafka]
@@ -80,12 +86,11 @@ dead_letter_topic = "dlq"
 [store]
 path = {store:?}
 {backend}
-[sinks.log]
-kind = "log"
-
+[sinks.{name}]
+{table}
 [[routes]]
 types = ["*"]
-sink = "log"
+sink = "{name}"
 "#
     );
     std::fs::write(path, text).expect("write the config file");
