@@ -83,6 +83,7 @@ fn exported_metrics() -> BTreeSet<String> {
     m.set_refused_partitions(0);
     m.set_restoring(0, false);
     m.set_sink_circuit_open("s", false);
+    m.init_known(&["r"], &["s"]);
     let names: BTreeSet<String> = m
         .render()
         .lines()

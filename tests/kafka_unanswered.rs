@@ -18,8 +18,9 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use common::exposition::scrape;
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
+use common::process::{DedupdProcess, KeptOnFailure, tail_of_file, wait_for_http_addr};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
@@ -144,8 +145,12 @@ async fn a_lost_answer_without_a_check_is_indeterminate_after_one_call() {
     let text = config(&bootstrap, (&input, &results, &dlq), &dir.path().join("store"), &api, "");
     std::fs::write(&config_path, text).expect("config");
     let mut dedupd = DedupdProcess::run(&config_path, &log);
+    let http = wait_for_http_addr(&log, &mut dedupd, Duration::from_secs(60)).await;
     let published = kafka::read_all(&bootstrap, &results, 2 * keys.len(), Duration::from_secs(90)).await;
     assert_eq!(published.len(), 2 * keys.len(), "a result per input:\n{}", tail_of_file(&log, 40));
+    // The keys in doubt, by the sink an operator must ask (the gauges refresh every ≤ 5 s).
+    let in_doubt = indeterminate_keys_once(&http, "pay", keys.len() as f64, Duration::from_secs(30)).await;
+    assert_eq!(in_doubt, Some(keys.len() as f64), "dedupd_indeterminate_keys{{sink=\"pay\"}}");
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
     server.abort();
 
@@ -168,6 +173,20 @@ async fn a_lost_answer_without_a_check_is_indeterminate_after_one_call() {
         assert!(why.contains("may have reached sink `pay` without an answer"), "{key}: {why}");
     }
     assert_eq!(kafka::count_records(&bootstrap, &results).await, 2 * keys.len() as i64, "one result per input");
+}
+
+/// `dedupd_indeterminate_keys{sink}` once it reads `want`, or what it read last when
+/// `within` passed.
+async fn indeterminate_keys_once(http: &str, sink: &str, want: f64, within: Duration) -> Option<f64> {
+    let client = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let value = scrape(&client, http).await.value("dedupd_indeterminate_keys", &[("sink", sink)]);
+        if value == Some(want) || std::time::Instant::now() >= deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The check: the payments API's search by the payload's reference; a payment listed is

@@ -29,6 +29,7 @@ pub struct Metrics {
     sink_requests: IntCounterVec,
     sink_calls: IntCounterVec,
     checks: IntCounterVec,
+    indeterminate_keys: IntGaugeVec,
     sink_duration: HistogramVec,
     process_duration: Histogram,
     store_records: IntGaugeVec,
@@ -118,8 +119,9 @@ fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Result<Histogram, pro
     Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
 }
 
-/// What sink calls and checks ended as, by sink: `sink_calls_total` and `checks_total`.
-fn answer_counters() -> Result<(IntCounterVec, IntCounterVec), prometheus::Error> {
+/// What sink calls and checks ended as, and the keys left in doubt, by sink:
+/// `sink_calls_total`, `checks_total` and `indeterminate_keys`.
+fn doubt_metrics() -> Result<(IntCounterVec, IntCounterVec, IntGaugeVec), prometheus::Error> {
     Ok((
         counter_vec(
             "sink_calls_total",
@@ -130,6 +132,13 @@ fn answer_counters() -> Result<(IntCounterVec, IntCounterVec), prometheus::Error
             "checks_total",
             "Checks asking a sink's receiver whether a command's effect exists, by answer: found, absent, unknown, error (could not ask).",
             &["sink", "answer"],
+        )?,
+        IntGaugeVec::new(
+            Opts::new(
+                "indeterminate_keys",
+                "Keys the store holds as indeterminate, by the sink their command went to (\"(unknown)\" for records that keep no command): each waits for a check or an operator.",
+            ),
+            &["sink"],
         )?,
     ))
 }
@@ -145,7 +154,7 @@ impl Metrics {
     // read top to bottom against docs/metrics.md.
     pub fn new() -> Result<Metrics, MetricsError> {
         let (refused_partitions, assigned_partitions) = partition_gauges()?;
-        let (sink_calls, checks) = answer_counters()?;
+        let (sink_calls, checks, indeterminate_keys) = doubt_metrics()?;
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -157,6 +166,7 @@ impl Metrics {
             )?,
             sink_calls,
             checks,
+            indeterminate_keys,
             sink_duration: HistogramVec::new(
                 HistogramOpts::new("sink_duration_seconds", "Duration of one sink call.")
                     .buckets(LATENCY_BUCKETS.to_vec()),
@@ -229,6 +239,7 @@ impl Metrics {
             Box::new(self.sink_requests.clone()),
             Box::new(self.sink_calls.clone()),
             Box::new(self.checks.clone()),
+            Box::new(self.indeterminate_keys.clone()),
             Box::new(self.sink_duration.clone()),
             Box::new(self.process_duration.clone()),
             Box::new(self.store_records.clone()),
@@ -300,6 +311,7 @@ impl Metrics {
             for answer in CHECK_ANSWERS {
                 self.checks.with_label_values(&[*sink, answer]);
             }
+            self.indeterminate_keys.with_label_values(&[*sink]).set(0);
             self.sink_duration.with_label_values(&[*sink]);
         }
     }
@@ -346,6 +358,14 @@ impl Metrics {
         self.store_records.with_label_values(&[State::Completed.as_str()]).set(counts.completed);
         self.store_records.with_label_values(&[State::Indeterminate.as_str()]).set(counts.indeterminate);
         self.store_disk_bytes.set(i64::try_from(disk_bytes).unwrap_or(i64::MAX));
+    }
+
+    /// The store's `indeterminate` records per sink (`""`: records that keep no command).
+    pub fn indeterminate_keys(&self, by_sink: &std::collections::BTreeMap<String, i64>) {
+        for (sink, count) in by_sink {
+            let sink = if sink.is_empty() { "(unknown)" } else { sink.as_str() };
+            self.indeterminate_keys.with_label_values(&[sink]).set(*count);
+        }
     }
 
     /// Reads the size and free bytes of the volume holding the store at `path`.

@@ -28,6 +28,7 @@ mod claims;
 mod compaction;
 mod config;
 mod disk;
+mod doubts;
 mod error;
 mod expiries;
 mod fault;
@@ -129,6 +130,8 @@ pub struct KeyStore {
     /// Held (inside a stripe lock) while an index entry shared by several keys is rewritten.
     index_lock: Mutex<()>,
     counts: [AtomicI64; 3],
+    /// The `indeterminate` records per sink (`doubts`).
+    doubts: doubts::Doubts,
     /// Flushes started so far (see `coalesced_flush`).
     flushes_started: AtomicU64,
     /// The number of the last flush that finished; held while a flush runs.
@@ -226,6 +229,7 @@ impl KeyStore {
             compactions: AtomicU64::new(0),
             index_lock: Mutex::new(()),
             counts: Default::default(),
+            doubts: Default::default(),
             flushes_started: AtomicU64::new(0),
             flush_done: Mutex::new(0),
             capture: false,
@@ -406,6 +410,7 @@ impl KeyStore {
         if let Some(n) = new {
             self.counts[state_index(n.state())].fetch_add(1, Ordering::Relaxed);
         }
+        self.doubts.changed(current.as_ref(), new);
         Ok(())
     }
 

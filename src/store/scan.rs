@@ -13,16 +13,20 @@ pub(in crate::store) use saved::FILE_NAME as SAVED_FILTER_FILE;
 use super::{KeyStore, KeyValue, Record, StateCounts, StoreError, Tree, decode, state_index};
 
 impl KeyStore {
-    /// Recounts records per state by a full scan (after import).
+    /// Recounts records per state (and the `indeterminate` ones per sink) by a full scan
+    /// (after import).
     pub fn recount(&self) -> Result<StateCounts, StoreError> {
         let mut counts = [0i64; 3];
+        let mut doubts = std::collections::BTreeMap::new();
         self.for_each_record_page(|page| {
             for (_, record) in page {
                 counts[state_index(record.state())] += 1;
+                super::doubts::tally(&mut doubts, &record);
             }
             Ok(())
         })?;
         self.set_counts(counts);
+        self.doubts.set(doubts);
         Ok(self.counts())
     }
 

@@ -113,10 +113,29 @@ fn put_completed(store: &KeyStore, key: &str, b: u8, at: i64) {
 }
 
 fn put_indeterminate(store: &KeyStore, key: &str, b: u8) {
+    put_in_doubt(store, key, b, None);
+}
+
+/// An `indeterminate` record at `key` (claimed first, as the engine does), keeping its
+/// command when a `sink` is named.
+fn put_in_doubt(store: &KeyStore, key: &str, b: u8, sink: Option<&str>) {
     let claim = durable(store, key, b);
     let expected = Record::InProgress(claim.record().clone());
+    let held = sink.map(|sink| {
+        Box::new(super::Held {
+            sink: sink.into(),
+            route: "r".into(),
+            kind: "t".into(),
+            payload: b"{}".to_vec(),
+            source: SourcePos { topic: "in".into(), partition: 0, offset: 1 },
+        })
+    });
     store
-        .compare_and_swap(key, Some(&expected), Some(&Record::Indeterminate(indeterminate(b))))
+        .compare_and_swap(
+            key,
+            Some(&expected),
+            Some(&Record::Indeterminate(Indeterminate { held, ..indeterminate(b) })),
+        )
         .unwrap()
         .expect("in_progress → indeterminate");
 }
@@ -171,7 +190,12 @@ fn check_invariants(store: &KeyStore) {
         }
     }
     assert_eq!(live, by_scan, "live counts differ from the records");
+    let mut by_sink = std::collections::BTreeMap::new();
+    records.values().for_each(|r| super::doubts::tally(&mut by_sink, r));
+    let nonzero = |m: BTreeMap<String, i64>| m.into_iter().filter(|(_, n)| *n != 0).collect::<BTreeMap<_, _>>();
+    assert_eq!(nonzero(store.indeterminate_by_sink()), by_sink, "live indeterminate records per sink");
     assert_eq!(store.recount().unwrap(), by_scan);
+    assert_eq!(nonzero(store.indeterminate_by_sink()), by_sink, "recounted per sink");
     filter::check_presence(store, &records);
 }
 

@@ -15,9 +15,12 @@
 //! nothing else uses the store, so no lock is held across the scan; fingerprints are added
 //! under their stripe's lock as everywhere else.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::super::{KeyStore, Record, STRIPES, Slice, StoreError, Tree, corrupt_record, presence, state_index};
+use super::super::{
+    KeyStore, Record, STRIPES, Slice, State, StoreError, Tree, corrupt_record, decode, doubts, presence, state_index,
+};
 
 /// Fingerprints gathered per stripe before they are added to its filter at once (16 MiB per
 /// thread, whatever the store's size). Tests fill buffers of 4, so that a store of a few
@@ -34,6 +37,9 @@ const MAX_THREADS: usize = 4;
 /// A range of keys, `start <= key < end`.
 type Range = (Vec<u8>, Option<Vec<u8>>);
 
+/// What a scan counted: records per state, and the `indeterminate` ones per sink.
+type Counted = ([i64; 3], BTreeMap<String, i64>);
+
 /// A range of one slice's keys.
 type SliceRange = (Slice, Range);
 
@@ -45,6 +51,7 @@ impl KeyStore {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let helpers = cores.min(MAX_THREADS).min(ranges.len()).saturating_sub(1);
         let mut counts = [0i64; 3];
+        let mut doubts = BTreeMap::new();
         std::thread::scope(|scope| {
             // The caller's thread reads ranges too, so a helper the OS refuses to start only
             // leaves more to it.
@@ -54,7 +61,10 @@ impl KeyStore {
                     std::thread::Builder::new().name("dedupd-open-scan".into()).spawn_scoped(scope, read).ok()
                 })
                 .collect();
-            let mut add = |counted: [i64; 3]| counts.iter_mut().zip(counted).for_each(|(total, n)| *total += n);
+            let mut add = |(counted, sinks): Counted| {
+                counts.iter_mut().zip(counted).for_each(|(total, n)| *total += n);
+                sinks.into_iter().for_each(|(sink, n)| *doubts.entry(sink).or_default() += n);
+            };
             add(self.fill_ranges(&ranges, &next)?);
             for worker in workers {
                 // A panic in a helper is one in the open, as when it all ran on the caller's.
@@ -63,17 +73,24 @@ impl KeyStore {
             Ok::<_, StoreError>(())
         })?;
         self.set_counts(counts);
+        self.doubts.set(doubts);
         Ok(())
     }
 
-    /// Takes ranges from `ranges` until none is left; returns the records counted per state.
-    fn fill_ranges(&self, ranges: &[SliceRange], next: &AtomicUsize) -> Result<[i64; 3], StoreError> {
+    /// Takes ranges from `ranges` until none is left; returns the records counted per state,
+    /// and the `indeterminate` ones per sink.
+    fn fill_ranges(&self, ranges: &[SliceRange], next: &AtomicUsize) -> Result<Counted, StoreError> {
         let mut counts = [0i64; 3];
+        let mut doubts = BTreeMap::new();
         let mut buffers = vec![Vec::new(); STRIPES];
         while let Some((slice, (start, end))) = ranges.get(next.fetch_add(1, Ordering::Relaxed)) {
             self.backend.for_each(Tree::Records(*slice), start, end.as_deref(), &mut |key, value| {
                 let state = Record::state_of(value).map_err(|source| corrupt_record(key, source))?;
                 counts[state_index(state)] += 1;
+                if state == State::Indeterminate {
+                    // Rare: only these are decoded, for their sink.
+                    doubts::tally(&mut doubts, &decode(key, value)?);
+                }
                 let (stripe, fp) = presence::key_bytes_hash(key);
                 let buffer = &mut buffers[stripe];
                 buffer.push(fp);
@@ -89,7 +106,7 @@ impl KeyStore {
                 buffer.clear();
             }
         }
-        Ok(counts)
+        Ok((counts, doubts))
     }
 
     /// The ranges that together hold every key of every slice (`ranges_split_at`): one

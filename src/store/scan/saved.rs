@@ -6,7 +6,8 @@
 //! it is read, not at open.
 //!
 //! The file, [`FILE_NAME`] in the store directory: a header (format, the save's id,
-//! stripes, the backend's write sequence number, the counts per state), then each stripe's
+//! stripes, the backend's write sequence number, the counts per state, the `indeterminate`
+//! records per sink), then each stripe's
 //! fingerprints and those held by more than one key, then a CRC-32 of all of it. Written
 //! to a temporary file, synced and renamed over the last one, so a crash while saving
 //! leaves the old file or the new one.
@@ -36,6 +37,7 @@
 //! A backend without a write sequence number (sled) always scans. A file found stale is
 //! removed, so that it does not take disk space until the next clean stop.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
@@ -49,14 +51,17 @@ pub(in crate::store) const FILE_NAME: &str = "dedupd-presence.saved";
 /// The `meta` key written last before the filter is saved (see `save_presence`).
 const SAVED_MARK: &[u8] = b"presence-saved";
 
-/// What the file starts with: the format's name and version (2: each entry names the
-/// slice holding its key; a file of format 1 is not read, and the open scans).
-const MAGIC: &[u8; 16] = b"dedupd-presence2";
+/// What the file starts with: the format's name and version (3: the `indeterminate`
+/// records per sink follow the counts; 2: each entry names the slice holding its key; a
+/// file of an older format is not read, and the open scans).
+const MAGIC: &[u8; 16] = b"dedupd-presence3";
 
-/// What the open read back: each stripe's filter and the counts per state.
+/// What the open read back: each stripe's filter, the counts per state, and the
+/// `indeterminate` records per sink.
 struct Saved {
     stripes: Vec<Presence>,
     counts: [i64; 3],
+    doubts: BTreeMap<String, i64>,
 }
 
 impl KeyStore {
@@ -115,6 +120,13 @@ impl KeyStore {
         for count in counts {
             out.write_all(&count.to_le_bytes())?;
         }
+        let doubts = self.indeterminate_by_sink();
+        out.write_all(&(doubts.len() as u32).to_le_bytes())?;
+        for (sink, count) in &doubts {
+            out.write_all(&(sink.len() as u32).to_le_bytes())?;
+            out.write_all(sink.as_bytes())?;
+            out.write_all(&count.to_le_bytes())?;
+        }
         let mut buffer = Vec::new();
         for stripe in self.stripes.iter() {
             write_stripe(&mut out, &stripe.lock().present, &mut buffer)?;
@@ -157,6 +169,7 @@ impl KeyStore {
             stripe.lock().present = present;
         }
         self.set_counts(saved.counts);
+        self.doubts.set(saved.doubts);
         self.from_saved_filter.store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(path = %path.display(), "presence filter read back from the last clean stop: no scan");
         true
@@ -214,6 +227,7 @@ fn read(path: &Path, id: &[u8], seqno: u64) -> Result<Option<Saved>, String> {
     for count in &mut counts {
         *count = input.u64().map_err(io)? as i64;
     }
+    let doubts = read_doubts(&mut input, &mut left)?;
     let mut stripes = Vec::with_capacity(STRIPES);
     for _ in 0..STRIPES {
         stripes.push(read_stripe(&mut input, &mut left)?);
@@ -227,7 +241,28 @@ fn read(path: &Path, id: &[u8], seqno: u64) -> Result<Option<Saved>, String> {
     if input.inner.read(&mut [0u8; 1]).map_err(io)? != 0 {
         return Err("bytes after the checksum".into());
     }
-    Ok(Some(Saved { stripes, counts }))
+    Ok(Some(Saved { stripes, counts, doubts }))
+}
+
+/// The `indeterminate` records per sink: how many sinks, then each one's name (length,
+/// bytes) and count. The lengths must fit in what is `left` of the file.
+fn read_doubts(input: &mut Checksummed<BufReader<File>>, left: &mut u64) -> Result<BTreeMap<String, i64>, String> {
+    let io = |e: std::io::Error| e.to_string();
+    let mut take =
+        |bytes: u64| left.checked_sub(bytes).map(|rest| *left = rest).ok_or("the sinks run past the end of the file");
+    take(4)?;
+    let sinks = input.u32().map_err(io)?;
+    let mut doubts = BTreeMap::new();
+    for _ in 0..sinks {
+        take(4)?;
+        let len = input.u32().map_err(io)?;
+        take(u64::from(len) + 8)?;
+        let mut name = vec![0u8; len as usize];
+        input.read_exact(&mut name).map_err(io)?;
+        let name = String::from_utf8(name).map_err(|_| "a sink's name is not UTF-8")?;
+        doubts.insert(name, input.u64().map_err(io)? as i64);
+    }
+    Ok(doubts)
 }
 
 fn read_stripe(input: &mut Checksummed<BufReader<File>>, left: &mut u64) -> Result<Presence, String> {
