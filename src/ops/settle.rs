@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::sinks::{CheckAnswer, Sink};
-use crate::store::{Completion, Indeterminate, KeyStore, Record, Settled, StoreError, record_json};
+use crate::store::{Completion, Indeterminate, KeyStore, Record, Settlement, StoreError, record_json};
 
 /// Why a key was not settled by its check.
 #[derive(Debug, thiserror::Error)]
@@ -88,9 +88,9 @@ pub fn settle(
     let sink = doubt.sink.name().to_string();
     let settled = match answer {
         CheckAnswer::Found(result) => {
-            Settled { outcome: Completion::Succeeded, result: result.to_string().into_bytes(), error: None }
+            Settlement { outcome: Completion::Succeeded, result: result.to_string().into_bytes(), error: None }
         }
-        CheckAnswer::Absent => Settled {
+        CheckAnswer::Absent => Settlement {
             outcome: Completion::Failed,
             result: json!({"settled_by": "check", "answer": "absent"}).to_string().into_bytes(),
             error: Some(format!(

@@ -83,7 +83,7 @@ impl KeyStore {
                     return Err(ResolveError::NotIndeterminate { key: key.to_string(), state: other.state().as_str() });
                 }
             };
-            let settled = Settled {
+            let settled = Settlement {
                 outcome,
                 result: br#"{"resolved_by":"operator"}"#.to_vec(),
                 error: match outcome {
@@ -106,7 +106,7 @@ impl KeyStore {
         &self,
         key: &str,
         was: &Indeterminate,
-        settled: Settled,
+        settled: Settlement,
         now_ms: i64,
         ttl_ms: i64,
     ) -> Result<Option<Record>, StoreError> {
@@ -123,7 +123,7 @@ impl KeyStore {
 /// How an `indeterminate` key is settled: the outcome repeats replay, with its result and
 /// error.
 #[derive(Debug, Clone)]
-pub struct Settled {
+pub struct Settlement {
     /// The outcome.
     pub outcome: Completion,
     /// The result, JSON text.
@@ -132,7 +132,7 @@ pub struct Settled {
     pub error: Option<String>,
 }
 
-impl Settled {
+impl Settlement {
     /// The completed record replacing `ind`.
     fn record(self, ind: &Indeterminate, now_ms: i64, ttl_ms: i64) -> Record {
         Record::Completed(Completed {
