@@ -27,22 +27,19 @@ pub struct Bulk {
 impl Bulk {
     /// The filter the `--where`s say, or the first thing wrong with them.
     fn query(&self) -> Result<KeysQuery, CliError> {
-        let mut query = KeysQuery::default();
+        let mut pairs = std::collections::BTreeMap::new();
         for filter in &self.filters {
             let bad = |why: &str| CliError::Other(format!("--where {filter}: {why}"));
             let (field, value) = filter.split_once('=').ok_or_else(|| bad("not FIELD=VALUE"))?;
-            let slot = match field.trim() {
-                "state" => &mut query.state,
-                "route" => &mut query.route,
-                "sink" => &mut query.sink,
-                "since" => &mut query.since,
-                "until" => &mut query.until,
-                _ => return Err(bad("FIELD is one of state, route, sink, since, until")),
-            };
-            if slot.replace(value.to_string()).is_some() {
+            let field = field.trim();
+            if !KeysQuery::FIELDS.contains(&field) {
+                return Err(bad(&format!("FIELD is one of {}", KeysQuery::FIELDS.join(", "))));
+            }
+            if pairs.insert(field.to_string(), value.to_string()).is_some() {
                 return Err(bad("given twice"));
             }
         }
+        let query = KeysQuery::from_pairs(pairs).map_err(|e| CliError::Other(format!("--where: {e}")))?;
         query.filter().map_err(|e| CliError::Other(format!("--where {e}")))?;
         Ok(query)
     }
@@ -107,8 +104,7 @@ pub async fn resolve(conn: Conn, bulk: &Bulk, outcome: Option<ResolveAs>, check:
     }
     let outcome = match (outcome, check) {
         (_, true) => None,
-        (Some(ResolveAs::Succeeded), false) => Some(Completion::Succeeded),
-        (Some(ResolveAs::Failed), false) => Some(Completion::Failed),
+        (Some(outcome), false) => Some(Completion::from(outcome)),
         (None, false) => return Err(CliError::Other("resolve takes --as succeeded|failed or --check".into())),
     };
     let keys = matching(&conn, &query, bulk.yes, "resolve").await?;

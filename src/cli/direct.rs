@@ -1,17 +1,24 @@
 //! Operator commands on a stopped instance's store, opened from its config file.
 
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
 use serde_json::Value;
 
 use super::CliError;
 use crate::config::Config;
 use crate::engine::{Clock, SystemClock};
 use crate::ops::settle::{self, SettleError};
+use crate::sinks::Sink;
 use crate::store::{Completion, ForgetError, KeyStore, ResolveError, StoreBackend, StoreError, record_json};
 
 /// An opened store and the config it came from.
 pub struct Direct {
     pub(super) store: KeyStore,
     pub(super) config: Config,
+    /// The config's sinks, built once at the first `resolve --check` (not for every key
+    /// of a `resolve --where ... --check`).
+    sinks: OnceLock<HashMap<String, Arc<Sink>>>,
 }
 
 /// A settle refused or failed, as the CLI exits for it: 4 no such key, 3 not
@@ -46,7 +53,7 @@ impl Direct {
             )));
         }
         match KeyStore::open_configured(&config.store) {
-            Ok(store) => Ok(Direct { store, config }),
+            Ok(store) => Ok(Direct { store, config, sinks: OnceLock::new() }),
             Err(e) if is_lock_error(&e) => {
                 Err(CliError::Locked { path: config.store.path.display().to_string(), source: e })
             }
@@ -88,15 +95,19 @@ impl Direct {
     /// built from the config, as `run` builds them. Returns what was asked and the new
     /// record.
     pub async fn resolve_by_check(&self, key: &str) -> Result<Value, CliError> {
-        let sinks = crate::sinks::build_all(&self.config.sinks)
-            .map_err(|e| CliError::Other(e.to_string()))?
-            .into_iter()
-            .map(|(name, sink)| (name, std::sync::Arc::new(sink)))
-            .collect();
-        let doubt = settle::in_doubt(&self.store, &sinks, key).map_err(settle_error)?;
+        let doubt = settle::in_doubt(&self.store, self.sinks()?, key).map_err(settle_error)?;
         let answer = settle::ask(&doubt).await;
         let ttl = i64::try_from(self.config.store.default_ttl.as_millis()).unwrap_or(i64::MAX);
         settle::settle(&self.store, &doubt, answer, SystemClock.now_ms(), ttl).map_err(settle_error)
+    }
+
+    /// The config's sinks, as `run` builds them.
+    fn sinks(&self) -> Result<&HashMap<String, Arc<Sink>>, CliError> {
+        if let Some(sinks) = self.sinks.get() {
+            return Ok(sinks);
+        }
+        let built = crate::sinks::build_all(&self.config.sinks).map_err(|e| CliError::Other(e.to_string()))?;
+        Ok(self.sinks.get_or_init(|| built.into_iter().map(|(name, sink)| (name, Arc::new(sink))).collect()))
     }
 
     /// The stats document.

@@ -100,15 +100,7 @@ pub async fn keys_remote(r: &Remote, query: &KeysQuery) -> Result<Vec<String>, C
 /// stop.
 async fn stream_remote(r: &Remote, query: &KeysQuery, each: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), CliError> {
     let mut url = r.url(&["keys"])?;
-    {
-        let mut pairs = url.query_pairs_mut();
-        let KeysQuery { state, route, sink, since, until } = query;
-        for (name, value) in [("state", state), ("route", route), ("sink", sink), ("since", since), ("until", until)] {
-            if let Some(value) = value {
-                pairs.append_pair(name, value);
-            }
-        }
-    }
+    url.query_pairs_mut().extend_pairs(query.pairs());
     let response = r.request(Method::GET, url).send().await.map_err(|e| CliError::Remote(e.to_string()))?;
     let mut stream = check(response).await?.bytes_stream();
     while let Some(chunk) = stream.next().await {

@@ -197,6 +197,15 @@ pub enum ResolveAs {
     Failed,
 }
 
+impl From<ResolveAs> for Completion {
+    fn from(outcome: ResolveAs) -> Completion {
+        match outcome {
+            ResolveAs::Succeeded => Completion::Succeeded,
+            ResolveAs::Failed => Completion::Failed,
+        }
+    }
+}
+
 /// A CLI failure; its message is printed and the process exits non-zero.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -350,10 +359,8 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
             Conn::Remote(r) => r.resolve_by_check(&key).await,
         }?),
         Command::Resolve { key: Some(key), outcome, .. } => {
-            let outcome = match outcome {
-                Some(ResolveAs::Succeeded) => Completion::Succeeded,
-                Some(ResolveAs::Failed) => Completion::Failed,
-                None => return Err(CliError::Other("resolve takes --as succeeded|failed or --check".into())),
+            let Some(outcome) = outcome.map(Completion::from) else {
+                return Err(CliError::Other("resolve takes --as succeeded|failed or --check".into()));
             };
             print_json(&match conn {
                 Conn::Direct(d) => d.resolve(&key, outcome),

@@ -383,8 +383,7 @@ async fn keys_query(
         return inspect_key(a, key.clone()).await;
     }
     let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, format!("bad query: {e}"));
-    let query: KeysQuery =
-        serde_json::to_value(&params).and_then(serde_json::from_value).map_err(|e| bad(e.to_string()))?;
+    let query = KeysQuery::from_pairs(params).map_err(bad)?;
     let filter = query.filter().map_err(bad)?;
     Ok(jsonl_body("listing", move |out| a.store.list_keys(&filter, SystemClock.now_ms(), out).map(drop)))
 }

@@ -187,7 +187,7 @@ impl KeyStore {
             }
             self.backend.apply(old.into_iter().map(|(k, _)| Op::Delete(Tree::Expiry, k)).collect())?;
         }
-        self.for_each_record_page(|page| {
+        self.for_each_record_page(10_000, |page| {
             let pairs: Vec<(&str, i64)> =
                 page.iter().filter_map(|(k, r)| r.expires_at_ms().map(|at| (k.as_str(), at))).collect();
             let ops = entry_ops(&pairs, self.backend.index_entry_keys())?;

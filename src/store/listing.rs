@@ -49,6 +49,22 @@ pub struct KeysQuery {
 }
 
 impl KeysQuery {
+    /// Its fields' names, as a query string and `--where` spell them.
+    pub const FIELDS: [&str; 5] = ["state", "route", "sink", "since", "until"];
+
+    /// The query of `FIELD=VALUE` pairs (an admin API query string, `--where`s), or what is
+    /// wrong with them: an unknown field. The values are checked by [`KeysQuery::filter`].
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (String, String)>) -> Result<KeysQuery, String> {
+        let map: serde_json::Map<String, serde_json::Value> = pairs.into_iter().map(|(k, v)| (k, v.into())).collect();
+        serde_json::from_value(map.into()).map_err(|e| e.to_string())
+    }
+
+    /// The fields given, as `(name, value)` pairs.
+    pub fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let KeysQuery { state, route, sink, since, until } = self;
+        Self::FIELDS.into_iter().zip([state, route, sink, since, until]).filter_map(|(n, v)| Some((n, v.as_deref()?)))
+    }
+
     /// The filter it says, or what is wrong with it, naming the field.
     pub fn filter(&self) -> Result<KeyFilter, String> {
         Ok(KeyFilter {
@@ -95,40 +111,35 @@ impl KeyFilter {
     }
 }
 
+/// Records read per page by an operator's listing: what a running instance's writes may wait
+/// for at a time (as an export's).
+const PAGE: usize = 1000;
+
 impl KeyStore {
     /// Writes the records matching `filter` to `out`, one [`record_json`] per line, in key
     /// order, a page at a time; returns how many. Not a snapshot, as an export is not.
     pub fn list_keys(&self, filter: &KeyFilter, now_ms: i64, out: &mut dyn Write) -> Result<u64, TransferError> {
         let mut listed = 0;
-        let mut after: Option<String> = None;
-        loop {
-            let page = self.scan_records(after.as_deref(), 1000)?;
-            let Some((last, _)) = page.last() else { break };
-            let last = last.clone();
+        self.for_each_record_page(PAGE, |page| {
             for (key, record) in page.iter().filter(|(_, r)| filter.matches(r)) {
                 serde_json::to_writer(&mut *out, &record_json(key, record, now_ms)).map_err(std::io::Error::from)?;
                 out.write_all(b"\n")?;
                 listed += 1;
             }
-            after = Some(last);
-        }
+            Ok::<_, TransferError>(())
+        })?;
         out.flush()?;
         Ok(listed)
     }
-}
 
-impl KeyStore {
     /// The keys whose records match `filter`, in key order (for an operator's action on
     /// each: `resolve --where`, `forget --where`).
     pub fn matching_keys(&self, filter: &KeyFilter) -> Result<Vec<String>, StoreError> {
         let mut keys = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self.scan_records(after.as_deref(), 1000)?;
-            let Some((last, _)) = page.last() else { break };
-            after = Some(last.clone());
+        self.for_each_record_page(PAGE, |page| {
             keys.extend(page.into_iter().filter(|(_, r)| filter.matches(r)).map(|(k, _)| k));
-        }
+            Ok::<_, StoreError>(())
+        })?;
         Ok(keys)
     }
 }

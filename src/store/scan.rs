@@ -18,7 +18,7 @@ impl KeyStore {
     pub fn recount(&self) -> Result<StateCounts, StoreError> {
         let mut counts = [0i64; 3];
         let mut doubts = std::collections::BTreeMap::new();
-        self.for_each_record_page(|page| {
+        self.for_each_record_page(10_000, |page| {
             for (_, record) in page {
                 counts[state_index(record.state())] += 1;
                 super::doubts::tally(&mut doubts, &record);
@@ -36,14 +36,17 @@ impl KeyStore {
         }
     }
 
-    /// Calls `f` with every record, a page of up to 10,000 at a time, in key order.
-    pub(super) fn for_each_record_page(
+    /// Calls `f` with every record, a page of up to `page_size` at a time, in key order.
+    /// Each page is read under the exclusive gate ([`KeyStore::scan_records`]): a running
+    /// instance's writes wait for one page at a time.
+    pub(super) fn for_each_record_page<E: From<StoreError>>(
         &self,
-        mut f: impl FnMut(Vec<(String, Record)>) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+        page_size: usize,
+        mut f: impl FnMut(Vec<(String, Record)>) -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut after: Option<String> = None;
         loop {
-            let page = self.scan_records(after.as_deref(), 10_000)?;
+            let page = self.scan_records(after.as_deref(), page_size)?;
             let Some((last, _)) = page.last() else { return Ok(()) };
             after = Some(last.clone());
             f(page)?;
