@@ -6,6 +6,7 @@ use prometheus::{
     TextEncoder,
 };
 
+mod doubts;
 mod figures;
 mod host;
 
@@ -119,30 +120,6 @@ fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Result<Histogram, pro
     Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
 }
 
-/// What sink calls and checks ended as, and the keys left in doubt, by sink:
-/// `sink_calls_total`, `checks_total` and `indeterminate_keys`.
-fn doubt_metrics() -> Result<(IntCounterVec, IntCounterVec, IntGaugeVec), prometheus::Error> {
-    Ok((
-        counter_vec(
-            "sink_calls_total",
-            "Sink calls by sink and what the receiver made of them: answered, never_sent (refused before the request left) or maybe (sent without an answer).",
-            &["sink", "answer"],
-        )?,
-        counter_vec(
-            "checks_total",
-            "Checks asking a sink's receiver whether a command's effect exists, by answer: found, absent, unknown, error (could not ask).",
-            &["sink", "answer"],
-        )?,
-        IntGaugeVec::new(
-            Opts::new(
-                "indeterminate_keys",
-                "Keys the store holds as indeterminate, by the sink their command went to (\"(unknown)\" for records that keep no command): each waits for a check or an operator.",
-            ),
-            &["sink"],
-        )?,
-    ))
-}
-
 /// A counter with labels (registered with the others by [`Metrics::new`]).
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
     IntCounterVec::new(Opts::new(name, help), labels)
@@ -154,7 +131,7 @@ impl Metrics {
     // read top to bottom against docs/metrics.md.
     pub fn new() -> Result<Metrics, MetricsError> {
         let (refused_partitions, assigned_partitions) = partition_gauges()?;
-        let (sink_calls, checks, indeterminate_keys) = doubt_metrics()?;
+        let (sink_calls, checks, indeterminate_keys) = doubts::doubt_metrics()?;
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
