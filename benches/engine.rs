@@ -113,6 +113,7 @@ async fn main() {
                 traceparent: None,
                 tracestate: None,
                 span: None,
+                checked_absent: false,
             }
         })
         .collect();

@@ -28,6 +28,9 @@ pub struct Arrival<'a> {
     pub ttl_ms: i64,
     /// Where it was read (input topic, partition, offset).
     pub source: &'a SourcePos,
+    /// Not an arrival from Kafka but the reconciler taking up an `indeterminate` key whose
+    /// check just answered *absent*: the command it keeps may run.
+    pub checked_absent: bool,
 }
 
 /// Facts about the world at decision time, gathered by the caller.
@@ -58,6 +61,9 @@ pub enum Action {
     /// it, anything else makes it `indeterminate`, or, when the sink forwards the key, runs
     /// it again with the key.
     CheckOrphan,
+    /// Claim an `indeterminate` key (attempt + 1) whose check just said the effect is
+    /// absent, and run the command it keeps once more (the reconciler).
+    RunChecked,
     /// Turn an orphaned `in_progress` record into `indeterminate` and report that.
     MarkIndeterminate,
     /// Publish `duplicate`, replaying the stored result.
@@ -99,6 +105,7 @@ pub fn decide(input: Result<&Arrival<'_>, RejectReason>, stored: Option<&Record>
     match record {
         Record::Completed(c) if c.source.as_ref() == Some(arrival.source) => Action::Republish,
         Record::Completed(_) => Action::Replay,
+        Record::Indeterminate(_) if arrival.checked_absent => Action::RunChecked,
         Record::Indeterminate(_) => Action::ReportIndeterminate,
         Record::InProgress(_) if ctx.executing_here => Action::Wait,
         Record::InProgress(_) if ctx.sink_has_check => Action::CheckOrphan,
@@ -126,7 +133,13 @@ mod tests {
     static ELSEWHERE: SourcePos = SourcePos { topic: String::new(), partition: 2, offset: 3 };
 
     fn arrival(fp: &Fingerprint) -> Arrival<'_> {
-        Arrival { fingerprint: fp, produced_at_ms: Some(NOW - 1000), ttl_ms: 24 * HOUR, source: &HERE }
+        Arrival {
+            fingerprint: fp,
+            produced_at_ms: Some(NOW - 1000),
+            ttl_ms: 24 * HOUR,
+            source: &HERE,
+            checked_absent: false,
+        }
     }
 
     fn ctx() -> Context {
@@ -253,11 +266,30 @@ mod tests {
     #[test]
     fn row_indeterminate_reports_indeterminate() {
         assert_eq!(decide(Ok(&arrival(&FP)), Some(&indeterminate(FP)), &ctx()), Action::ReportIndeterminate);
+        let with_check = Context { sink_has_check: true, sink_forwards_key: true, ..ctx() };
+        assert_eq!(decide(Ok(&arrival(&FP)), Some(&indeterminate(FP)), &with_check), Action::ReportIndeterminate);
+    }
+
+    #[test]
+    fn row_indeterminate_whose_check_said_absent_runs_for_the_reconciler() {
+        let checked = Arrival { checked_absent: true, ..arrival(&FP) };
+        assert_eq!(decide(Ok(&checked), Some(&indeterminate(FP)), &ctx()), Action::RunChecked);
+        // Only an indeterminate record: anything else it finds is decided as for an arrival.
+        assert_eq!(decide(Ok(&checked), Some(&completed(FP, NOW + HOUR)), &ctx()), Action::Replay);
+        assert_eq!(decide(Ok(&checked), Some(&indeterminate(OTHER)), &ctx()), Action::Conflict);
+        let executing = Context { executing_here: true, ..ctx() };
+        assert_eq!(decide(Ok(&checked), Some(&in_progress(FP)), &executing), Action::Wait);
     }
 
     #[test]
     fn row_produced_longer_ago_than_ttl_is_stale() {
-        let old = Arrival { fingerprint: &FP, produced_at_ms: Some(NOW - 25 * HOUR), ttl_ms: 24 * HOUR, source: &HERE };
+        let old = Arrival {
+            fingerprint: &FP,
+            produced_at_ms: Some(NOW - 25 * HOUR),
+            ttl_ms: 24 * HOUR,
+            source: &HERE,
+            checked_absent: false,
+        };
         assert_eq!(decide(Ok(&old), None, &ctx()), Action::Stale);
         // Exactly at the TTL is not yet stale.
         let edge = Arrival { produced_at_ms: Some(NOW - 24 * HOUR), ..old };

@@ -47,6 +47,7 @@ mod batch;
 mod changelog;
 mod claim;
 mod complete;
+mod in_doubt;
 mod processed;
 mod queue;
 mod retry;
@@ -54,6 +55,7 @@ mod run;
 mod start;
 mod ticket;
 pub use changelog::ChangeLog;
+pub use in_doubt::Reconciled;
 pub use processed::rejected;
 pub use retry::RetryConfig;
 
@@ -86,6 +88,9 @@ pub struct Item {
     pub tracestate: Option<String>,
     /// With traces on: the command's span, the parent of its sink calls' spans.
     pub span: Option<CommandSpan>,
+    /// Not read from Kafka: the reconciler takes up an `indeterminate` key whose check just
+    /// said the effect is absent, to run the command it keeps (decide's `RunChecked`).
+    pub checked_absent: bool,
 }
 
 /// What became of one item.

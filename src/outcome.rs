@@ -101,6 +101,10 @@ pub struct ResultRecord {
     pub completed_at: Option<String>,
     /// Where the input record was.
     pub source: SourceRef,
+    /// `"check"` on the result of a key in doubt that the reconciler settled by asking the
+    /// receiver (published after the input's own `indeterminate`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_by: Option<String>,
 }
 
 /// Where a record that is dead-lettered goes, and why.
@@ -152,6 +156,7 @@ mod tests {
             first_seen_at: Some(rfc3339_ms(0)),
             completed_at: Some(rfc3339_ms(1)),
             source: SourceRef { topic: "commands".into(), partition: 3, offset: 1042 },
+            settled_by: None,
         };
         let v = serde_json::to_value(&r).unwrap();
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();

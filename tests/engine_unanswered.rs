@@ -13,84 +13,23 @@
 
 mod common;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::orphan::EngineWithSink;
+use common::scripted_sink::{Call, Scripted};
 use dedupd::outcome::Outcome;
-use dedupd::sinks::{CheckAnswer, CheckTiming, Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
+use dedupd::sinks::{CheckAnswer, CheckTiming, Sink, SinkEffect};
 use dedupd::store::Record;
-use parking_lot::Mutex;
 use serde_json::json;
-
-/// How one scripted call ends.
-#[derive(Clone, Copy, Debug)]
-enum Call {
-    /// Answered 2xx.
-    Ok,
-    /// Sent, never answered (a timeout after the request left).
-    Lost,
-    /// Answered with a transient failure (a 503).
-    Busy,
-    /// Refused before the request left (connection refused).
-    Refused,
-}
-
-/// A sink whose calls and checks end as scripted, recording each in order.
-struct Scripted {
-    calls: Mutex<VecDeque<Call>>,
-    checks: Mutex<VecDeque<CheckAnswer>>,
-    log: Mutex<Vec<String>>,
-}
-
-impl Scripted {
-    fn new(calls: &[Call], checks: Vec<CheckAnswer>) -> Arc<Scripted> {
-        Arc::new(Scripted {
-            calls: Mutex::new(calls.iter().copied().collect()),
-            checks: Mutex::new(checks.into()),
-            log: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn log(&self) -> Vec<String> {
-        self.log.lock().clone()
-    }
-}
-
-#[async_trait::async_trait]
-impl SinkEffect for Scripted {
-    async fn execute(&self, request: SinkRequest<'_>) -> Result<SinkOutput, SinkError> {
-        let call = self.calls.lock().pop_front().expect("a scripted call left");
-        self.log.lock().push(format!("call {call:?}"));
-        let transient = |message: &str| Err(SinkError::Transient { message: message.into(), retry_after: None });
-        match call {
-            Call::Ok => {
-                request.answered();
-                Ok(json!({"paid": request.key()}))
-            }
-            Call::Lost => transient("timed out waiting for the answer"),
-            Call::Busy => {
-                request.answered();
-                transient("HTTP 503")
-            }
-            Call::Refused => {
-                request.never_sent();
-                transient("connection refused")
-            }
-        }
-    }
-
-    async fn check(&self, _request: SinkRequest<'_>) -> CheckAnswer {
-        let answer = self.checks.lock().pop_front().expect("a scripted check left");
-        self.log.lock().push(format!("check {}", answer.label()));
-        answer
-    }
-}
 
 /// A check with no delay worth waiting for.
 fn timing() -> Option<CheckTiming> {
-    Some(CheckTiming { delay: Duration::from_millis(10) })
+    Some(CheckTiming {
+        delay: Duration::from_millis(10),
+        interval: Duration::from_secs(60),
+        deadline: Duration::from_secs(86_400),
+    })
 }
 
 /// Runs one command through `scripted` (forwarding the key or not, with a check or not).

@@ -131,7 +131,7 @@ impl Engine {
     }
 
     /// Lets go of `keys`, waking the batches waiting for them.
-    fn release(&self, keys: &[String]) {
+    pub(super) fn release(&self, keys: &[String]) {
         let mut map = self.inflight.lock();
         for key in keys {
             map.remove(key);

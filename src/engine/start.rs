@@ -123,6 +123,7 @@ impl Engine {
             produced_at_ms: cmd.produced_at_ms,
             ttl_ms: i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX),
             source: &item.source,
+            checked_absent: item.checked_absent,
         };
         let mut read = Some(read);
         loop {
@@ -149,13 +150,14 @@ impl Engine {
                         return Ok(Start::Wait(rx));
                     }
                 }
-                Action::Execute | Action::RerunOrphan | Action::CheckOrphan => {
+                Action::Execute | Action::RerunOrphan | Action::CheckOrphan | Action::RunChecked => {
                     if !self.mark_in_flight(&cmd.key) {
                         continue;
                     }
-                    // Taking over an orphan (to run it again, or to check it first: `retry`)
-                    // keeps its first sighting and counts the attempt it may make.
-                    let orphan = matches!(action, Action::RerunOrphan | Action::CheckOrphan);
+                    // Taking over an orphan (to run it again, or to check it first: `retry`),
+                    // or a key in doubt its check cleared, keeps its first sighting and counts
+                    // the attempt it may make.
+                    let orphan = action != Action::Execute;
                     let claim = claim_record(item, cmd, orphan, stored.as_ref(), now);
                     let request = ClaimRequest { key: cmd.key.clone(), expected: stored, stamp, claim };
                     return Ok(Start::Claim(Box::new(request)));
@@ -195,7 +197,7 @@ impl Engine {
     }
 
     /// Marks `key` in flight; `false` when another batch of this process got there first.
-    fn mark_in_flight(&self, key: &str) -> bool {
+    pub(super) fn mark_in_flight(&self, key: &str) -> bool {
         let mut map = self.inflight.lock();
         if map.contains_key(key) {
             return false;
@@ -242,14 +244,20 @@ impl Engine {
     }
 }
 
-/// The claim to write: a re-run of an orphan keeps its first sighting and counts one more
-/// attempt; anything else is a first claim made `now`.
+/// The claim to write: a re-run of an orphan, or of a key in doubt its check cleared, keeps
+/// its first sighting and counts one more attempt; anything else is a first claim made `now`.
 fn claim_record(item: &Item, cmd: &Command, rerun: bool, stored: Option<&Record>, now: i64) -> InProgress {
     match (rerun, stored) {
         (true, Some(Record::InProgress(p))) => InProgress {
             fingerprint: cmd.fingerprint,
             claimed_at_ms: p.claimed_at_ms,
             attempts: p.attempts.saturating_add(1),
+            source: item.source.clone(),
+        },
+        (true, Some(Record::Indeterminate(i))) => InProgress {
+            fingerprint: cmd.fingerprint,
+            claimed_at_ms: i.claimed_at_ms,
+            attempts: i.attempts.saturating_add(1),
             source: item.source.clone(),
         },
         _ => InProgress { fingerprint: cmd.fingerprint, claimed_at_ms: now, attempts: 1, source: item.source.clone() },

@@ -1,5 +1,6 @@
 //! What serves beside the consumer until `run` stops: the HTTP listener (metrics, health,
-//! the admin API), TTL compaction (`purge`) and the circuit gauges.
+//! the admin API), TTL compaction (`purge`), the reconciler of keys in doubt (`reconcile`)
+//! and the circuit gauges.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,6 +8,8 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::partitions::CurrentTable;
+use super::reconcile::{Owner, Reconciler};
 use super::{Core, PipelineError, SinksByName, changelog, circuits, purge};
 use crate::config::Config;
 
@@ -15,6 +18,7 @@ pub(super) struct Background {
     pub(super) http_addr: SocketAddr,
     http: JoinHandle<()>,
     purge: JoinHandle<()>,
+    reconcile: JoinHandle<()>,
     circuit_gauges: Vec<JoinHandle<()>>,
 }
 
@@ -23,10 +27,21 @@ impl Background {
         config: &Config,
         listener: &std::net::TcpListener,
         core: &Core,
-        sinks: SinksByName,
+        (sinks, current_table): (SinksByName, &Arc<CurrentTable>),
         stop: &CancellationToken,
     ) -> Result<Background, PipelineError> {
         let circuit_gauges = circuits::spawn_gauges(&sinks, &core.metrics, stop);
+        let reconciler = Reconciler {
+            engine: Arc::clone(&core.engine),
+            publisher: Arc::clone(&core.publisher),
+            transactions: core.transactions.clone(),
+            owner: match &core.changelog {
+                Some(changelog) => Owner::State(changelog.key_owner()),
+                None => Owner::Input(Arc::clone(current_table)),
+            },
+            sinks: sinks.iter().filter_map(|(name, sink)| sink.check_timing().map(|t| (name.clone(), *t))).collect(),
+        };
+        let reconcile = tokio::spawn(reconciler.run(stop.clone()));
         // From here on the engine alone keeps the sinks; the admin API asks their checks
         // through weak references (`resolve --check`).
         let weak_sinks = sinks.iter().map(|(name, sink)| (name.clone(), Arc::downgrade(sink))).collect();
@@ -61,12 +76,13 @@ impl Background {
             config.store.clone(),
             stop.clone(),
         ));
-        Ok(Background { http_addr, http, purge, circuit_gauges })
+        Ok(Background { http_addr, http, purge, reconcile, circuit_gauges })
     }
 
     /// Waits for every task once `stop` is cancelled.
     pub(super) async fn join(self) {
         let _ = self.purge.await;
+        let _ = self.reconcile.await;
         let _ = self.http.await;
         for gauge in self.circuit_gauges {
             let _ = gauge.await;

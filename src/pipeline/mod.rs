@@ -30,14 +30,16 @@
 //! - `hop`: under `store.changelog` without `kafka.copartitioned`, the by-key topic's
 //!   records (a forward and the input it was made of) and its purge.
 //! - `background`: what serves beside the consumer until `run` stops (HTTP, purge, the
-//!   circuit gauges).
+//!   reconciler, the circuit gauges).
+//! - `reconcile`: every `check.interval`, the `indeterminate` keys of sinks with a check
+//!   taken up again (their check asked), and their settlements published.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
 //!   gauges. `restart`: what carries over when a fenced run starts again. `starting`: the
 //!   HTTP listener's server until `background` takes it.
 //!
 //! Among them: `consumer` uses `partitions`, `queue`, `worker`, `control`, `changelog` and
 //! `transactions`; `worker` uses `circuits`, `publish`, `queue`, `control`, `changelog`,
-//! `hop` and `transactions`; `hop` uses none of them; `changelog` uses `publish` and `transactions`; `partitions` uses
+//! `hop` and `transactions`; `reconcile` uses `partitions`, `publish` and `transactions`; `hop` uses none of them; `changelog` uses `publish` and `transactions`; `partitions` uses
 //! `control` and `queue`, `circuits` and `transactions` only `control`.
 
 mod background;
@@ -53,6 +55,7 @@ mod partitions;
 mod publish;
 mod purge;
 mod queue;
+mod reconcile;
 mod restart;
 mod starting;
 mod transactions;
@@ -235,13 +238,16 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     let stop = CancellationToken::new();
     let fatal = CancellationToken::new();
     starting.hand_over().await;
-    let background = Background::start(config, listener, &core, sinks, &stop).await?;
+    // The reconciler asks the running consumer's partition table whose keys are here.
+    let current_table = Arc::new(partitions::CurrentTable::default());
+    let background = Background::start(config, listener, &core, (sinks, &current_table), &stop).await?;
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
     let own_id = core.transactions.as_ref().map(|t| t.id());
     let changelog_threads = changelog::Threads::start(core.changelog.as_ref(), own_id, config, &core.metrics)?;
     let consumer_stop = CancellationToken::new();
-    let consumer_thread = start_consumer(config, &core, options, forward_limit, (&fatal, &consumer_stop))?;
+    let consumer_thread =
+        start_consumer(config, &core, options, (forward_limit, current_table), (&fatal, &consumer_stop))?;
     let committer_stop = CancellationToken::new();
     let committer = core.transactions.clone().map(|t| {
         let interval = config.kafka.transaction_interval;
@@ -441,7 +447,7 @@ fn start_consumer(
     config: &Config,
     core: &Core,
     options: &RunOptions,
-    forward_limit: usize,
+    (forward_limit, current_table): (usize, Arc<partitions::CurrentTable>),
     (fatal, stop): (&CancellationToken, &CancellationToken),
 ) -> Result<std::thread::JoinHandle<()>, PipelineError> {
     let shared = Arc::new(worker::WorkerShared {
@@ -474,5 +480,6 @@ fn start_consumer(
         // partition, and a paused partition's prefetched records are fetched again.
         queue_per_partition: config.pipeline.batch_size.get() * 4,
         queue_bytes_per_partition: config.pipeline.partition_buffer_bytes.get(),
+        current_table,
     })
 }

@@ -16,6 +16,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Display;
 use std::slice;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rdkafka::message::OwnedMessage;
@@ -140,6 +141,23 @@ impl crate::ops::PartitionsView for PartitionTable {
     }
 }
 
+/// The partition table of the consumer running now (each new consumer, after a fence or a
+/// lost session, has its own): for the reconciler, which asks whether a partition runs here.
+#[derive(Default)]
+pub(super) struct CurrentTable(Mutex<Option<Arc<PartitionTable>>>);
+
+impl CurrentTable {
+    /// `table` is the running consumer's from now on.
+    pub(super) fn set(&self, table: &Arc<PartitionTable>) {
+        *self.0.lock() = Some(Arc::clone(table));
+    }
+
+    /// Whether `tp` runs here now (see [`PartitionTable::runs`]).
+    pub(super) fn runs(&self, tp: &Tp) -> bool {
+        self.0.lock().as_ref().is_some_and(|table| table.runs(tp))
+    }
+}
+
 /// The consumer's partitions; see the module docs.
 #[derive(Default)]
 pub(super) struct PartitionTable {
@@ -157,6 +175,11 @@ impl PartitionTable {
     #[cfg(test)]
     pub(super) fn assigned(&self) -> HashSet<Tp> {
         self.state.lock().assigned.keys().cloned().collect()
+    }
+
+    /// Whether `tp` is assigned and not refused: its keys are this instance's to settle.
+    pub(super) fn runs(&self, tp: &Tp) -> bool {
+        self.state.lock().assigned.get(tp).is_some_and(|p| !p.refused)
     }
 
     /// How many partitions are assigned.

@@ -258,6 +258,23 @@ impl Publisher {
         Queued { acks: Acks::of(pending, self.producer.clone(), self.dead_letter_topic.clone()), rest }
     }
 
+    /// Queues the result record of a key the reconciler settled (which has no input record
+    /// of its own to send with it); the future resolves with its acknowledgement.
+    pub(crate) async fn queue_settlement(
+        &self,
+        processed: &Processed,
+    ) -> Result<impl Future<Output = Result<(), KafkaError>> + use<>, KafkaError> {
+        let value = serde_json::to_vec(&processed.result).unwrap_or_default();
+        let ack = self.enqueue(result_record(&self.results_topic, processed, &value)).await?;
+        Ok(async move {
+            match ack.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err((e, _))) => Err(e),
+                Err(_) => Err(KafkaError::Canceled),
+            }
+        })
+    }
+
     /// Hands the by-key hop's forwards to the producer in order, as [`Publisher::send`]
     /// does results: the first that cannot be queued ends it, and it and those after it are
     /// returned as not taken.

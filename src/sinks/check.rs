@@ -42,37 +42,80 @@ impl CheckAnswer {
     }
 }
 
-/// When an instance's check runs: `check.delay` of `[sinks.NAME.check]`, resolved.
+/// When an instance's checks run: `delay`, `interval` and `deadline` of
+/// `[sinks.NAME.check]`, resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckTiming {
     /// After a call without an answer, or before checking a claim a crash left, how long
     /// to wait so that a request still being processed at the receiver has landed
     /// (`check.delay`; by default twice the call's timeout).
     pub delay: Duration,
+    /// How often the reconciler asks again about an `indeterminate` key of the sink
+    /// (`check.interval`, default a minute).
+    pub interval: Duration,
+    /// How long after its claim a key is still asked about; past it the key waits for an
+    /// operator, and the alert `DedupdIndeterminateRecords` says so (`check.deadline`,
+    /// default a day).
+    pub deadline: Duration,
+}
+
+/// The three keys every kind's `[sinks.NAME.check]` shares, as written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckTimes {
+    /// `check.delay`.
+    pub delay: Option<Duration>,
+    /// `check.interval`.
+    pub interval: Option<Duration>,
+    /// `check.deadline`.
+    pub deadline: Option<Duration>,
 }
 
 impl CheckTiming {
-    /// The timing a kind's `[sinks.NAME.check]` states: `delay` when set, else twice
-    /// `call_timeout` (the longest a call of the instance can take).
-    pub fn new(delay: Option<Duration>, call_timeout: Duration) -> CheckTiming {
-        CheckTiming { delay: delay.unwrap_or_else(|| call_timeout.saturating_mul(2)) }
+    /// The timing a kind's `[sinks.NAME.check]` states: each key when set, else its
+    /// default (`delay`: twice `call_timeout`, the longest a call of the instance can take).
+    pub fn new(times: CheckTimes, call_timeout: Duration) -> CheckTiming {
+        CheckTiming {
+            delay: times.delay.unwrap_or_else(|| call_timeout.saturating_mul(2)),
+            interval: times.interval.unwrap_or(DEFAULT_INTERVAL),
+            deadline: times.deadline.unwrap_or(DEFAULT_DEADLINE),
+        }
     }
 
-    /// Adds a problem for a delay that cannot work (key `check.delay`): longer than a day,
-    /// it would hold the key's partition that long after every call without an answer.
+    /// Adds a problem for each time that cannot work (keys `check.delay`, ...).
     pub fn validate(&self, problems: &mut Problems<'_>) {
+        let text = |d: Duration| humantime::format_duration(d).to_string();
+        // Longer than a day, a delay would hold the key's partition that long after every
+        // call without an answer.
         if self.delay > MAX_DELAY {
+            problems.add("check.delay", text(self.delay), format!("must be at most {}", text(MAX_DELAY)));
+        }
+        // Each pass asks about every key in doubt: more often than a second would load the
+        // receiver, rarer than the deadline would never ask.
+        if self.interval < MIN_INTERVAL {
+            problems.add("check.interval", text(self.interval), format!("must be at least {}", text(MIN_INTERVAL)));
+        } else if self.interval > self.deadline {
             problems.add(
-                "check.delay",
-                humantime::format_duration(self.delay).to_string(),
-                format!("must be at most {}", humantime::format_duration(MAX_DELAY)),
+                "check.interval",
+                text(self.interval),
+                format!("must be at most check.deadline ({})", text(self.deadline)),
             );
+        }
+        if self.deadline > MAX_DEADLINE {
+            problems.add("check.deadline", text(self.deadline), format!("must be at most {}", text(MAX_DEADLINE)));
         }
     }
 }
 
 /// The longest `check.delay` accepted.
 const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
+/// `check.interval` unless set.
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+/// The shortest `check.interval` accepted.
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// `check.deadline` unless set.
+const DEFAULT_DEADLINE: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest `check.deadline` accepted: a command in doubt for a month needs a person.
+const MAX_DEADLINE: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
 impl super::Sink {
     /// Asks the receiver whether the effect of the command kept with an `indeterminate` key
@@ -94,18 +137,39 @@ mod tests {
 
     #[test]
     fn the_delay_defaults_to_twice_the_call_timeout() {
-        assert_eq!(CheckTiming::new(None, Duration::from_secs(2)).delay, Duration::from_secs(4));
-        let set = CheckTiming::new(Some(Duration::from_secs(1)), Duration::MAX);
-        assert_eq!(set.delay, Duration::from_secs(1));
-        assert_eq!(CheckTiming::new(None, Duration::MAX).delay, Duration::MAX, "saturates");
+        let unset = CheckTiming::new(CheckTimes::default(), Duration::from_secs(2));
+        assert_eq!(unset.delay, Duration::from_secs(4));
+        assert_eq!((unset.interval, unset.deadline), (DEFAULT_INTERVAL, DEFAULT_DEADLINE));
+        let times = CheckTimes { delay: Some(Duration::from_secs(1)), ..CheckTimes::default() };
+        assert_eq!(CheckTiming::new(times, Duration::MAX).delay, Duration::from_secs(1));
+        assert_eq!(CheckTiming::new(CheckTimes::default(), Duration::MAX).delay, Duration::MAX, "saturates");
     }
 
     #[test]
     fn a_delay_past_a_day_is_refused_naming_its_key() {
+        let timing = CheckTiming::new(CheckTimes::default(), Duration::from_secs(1));
+        assert_eq!(problems(CheckTiming { delay: MAX_DELAY, ..timing }), Vec::<String>::new());
+        assert_eq!(
+            problems(CheckTiming { delay: MAX_DELAY + Duration::from_secs(1), ..timing }),
+            ["sinks.pay.check.delay"]
+        );
+    }
+
+    fn problems(timing: CheckTiming) -> Vec<String> {
         let mut problems = Problems::new("sinks.pay");
-        CheckTiming { delay: MAX_DELAY }.validate(&mut problems);
-        CheckTiming { delay: MAX_DELAY + Duration::from_secs(1) }.validate(&mut problems);
-        let keys: Vec<String> = problems.into_vec().into_iter().map(|p| p.0).collect();
-        assert_eq!(keys, ["sinks.pay.check.delay"]);
+        timing.validate(&mut problems);
+        problems.into_vec().into_iter().map(|p| p.0).collect()
+    }
+
+    #[test]
+    fn an_interval_under_a_second_or_past_the_deadline_is_refused_naming_its_key() {
+        let timing = CheckTiming::new(CheckTimes::default(), Duration::from_secs(1));
+        let interval = |ms| CheckTiming { interval: Duration::from_millis(ms), ..timing };
+        assert_eq!(problems(interval(999)), ["sinks.pay.check.interval"]);
+        assert_eq!(problems(interval(1000)), Vec::<String>::new());
+        let past = CheckTiming { interval: Duration::from_secs(120), deadline: Duration::from_secs(60), ..timing };
+        assert_eq!(problems(past), ["sinks.pay.check.interval"]);
+        let long = CheckTiming { deadline: MAX_DEADLINE + Duration::from_secs(1), ..timing };
+        assert_eq!(problems(long), ["sinks.pay.check.deadline"]);
     }
 }

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-pub use self::check::{CheckAnswer, CheckTiming};
+pub use self::check::{CheckAnswer, CheckTimes, CheckTiming};
 use self::circuit::{Admission, Circuit, CircuitConfig};
 use self::limit::{LimitPermit, LimitedEffect, SinkLimiter, SinkLimits};
 pub use self::problems::{Problem, Problems};

@@ -14,6 +14,7 @@ pub mod pay_kills;
 pub mod process;
 pub mod records;
 pub mod scripted;
+pub mod scripted_sink;
 pub mod secured_kafka;
 pub mod silent_smtp;
 pub mod smtp_server;

@@ -70,6 +70,7 @@ impl EngineWithSink {
             traceparent: None,
             tracestate: None,
             span: None,
+            checked_absent: false,
         }
     }
 

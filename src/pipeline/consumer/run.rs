@@ -17,7 +17,7 @@ use crate::connection::probe::ConnectError;
 use crate::ops::Health;
 use crate::pipeline::changelog::Restorer;
 use crate::pipeline::control::{PartitionControl, Tp};
-use crate::pipeline::partitions::{Dispatched, PartitionTable, WorkerHandle};
+use crate::pipeline::partitions::{CurrentTable, Dispatched, PartitionTable, WorkerHandle};
 use crate::pipeline::queue::{SplitQueue, partition_queue};
 use crate::pipeline::worker::{BatchOffsets, PanicWatch, PartitionWorker, WorkerShared, supervise};
 use crate::pipeline::{KafkaConfig, PipelineError};
@@ -34,6 +34,8 @@ pub(crate) struct ConsumerParts {
     pub queue_per_partition: usize,
     /// The byte budget of each partition's queue (`pipeline.partition_buffer_bytes`).
     pub queue_bytes_per_partition: usize,
+    /// Told the partition table of each consumer made (the reconciler asks it).
+    pub current_table: Arc<CurrentTable>,
 }
 
 /// Creates the consumer and runs it on a thread until `stop`; returns the thread's handle.
@@ -61,8 +63,10 @@ fn create_consumer(
     parts: &ConsumerParts,
     runtime: &tokio::runtime::Handle,
 ) -> Result<Arc<BaseConsumer<PipelineContext>>, PipelineError> {
+    let partitions = Arc::new(PartitionTable::default());
+    parts.current_table.set(&partitions);
     let ctx = PipelineContext {
-        partitions: Arc::new(PartitionTable::default()),
+        partitions,
         runtime: runtime.clone(),
         store: Arc::clone(parts.shared.engine.store()),
         metrics: Arc::clone(&parts.shared.metrics),

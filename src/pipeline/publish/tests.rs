@@ -54,6 +54,7 @@ fn input(i: usize) -> (OwnedMessage, Processed) {
             first_seen_at: None,
             completed_at: None,
             source: SourceRef { topic: "commands".into(), partition: 0, offset: i as i64 },
+            settled_by: None,
         },
         dead_letter: i.is_multiple_of(3).then(|| DeadLetterOf { reason: "invalid_envelope", error: "test".into() }),
         duplicate_age_ms: None,

@@ -66,6 +66,7 @@ impl PartitionWorker {
             traceparent,
             tracestate,
             span: None,
+            checked_absent: false,
         }
     }
 

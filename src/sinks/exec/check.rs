@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::process::{Finished, Program, RunFailure, failure_message, result};
-use crate::sinks::check::{CheckAnswer, CheckTiming};
+use crate::sinks::check::{CheckAnswer, CheckTimes, CheckTiming};
 use crate::sinks::{Problems, SinkRequest};
 
 /// `[sinks.NAME.check]` of an `exec` sink.
@@ -29,12 +29,21 @@ pub struct ExecCheckConfig {
     /// sink's `timeout`).
     #[serde(default, with = "humantime_serde")]
     pub delay: Option<Duration>,
+    /// How often the reconciler asks again about an `indeterminate` key (default 1m).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    /// How long after its claim a key is still asked about (default 24h).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub deadline: Option<Duration>,
 }
 
 impl ExecCheckConfig {
     /// The check's timing, for a sink whose calls take at most `call_timeout`.
     pub fn timing(&self, call_timeout: Duration) -> CheckTiming {
-        CheckTiming::new(self.delay, call_timeout)
+        CheckTiming::new(
+            CheckTimes { delay: self.delay, interval: self.interval, deadline: self.deadline },
+            call_timeout,
+        )
     }
 
     /// Adds the problems of the table (keys `check.program`, ...), for a sink whose calls
@@ -168,7 +177,7 @@ mod tests {
         let config: ExecSinkConfig =
             toml::from_str("program = \"/bin/true\"\ntimeout = \"5s\"\n[check]\nprogram = \"/bin/true\"").unwrap();
         let timing = config.check_timing().unwrap();
-        assert_eq!(timing, CheckTiming::new(None, Duration::from_secs(5)));
+        assert_eq!(timing, CheckTiming::new(CheckTimes::default(), Duration::from_secs(5)));
         assert_eq!(timing.delay, Duration::from_secs(10), "twice the sink's timeout");
         let sink = ExecSink::new(&config);
         let check = config.check.as_ref().unwrap();

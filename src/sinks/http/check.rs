@@ -19,7 +19,7 @@ use serde_json::Value;
 use super::outgoing::{UrlSource, check_header_name, url_source};
 use super::response::{Body, describe, read_body};
 use super::{HttpSink, HttpSinkConfig, HttpSinkError};
-use crate::sinks::check::{CheckAnswer, CheckTiming};
+use crate::sinks::check::{CheckAnswer, CheckTimes, CheckTiming};
 use crate::sinks::template::JsonTemplate;
 use crate::sinks::{Problems, SinkRequest};
 
@@ -54,6 +54,12 @@ pub struct HttpCheckConfig {
     /// How long after a call without an answer to check (default: twice `request_timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
     pub delay: Option<Duration>,
+    /// How often the reconciler asks again about an `indeterminate` key (default 1m).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    /// How long after its claim a key is still asked about (default 24h).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub deadline: Option<Duration>,
 }
 
 fn default_method() -> String {
@@ -88,12 +94,17 @@ impl HttpCheckConfig {
             headers: BTreeMap::new(),
             body_template: None,
             delay: None,
+            interval: None,
+            deadline: None,
         }
     }
 
     /// The check's timing; `request_timeout` is the longest a call of the sink takes.
     pub fn timing(&self, request_timeout: Duration) -> CheckTiming {
-        CheckTiming::new(self.delay, request_timeout)
+        CheckTiming::new(
+            CheckTimes { delay: self.delay, interval: self.interval, deadline: self.deadline },
+            request_timeout,
+        )
     }
 
     /// Adds every problem of the table (keys `check.url`, ...) of the sink `sink`.

@@ -27,7 +27,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::sinks::check::{CheckAnswer, CheckTiming};
+use crate::sinks::check::{CheckAnswer, CheckTimes, CheckTiming};
 use crate::sinks::{Problems, SinkRequest};
 
 /// The header that carries the idempotency key on every record the sink produces.
@@ -46,6 +46,12 @@ pub struct KafkaCheckConfig {
     /// when unset.
     #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub delay: Option<Duration>,
+    /// How often the reconciler asks again about an `indeterminate` key (default 1m).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    /// How long after its claim a key is still asked about (default 24h).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub deadline: Option<Duration>,
     /// At most this many records read from each partition; reaching it before the high
     /// watermark leaves the answer unknown.
     #[serde(default = "default_max_records")]
@@ -66,7 +72,10 @@ fn default_timeout() -> Duration {
 impl KafkaCheckConfig {
     /// The check's timing, `delivery_timeout` being the longest a call waits.
     pub fn timing(&self, delivery_timeout: Duration) -> CheckTiming {
-        CheckTiming::new(self.delay, delivery_timeout)
+        CheckTiming::new(
+            CheckTimes { delay: self.delay, interval: self.interval, deadline: self.deadline },
+            delivery_timeout,
+        )
     }
 
     /// Adds a problem for each value that cannot work (keys `check.*`).

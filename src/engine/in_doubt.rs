@@ -1,0 +1,201 @@
+//! An `indeterminate` key taken up again by the reconciler (docs/contract.md §4, "Keys in
+//! doubt"): its sink's check asks the receiver whether the effect of the command the key
+//! keeps exists. *found* completes the key `succeeded` with the check's answer; *absent*
+//! runs the command through the batch path (decide's `RunChecked`: claimed, then called,
+//! as any claim), or, once its TTL is over, completes it `failed` without running it;
+//! *unknown* or an error leaves it for the next pass.
+//!
+//! The key is held in flight while its check runs, as a call holds it, so no batch of this
+//! process runs it meanwhile; with a changelog, the check is made only once this instance
+//! proved it still owns the key's state partition, as a call is. The record is replaced only
+//! if it is still the one the check was asked about.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Engine, EngineError, Item, ItemResult};
+use crate::envelope::{Command, Shape};
+use crate::outcome::{Outcome, Processed};
+use crate::sinks::{CheckAnswer, Sink};
+use crate::store::{Completion, Held, Indeterminate, Record, Settlement, SourcePos};
+
+/// What became of a key the reconciler took up.
+#[derive(Debug)]
+pub enum Reconciled {
+    /// Settled: the result to publish for the input the key was in doubt for.
+    Settled(Box<Processed>),
+    /// Still `indeterminate`: the check did not tell (its label and sentence), or the run
+    /// its *absent* allowed ended in doubt again.
+    Unsettled { answer: &'static str, why: String },
+    /// Not taken up in this pass; why.
+    Skipped(&'static str),
+}
+
+impl Engine {
+    /// Takes up `key` when it is `indeterminate`, keeps its command and its sink has a check,
+    /// and its claim is at most the check's `deadline` old (see the module doc).
+    /// `owns` tells whether this instance may settle a key, by the key and the input it came
+    /// from.
+    pub async fn reconcile(
+        &self,
+        key: &str,
+        owns: &(dyn Fn(&str, &SourcePos) -> bool + Sync),
+        cancel: &CancellationToken,
+    ) -> Result<Reconciled, EngineError> {
+        let store = Arc::clone(&self.store);
+        let owned_key = key.to_string();
+        let stored = tokio::task::spawn_blocking(move || store.get(&owned_key))
+            .await
+            .map_err(|e| EngineError::Join(e.to_string()))??;
+        let Some(Record::Indeterminate(record)) = stored else { return Ok(Reconciled::Skipped("not indeterminate")) };
+        let (item, sink) = match self.in_doubt(key, &record) {
+            Ok(found) => found,
+            Err(why) => return Ok(Reconciled::Skipped(why)),
+        };
+        if !owns(key, &item.source) {
+            return Ok(Reconciled::Skipped("not owned here"));
+        }
+        let now = self.clock.now_ms();
+        let deadline = sink.check_timing().map_or(0, |t| i64::try_from(t.deadline.as_millis()).unwrap_or(i64::MAX));
+        if now.saturating_sub(record.claimed_at_ms) > deadline {
+            return Ok(Reconciled::Skipped("past its check.deadline"));
+        }
+        if !self.mark_in_flight(key) {
+            return Ok(Reconciled::Skipped("being executed"));
+        }
+        let answer = self.ask_in_doubt(key, &record, &sink, cancel).await;
+        self.release(&[key.to_string()]);
+        let Some(answer) = answer else { return Ok(Reconciled::Skipped("not owned, or let go")) };
+        let Ok(Command { ttl, .. }) = &item.parsed else { return Ok(Reconciled::Skipped("no command")) };
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let label = answer.label();
+        let settlement = match answer {
+            CheckAnswer::Found(result) => {
+                Settlement { outcome: Completion::Succeeded, result: result.to_string().into_bytes(), error: None }
+            }
+            CheckAnswer::Absent if now.saturating_sub(record.claimed_at_ms) < ttl_ms => {
+                return self.run_checked(item, cancel).await;
+            }
+            CheckAnswer::Absent => Settlement {
+                outcome: Completion::Failed,
+                result: b"{}".to_vec(),
+                error: Some(format!(
+                    "the check of sink `{}` found no effect after the command's TTL was over: not run; was: {}",
+                    sink.name(),
+                    record.why
+                )),
+            },
+            CheckAnswer::Unknown(why) | CheckAnswer::Error(why) => {
+                return Ok(Reconciled::Unsettled { answer: label, why });
+            }
+        };
+        self.settle_in_doubt(key, &record, settlement, &item, now, ttl_ms).await
+    }
+
+    /// The command `record` keeps, as the item the reconciler runs, and the sink it went to;
+    /// or why the key cannot be taken up.
+    fn in_doubt(&self, key: &str, record: &Indeterminate) -> Result<(Item, Arc<Sink>), &'static str> {
+        let held: &Held = record.held.as_deref().ok_or("keeps no command")?;
+        let route = self.router.routes().iter().position(|r| r.name == held.route).ok_or("its route is gone")?;
+        let sink = &self.route_sinks[route];
+        // Checked at the sink that was called, and run only through it.
+        if sink.name() != held.sink {
+            return Err("its route goes to another sink now");
+        }
+        if sink.check_timing().is_none() {
+            return Err("its sink has no check");
+        }
+        let payload = serde_json::from_slice(&held.payload).map_err(|_| "its kept payload is not JSON")?;
+        let command = Command {
+            key: key.to_string(),
+            kind: held.kind.clone(),
+            payload,
+            fingerprint: record.fingerprint,
+            route,
+            ttl: self.router.effective_ttl(None, &self.router.routes()[route]),
+            created_at_ms: None,
+            produced_at_ms: None,
+            traceparent: None,
+            tracestate: None,
+            shape: Shape::Native,
+        };
+        let item = Item {
+            source: held.source.clone(),
+            parsed: Ok(command),
+            traceparent: None,
+            tracestate: None,
+            span: None,
+            checked_absent: true,
+        };
+        Ok((item, Arc::clone(sink)))
+    }
+
+    /// Asks `sink`'s check about `record`'s command, once this instance proved it still owns
+    /// the key's state partition (with a changelog); `None` when it could not, or `cancel`
+    /// fired first.
+    async fn ask_in_doubt(
+        &self,
+        key: &str,
+        record: &Indeterminate,
+        sink: &Sink,
+        cancel: &CancellationToken,
+    ) -> Option<CheckAnswer> {
+        if let Some(changelog) = &self.changelog
+            && let Err(e) = changelog.prove_owned().await
+        {
+            tracing::warn!(key, error = %e, "no check: this instance could not prove it still owns the key's state partition");
+            return None;
+        }
+        let held = record.held.as_deref()?;
+        tokio::select! {
+            answer = sink.check_held(key, held, record.claimed_at_ms) => Some(answer),
+            () = cancel.cancelled() => None,
+        }
+    }
+
+    /// Runs the command of a key whose check said *absent*, through the batch path.
+    async fn run_checked(&self, item: Item, cancel: &CancellationToken) -> Result<Reconciled, EngineError> {
+        let mut results = self.process_batch(std::slice::from_ref(&item), cancel).await?;
+        Ok(match results.pop() {
+            Some(ItemResult::Done(p)) => match p.result.outcome {
+                Outcome::Succeeded | Outcome::Failed if p.sink_called => {
+                    let mut p = p;
+                    p.result.settled_by = Some("check".into());
+                    Reconciled::Settled(p)
+                }
+                Outcome::Indeterminate => {
+                    Reconciled::Unsettled { answer: "absent", why: p.result.error.clone().unwrap_or_default() }
+                }
+                // Another writer got there first (an operator's resolve, a replay).
+                _ => Reconciled::Skipped("changed while its check ran"),
+            },
+            Some(ItemResult::Abandoned) | None => Reconciled::Skipped("let go"),
+        })
+    }
+
+    /// Completes `key`'s `record` as `settlement` says, if it is still that record, made
+    /// durable (and queued in the changelog) before its result is returned to publish.
+    async fn settle_in_doubt(
+        &self,
+        key: &str,
+        record: &Indeterminate,
+        settlement: Settlement,
+        item: &Item,
+        now: i64,
+        ttl_ms: i64,
+    ) -> Result<Reconciled, EngineError> {
+        let (store, owned_key, was) = (Arc::clone(&self.store), key.to_string(), record.clone());
+        let settled = tokio::task::spawn_blocking(move || store.settle(&owned_key, &was, settlement, now, ttl_ms))
+            .await
+            .map_err(|e| EngineError::Join(e.to_string()))??;
+        let Some(Record::Completed(completed)) = settled else {
+            return Ok(Reconciled::Skipped("changed while its check ran"));
+        };
+        self.queue_changelog().await?;
+        let Ok(cmd) = &item.parsed else { return Ok(Reconciled::Skipped("no command")) };
+        let mut p = self.republished(item, cmd, &completed);
+        p.result.settled_by = Some("check".into());
+        Ok(Reconciled::Settled(Box::new(p)))
+    }
+}

@@ -1,0 +1,167 @@
+//! The reconciler (docs/contract.md §4, "Keys in doubt"): every `check.interval` of a sink
+//! with a check, each `indeterminate` key whose kept command went to that sink is taken up
+//! again ([`Engine::reconcile`]) until its claim is `check.deadline` old: its check asks the
+//! receiver, *found* settles it `succeeded`, *absent* runs the command, anything else
+//! leaves it for the next pass. A settlement is published on the results topic as the
+//! result of the input the key was in doubt for (`settled_by: "check"`), after the input's
+//! own `indeterminate`.
+//!
+//! Only keys this instance owns are taken up: with `store.changelog`, those of the state
+//! partitions it holds (and the engine proves the group generation before each check and
+//! call); without, those whose input partition is assigned to it and not refused. The keys
+//! come from the store's own index of its `indeterminate` records by sink, so a pass costs
+//! one read per key in doubt, not a scan of the store.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::partitions::CurrentTable;
+use super::publish::Publisher;
+use super::transactions::Transactions;
+use crate::engine::{Engine, Reconciled};
+use crate::ops::KeyOwner;
+use crate::sinks::CheckTiming;
+use crate::store::SourcePos;
+
+/// Whose keys this instance may settle.
+pub(super) enum Owner {
+    /// With `store.changelog`: the holder of the key's state partition.
+    State(Arc<dyn KeyOwner>),
+    /// Without: the instance the input partition the key came from is assigned to.
+    Input(Arc<CurrentTable>),
+}
+
+impl Owner {
+    fn owns(&self, key: &str, source: &SourcePos) -> bool {
+        match self {
+            Owner::State(owner) => owner.check(key).is_ok(),
+            Owner::Input(partitions) => partitions.runs(&(source.topic.clone(), source.partition)),
+        }
+    }
+}
+
+/// What the reconciler works with.
+pub(super) struct Reconciler {
+    pub(super) engine: Arc<Engine>,
+    pub(super) publisher: Arc<Publisher>,
+    /// Under `kafka.transactional_results`: a settlement goes out in the open transaction.
+    pub(super) transactions: Option<Arc<Transactions>>,
+    pub(super) owner: Owner,
+    /// The sinks with a check, and their timing.
+    pub(super) sinks: BTreeMap<String, CheckTiming>,
+}
+
+/// How a pass over one sink's keys went, for its log line.
+#[derive(Debug, Default)]
+struct Pass {
+    settled: usize,
+    unsettled: usize,
+    skipped: usize,
+}
+
+impl Reconciler {
+    /// Runs until `stop`: a pass over each sink's keys in doubt every `check.interval`.
+    pub(super) async fn run(self, stop: CancellationToken) {
+        if self.sinks.is_empty() {
+            return;
+        }
+        // The first pass comes one interval after the start: a key a crash left in doubt is
+        // taken up by its next arrival's check first, if one comes.
+        let start = Instant::now();
+        let mut due: BTreeMap<&str, Instant> =
+            self.sinks.iter().map(|(name, timing)| (name.as_str(), start + timing.interval)).collect();
+        loop {
+            let next = due.values().min().copied().unwrap_or_else(|| start + Duration::from_secs(60));
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = stop.cancelled() => return,
+            }
+            let now = Instant::now();
+            for (sink, at) in due.iter_mut().filter(|(_, at)| **at <= now) {
+                let interval = self.sinks.get(*sink).map_or(Duration::from_secs(60), |t| t.interval);
+                self.pass(sink, &stop).await;
+                *at = Instant::now() + interval;
+            }
+            if stop.is_cancelled() {
+                return;
+            }
+        }
+    }
+
+    /// Takes up every key in doubt at `sink` this instance owns.
+    async fn pass(&self, sink: &str, stop: &CancellationToken) {
+        let keys = self.engine.store().indeterminate_keys(sink);
+        if keys.is_empty() {
+            return;
+        }
+        let mut pass = Pass::default();
+        let owns = |key: &str, source: &SourcePos| self.owner.owns(key, source);
+        for key in &keys {
+            if stop.is_cancelled() {
+                break;
+            }
+            match self.engine.reconcile(key, &owns, stop).await {
+                Ok(Reconciled::Settled(p)) => {
+                    pass.settled += 1;
+                    tracing::info!(key, sink, outcome = p.result.outcome.as_str(), "key in doubt settled by its check");
+                    self.publish(key, &p).await;
+                }
+                Ok(Reconciled::Unsettled { answer, why }) => {
+                    pass.unsettled += 1;
+                    tracing::debug!(key, sink, answer, why, "key still in doubt: checked again next pass");
+                }
+                Ok(Reconciled::Skipped(why)) => {
+                    pass.skipped += 1;
+                    tracing::trace!(key, sink, why, "key in doubt not taken up");
+                }
+                Err(e) => {
+                    // A store or changelog failure: the workers meet it too and stop the
+                    // process; this pass ends here.
+                    tracing::error!(key, sink, error = %e, "reconciler: cannot settle the key; pass ended");
+                    break;
+                }
+            }
+        }
+        tracing::info!(
+            sink,
+            keys = keys.len(),
+            settled = pass.settled,
+            unsettled = pass.unsettled,
+            skipped = pass.skipped,
+            "reconciler pass over keys in doubt"
+        );
+    }
+
+    /// Publishes a settlement; under transactional results in the open transaction. The
+    /// store holds the settlement already: a result that cannot be published is logged, and
+    /// the key's repeats replay it.
+    async fn publish(&self, key: &str, p: &crate::outcome::Processed) {
+        let member = match &self.transactions {
+            Some(transactions) => match transactions.join().await {
+                Ok(member) => Some(member),
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "settlement not published: no transaction is open");
+                    return;
+                }
+            },
+            None => None,
+        };
+        let queued = self.publisher.queue_settlement(p).await;
+        // Acknowledged once the member is let go: it is held while queueing only
+        // (transactions, invariant 3).
+        drop(member);
+        let acked = match queued {
+            Ok(ack) => tokio::time::timeout(Duration::from_secs(60), ack).await,
+            Err(e) => Ok(Err(e)),
+        };
+        match acked {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(key, error = %e, "settlement not published; the store holds it"),
+            Err(_) => tracing::warn!(key, "settlement not acknowledged within a minute; the store holds it"),
+        }
+    }
+}
