@@ -55,7 +55,7 @@ mod run;
 mod start;
 mod ticket;
 pub use changelog::ChangeLog;
-pub use in_doubt::Reconciled;
+pub use in_doubt::{Reconciled, Skip};
 pub use processed::rejected;
 pub use retry::RetryConfig;
 

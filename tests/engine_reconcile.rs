@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::orphan::EngineWithSink;
 use common::scripted_sink::{Call, Scripted};
-use dedupd::engine::Reconciled;
+use dedupd::engine::{Reconciled, Skip};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::{CheckAnswer, CheckTiming, Sink, SinkEffect};
 use dedupd::store::{Record, SourcePos};
@@ -132,11 +132,11 @@ async fn a_key_not_owned_here_or_past_the_deadline_is_not_asked_about() {
     let scripted = Scripted::new(&[Call::Lost], vec![unknown()]);
     let e = in_doubt(&scripted, Duration::from_secs(3600)).await;
     let elsewhere = |_: &str, _: &SourcePos| false;
-    assert!(matches!(reconcile(&e, &elsewhere).await, Reconciled::Skipped("not owned here")));
+    assert!(matches!(reconcile(&e, &elsewhere).await, Reconciled::Skipped(Skip::NotOwned)));
     let scripted = Scripted::new(&[Call::Lost], vec![unknown()]);
     // Its claim is at least the check's delay (10 ms) old.
     let e = in_doubt(&scripted, Duration::ZERO).await;
-    assert!(matches!(reconcile(&e, &everywhere).await, Reconciled::Skipped("past its check.deadline")));
+    assert!(matches!(reconcile(&e, &everywhere).await, Reconciled::Skipped(Skip::PastDeadline)));
     assert_eq!(scripted.log(), ["call Lost", "check unknown"], "no check asked");
     assert!(matches!(e.record(KEY), Some(Record::Indeterminate(_))));
 }
@@ -148,6 +148,6 @@ async fn a_key_in_doubt_at_a_sink_without_a_check_is_left_to_an_operator() {
     let mut e = EngineWithSink::new(Arc::new(sink));
     let item = e.item(KEY, json!({"ref": "r-1"}));
     assert_eq!(e.deliver(&[item]).await[0].result.outcome, Outcome::Indeterminate);
-    assert!(matches!(reconcile(&e, &everywhere).await, Reconciled::Skipped("its sink has no check")));
+    assert!(matches!(reconcile(&e, &everywhere).await, Reconciled::Skipped(Skip::NoCheck)));
     assert_eq!(scripted.log(), ["call Lost"]);
 }

@@ -5,7 +5,10 @@
 //! spent, the partition moves on), and its repeats report `indeterminate` too. With a check
 //! (`GET /payments?reference=...`) each key ends `succeeded` after that one POST, the
 //! lookup's answer its result, and its repeat is a `duplicate` of it; a key whose POST the
-//! receiver lost (taken, never recorded) is found absent and POSTed once more.
+//! receiver lost (taken, never recorded) is found absent and POSTed once more. With the
+//! lookups down, the keys are left `indeterminate`, the reconciler asks again every
+//! `check.interval` (no POST meanwhile), and once the lookups are back each key is settled
+//! and its settlement published (`settled_by: "check"`).
 //!
 //! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test kafka_unanswered`.
 
@@ -30,6 +33,8 @@ struct Payments {
     posts: Mutex<BTreeMap<String, usize>>,
     made: Mutex<BTreeMap<String, String>>,
     lookups: Mutex<usize>,
+    /// While set, every lookup answers 503: the check cannot tell.
+    lookups_down: std::sync::atomic::AtomicBool,
 }
 
 /// A payments API: the first POST of a key is read whole and never answered (the answer is
@@ -56,15 +61,19 @@ async fn pay(State(payments): State<Arc<Payments>>, headers: HeaderMap, body: By
     (StatusCode::CREATED, json!({"id": id, "ref": payload["ref"]}).to_string())
 }
 
-/// `GET /payments?reference=R`: 200 with the payment made for `R`, an empty list for none.
+/// `GET /payments?reference=R`: 200 with the payment made for `R`, an empty list for none;
+/// 503 while lookups are down.
 async fn find(
     State(payments): State<Arc<Payments>>,
     axum::extract::Query(query): axum::extract::Query<HashMap<String, String>>,
-) -> String {
+) -> (StatusCode, String) {
     *payments.lookups.lock() += 1;
+    if payments.lookups_down.load(std::sync::atomic::Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "lookups are down".into());
+    }
     let reference = query.get("reference").cloned().unwrap_or_default();
     let data: Vec<Value> = payments.made.lock().get(&reference).map(|id| json!({"id": id})).into_iter().collect();
-    json!({ "data": data }).to_string()
+    (StatusCode::OK, json!({ "data": data }).to_string())
 }
 
 /// Starts the payments API on a free loopback port; returns its address.
@@ -190,10 +199,10 @@ async fn indeterminate_keys_once(http: &str, sink: &str, want: f64, within: Dura
 }
 
 /// The check: the payments API's search by the payload's reference; a payment listed is
-/// found, an empty list absent.
+/// found, an empty list absent. The reconciler asks again every second.
 fn check_table(api: &str) -> String {
     format!(
-        "[sinks.pay.check]\nurl = \"http://{api}/payments?reference={{/ref}}\"\nfound_pointer = \"/data/0/id\"\ndelay = \"500ms\"\n"
+        "[sinks.pay.check]\nurl = \"http://{api}/payments?reference={{/ref}}\"\nfound_pointer = \"/data/0/id\"\ndelay = \"500ms\"\ninterval = \"1s\"\n"
     )
 }
 
@@ -240,4 +249,80 @@ async fn a_lost_answer_is_settled_by_the_check() {
     }
     assert!(*payments.lookups.lock() >= keys.len(), "one lookup per lost answer at least");
     assert_eq!(kafka::count_records(&bootstrap, &results).await, 2 * keys.len() as i64, "one result per input");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_that_cannot_reach_the_receiver_is_asked_again_by_the_reconciler() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results, dlq) = (kafka::unique("ur-in"), kafka::unique("ur-results"), kafka::unique("ur-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, 2), (&results, 1), (&dlq, 1)]).await;
+    let payments = Arc::new(Payments::default());
+    payments.lookups_down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (api, server) = start_payments(Arc::clone(&payments)).await;
+    let keys: Vec<String> = vec!["charge-0".into(), "charge-1".into(), "lost-0".into()];
+    produce_twice(&bootstrap, &input, &keys).await;
+
+    let dir = KeptOnFailure::new();
+    let (config_path, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+    let text = config(&bootstrap, (&input, &results, &dlq), &dir.path().join("store"), &api, &check_table(&api));
+    std::fs::write(&config_path, text).expect("config");
+    let mut dedupd = DedupdProcess::run(&config_path, &log);
+    let http = wait_for_http_addr(&log, &mut dedupd, Duration::from_secs(60)).await;
+    // The lookups are down: each key's check cannot tell, so each is left in doubt.
+    let published = kafka::read_all(&bootstrap, &results, 2 * keys.len(), Duration::from_secs(90)).await;
+    assert_eq!(published.len(), 2 * keys.len(), "a result per input:\n{}", tail_of_file(&log, 40));
+    for (key, outcomes) in outcomes_by_key(&published) {
+        assert_eq!(outcomes, ["indeterminate", "indeterminate"], "{key}");
+    }
+    // The reconciler asks again every second while they are down, and nothing is POSTed.
+    let asked = *payments.lookups.lock();
+    let again = wait_until(Duration::from_secs(30), || *payments.lookups.lock() >= asked + 2 * keys.len()).await;
+    assert!(again, "the reconciler asked again:\n{}", tail_of_file(&log, 40));
+    assert!(payments.posts.lock().values().all(|n| *n == 1), "no second POST while in doubt");
+
+    // Back up: the next pass settles every key and publishes each settlement.
+    payments.lookups_down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let published = kafka::read_all(&bootstrap, &results, 3 * keys.len(), Duration::from_secs(60)).await;
+    assert_eq!(published.len(), 3 * keys.len(), "a settlement per key:\n{}", tail_of_file(&log, 40));
+    let in_doubt = indeterminate_keys_once(&http, "pay", 0.0, Duration::from_secs(30)).await;
+    assert_eq!(in_doubt, Some(0.0), "dedupd_indeterminate_keys{{sink=\"pay\"}}");
+    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
+    server.abort();
+
+    let posts = payments.posts.lock().clone();
+    for key in &keys {
+        let lost = key.starts_with("lost-");
+        assert_eq!(posts[key], if lost { 2 } else { 1 }, "{key}: POSTed again only when found absent ({posts:?})");
+        let settlement = settlement_of(&published, key);
+        assert_eq!(settlement["outcome"], "succeeded", "{settlement}");
+        assert_eq!(settlement["source"]["topic"], json!(input), "the input in doubt: {settlement}");
+        let record = inspect(&config_path, key);
+        assert_eq!((&record["state"], &record["outcome"]), (&json!("completed"), &json!("succeeded")), "{record}");
+        assert_eq!(record["attempts"], if lost { 2 } else { 1 }, "{record}");
+    }
+    assert_eq!(kafka::count_records(&bootstrap, &results).await, 3 * keys.len() as i64, "one settlement per key");
+}
+
+/// The one result of `key` settled by its check (`settled_by: "check"`).
+fn settlement_of(results: &[rdkafka::message::OwnedMessage], key: &str) -> Value {
+    use rdkafka::Message;
+    let settled: Vec<Value> = results
+        .iter()
+        .map(|m| serde_json::from_slice::<Value>(m.payload().unwrap_or_default()).expect("result json"))
+        .filter(|v| v["key"] == key && v["settled_by"] == "check")
+        .collect();
+    assert_eq!(settled.len(), 1, "{key}: {settled:?}");
+    settled[0].clone()
+}
+
+/// Whether `condition` held within `within` (polled every 100 ms).
+async fn wait_until(within: Duration, condition: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while !condition() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
 }

@@ -29,7 +29,56 @@ pub enum Reconciled {
     /// its *absent* allowed ended in doubt again.
     Unsettled { answer: &'static str, why: String },
     /// Not taken up in this pass; why.
-    Skipped(&'static str),
+    Skipped(Skip),
+}
+
+/// Why a key in doubt was not taken up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Its record is not `indeterminate` (any more).
+    NotIndeterminate,
+    /// Another instance's: its state partition, or its input partition, is not held here.
+    NotOwned,
+    /// A batch of this process is running the key.
+    BeingExecuted,
+    /// Let go (a shutdown, a revoke) before it was settled.
+    LetGo,
+    /// Its record changed while its check ran (an operator, a repeat).
+    Changed,
+    /// Its claim is older than its sink's `check.deadline`.
+    PastDeadline,
+    /// Its record keeps no command (written before records kept one).
+    NoCommand,
+    /// Its route is gone from the config, or goes to another sink now.
+    RouteChanged,
+    /// Its sink has no check.
+    NoCheck,
+    /// The payload it keeps is not JSON.
+    BadPayload,
+}
+
+impl Skip {
+    /// What it says in the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::NotIndeterminate => "not indeterminate",
+            Skip::NotOwned => "not owned here",
+            Skip::BeingExecuted => "being executed",
+            Skip::LetGo => "let go",
+            Skip::Changed => "changed while its check ran",
+            Skip::PastDeadline => "past its check.deadline",
+            Skip::NoCommand => "keeps no command",
+            Skip::RouteChanged => "its route is gone, or goes to another sink now",
+            Skip::NoCheck => "its sink has no check",
+            Skip::BadPayload => "its kept payload is not JSON",
+        }
+    }
+
+    /// Whether no pass will take the key up again: it waits for an operator
+    /// (`dedupd_indeterminate_keys_unattended`).
+    pub fn waits_for_an_operator(self) -> bool {
+        matches!(self, Skip::PastDeadline | Skip::NoCommand | Skip::RouteChanged | Skip::NoCheck | Skip::BadPayload)
+    }
 }
 
 impl Engine {
@@ -48,26 +97,28 @@ impl Engine {
         let stored = tokio::task::spawn_blocking(move || store.get(&owned_key))
             .await
             .map_err(|e| EngineError::Join(e.to_string()))??;
-        let Some(Record::Indeterminate(record)) = stored else { return Ok(Reconciled::Skipped("not indeterminate")) };
+        let Some(Record::Indeterminate(record)) = stored else {
+            return Ok(Reconciled::Skipped(Skip::NotIndeterminate));
+        };
         let (item, sink) = match self.in_doubt(key, &record) {
             Ok(found) => found,
             Err(why) => return Ok(Reconciled::Skipped(why)),
         };
         if !owns(key, &item.source) {
-            return Ok(Reconciled::Skipped("not owned here"));
+            return Ok(Reconciled::Skipped(Skip::NotOwned));
         }
         let now = self.clock.now_ms();
         let deadline = sink.check_timing().map_or(0, |t| i64::try_from(t.deadline.as_millis()).unwrap_or(i64::MAX));
         if now.saturating_sub(record.claimed_at_ms) > deadline {
-            return Ok(Reconciled::Skipped("past its check.deadline"));
+            return Ok(Reconciled::Skipped(Skip::PastDeadline));
         }
         if !self.mark_in_flight(key) {
-            return Ok(Reconciled::Skipped("being executed"));
+            return Ok(Reconciled::Skipped(Skip::BeingExecuted));
         }
         let answer = self.ask_in_doubt(key, &record, &sink, cancel).await;
         self.release(&[key.to_string()]);
-        let Some(answer) = answer else { return Ok(Reconciled::Skipped("not owned, or let go")) };
-        let Ok(Command { ttl, .. }) = &item.parsed else { return Ok(Reconciled::Skipped("no command")) };
+        let Some(answer) = answer else { return Ok(Reconciled::Skipped(Skip::LetGo)) };
+        let Ok(Command { ttl, .. }) = &item.parsed else { return Ok(Reconciled::Skipped(Skip::NoCommand)) };
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         let label = answer.label();
         let settlement = match answer {
@@ -95,18 +146,18 @@ impl Engine {
 
     /// The command `record` keeps, as the item the reconciler runs, and the sink it went to;
     /// or why the key cannot be taken up.
-    fn in_doubt(&self, key: &str, record: &Indeterminate) -> Result<(Item, Arc<Sink>), &'static str> {
-        let held: &Held = record.held.as_deref().ok_or("keeps no command")?;
-        let route = self.router.routes().iter().position(|r| r.name == held.route).ok_or("its route is gone")?;
+    fn in_doubt(&self, key: &str, record: &Indeterminate) -> Result<(Item, Arc<Sink>), Skip> {
+        let held: &Held = record.held.as_deref().ok_or(Skip::NoCommand)?;
+        let route = self.router.routes().iter().position(|r| r.name == held.route).ok_or(Skip::RouteChanged)?;
         let sink = &self.route_sinks[route];
         // Checked at the sink that was called, and run only through it.
         if sink.name() != held.sink {
-            return Err("its route goes to another sink now");
+            return Err(Skip::RouteChanged);
         }
         if sink.check_timing().is_none() {
-            return Err("its sink has no check");
+            return Err(Skip::NoCheck);
         }
-        let payload = serde_json::from_slice(&held.payload).map_err(|_| "its kept payload is not JSON")?;
+        let payload = serde_json::from_slice(&held.payload).map_err(|_| Skip::BadPayload)?;
         let command = Command {
             key: key.to_string(),
             kind: held.kind.clone(),
@@ -168,9 +219,9 @@ impl Engine {
                     Reconciled::Unsettled { answer: "absent", why: p.result.error.clone().unwrap_or_default() }
                 }
                 // Another writer got there first (an operator's resolve, a replay).
-                _ => Reconciled::Skipped("changed while its check ran"),
+                _ => Reconciled::Skipped(Skip::Changed),
             },
-            Some(ItemResult::Abandoned) | None => Reconciled::Skipped("let go"),
+            Some(ItemResult::Abandoned) | None => Reconciled::Skipped(Skip::LetGo),
         })
     }
 
@@ -190,10 +241,10 @@ impl Engine {
             .await
             .map_err(|e| EngineError::Join(e.to_string()))??;
         let Some(Record::Completed(completed)) = settled else {
-            return Ok(Reconciled::Skipped("changed while its check ran"));
+            return Ok(Reconciled::Skipped(Skip::Changed));
         };
         self.queue_changelog().await?;
-        let Ok(cmd) = &item.parsed else { return Ok(Reconciled::Skipped("no command")) };
+        let Ok(cmd) = &item.parsed else { return Ok(Reconciled::Skipped(Skip::NoCommand)) };
         let mut p = self.republished(item, cmd, &completed);
         p.result.settled_by = Some("check".into());
         Ok(Reconciled::Settled(Box::new(p)))

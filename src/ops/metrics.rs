@@ -31,6 +31,7 @@ pub struct Metrics {
     sink_calls: IntCounterVec,
     checks: IntCounterVec,
     indeterminate_keys: IntGaugeVec,
+    indeterminate_unattended: IntGaugeVec,
     sink_duration: HistogramVec,
     process_duration: Histogram,
     store_records: IntGaugeVec,
@@ -131,7 +132,8 @@ impl Metrics {
     // read top to bottom against docs/metrics.md.
     pub fn new() -> Result<Metrics, MetricsError> {
         let (refused_partitions, assigned_partitions) = partition_gauges()?;
-        let (sink_calls, checks, indeterminate_keys) = doubts::doubt_metrics()?;
+        let doubts::DoubtMetrics { sink_calls, checks, indeterminate_keys, unattended: indeterminate_unattended } =
+            doubts::doubt_metrics()?;
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -144,6 +146,7 @@ impl Metrics {
             sink_calls,
             checks,
             indeterminate_keys,
+            indeterminate_unattended,
             sink_duration: HistogramVec::new(
                 HistogramOpts::new("sink_duration_seconds", "Duration of one sink call.")
                     .buckets(LATENCY_BUCKETS.to_vec()),
@@ -217,6 +220,7 @@ impl Metrics {
             Box::new(self.sink_calls.clone()),
             Box::new(self.checks.clone()),
             Box::new(self.indeterminate_keys.clone()),
+            Box::new(self.indeterminate_unattended.clone()),
             Box::new(self.sink_duration.clone()),
             Box::new(self.process_duration.clone()),
             Box::new(self.store_records.clone()),
@@ -289,6 +293,7 @@ impl Metrics {
                 self.checks.with_label_values(&[*sink, answer]);
             }
             self.indeterminate_keys.with_label_values(&[*sink]).set(0);
+            self.indeterminate_unattended.with_label_values(&[*sink]).set(0);
             self.sink_duration.with_label_values(&[*sink]);
         }
     }
@@ -343,6 +348,13 @@ impl Metrics {
             let sink = if sink.is_empty() { "(unknown)" } else { sink.as_str() };
             self.indeterminate_keys.with_label_values(&[sink]).set(*count);
         }
+    }
+
+    /// The `indeterminate` keys of `sink` (`""`: records that keep no command) that no check
+    /// settles any more.
+    pub fn indeterminate_unattended(&self, sink: &str, count: i64) {
+        let sink = if sink.is_empty() { "(unknown)" } else { sink };
+        self.indeterminate_unattended.with_label_values(&[sink]).set(count);
     }
 
     /// Reads the size and free bytes of the volume holding the store at `path`.

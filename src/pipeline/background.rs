@@ -40,6 +40,7 @@ impl Background {
                 None => Owner::Input(Arc::clone(current_table)),
             },
             sinks: sinks.iter().filter_map(|(name, sink)| sink.check_timing().map(|t| (name.clone(), *t))).collect(),
+            metrics: Arc::clone(&core.metrics),
         };
         let reconcile = tokio::spawn(reconciler.run(stop.clone()));
         // From here on the engine alone keeps the sinks; the admin API asks their checks

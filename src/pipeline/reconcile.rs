@@ -23,7 +23,7 @@ use super::partitions::CurrentTable;
 use super::publish::Publisher;
 use super::transactions::Transactions;
 use crate::engine::{Engine, Reconciled};
-use crate::ops::KeyOwner;
+use crate::ops::{KeyOwner, Metrics};
 use crate::sinks::CheckTiming;
 use crate::store::SourcePos;
 
@@ -53,6 +53,8 @@ pub(super) struct Reconciler {
     pub(super) owner: Owner,
     /// The sinks with a check, and their timing.
     pub(super) sinks: BTreeMap<String, CheckTiming>,
+    /// `dedupd_indeterminate_keys_unattended`.
+    pub(super) metrics: Arc<Metrics>,
 }
 
 /// How a pass over one sink's keys went, for its log line.
@@ -61,42 +63,59 @@ struct Pass {
     settled: usize,
     unsettled: usize,
     skipped: usize,
+    /// Keys no pass will take up again (`Skip::waits_for_an_operator`).
+    unattended: i64,
 }
 
+/// How often `dedupd_indeterminate_keys_unattended` is refreshed between passes.
+const GAUGE_EVERY: Duration = Duration::from_secs(5);
+
 impl Reconciler {
-    /// Runs until `stop`: a pass over each sink's keys in doubt every `check.interval`.
+    /// Runs until `stop`: a pass over each sink's keys in doubt every `check.interval`, and
+    /// `dedupd_indeterminate_keys_unattended` kept up to date.
     pub(super) async fn run(self, stop: CancellationToken) {
-        if self.sinks.is_empty() {
-            return;
-        }
         // The first pass comes one interval after the start: a key a crash left in doubt is
         // taken up by its next arrival's check first, if one comes.
         let start = Instant::now();
         let mut due: BTreeMap<&str, Instant> =
             self.sinks.iter().map(|(name, timing)| (name.as_str(), start + timing.interval)).collect();
+        // Each sink's unattended keys as its last pass found them.
+        let mut past_deadline: BTreeMap<String, i64> = BTreeMap::new();
         loop {
-            let next = due.values().min().copied().unwrap_or_else(|| start + Duration::from_secs(60));
+            let now = Instant::now();
+            for (sink, at) in due.iter_mut().filter(|(_, at)| **at <= now) {
+                let interval = self.sinks.get(*sink).map_or(GAUGE_EVERY, |t| t.interval);
+                let unattended = self.pass(sink, &stop).await;
+                past_deadline.insert((*sink).to_string(), unattended);
+                *at = Instant::now() + interval;
+            }
+            self.report_unattended(&past_deadline);
+            let next = due.values().min().copied().unwrap_or(now + GAUGE_EVERY).min(Instant::now() + GAUGE_EVERY);
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
                 () = stop.cancelled() => return,
             }
-            let now = Instant::now();
-            for (sink, at) in due.iter_mut().filter(|(_, at)| **at <= now) {
-                let interval = self.sinks.get(*sink).map_or(Duration::from_secs(60), |t| t.interval);
-                self.pass(sink, &stop).await;
-                *at = Instant::now() + interval;
-            }
-            if stop.is_cancelled() {
-                return;
-            }
         }
     }
 
-    /// Takes up every key in doubt at `sink` this instance owns.
-    async fn pass(&self, sink: &str, stop: &CancellationToken) {
+    /// Sets `dedupd_indeterminate_keys_unattended` of every sink with keys in doubt: all of
+    /// them for a sink without a check, those its last pass could not take up for one with.
+    fn report_unattended(&self, past_deadline: &BTreeMap<String, i64>) {
+        for (sink, count) in self.engine.store().indeterminate_by_sink() {
+            let unattended = match self.sinks.contains_key(&sink) {
+                true => past_deadline.get(&sink).copied().unwrap_or(0).min(count),
+                false => count,
+            };
+            self.metrics.indeterminate_unattended(&sink, unattended);
+        }
+    }
+
+    /// Takes up every key in doubt at `sink` this instance owns; returns how many no pass
+    /// will take up again.
+    async fn pass(&self, sink: &str, stop: &CancellationToken) -> i64 {
         let keys = self.engine.store().indeterminate_keys(sink);
         if keys.is_empty() {
-            return;
+            return 0;
         }
         let mut pass = Pass::default();
         let owns = |key: &str, source: &SourcePos| self.owner.owns(key, source);
@@ -116,7 +135,8 @@ impl Reconciler {
                 }
                 Ok(Reconciled::Skipped(why)) => {
                     pass.skipped += 1;
-                    tracing::trace!(key, sink, why, "key in doubt not taken up");
+                    pass.unattended += i64::from(why.waits_for_an_operator());
+                    tracing::trace!(key, sink, why = why.as_str(), "key in doubt not taken up");
                 }
                 Err(e) => {
                     // A store or changelog failure: the workers meet it too and stop the
@@ -132,8 +152,10 @@ impl Reconciler {
             settled = pass.settled,
             unsettled = pass.unsettled,
             skipped = pass.skipped,
+            unattended = pass.unattended,
             "reconciler pass over keys in doubt"
         );
+        pass.unattended
     }
 
     /// Publishes a settlement; under transactional results in the open transaction. The
