@@ -323,8 +323,10 @@ impl KeyStore {
                 // A key with no record anywhere: the journal holds the claim (invariant 1).
                 writes.journaled.push((req.key.clone(), new.encode()));
                 writes.replaced.push(None);
-            } else if current.as_ref().is_some_and(|c| c.expires_at_ms().is_some()) {
-                // Replacing a completed record rewrites its shared index entry: alone, now.
+            } else if current.as_ref().is_some_and(|c| c.expires_at_ms().is_some() || c.state() == State::Indeterminate)
+            {
+                // Replacing a completed record rewrites its shared index entry, and replacing
+                // an `indeterminate` one takes its key out of its sink's (`doubts`): alone, now.
                 self.swap_locked(stripe, &req.key, current, Some(&new), true)?;
             } else {
                 let replaces_journaled = stripe.journaled(&req.key).is_some();

@@ -1,19 +1,34 @@
-//! The `indeterminate` records per sink (the sink their command went to), kept up to date
-//! by every mutation as the counts per state are: what `dedupd_indeterminate_keys{sink}`
-//! shows, so that a page names the sink whose receiver an operator must ask. Counts only:
-//! bounded by the number of sinks, however many keys an outage leaves in doubt.
+//! The keys of the `indeterminate` records per sink (the sink their command went to), kept
+//! up to date by every mutation as the counts per state are. Two readers:
+//! - `dedupd_indeterminate_keys{sink}` shows how many, so that a page names the sink whose
+//!   receiver an operator must ask;
+//! - the reconciler of indeterminate keys whose sink has a check asks, every minute, for a
+//!   sink's keys ([`KeyStore::indeterminate_keys`]): a store holds up to 100M keys, too many
+//!   to scan for the few in doubt.
 //!
-//! Every write that makes or unmakes an `indeterminate` record goes through `swap_locked`
-//! (the engine's, an operator's, an import's, a changelog restore's); a claim never
-//! replaces one (the decision table reports an `indeterminate` key, never claims it), and a
-//! completion or a compaction only replaces or removes other states. The open fills them by
-//! its scan, or reads them back with the saved filter.
+//! Keys, not counts, then; bounded by the records in doubt, small next to the store. Cost
+//! per key: the key's bytes in one heap allocation, plus about 50–80 bytes (its `String`,
+//! 24 bytes, and its share of a B-tree node, nodes being at least half full). A sink whose
+//! last key was settled keeps its empty set, so the gauge shows 0 for it rather than its
+//! last value.
+//!
+//! Every write that makes or unmakes an `indeterminate` record goes through `swap_locked`:
+//! the engine's (`compare_and_swap`), an operator's (`resolve`, `settle`, `forget`), an
+//! import's, a changelog restore's, and a claim replacing one (`claims`: the decision table
+//! reports an `indeterminate` key rather than claiming it, but the store does not rely on
+//! that). A completion replaces only its own `in_progress` claim, a compaction removes only
+//! completed records (by the expiry index), and the journal's recovery writes before the
+//! open fills these by its scan. The open fills them by its scan, or reads them back with
+//! the saved filter.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use parking_lot::Mutex;
 
 use super::{KeyStore, Record};
+
+/// The keys of the `indeterminate` records, by sink.
+pub(super) type KeysBySink = BTreeMap<String, BTreeSet<String>>;
 
 /// The sink of an `indeterminate` record: the one its kept command went to, `""` for a
 /// record that keeps none (written before records kept it). `None` for any other state.
@@ -24,36 +39,47 @@ pub(super) fn sink_of(record: &Record) -> Option<&str> {
     }
 }
 
-/// `indeterminate` records by sink.
+/// The keys of the `indeterminate` records by sink.
 #[derive(Debug, Default)]
-pub(super) struct Doubts(Mutex<BTreeMap<String, i64>>);
+pub(super) struct Doubts(Mutex<KeysBySink>);
 
 impl Doubts {
-    /// `old` was replaced by `new` (either absent).
-    pub(super) fn changed(&self, old: Option<&Record>, new: Option<&Record>) {
+    /// `key`'s record `old` was replaced by `new` (either absent).
+    pub(super) fn changed(&self, key: &str, old: Option<&Record>, new: Option<&Record>) {
         let (old, new) = (old.and_then(sink_of), new.and_then(sink_of));
         if old == new {
             return;
         }
-        let mut counts = self.0.lock();
-        if let Some(sink) = old {
-            *counts.entry(sink.to_string()).or_default() -= 1;
+        let mut keys = self.0.lock();
+        if let Some(sink) = old
+            && let Some(in_sink) = keys.get_mut(sink)
+        {
+            // The set stays, empty or not: the gauge then reads 0 for the sink.
+            in_sink.remove(key);
         }
         if let Some(sink) = new {
-            *counts.entry(sink.to_string()).or_default() += 1;
+            keys.entry(sink.to_string()).or_default().insert(key.to_string());
         }
     }
 
     /// Replaces them all (a scan, a saved filter read back).
-    pub(super) fn set(&self, counts: BTreeMap<String, i64>) {
-        *self.0.lock() = counts;
+    pub(super) fn set(&self, keys: KeysBySink) {
+        *self.0.lock() = keys;
     }
 }
 
-/// Adds `record`'s sink to `counts` when it is `indeterminate` (a scan's tally).
-pub(super) fn tally(counts: &mut BTreeMap<String, i64>, record: &Record) {
+/// Adds `key` to its sink's keys in `keys` when its `record` is `indeterminate` (a scan's
+/// tally).
+pub(super) fn tally(keys: &mut KeysBySink, key: &str, record: &Record) {
     if let Some(sink) = sink_of(record) {
-        *counts.entry(sink.to_string()).or_default() += 1;
+        keys.entry(sink.to_string()).or_default().insert(key.to_string());
+    }
+}
+
+/// Merges the keys another scan thread found into `keys`.
+pub(super) fn merge(keys: &mut KeysBySink, more: KeysBySink) {
+    for (sink, more) in more {
+        keys.entry(sink).or_default().extend(more);
     }
 }
 
@@ -61,6 +87,18 @@ impl KeyStore {
     /// The `indeterminate` records per sink (`""`: records that keep no command); a sink
     /// whose last one was settled stays listed with 0.
     pub fn indeterminate_by_sink(&self) -> BTreeMap<String, i64> {
+        let keys = self.doubts.0.lock();
+        keys.iter().map(|(sink, keys)| (sink.clone(), keys.len() as i64)).collect()
+    }
+
+    /// The keys whose `indeterminate` record keeps a command that went to `sink` (`""`:
+    /// those that keep none), sorted: a snapshot, which writes may change right after.
+    pub fn indeterminate_keys(&self, sink: &str) -> Vec<String> {
+        self.doubts.0.lock().get(sink).map(|keys| keys.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Every sink's keys, for the saved filter.
+    pub(super) fn indeterminate_keys_by_sink(&self) -> KeysBySink {
         self.doubts.0.lock().clone()
     }
 }

@@ -130,7 +130,7 @@ pub struct KeyStore {
     /// Held (inside a stripe lock) while an index entry shared by several keys is rewritten.
     index_lock: Mutex<()>,
     counts: [AtomicI64; 3],
-    /// The `indeterminate` records per sink (`doubts`).
+    /// The keys of the `indeterminate` records per sink (`doubts`).
     doubts: doubts::Doubts,
     /// Flushes started so far (see `coalesced_flush`).
     flushes_started: AtomicU64,
@@ -410,7 +410,7 @@ impl KeyStore {
         if let Some(n) = new {
             self.counts[state_index(n.state())].fetch_add(1, Ordering::Relaxed);
         }
-        self.doubts.changed(current.as_ref(), new);
+        self.doubts.changed(key, current.as_ref(), new);
         Ok(())
     }
 

@@ -13,15 +13,15 @@ pub(in crate::store) use saved::FILE_NAME as SAVED_FILTER_FILE;
 use super::{KeyStore, KeyValue, Record, StateCounts, StoreError, Tree, decode, state_index};
 
 impl KeyStore {
-    /// Recounts records per state (and the `indeterminate` ones per sink) by a full scan
+    /// Recounts records per state (and collects the `indeterminate` ones' keys per sink) by a full scan
     /// (after import).
     pub fn recount(&self) -> Result<StateCounts, StoreError> {
         let mut counts = [0i64; 3];
-        let mut doubts = std::collections::BTreeMap::new();
+        let mut doubts = super::doubts::KeysBySink::new();
         self.for_each_record_page(10_000, |page| {
-            for (_, record) in page {
+            for (key, record) in page {
                 counts[state_index(record.state())] += 1;
-                super::doubts::tally(&mut doubts, &record);
+                super::doubts::tally(&mut doubts, &key, &record);
             }
             Ok(())
         })?;

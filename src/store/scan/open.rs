@@ -15,9 +15,9 @@
 //! nothing else uses the store, so no lock is held across the scan; fingerprints are added
 //! under their stripe's lock as everywhere else.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::super::doubts::KeysBySink;
 use super::super::{
     KeyStore, Record, STRIPES, Slice, State, StoreError, Tree, corrupt_record, decode, doubts, presence, state_index,
 };
@@ -37,8 +37,8 @@ const MAX_THREADS: usize = 4;
 /// A range of keys, `start <= key < end`.
 type Range = (Vec<u8>, Option<Vec<u8>>);
 
-/// What a scan counted: records per state, and the `indeterminate` ones per sink.
-type Counted = ([i64; 3], BTreeMap<String, i64>);
+/// What a scan counted: records per state, and the `indeterminate` ones' keys per sink.
+type Counted = ([i64; 3], KeysBySink);
 
 /// A range of one slice's keys.
 type SliceRange = (Slice, Range);
@@ -51,7 +51,7 @@ impl KeyStore {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let helpers = cores.min(MAX_THREADS).min(ranges.len()).saturating_sub(1);
         let mut counts = [0i64; 3];
-        let mut doubts = BTreeMap::new();
+        let mut doubts = KeysBySink::new();
         std::thread::scope(|scope| {
             // The caller's thread reads ranges too, so a helper the OS refuses to start only
             // leaves more to it.
@@ -63,7 +63,7 @@ impl KeyStore {
                 .collect();
             let mut add = |(counted, sinks): Counted| {
                 counts.iter_mut().zip(counted).for_each(|(total, n)| *total += n);
-                sinks.into_iter().for_each(|(sink, n)| *doubts.entry(sink).or_default() += n);
+                doubts::merge(&mut doubts, sinks);
             };
             add(self.fill_ranges(&ranges, &next)?);
             for worker in workers {
@@ -78,18 +78,18 @@ impl KeyStore {
     }
 
     /// Takes ranges from `ranges` until none is left; returns the records counted per state,
-    /// and the `indeterminate` ones per sink.
+    /// and the `indeterminate` ones' keys per sink.
     fn fill_ranges(&self, ranges: &[SliceRange], next: &AtomicUsize) -> Result<Counted, StoreError> {
         let mut counts = [0i64; 3];
-        let mut doubts = BTreeMap::new();
+        let mut doubts = KeysBySink::new();
         let mut buffers = vec![Vec::new(); STRIPES];
         while let Some((slice, (start, end))) = ranges.get(next.fetch_add(1, Ordering::Relaxed)) {
             self.backend.for_each(Tree::Records(*slice), start, end.as_deref(), &mut |key, value| {
                 let state = Record::state_of(value).map_err(|source| corrupt_record(key, source))?;
                 counts[state_index(state)] += 1;
                 if state == State::Indeterminate {
-                    // Rare: only these are decoded, for their sink.
-                    doubts::tally(&mut doubts, &decode(key, value)?);
+                    // Rare: only these are decoded, for their sink (and their keys copied).
+                    doubts::tally(&mut doubts, &String::from_utf8_lossy(key), &decode(key, value)?);
                 }
                 let (stripe, fp) = presence::key_bytes_hash(key);
                 let buffer = &mut buffers[stripe];

@@ -6,11 +6,16 @@
 //! it is read, not at open.
 //!
 //! The file, [`FILE_NAME`] in the store directory: a header (format, the save's id,
-//! stripes, the backend's write sequence number, the counts per state, the `indeterminate`
-//! records per sink), then each stripe's
-//! fingerprints and those held by more than one key, then a CRC-32 of all of it. Written
-//! to a temporary file, synced and renamed over the last one, so a crash while saving
-//! leaves the old file or the new one.
+//! stripes, the backend's write sequence number, the counts per state, the keys of the
+//! `indeterminate` records per sink), then each stripe's fingerprints and those held by
+//! more than one key, then a CRC-32 of all of it. Written to a temporary file, synced and
+//! renamed over the last one, so a crash while saving leaves the old file or the new one.
+//!
+//! The keys in doubt are saved, not only their number per sink, because the reconciler of
+//! indeterminate keys whose sink has a check lists them by sink (`doubts`): without them
+//! the open would have to scan every record to find the few in doubt, which is what the
+//! saved filter spares it. Each name and key is length-prefixed; when read back, every
+//! length must fit in what is left of the file before anything is allocated for it.
 //!
 //! The open uses it only when all of these hold, and scans otherwise (a bad or stale file
 //! is never an error):
@@ -37,11 +42,12 @@
 //! A backend without a write sequence number (sled) always scans. A file found stale is
 //! removed, so that it does not take disk space until the next clean stop.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
+use super::super::doubts::KeysBySink;
 use super::super::presence::Presence;
 use super::super::{KeyStore, Op, STRIPES, StoreError, Tree};
 
@@ -51,17 +57,18 @@ pub(in crate::store) const FILE_NAME: &str = "dedupd-presence.saved";
 /// The `meta` key written last before the filter is saved (see `save_presence`).
 const SAVED_MARK: &[u8] = b"presence-saved";
 
-/// What the file starts with: the format's name and version (3: the `indeterminate`
-/// records per sink follow the counts; 2: each entry names the slice holding its key; a
-/// file of an older format is not read, and the open scans).
-const MAGIC: &[u8; 16] = b"dedupd-presence3";
+/// What the file starts with: the format's name and version (4: the keys of the
+/// `indeterminate` records per sink follow the counts; 3: their number per sink; 2: each
+/// entry names the slice holding its key). A file of another format is not read: the open
+/// scans, and removes it as it does a stale one.
+const MAGIC: &[u8; 16] = b"dedupd-presence4";
 
-/// What the open read back: each stripe's filter, the counts per state, and the
-/// `indeterminate` records per sink.
+/// What the open read back: each stripe's filter, the counts per state, and the keys of
+/// the `indeterminate` records per sink.
 struct Saved {
     stripes: Vec<Presence>,
     counts: [i64; 3],
-    doubts: BTreeMap<String, i64>,
+    doubts: KeysBySink,
 }
 
 impl KeyStore {
@@ -120,13 +127,7 @@ impl KeyStore {
         for count in counts {
             out.write_all(&count.to_le_bytes())?;
         }
-        let doubts = self.indeterminate_by_sink();
-        out.write_all(&(doubts.len() as u32).to_le_bytes())?;
-        for (sink, count) in &doubts {
-            out.write_all(&(sink.len() as u32).to_le_bytes())?;
-            out.write_all(sink.as_bytes())?;
-            out.write_all(&count.to_le_bytes())?;
-        }
+        write_doubts(&mut out, &self.indeterminate_keys_by_sink())?;
         let mut buffer = Vec::new();
         for stripe in self.stripes.iter() {
             write_stripe(&mut out, &stripe.lock().present, &mut buffer)?;
@@ -228,6 +229,9 @@ fn read(path: &Path, id: &[u8], seqno: u64) -> Result<Option<Saved>, String> {
         *count = input.u64().map_err(io)? as i64;
     }
     let doubts = read_doubts(&mut input, &mut left)?;
+    if doubts.values().map(|keys| keys.len() as u64).sum::<u64>() != counts[2] as u64 {
+        return Err("the keys in doubt are not as many as the indeterminate records".into());
+    }
     let mut stripes = Vec::with_capacity(STRIPES);
     for _ in 0..STRIPES {
         stripes.push(read_stripe(&mut input, &mut left)?);
@@ -244,25 +248,68 @@ fn read(path: &Path, id: &[u8], seqno: u64) -> Result<Option<Saved>, String> {
     Ok(Some(Saved { stripes, counts, doubts }))
 }
 
-/// The `indeterminate` records per sink: how many sinks, then each one's name (length,
-/// bytes) and count. The lengths must fit in what is `left` of the file.
-fn read_doubts(input: &mut Checksummed<BufReader<File>>, left: &mut u64) -> Result<BTreeMap<String, i64>, String> {
+/// The keys of the `indeterminate` records per sink: how many sinks, then each one's name,
+/// how many keys, and the keys (names and keys as a `u32` length and the bytes).
+fn write_doubts(out: &mut impl Write, doubts: &KeysBySink) -> std::io::Result<()> {
+    out.write_all(&(doubts.len() as u32).to_le_bytes())?;
+    for (sink, keys) in doubts {
+        write_text(out, sink)?;
+        out.write_all(&(keys.len() as u64).to_le_bytes())?;
+        for key in keys {
+            write_text(out, key)?;
+        }
+    }
+    Ok(())
+}
+
+/// Its length as a `u32`, then its bytes.
+fn write_text(out: &mut impl Write, text: &str) -> std::io::Result<()> {
+    let len = u32::try_from(text.len()).map_err(|_| std::io::Error::other("a sink or a key over 4 GiB"))?;
+    out.write_all(&len.to_le_bytes())?;
+    out.write_all(text.as_bytes())
+}
+
+/// What [`write_doubts`] wrote. Every length must fit in what is `left` of the file before
+/// it is read: a damaged count or length ends the read instead of allocating for it.
+fn read_doubts(input: &mut Checksummed<BufReader<File>>, left: &mut u64) -> Result<KeysBySink, String> {
     let io = |e: std::io::Error| e.to_string();
     let mut take =
         |bytes: u64| left.checked_sub(bytes).map(|rest| *left = rest).ok_or("the sinks run past the end of the file");
     take(4)?;
     let sinks = input.u32().map_err(io)?;
-    let mut doubts = BTreeMap::new();
+    let mut doubts = KeysBySink::new();
     for _ in 0..sinks {
-        take(4)?;
-        let len = input.u32().map_err(io)?;
-        take(u64::from(len) + 8)?;
-        let mut name = vec![0u8; len as usize];
-        input.read_exact(&mut name).map_err(io)?;
-        let name = String::from_utf8(name).map_err(|_| "a sink's name is not UTF-8")?;
-        doubts.insert(name, input.u64().map_err(io)? as i64);
+        let sink = read_text(input, &mut take)?;
+        take(8)?;
+        let count = input.u64().map_err(io)?;
+        let mut keys = BTreeSet::new();
+        // Nothing is allocated for the count: each key takes at least its 4-byte length from
+        // what is left, so a count larger than the file holds fails in `take`.
+        for _ in 0..count {
+            keys.insert(read_text(input, &mut take)?);
+        }
+        if keys.len() as u64 != count {
+            return Err("a key in doubt saved twice".into());
+        }
+        if doubts.insert(sink, keys).is_some() {
+            return Err("a sink saved twice".into());
+        }
     }
     Ok(doubts)
+}
+
+/// A length, then that many bytes of UTF-8, once `take` finds they fit in the file.
+fn read_text(
+    input: &mut Checksummed<BufReader<File>>,
+    take: &mut impl FnMut(u64) -> Result<(), &'static str>,
+) -> Result<String, String> {
+    let io = |e: std::io::Error| e.to_string();
+    take(4)?;
+    let len = input.u32().map_err(io)?;
+    take(u64::from(len))?;
+    let mut bytes = vec![0u8; len as usize];
+    input.read_exact(&mut bytes).map_err(io)?;
+    String::from_utf8(bytes).map_err(|_| "a sink or a key in doubt is not UTF-8".into())
 }
 
 fn read_stripe(input: &mut Checksummed<BufReader<File>>, left: &mut u64) -> Result<Presence, String> {

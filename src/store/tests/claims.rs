@@ -14,6 +14,7 @@ each_backend!(
     orphan_reclaim_bumps_attempts,
     stamped_claims_never_trust_a_stale_read,
     claim_batch_mixes_fresh_stale_and_expired,
+    a_claim_over_an_indeterminate_record_takes_its_key_out_of_doubt,
 );
 
 fn claim_of_absent_key(kind: StoreBackend) {
@@ -219,5 +220,19 @@ fn claim_batch_mixes_fresh_stale_and_expired(kind: StoreBackend) {
     assert_eq!(f.store.counts(), counts(1, 3, 0));
     check_invariants(&f.store);
     let f = f.reopen();
+    check_invariants(&f.store);
+}
+
+/// The engine never claims an `indeterminate` key (the decision table reports it), but the
+/// store does not rely on that: a claim replacing one takes its key out of its sink's.
+fn a_claim_over_an_indeterminate_record_takes_its_key_out_of_doubt(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    put_in_doubt(&f.store, "k", 1, Some("pay"));
+    put_in_doubt(&f.store, "other", 1, Some("pay"));
+    let current = f.store.get("k").unwrap();
+    let pending = f.store.claim("k", current.as_ref(), in_progress(1, 2)).unwrap().expect("claimable");
+    f.store.flush_claims(vec![pending]).unwrap();
+    assert_eq!(f.store.indeterminate_keys("pay"), vec!["other".to_string()]);
+    assert_eq!(f.store.counts(), counts(1, 0, 1));
     check_invariants(&f.store);
 }

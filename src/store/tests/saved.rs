@@ -13,6 +13,7 @@ each_backend!(
     a_claim_a_crash_left_makes_the_open_scan,
     a_damaged_saved_filter_is_never_used,
     another_stores_saved_filter_is_never_used,
+    the_keys_in_doubt_per_sink_are_saved_and_scanned_alike,
 );
 
 /// Far in the future: never due.
@@ -131,8 +132,10 @@ fn a_damaged_saved_filter_is_never_used(kind: StoreBackend) {
         let at = bytes[header..].windows(4).position(|w| w == fingerprint).expect("the key's fingerprint is saved");
         bytes[header + at + 3] ^= 0x40;
     };
-    let damages: [Box<Damage>; 4] = [
+    let damages: [Box<Damage>; 5] = [
         Box::new(flip_fingerprint),
+        // A file of the last format (counts per sink, not keys): not read.
+        Box::new(|bytes| bytes[..16].copy_from_slice(b"dedupd-presence3")),
         Box::new(|bytes| bytes.truncate(bytes.len() - 9)),
         Box::new(|bytes| bytes.extend_from_slice(b"more")),
         Box::new(|bytes| *bytes = b"not a saved filter at all".to_vec()),
@@ -168,4 +171,56 @@ fn another_stores_saved_filter_is_never_used(kind: StoreBackend) {
     assert!(!b.store.opened_from_saved_filter());
     check_invariants(&b.store);
     assert_not_claimable_as_absent(&b.store, "b-7");
+}
+
+/// The keys each sink's `indeterminate_keys` lists, in order: `""`, `mail`, `pay`.
+fn keys_in_doubt(store: &KeyStore) -> [Vec<String>; 3] {
+    ["", "mail", "pay"].map(|sink| store.indeterminate_keys(sink))
+}
+
+fn strings(keys: &[&str]) -> Vec<String> {
+    keys.iter().map(|k| k.to_string()).collect()
+}
+
+/// What the reconciler of indeterminate keys reads: each sink's keys, the same after an
+/// open that reads the saved filter, one that scans, a settle and a forget.
+fn the_keys_in_doubt_per_sink_are_saved_and_scanned_alike(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    fill_named(&f.store, "done");
+    for (key, sink) in [("pay-2", "pay"), ("mail-1", "mail"), ("pay-1", "pay"), ("mail-2", "mail"), ("pay-3", "pay")] {
+        put_in_doubt(&f.store, key, 2, Some(sink));
+    }
+    put_in_doubt(&f.store, "unkept", 2, None);
+    let want = [strings(&["unkept"]), strings(&["mail-1", "mail-2"]), strings(&["pay-1", "pay-2", "pay-3"])];
+    assert_eq!(keys_in_doubt(&f.store), want);
+    assert!(f.store.indeterminate_keys("other").is_empty());
+    assert_eq!(f.store.save_presence().unwrap(), saves(kind));
+    let f = f.reopen();
+    assert_eq!(f.store.opened_from_saved_filter(), saves(kind));
+    assert_eq!(keys_in_doubt(&f.store), want, "read back with the saved filter");
+    check_invariants(&f.store);
+    let _ = std::fs::remove_file(saved_file(&f));
+    let f = f.reopen();
+    assert!(!f.store.opened_from_saved_filter());
+    assert_eq!(keys_in_doubt(&f.store), want, "found by the open's scan");
+    // One settled, the mail sink's two forgotten: it stays listed, with no key.
+    let Some(Record::Indeterminate(was)) = f.store.get("pay-2").unwrap() else { panic!("pay-2 is in doubt") };
+    let settled = Settlement { outcome: Completion::Succeeded, result: b"{}".to_vec(), error: None };
+    assert!(f.store.settle("pay-2", &was, settled, 5_000, 60_000).unwrap().is_some());
+    f.store.forget("mail-1").unwrap();
+    f.store.forget("mail-2").unwrap();
+    let want = [strings(&["unkept"]), Vec::new(), strings(&["pay-1", "pay-3"])];
+    assert_eq!(keys_in_doubt(&f.store), want);
+    let by_sink = |mail: Option<i64>| {
+        let mut counts = BTreeMap::from([(String::new(), 1), ("pay".to_string(), 2)]);
+        counts.extend(mail.map(|n| ("mail".to_string(), n)));
+        counts
+    };
+    assert_eq!(f.store.indeterminate_by_sink(), by_sink(Some(0)));
+    // Saved as they are, the empty sink too; a scan finds no key of that sink.
+    assert_eq!(f.store.save_presence().unwrap(), saves(kind));
+    let f = f.reopen();
+    assert_eq!(keys_in_doubt(&f.store), want);
+    assert_eq!(f.store.indeterminate_by_sink(), by_sink(saves(kind).then_some(0)));
+    check_invariants(&f.store);
 }
