@@ -102,16 +102,3 @@ impl KeyStore {
         self.doubts.0.lock().clone()
     }
 }
-
-impl KeyStore {
-    /// TEMPORARY (replaced by the index of keys per sink): the keys of `sink`'s
-    /// `indeterminate` records, by a scan.
-    pub fn indeterminate_keys(&self, sink: &str) -> Vec<String> {
-        let filter = super::KeyFilter {
-            state: Some(super::State::Indeterminate),
-            sink: Some(sink.to_string()),
-            ..Default::default()
-        };
-        self.matching_keys(&filter).unwrap_or_default()
-    }
-}
