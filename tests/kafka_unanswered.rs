@@ -158,8 +158,11 @@ async fn a_lost_answer_without_a_check_is_indeterminate_after_one_call() {
     let published = kafka::read_all(&bootstrap, &results, 2 * keys.len(), Duration::from_secs(90)).await;
     assert_eq!(published.len(), 2 * keys.len(), "a result per input:\n{}", tail_of_file(&log, 40));
     // The keys in doubt, by the sink an operator must ask (the gauges refresh every ≤ 5 s).
-    let in_doubt = indeterminate_keys_once(&http, "pay", keys.len() as f64, Duration::from_secs(30)).await;
+    let in_doubt = gauge_once(&http, "dedupd_indeterminate_keys", keys.len() as f64, Duration::from_secs(30)).await;
     assert_eq!(in_doubt, Some(keys.len() as f64), "dedupd_indeterminate_keys{{sink=\"pay\"}}");
+    // No check will settle them: each waits for an operator.
+    let unattended = gauge_once(&http, UNATTENDED, keys.len() as f64, Duration::from_secs(30)).await;
+    assert_eq!(unattended, Some(keys.len() as f64), "{UNATTENDED}{{sink=\"pay\"}}");
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
     server.abort();
 
@@ -184,13 +187,16 @@ async fn a_lost_answer_without_a_check_is_indeterminate_after_one_call() {
     assert_eq!(kafka::count_records(&bootstrap, &results).await, 2 * keys.len() as i64, "one result per input");
 }
 
-/// `dedupd_indeterminate_keys{sink}` once it reads `want`, or what it read last when
-/// `within` passed.
-async fn indeterminate_keys_once(http: &str, sink: &str, want: f64, within: Duration) -> Option<f64> {
+/// The keys no check settles any more, by sink.
+const UNATTENDED: &str = "dedupd_indeterminate_keys_unattended";
+
+/// The gauge `name{sink="pay"}` once it reads `want`, or what it read last when `within`
+/// passed.
+async fn gauge_once(http: &str, name: &str, want: f64, within: Duration) -> Option<f64> {
     let client = reqwest::Client::new();
     let deadline = std::time::Instant::now() + within;
     loop {
-        let value = scrape(&client, http).await.value("dedupd_indeterminate_keys", &[("sink", sink)]);
+        let value = scrape(&client, http).await.value(name, &[("sink", "pay")]);
         if value == Some(want) || std::time::Instant::now() >= deadline {
             return value;
         }
@@ -279,12 +285,16 @@ async fn a_check_that_cannot_reach_the_receiver_is_asked_again_by_the_reconciler
     let again = wait_until(Duration::from_secs(30), || *payments.lookups.lock() >= asked + 2 * keys.len()).await;
     assert!(again, "the reconciler asked again:\n{}", tail_of_file(&log, 40));
     assert!(payments.posts.lock().values().all(|n| *n == 1), "no second POST while in doubt");
+    let in_doubt = gauge_once(&http, "dedupd_indeterminate_keys", keys.len() as f64, Duration::from_secs(30)).await;
+    assert_eq!(in_doubt, Some(keys.len() as f64), "dedupd_indeterminate_keys{{sink=\"pay\"}}");
+    // Within the check's deadline: the reconciler, not an operator, is on them.
+    assert_eq!(gauge_once(&http, UNATTENDED, 0.0, Duration::ZERO).await, Some(0.0), "{UNATTENDED}");
 
     // Back up: the next pass settles every key and publishes each settlement.
     payments.lookups_down.store(false, std::sync::atomic::Ordering::SeqCst);
     let published = kafka::read_all(&bootstrap, &results, 3 * keys.len(), Duration::from_secs(60)).await;
     assert_eq!(published.len(), 3 * keys.len(), "a settlement per key:\n{}", tail_of_file(&log, 40));
-    let in_doubt = indeterminate_keys_once(&http, "pay", 0.0, Duration::from_secs(30)).await;
+    let in_doubt = gauge_once(&http, "dedupd_indeterminate_keys", 0.0, Duration::from_secs(30)).await;
     assert_eq!(in_doubt, Some(0.0), "dedupd_indeterminate_keys{{sink=\"pay\"}}");
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
     server.abort();
