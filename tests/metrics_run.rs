@@ -52,12 +52,13 @@ const FLAKY_KEY: &str = "main-1";
 /// `fenced_total` and `stalled_transactions_aborted_total`, at 0 without `store.changelog`;
 /// `state_restoring` has no series until a restore), then `build_info`, the store volume's
 /// gauges and the process collector's `process_*` (no prefix: the Prometheus client libraries' names).
-const CATALOGUE: [(&str, &str); 37] = [
+const CATALOGUE: [(&str, &str); 38] = [
     ("dedupd_commands_total", "counter"),
     ("dedupd_sink_requests_total", "counter"),
     ("dedupd_sink_calls_total", "counter"),
     ("dedupd_checks_total", "counter"),
     ("dedupd_indeterminate_keys", "gauge"),
+    ("dedupd_indeterminate_keys_unattended", "gauge"),
     ("dedupd_sink_duration_seconds", "histogram"),
     ("dedupd_process_duration_seconds", "histogram"),
     ("dedupd_store_records", "gauge"),
@@ -283,8 +284,10 @@ async fn metrics_after_a_run_match_what_the_run_did() {
         let v = fresh.value("dedupd_checks_total", &[("sink", "receiver"), ("answer", answer)]);
         assert_eq!(v, Some(0.0), "checks_total{{receiver,{answer}}} before any record");
     }
-    let v = fresh.value("dedupd_indeterminate_keys", &[("sink", "receiver")]);
-    assert_eq!(v, Some(0.0), "indeterminate_keys{{receiver}} before any record");
+    for gauge in ["dedupd_indeterminate_keys", "dedupd_indeterminate_keys_unattended"] {
+        let v = fresh.value(gauge, &[("sink", "receiver")]);
+        assert_eq!(v, Some(0.0), "{gauge}{{receiver}} before any record");
+    }
     let inputs = workload();
     let positions = produce(&bootstrap, &input, &inputs).await;
     let by_pos: BTreeMap<(i32, i64), usize> = positions.iter().enumerate().map(|(i, p)| (*p, i)).collect();
