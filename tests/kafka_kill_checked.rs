@@ -1,21 +1,25 @@
 //! The crash window settled by asking the receiver (docs/contract.md §4): `dedupd run` on
 //! the real broker SIGKILLed ten times while it charges cards through a slow HTTP sink that
 //! does not forward the key, as tests/kafka_kill_unsent.rs does, but the sink has a check
-//! (`GET /lookup?key=...`, a payments API's search by reference). A claim a kill left in
-//! progress is checked when its command is redelivered: found → `succeeded` with the
-//! lookup's answer as the result, absent → run. So after the kills no card is charged twice,
-//! every card is charged exactly once, and no key is left `indeterminate` for a person
-//! (without the check about 3% of the keys are).
+//! (`GET /lookup?key=...`, a payments API's search by reference). The lookups are down
+//! while the kills go on, so a claim a kill left in progress, checked when its command is
+//! redelivered, cannot be settled and is left `indeterminate`; once they are back, the
+//! reconciler asks again (every second here) and settles each: found → `succeeded` with
+//! the lookup's answer as the result, absent → run, each settlement published. So after
+//! the kills no card is charged twice, every card is charged exactly once, and once the
+//! reconciler has run no key is left `indeterminate` for a person (without the check about
+//! 3% of the keys are).
 //!
 //! Run with `scripts/kafka/kafka.sh with cargo test --test kafka_kill_checked -- --nocapture`.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::kafka;
 use common::pay_kills::{self, calls_per_key, kill_repeatedly, results, wait_for_every_result};
-use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, seed_from_env};
+use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, seed_from_env, tail_of_file};
 use dedupd::outcome::Outcome;
 
 const PARTITIONS: i32 = 6;
@@ -33,7 +37,7 @@ const KILL_AFTER_MS: (u64, u64) = (300, 2_500);
 /// a killed process sends nothing more.
 fn check_table(lookup: &str) -> String {
     format!(
-        "\n[sinks.pay.check]\nurl = \"{lookup}?key={{/key}}\"\nfound_pointer = \"/payments/0\"\ndelay = \"500ms\"\n"
+        "\n[sinks.pay.check]\nurl = \"{lookup}?key={{/key}}\"\nfound_pointer = \"/payments/0\"\ndelay = \"500ms\"\ninterval = \"1s\"\n"
     )
 }
 
@@ -65,10 +69,16 @@ async fn after_kills_every_key_is_charged_once_and_none_is_left_indeterminate() 
         (0..COMMANDS).map(|i| pay_kills::command(i, i as i32 % PARTITIONS)).collect();
     let inputs = kafka::produce_all_to(&bootstrap, &input, commands).await;
 
+    receiver.set_lookups_down(true);
     kill_repeatedly(&config, &log, &receiver, KILLS, KILL_AFTER_MS, &mut rng).await;
     let mut last = DedupdProcess::run(&config, &log);
     wait_for_every_result(&tail, &inputs, &mut last, &log).await;
+    let in_doubt = unsettled(&results(&tail));
+    receiver.set_lookups_down(false);
+    let settled_all = wait_until(Duration::from_secs(90), || unsettled(&results(&tail)).is_empty()).await;
+    assert!(settled_all, "not settled by the reconciler: {:?}\n{}", unsettled(&results(&tail)), tail_of_file(&log, 30));
     last.terminate(Duration::from_secs(30));
+    let left = keys_in_doubt(&config);
 
     let calls = calls_per_key(&receiver);
     let published = results(&tail);
@@ -78,17 +88,54 @@ async fn after_kills_every_key_is_charged_once_and_none_is_left_indeterminate() 
     let twice: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "a non-forwarding sink called twice for one key: {twice:?}");
     assert_eq!(calls.len(), COMMANDS, "every card charged: {} of {COMMANDS}", calls.len());
-    let indeterminate: Vec<_> =
-        published.iter().filter(|r| r.outcome == Outcome::Indeterminate).filter_map(|r| r.key.clone()).collect();
+    let settlements = published.iter().filter(|r| r.settled_by.as_deref() == Some("check")).count();
     let found_by_check =
         published.iter().filter(|r| r.outcome == Outcome::Succeeded && r.result["body"]["payments"].is_array()).count();
     println!(
-        "{KILLS} kills: {} calls for {COMMANDS} commands, {lookups} lookups, {found_by_check} settled by the check, {} indeterminate",
+        "{KILLS} kills: {} calls for {COMMANDS} commands, {lookups} lookups, {} keys in doubt, {settlements} settled by the reconciler ({found_by_check} found)",
         calls.values().sum::<usize>(),
-        indeterminate.len()
+        in_doubt.len()
     );
-    assert!(indeterminate.is_empty(), "keys left indeterminate: {indeterminate:?}");
-    assert!(lookups > 0 && found_by_check > 0, "the kills left claims for the check to settle ({lookups} lookups)");
+    assert_eq!(left, 0, "keys left indeterminate in the store once the reconciler has run");
+    assert!(
+        !in_doubt.is_empty() && found_by_check > 0,
+        "the kills left claims for the check to settle ({lookups} lookups)"
+    );
+    assert_eq!(settlements, in_doubt.len(), "one settlement per key in doubt");
     let failed: Vec<_> = published.iter().filter(|r| r.outcome == Outcome::Failed).collect();
     assert!(failed.is_empty(), "failed: {failed:?}");
+}
+
+/// The keys whose last published result is `indeterminate`: in doubt, not settled yet.
+fn unsettled(published: &[dedupd::outcome::ResultRecord]) -> Vec<String> {
+    let mut last: BTreeMap<String, Outcome> = BTreeMap::new();
+    for r in published {
+        if let Some(key) = &r.key {
+            last.insert(key.clone(), r.outcome);
+        }
+    }
+    last.into_iter().filter(|(_, o)| *o == Outcome::Indeterminate).map(|(k, _)| k).collect()
+}
+
+/// How many `indeterminate` records the stopped instance's store holds (`dedupd keys`).
+fn keys_in_doubt(config: &std::path::Path) -> usize {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupd"))
+        .args(["keys", "--state", "indeterminate", "-c"])
+        .arg(config)
+        .output()
+        .expect("dedupd keys");
+    assert!(out.status.success(), "dedupd keys: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout.split(|b| *b == b'\n').filter(|line| !line.is_empty()).count()
+}
+
+/// Whether `condition` held within `within` (polled every 200 ms).
+async fn wait_until(within: Duration, condition: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while !condition() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    true
 }

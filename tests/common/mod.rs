@@ -17,5 +17,6 @@ pub mod scripted;
 pub mod scripted_sink;
 pub mod secured_kafka;
 pub mod silent_smtp;
+pub mod slow_receiver;
 pub mod smtp_server;
 pub mod state_group;
