@@ -19,7 +19,7 @@ use common::kafka;
 use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde_json::{Value, json};
 
 /// How long one CLI run may take.
@@ -283,4 +283,54 @@ async fn since_to_and_errors() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("127.0.0.1:1"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+}
+
+/// A dead letter in a transaction still open when the replay reads (as the pipeline's are
+/// under `kafka.transactional_results`): the read waits for it, since a mark behind it
+/// would be missed, and names it when it stays open past `kafka.connect_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_on_the_dead_letter_topic_is_waited_for() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let s = setup(bootstrap).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &s.bootstrap)
+        .set("transactional.id", kafka::unique("dl-open"))
+        .create()
+        .expect("transactional producer");
+    let source = format!("{}/0/77", s.input);
+    tokio::task::block_in_place(|| {
+        producer.init_transactions(Duration::from_secs(30)).expect("init");
+        producer.begin_transaction().expect("begin");
+    });
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "dedupd-reason", value: Some("no_route") })
+        .insert(Header { key: "dedupd-error", value: Some("no route") })
+        .insert(Header { key: "dedupd-source", value: Some(source.as_str()) });
+    let value = command("late-1", "invoice.send");
+    let record = FutureRecord::<[u8], [u8]>::to(&s.dlq).partition(1).key(b"late-1").payload(&value).headers(headers);
+    producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).expect("late letter sent");
+
+    // Held past connect_timeout: exit 2 naming why, nothing replayed.
+    let short = Path::new(&s.config).with_file_name("short.toml");
+    let text = std::fs::read_to_string(&s.config).expect("config");
+    std::fs::write(&short, text.replace("connect_timeout = \"20s\"", "connect_timeout = \"3s\"")).expect("write");
+    let (code, out, err) =
+        dedupd(&["dead-letters", "replay", "-c", short.to_str().expect("utf-8"), "--reason", "no_route", "--yes"])
+            .await;
+    assert_eq!(code, 2, "{err}\n{out}");
+    assert!(err.contains("a transaction open on them"), "{err}");
+    assert!(replays_in(&s.bootstrap, &s.input).await.is_empty(), "nothing replayed");
+
+    // Committed while a replay waits: the replay reads it and replays it with the others.
+    let committer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::task::block_in_place(|| producer.commit_transaction(Duration::from_secs(30))).expect("commit");
+    });
+    let (code, out, err) = dedupd(&["dead-letters", "replay", "-c", &s.config, "--reason", "no_route", "--yes"]).await;
+    committer.await.expect("committer");
+    assert_eq!(code, 0, "{err}\n{out}");
+    assert!(err.contains("3 dead letter(s) match: replay each"), "{err}");
+    let replays = replays_in(&s.bootstrap, &s.input).await;
+    assert_eq!(replays.len(), 3, "the two from the pipeline and the late one");
+    assert!(replays.iter().any(|r| r.key() == Some(b"late-1".as_slice())), "the late one replayed");
 }
