@@ -28,13 +28,19 @@ const CLI_TIMEOUT: Duration = Duration::from_secs(120);
 /// `dedupd ARGS...` with no `DEDUPD_*` variables from the test's environment, bounded in
 /// time: its exit code, stdout and stderr.
 async fn dedupd(args: &[&str]) -> (i32, String, String) {
+    dedupd_with_env(args, &[]).await
+}
+
+/// [`dedupd`] with `env` set (`FAILPOINTS`); a process killed by a signal exits -1 here.
+async fn dedupd_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_dedupd"));
     cmd.args(args).stdin(Stdio::null()).kill_on_drop(true);
     for (k, _) in std::env::vars() {
-        if k.starts_with("DEDUPD_") {
+        if k.starts_with("DEDUPD_") || k == "FAILPOINTS" {
             cmd.env_remove(&k);
         }
     }
+    cmd.envs(env.iter().copied());
     let out = tokio::time::timeout(CLI_TIMEOUT, cmd.output())
         .await
         .unwrap_or_else(|_| panic!("dedupd {args:?} did not end within {CLI_TIMEOUT:?}"))
@@ -333,4 +339,37 @@ async fn an_open_transaction_on_the_dead_letter_topic_is_waited_for() {
     let replays = replays_in(&s.bootstrap, &s.input).await;
     assert_eq!(replays.len(), 3, "the two from the pipeline and the late one");
     assert!(replays.iter().any(|r| r.key() == Some(b"late-1".as_slice())), "the late one replayed");
+}
+
+/// Killed between a replay's writes and its commit (crash point `replay.delivered`): the
+/// replayed record and its mark are aborted together, so the next run replays that dead
+/// letter, and a `read_committed` reader sees exactly one copy of each.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_killed_before_its_commit_leaves_neither_record_nor_mark() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let s = setup(bootstrap).await;
+    let args = ["dead-letters", "replay", "-c", s.config.as_str(), "--reason", "no_route", "--yes"];
+    // The first replay passes, the second is killed with both its records delivered.
+    let (code, out, err) = dedupd_with_env(&args, &[("FAILPOINTS", "replay.delivered=1*off->return")]).await;
+    assert_eq!(code, -1, "killed at the crash point: {err}\n{out}");
+    let uncommitted = kafka::read_to_end(&s.bootstrap, &s.input, "read_uncommitted").await;
+    let written = uncommitted.iter().filter(|m| kafka::header(m, "dedupd-replay-of").is_some()).count();
+    assert_eq!(written, 2, "both replays reached the broker, the second in a transaction left open");
+
+    // The next run takes the transactional id (aborting the open transaction) and replays
+    // only the one whose mark did not commit.
+    let (code, out, err) = dedupd(&args).await;
+    assert_eq!(code, 0, "{err}\n{out}");
+    assert!(err.contains("1 dead letter(s) match: replay each (1 already replayed, skipped)"), "{err}");
+    let letters = dead_letters(&s).await;
+    let no_route: Vec<&OwnedMessage> =
+        letters.iter().filter(|m| kafka::header(m, "dedupd-reason").as_deref() == Some("no_route")).collect();
+    assert_replays_are_the_inputs(&replays_in(&s.bootstrap, &s.input).await, &no_route, &s.dlq);
+    let marks = kafka::read_to_end(&s.bootstrap, &s.dlq, "read_committed")
+        .await
+        .into_iter()
+        .filter(|m| kafka::header(m, "dedupd-replayed-of").is_some())
+        .count();
+    assert_eq!(marks, 2, "one committed mark per dead letter");
 }

@@ -65,6 +65,7 @@ impl Replayer {
             .begin_transaction()
             .map_err(|e| Failed { error: format!("beginning a transaction: {e}"), can_go_on: false })?;
         let written = self.write(letter, to).and_then(|at| {
+            crate::crash::point("replay.delivered");
             self.producer.commit_transaction(COORDINATOR_TIMEOUT).map(|()| at).map_err(|e| {
                 format!(
                     "committing: {e} (run the replay again: a record whose replay committed is marked, and skipped)"
