@@ -8,8 +8,7 @@
 //! goes through [`output`], which stops quietly when stdout is closed. `run` raises its open
 //! files limit first ([`open_files`]).
 //!
-//! `dead-letters replay` works on the cluster, not the store: it takes `-c FILE` only
-//! ([`dead_letters`]).
+//! `dead-letters replay` works on the cluster, with `-c FILE` only ([`dead_letters`]).
 //!
 //! Exit codes: 0 done, 2 error, 3 refused because of the key's state, 4 no such key.
 
