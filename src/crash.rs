@@ -23,8 +23,11 @@
 //!    renamed over the old one);
 //! 9. `compaction.chunk`: compaction between two chunks of expired records.
 //!
-//! Four more points are not in [`POINTS`] (which the crash suite runs with transactions
+//! Five more points are not in [`POINTS`] (which the crash suite runs with transactions
 //! off, point by point):
+//! - `replay.delivered`: `dedupd dead-letters replay` with a replayed record and its mark
+//!   delivered, their transaction not yet committed (tests/cli_dead_letters.rs: killed
+//!   there, neither counts, and the next run replays the record once);
 //! - `transaction.delivered`: with Kafka transactions on, a transaction's records all
 //!   delivered to the broker, its commit not yet asked for, so a kill there always leaves
 //!   records the broker must abort (tests/kafka_kill_transactional.rs: random kills land

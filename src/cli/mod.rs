@@ -8,10 +8,13 @@
 //! goes through [`output`], which stops quietly when stdout is closed. `run` raises its open
 //! files limit first ([`open_files`]).
 //!
+//! `dead-letters replay` works on the cluster, with `-c FILE` only ([`dead_letters`]).
+//!
 //! Exit codes: 0 done, 2 error, 3 refused because of the key's state, 4 no such key.
 
 mod bulk;
 mod check;
+mod dead_letters;
 mod direct;
 mod generate;
 mod keys;
@@ -141,6 +144,9 @@ pub enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// The dead-letter topic (needs -c): `replay` re-produces dead letters once each.
+    #[command(subcommand)]
+    DeadLetters(dead_letters::DeadLettersCommand),
     /// Record counts per state, disk usage, next expiry.
     Stats,
     /// A running instance at a glance (needs --admin): ready and alive, each partition's
@@ -408,6 +414,7 @@ async fn run_operator(command: Command, conn: Conn) -> Result<(), CliError> {
         Command::Run { .. }
         | Command::Demo { .. }
         | Command::CheckConfig { .. }
+        | Command::DeadLetters(_)
         | Command::Completions { .. }
         | Command::Man { .. } => Err(CliError::Other("not an operator command".into())),
     }
@@ -450,6 +457,13 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode, CliError> {
             let path = path.to_path_buf();
             // librdkafka's calls block: off the runtime.
             tokio::task::spawn_blocking(move || check::check_config(&path, connect))
+                .await
+                .map_err(|e| CliError::Other(e.to_string()))?
+        }
+        Command::DeadLetters(command) => {
+            let config = load(target.config.as_deref().ok_or(CliError::NoConfig)?)?;
+            // librdkafka's calls block: off the runtime.
+            tokio::task::spawn_blocking(move || dead_letters::run(&config, &command))
                 .await
                 .map_err(|e| CliError::Other(e.to_string()))?
         }

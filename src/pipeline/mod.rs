@@ -81,6 +81,7 @@ use restart::{Ended, Kept, restart_after_fence};
 pub use changelog::state_partition;
 pub use config::{KafkaConfig, PipelineConfig};
 pub use consumer::consumer_config;
+pub(crate) use publish::producer_config_with;
 pub use publish::{Publisher, producer_config};
 
 /// A failure that stops `dedupd run`.
