@@ -6,6 +6,12 @@
 //! `source` comes last and only when known (`[1][topic][partition][offset]`), so records
 //! written before it existed read as they were, with none; an indeterminate record's held
 //! command likewise (`[1][sink][route][type][payload][topic][partition][offset]`).
+//!
+//! Extensions: after those, any record may carry sections `[tag >= 0x80][length][bytes]`,
+//! which a reader that does not know a tag skips. None is written yet: this version reads
+//! past them so that a later one can add what a record says (how a key was settled) while
+//! instances of both versions read each other's records, as they do during a rolling update
+//! with `store.changelog`.
 
 use crate::fingerprint::Fingerprint;
 
@@ -13,6 +19,8 @@ const VERSION: u8 = 1;
 const STATE_IN_PROGRESS: u8 = 1;
 const STATE_COMPLETED: u8 = 2;
 const STATE_INDETERMINATE: u8 = 3;
+/// The lowest tag of an extension section: below it, the flags of the optional sections.
+const FIRST_EXTENSION_TAG: u8 = 0x80;
 
 /// How a completed command ended at its sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -320,6 +328,7 @@ impl Record {
                     },
                     source: match r.buf.first() {
                         None => None,
+                        Some(&tag) if tag >= FIRST_EXTENSION_TAG => None,
                         Some(1) => {
                             r.u8()?;
                             Some(SourcePos { topic: r.string()?, partition: r.i32()?, offset: r.i64()? })
@@ -335,6 +344,7 @@ impl Record {
                 why: r.string()?,
                 held: match r.buf.first() {
                     None => None,
+                    Some(&tag) if tag >= FIRST_EXTENSION_TAG => None,
                     Some(1) => {
                         r.u8()?;
                         Some(Box::new(Held {
@@ -350,9 +360,7 @@ impl Record {
             }),
             other => return Err(DecodeError(format!("unknown state {other}"))),
         };
-        if !r.buf.is_empty() {
-            return Err(DecodeError(format!("{} trailing bytes", r.buf.len())));
-        }
+        r.skip_extensions()?;
         Ok(record)
     }
 }
@@ -420,6 +428,19 @@ impl<'a> Reader<'a> {
     fn u32_varint(&mut self) -> Result<u32, DecodeError> {
         u32::try_from(self.varint()?).map_err(|_| DecodeError("attempts out of range".into()))
     }
+    /// Reads past the extension sections that end a record (see the module doc); anything
+    /// else left is an error.
+    fn skip_extensions(&mut self) -> Result<(), DecodeError> {
+        while let Some(&tag) = self.buf.first() {
+            if tag < FIRST_EXTENSION_TAG {
+                return Err(DecodeError(format!("{} trailing bytes", self.buf.len())));
+            }
+            self.u8()?;
+            self.bytes().map_err(|e| DecodeError(format!("extension {tag:#x}: {}", e.0)))?;
+        }
+        Ok(())
+    }
+
     fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let len = usize::try_from(self.varint()?).map_err(|_| DecodeError("length out of range".into()))?;
         self.take(len)
@@ -431,115 +452,4 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn fp(b: u8) -> Fingerprint {
-        Fingerprint([b; 32])
-    }
-
-    #[test]
-    fn each_state_round_trips() {
-        let records = [
-            Record::InProgress(InProgress {
-                fingerprint: fp(1),
-                claimed_at_ms: 1_700_000_000_000,
-                attempts: 1,
-                source: SourcePos { topic: "commands".into(), partition: 3, offset: 1042 },
-            }),
-            Record::Completed(Completed {
-                fingerprint: fp(2),
-                outcome: Completion::Failed,
-                result: br#"{"status":400}"#.to_vec(),
-                error: Some("HTTP 400".into()),
-                first_seen_at_ms: 1,
-                completed_at_ms: 2,
-                expires_at_ms: 3,
-                attempts: 300,
-                source: None,
-            }),
-            Record::Completed(Completed {
-                fingerprint: fp(4),
-                outcome: Completion::Succeeded,
-                result: b"{}".to_vec(),
-                error: None,
-                first_seen_at_ms: 1,
-                completed_at_ms: 2,
-                expires_at_ms: 3,
-                attempts: 1,
-                source: Some(SourcePos { topic: "commands".into(), partition: 3, offset: 1042 }),
-            }),
-            Record::Indeterminate(Indeterminate {
-                fingerprint: fp(3),
-                claimed_at_ms: -5,
-                attempts: 2,
-                why: "crash".into(),
-                held: None,
-            }),
-            Record::Indeterminate(Indeterminate {
-                fingerprint: fp(3),
-                claimed_at_ms: 5,
-                attempts: 1,
-                why: "no answer".into(),
-                held: Some(Box::new(Held {
-                    sink: "pay".into(),
-                    route: "payments".into(),
-                    kind: "payment.create".into(),
-                    payload: br#"{"ref":"r-1"}"#.to_vec(),
-                    source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
-                })),
-            }),
-        ];
-        for r in records {
-            assert_eq!(Record::decode(&r.encode()).unwrap(), r);
-            assert_eq!(Record::state_of(&r.encode()).unwrap(), r.state(), "the header says the state");
-        }
-    }
-
-    #[test]
-    fn a_header_that_is_not_a_record_is_an_error() {
-        for bad in [&[][..], &[VERSION], &[VERSION, 0], &[VERSION, 4, 0], &[VERSION + 1, STATE_COMPLETED]] {
-            assert!(Record::state_of(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn completed_record_is_compact() {
-        let r = Record::Completed(Completed {
-            fingerprint: fp(2),
-            outcome: Completion::Succeeded,
-            result: b"{}".to_vec(),
-            error: None,
-            first_seen_at_ms: 1,
-            completed_at_ms: 2,
-            expires_at_ms: 3,
-            attempts: 1,
-            source: None,
-        });
-        assert!(r.encode().len() <= 64, "{}", r.encode().len());
-    }
-
-    proptest! {
-        #[test]
-        fn every_truncation_is_an_error_not_a_panic(cut in 0usize..80, attempts in 0u32..u32::MAX) {
-            let r = Record::InProgress(InProgress {
-                fingerprint: fp(9), claimed_at_ms: 7, attempts,
-                source: SourcePos { topic: "t".into(), partition: 0, offset: 1 },
-            });
-            let bytes = r.encode();
-            if cut < bytes.len() {
-                prop_assert!(Record::decode(&bytes[..cut]).is_err());
-            }
-        }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = Record::decode(&bytes);
-            // Whatever decodes has the state its header says.
-            if let Ok(r) = Record::decode(&bytes) {
-                prop_assert_eq!(Record::state_of(&bytes).unwrap(), r.state());
-            }
-        }
-    }
-}
+mod tests;
