@@ -28,10 +28,9 @@ pub struct Metrics {
     registry: Registry,
     commands: IntCounterVec,
     sink_requests: IntCounterVec,
-    sink_calls: IntCounterVec,
-    checks: IntCounterVec,
-    indeterminate_keys: IntGaugeVec,
-    indeterminate_unattended: IntGaugeVec,
+    /// `sink_calls_total`, `checks_total`, `indeterminate_keys` and
+    /// `indeterminate_keys_unattended`.
+    doubts: doubts::DoubtMetrics,
     sink_duration: HistogramVec,
     process_duration: Histogram,
     store_records: IntGaugeVec,
@@ -132,8 +131,6 @@ impl Metrics {
     // read top to bottom against docs/metrics.md.
     pub fn new() -> Result<Metrics, MetricsError> {
         let (refused_partitions, assigned_partitions) = partition_gauges()?;
-        let doubts::DoubtMetrics { sink_calls, checks, indeterminate_keys, unattended: indeterminate_unattended } =
-            doubts::doubt_metrics()?;
         let m = Metrics {
             commands: IntCounterVec::new(
                 Opts::new("commands_total", "Input records by outcome and route."),
@@ -143,10 +140,7 @@ impl Metrics {
                 Opts::new("sink_requests_total", "Sink calls by sink and status (ok, transient, permanent)."),
                 &["sink", "status"],
             )?,
-            sink_calls,
-            checks,
-            indeterminate_keys,
-            indeterminate_unattended,
+            doubts: doubts::doubt_metrics()?,
             sink_duration: HistogramVec::new(
                 HistogramOpts::new("sink_duration_seconds", "Duration of one sink call.")
                     .buckets(LATENCY_BUCKETS.to_vec()),
@@ -217,10 +211,10 @@ impl Metrics {
         for c in [
             Box::new(self.commands.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(self.sink_requests.clone()),
-            Box::new(self.sink_calls.clone()),
-            Box::new(self.checks.clone()),
-            Box::new(self.indeterminate_keys.clone()),
-            Box::new(self.indeterminate_unattended.clone()),
+            Box::new(self.doubts.sink_calls.clone()),
+            Box::new(self.doubts.checks.clone()),
+            Box::new(self.doubts.indeterminate_keys.clone()),
+            Box::new(self.doubts.unattended.clone()),
             Box::new(self.sink_duration.clone()),
             Box::new(self.process_duration.clone()),
             Box::new(self.store_records.clone()),
@@ -287,13 +281,13 @@ impl Metrics {
                 self.sink_requests.with_label_values(&[*sink, status]);
             }
             for answer in CallAnswer::ALL {
-                self.sink_calls.with_label_values(&[*sink, answer.as_str()]);
+                self.doubts.sink_calls.with_label_values(&[*sink, answer.as_str()]);
             }
             for answer in CHECK_ANSWERS {
-                self.checks.with_label_values(&[*sink, answer]);
+                self.doubts.checks.with_label_values(&[*sink, answer]);
             }
-            self.indeterminate_keys.with_label_values(&[*sink]).set(0);
-            self.indeterminate_unattended.with_label_values(&[*sink]).set(0);
+            self.doubts.indeterminate_keys.with_label_values(&[*sink]).set(0);
+            self.doubts.unattended.with_label_values(&[*sink]).set(0);
             self.sink_duration.with_label_values(&[*sink]);
         }
     }
@@ -311,12 +305,12 @@ impl Metrics {
 
     /// One sink call ended with `answer` from the receiver.
     pub fn sink_call(&self, sink: &str, answer: CallAnswer) {
-        self.sink_calls.with_label_values(&[sink, answer.as_str()]).inc();
+        self.doubts.sink_calls.with_label_values(&[sink, answer.as_str()]).inc();
     }
 
     /// One check ended with `answer` (one of [`CHECK_ANSWERS`]).
     pub fn check(&self, sink: &str, answer: &str) {
-        self.checks.with_label_values(&[sink, answer]).inc();
+        self.doubts.checks.with_label_values(&[sink, answer]).inc();
     }
 
     /// A commit of the results transaction took `seconds`.
@@ -346,7 +340,7 @@ impl Metrics {
     pub fn indeterminate_keys(&self, by_sink: &std::collections::BTreeMap<String, i64>) {
         for (sink, count) in by_sink {
             let sink = if sink.is_empty() { "(unknown)" } else { sink.as_str() };
-            self.indeterminate_keys.with_label_values(&[sink]).set(*count);
+            self.doubts.indeterminate_keys.with_label_values(&[sink]).set(*count);
         }
     }
 
@@ -354,7 +348,7 @@ impl Metrics {
     /// settles any more.
     pub fn indeterminate_unattended(&self, sink: &str, count: i64) {
         let sink = if sink.is_empty() { "(unknown)" } else { sink };
-        self.indeterminate_unattended.with_label_values(&[sink]).set(count);
+        self.doubts.unattended.with_label_values(&[sink]).set(count);
     }
 
     /// Reads the size and free bytes of the volume holding the store at `path`.

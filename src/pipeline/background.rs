@@ -19,6 +19,9 @@ pub(super) struct Background {
     http: JoinHandle<()>,
     purge: JoinHandle<()>,
     reconcile: JoinHandle<()>,
+    /// The running consumer's partition table, which the reconciler asks whose keys are
+    /// here (the consumer is told it).
+    pub(super) current_table: Arc<CurrentTable>,
     circuit_gauges: Vec<JoinHandle<()>>,
 }
 
@@ -27,17 +30,18 @@ impl Background {
         config: &Config,
         listener: &std::net::TcpListener,
         core: &Core,
-        (sinks, current_table): (SinksByName, &Arc<CurrentTable>),
+        sinks: SinksByName,
         stop: &CancellationToken,
     ) -> Result<Background, PipelineError> {
         let circuit_gauges = circuits::spawn_gauges(&sinks, &core.metrics, stop);
+        let current_table = Arc::new(CurrentTable::default());
         let reconciler = Reconciler {
             engine: Arc::clone(&core.engine),
             publisher: Arc::clone(&core.publisher),
             transactions: core.transactions.clone(),
             owner: match &core.changelog {
                 Some(changelog) => Owner::State(changelog.key_owner()),
-                None => Owner::Input(Arc::clone(current_table)),
+                None => Owner::Input(Arc::clone(&current_table)),
             },
             sinks: sinks.iter().filter_map(|(name, sink)| sink.check_timing().map(|t| (name.clone(), *t))).collect(),
             metrics: Arc::clone(&core.metrics),
@@ -77,7 +81,7 @@ impl Background {
             config.store.clone(),
             stop.clone(),
         ));
-        Ok(Background { http_addr, http, purge, reconcile, circuit_gauges })
+        Ok(Background { http_addr, http, purge, reconcile, current_table, circuit_gauges })
     }
 
     /// Waits for every task once `stop` is cancelled.

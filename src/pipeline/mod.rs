@@ -235,20 +235,17 @@ async fn run_once<F: FnOnce(&Running) + Send>(
         Some((by_key, partitions)) => Some(Arc::new(hop::Purger::new(&config.kafka, by_key, partitions)?)),
         None => None,
     };
-    // `stop` ends the HTTP listener, purge and gauges; `fatal` is fired by a worker.
-    let stop = CancellationToken::new();
-    let fatal = CancellationToken::new();
+    // `stop` ends the HTTP listener, purge, the reconciler and gauges; `fatal` is fired by
+    // a worker; `consumer_stop` ends the consumer.
+    let (stop, fatal, consumer_stop) = (CancellationToken::new(), CancellationToken::new(), CancellationToken::new());
     starting.hand_over().await;
-    // The reconciler asks the running consumer's partition table whose keys are here.
-    let current_table = Arc::new(partitions::CurrentTable::default());
-    let background = Background::start(config, listener, &core, (sinks, &current_table), &stop).await?;
+    let background = Background::start(config, listener, &core, sinks, &stop).await?;
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
     let own_id = core.transactions.as_ref().map(|t| t.id());
     let changelog_threads = changelog::Threads::start(core.changelog.as_ref(), own_id, config, &core.metrics)?;
-    let consumer_stop = CancellationToken::new();
     let consumer_thread =
-        start_consumer(config, &core, options, (forward_limit, current_table), (&fatal, &consumer_stop))?;
+        start_consumer(config, &core, options, (forward_limit, &background), (&fatal, &consumer_stop))?;
     let committer_stop = CancellationToken::new();
     let committer = core.transactions.clone().map(|t| {
         let interval = config.kafka.transaction_interval;
@@ -448,7 +445,7 @@ fn start_consumer(
     config: &Config,
     core: &Core,
     options: &RunOptions,
-    (forward_limit, current_table): (usize, Arc<partitions::CurrentTable>),
+    (forward_limit, background): (usize, &Background),
     (fatal, stop): (&CancellationToken, &CancellationToken),
 ) -> Result<std::thread::JoinHandle<()>, PipelineError> {
     let shared = Arc::new(worker::WorkerShared {
@@ -481,6 +478,6 @@ fn start_consumer(
         // partition, and a paused partition's prefetched records are fetched again.
         queue_per_partition: config.pipeline.batch_size.get() * 4,
         queue_bytes_per_partition: config.pipeline.partition_buffer_bytes.get(),
-        current_table,
+        current_table: Arc::clone(&background.current_table),
     })
 }
