@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use common::kafka;
 use common::pay_kills::{self, calls_per_key, kill_repeatedly, results, wait_for_every_result};
-use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, seed_from_env, tail_of_file};
+use common::process::{
+    DedupdProcess, KeptOnFailure, SlowReceiver, SplitMix, TopicTail, seed_from_env, tail_of_file, wait_until,
+};
 use dedupd::outcome::Outcome;
 
 const PARTITIONS: i32 = 6;
@@ -126,16 +128,4 @@ fn keys_in_doubt(config: &std::path::Path) -> usize {
         .expect("dedupd keys");
     assert!(out.status.success(), "dedupd keys: {}", String::from_utf8_lossy(&out.stderr));
     out.stdout.split(|b| *b == b'\n').filter(|line| !line.is_empty()).count()
-}
-
-/// Whether `condition` held within `within` (polled every 200 ms).
-async fn wait_until(within: Duration, condition: impl Fn() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + within;
-    while !condition() {
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    true
 }

@@ -23,7 +23,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use common::exposition::scrape;
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, tail_of_file, wait_for_http_addr};
+use common::process::{DedupdProcess, KeptOnFailure, tail_of_file, wait_for_http_addr, wait_until};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
@@ -345,16 +345,4 @@ fn settlement_of(results: &[rdkafka::message::OwnedMessage], key: &str) -> Value
         .collect();
     assert_eq!(settled.len(), 1, "{key}: {settled:?}");
     settled[0].clone()
-}
-
-/// Whether `condition` held within `within` (polled every 100 ms).
-async fn wait_until(within: Duration, condition: impl Fn() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + within;
-    while !condition() {
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    true
 }

@@ -365,3 +365,15 @@ pub async fn until(what: &str, timeout: Duration, dedupd: &mut DedupdProcess, lo
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Whether `condition` held within `within` (polled every 100 ms).
+pub async fn wait_until(within: Duration, condition: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while !condition() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
+}
