@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Engine, EngineError, Item, ItemResult};
 use crate::envelope::{Command, Shape};
 use crate::outcome::{Outcome, Processed};
-use crate::sinks::{CheckAnswer, Sink};
+use crate::sinks::{CheckAnswer, CheckTiming, Sink};
 use crate::store::{Completion, Held, Indeterminate, Record, Settlement, SourcePos};
 
 /// What became of a key the reconciler took up.
@@ -81,6 +81,30 @@ impl Skip {
     }
 }
 
+/// A key in doubt the reconciler can take up: the command its record keeps, rebuilt, and
+/// the sink that was called, with its check's timing.
+struct InDoubt<'r> {
+    held: &'r Held,
+    command: Command,
+    sink: Arc<Sink>,
+    timing: CheckTiming,
+}
+
+impl InDoubt<'_> {
+    /// The command as the batch path takes it: read where the input in doubt was, and
+    /// cleared to run by its check (decide's `RunChecked`).
+    fn item(&self) -> Item {
+        Item {
+            source: self.held.source.clone(),
+            parsed: Ok(self.command.clone()),
+            traceparent: None,
+            tracestate: None,
+            span: None,
+            checked_absent: true,
+        }
+    }
+}
+
 impl Engine {
     /// Takes up `key` when it is `indeterminate`, keeps its command and its sink has a check,
     /// and its claim is at most the check's `deadline` old (see the module doc).
@@ -100,40 +124,35 @@ impl Engine {
         let Some(Record::Indeterminate(record)) = stored else {
             return Ok(Reconciled::Skipped(Skip::NotIndeterminate));
         };
-        let (item, sink) = match self.in_doubt(key, &record) {
-            Ok(found) => found,
+        let doubt = match self.in_doubt(key, &record) {
+            Ok(doubt) => doubt,
             Err(why) => return Ok(Reconciled::Skipped(why)),
         };
-        if !owns(key, &item.source) {
+        if !owns(key, &doubt.held.source) {
             return Ok(Reconciled::Skipped(Skip::NotOwned));
         }
         let now = self.clock.now_ms();
-        let deadline = sink.check_timing().map_or(0, |t| i64::try_from(t.deadline.as_millis()).unwrap_or(i64::MAX));
-        if now.saturating_sub(record.claimed_at_ms) > deadline {
+        let age = now.saturating_sub(record.claimed_at_ms);
+        if age > i64::try_from(doubt.timing.deadline.as_millis()).unwrap_or(i64::MAX) {
             return Ok(Reconciled::Skipped(Skip::PastDeadline));
         }
         if !self.mark_in_flight(key) {
             return Ok(Reconciled::Skipped(Skip::BeingExecuted));
         }
-        let answer = self.ask_in_doubt(key, &record, &sink, cancel).await;
+        let answer = self.ask_in_doubt(key, &record, &doubt, cancel).await;
         self.release(&[key.to_string()]);
         let Some(answer) = answer else { return Ok(Reconciled::Skipped(Skip::LetGo)) };
-        let Ok(Command { ttl, .. }) = &item.parsed else { return Ok(Reconciled::Skipped(Skip::NoCommand)) };
-        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let ttl_ms = i64::try_from(doubt.command.ttl.as_millis()).unwrap_or(i64::MAX);
         let label = answer.label();
         let settlement = match answer {
-            CheckAnswer::Found(result) => {
-                Settlement { outcome: Completion::Succeeded, result: result.to_string().into_bytes(), error: None }
-            }
-            CheckAnswer::Absent if now.saturating_sub(record.claimed_at_ms) < ttl_ms => {
-                return self.run_checked(item, cancel).await;
-            }
+            CheckAnswer::Found(result) => Settlement::found(&result),
+            CheckAnswer::Absent if age < ttl_ms => return self.run_checked(doubt.item(), cancel).await,
             CheckAnswer::Absent => Settlement {
                 outcome: Completion::Failed,
                 result: b"{}".to_vec(),
                 error: Some(format!(
                     "the check of sink `{}` found no effect after the command's TTL was over: not run; was: {}",
-                    sink.name(),
+                    doubt.sink.name(),
                     record.why
                 )),
             },
@@ -141,12 +160,12 @@ impl Engine {
                 return Ok(Reconciled::Unsettled { answer: label, why });
             }
         };
-        self.settle_in_doubt(key, &record, settlement, &item, now, ttl_ms).await
+        self.settle_in_doubt(key, &record, settlement, &doubt, (now, ttl_ms)).await
     }
 
-    /// The command `record` keeps, as the item the reconciler runs, and the sink it went to;
-    /// or why the key cannot be taken up.
-    fn in_doubt(&self, key: &str, record: &Indeterminate) -> Result<(Item, Arc<Sink>), Skip> {
+    /// The command `record` keeps and the sink it went to, if that sink is still its
+    /// route's and has a check; or why the key cannot be taken up.
+    fn in_doubt<'r>(&self, key: &str, record: &'r Indeterminate) -> Result<InDoubt<'r>, Skip> {
         let held: &Held = record.held.as_deref().ok_or(Skip::NoCommand)?;
         let route = self.router.routes().iter().position(|r| r.name == held.route).ok_or(Skip::RouteChanged)?;
         let sink = &self.route_sinks[route];
@@ -154,9 +173,7 @@ impl Engine {
         if sink.name() != held.sink {
             return Err(Skip::RouteChanged);
         }
-        if sink.check_timing().is_none() {
-            return Err(Skip::NoCheck);
-        }
+        let timing = *sink.check_timing().ok_or(Skip::NoCheck)?;
         let payload = serde_json::from_slice(&held.payload).map_err(|_| Skip::BadPayload)?;
         let command = Command {
             key: key.to_string(),
@@ -171,25 +188,17 @@ impl Engine {
             tracestate: None,
             shape: Shape::Native,
         };
-        let item = Item {
-            source: held.source.clone(),
-            parsed: Ok(command),
-            traceparent: None,
-            tracestate: None,
-            span: None,
-            checked_absent: true,
-        };
-        Ok((item, Arc::clone(sink)))
+        Ok(InDoubt { held, command, sink: Arc::clone(sink), timing })
     }
 
-    /// Asks `sink`'s check about `record`'s command, once this instance proved it still owns
-    /// the key's state partition (with a changelog); `None` when it could not, or `cancel`
-    /// fired first.
+    /// Asks the sink's check about `record`'s command, once this instance proved it still
+    /// owns the key's state partition (with a changelog); `None` when it could not, or
+    /// `cancel` fired first.
     async fn ask_in_doubt(
         &self,
         key: &str,
         record: &Indeterminate,
-        sink: &Sink,
+        doubt: &InDoubt<'_>,
         cancel: &CancellationToken,
     ) -> Option<CheckAnswer> {
         if let Some(changelog) = &self.changelog
@@ -198,9 +207,8 @@ impl Engine {
             tracing::warn!(key, error = %e, "no check: this instance could not prove it still owns the key's state partition");
             return None;
         }
-        let held = record.held.as_deref()?;
         tokio::select! {
-            answer = sink.check_held(key, held, record.claimed_at_ms) => Some(answer),
+            answer = doubt.sink.check_held(key, doubt.held, record.claimed_at_ms) => Some(answer),
             () = cancel.cancelled() => None,
         }
     }
@@ -210,11 +218,7 @@ impl Engine {
         let mut results = self.process_batch(std::slice::from_ref(&item), cancel).await?;
         Ok(match results.pop() {
             Some(ItemResult::Done(p)) => match p.result.outcome {
-                Outcome::Succeeded | Outcome::Failed if p.sink_called => {
-                    let mut p = p;
-                    p.result.settled_by = Some("check".into());
-                    Reconciled::Settled(p)
-                }
+                Outcome::Succeeded | Outcome::Failed if p.sink_called => settled(p),
                 Outcome::Indeterminate => {
                     Reconciled::Unsettled { answer: "absent", why: p.result.error.clone().unwrap_or_default() }
                 }
@@ -232,21 +236,24 @@ impl Engine {
         key: &str,
         record: &Indeterminate,
         settlement: Settlement,
-        item: &Item,
-        now: i64,
-        ttl_ms: i64,
+        doubt: &InDoubt<'_>,
+        (now, ttl_ms): (i64, i64),
     ) -> Result<Reconciled, EngineError> {
         let (store, owned_key, was) = (Arc::clone(&self.store), key.to_string(), record.clone());
-        let settled = tokio::task::spawn_blocking(move || store.settle(&owned_key, &was, settlement, now, ttl_ms))
-            .await
-            .map_err(|e| EngineError::Join(e.to_string()))??;
-        let Some(Record::Completed(completed)) = settled else {
+        let settled_record =
+            tokio::task::spawn_blocking(move || store.settle(&owned_key, &was, settlement, now, ttl_ms))
+                .await
+                .map_err(|e| EngineError::Join(e.to_string()))??;
+        let Some(Record::Completed(completed)) = settled_record else {
             return Ok(Reconciled::Skipped(Skip::Changed));
         };
         self.queue_changelog().await?;
-        let Ok(cmd) = &item.parsed else { return Ok(Reconciled::Skipped(Skip::NoCommand)) };
-        let mut p = self.republished(item, cmd, &completed);
-        p.result.settled_by = Some("check".into());
-        Ok(Reconciled::Settled(Box::new(p)))
+        Ok(settled(Box::new(self.republished(&doubt.item(), &doubt.command, &completed))))
     }
+}
+
+/// A settlement's result, marked as the check's.
+fn settled(mut p: Box<Processed>) -> Reconciled {
+    p.result.settled_by = Some("check".into());
+    Reconciled::Settled(p)
 }

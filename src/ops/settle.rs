@@ -87,9 +87,7 @@ pub fn settle(
     let label = answer.label();
     let sink = doubt.sink.name().to_string();
     let settled = match answer {
-        CheckAnswer::Found(result) => {
-            Settlement { outcome: Completion::Succeeded, result: result.to_string().into_bytes(), error: None }
-        }
+        CheckAnswer::Found(result) => Settlement::found(&result),
         CheckAnswer::Absent => Settlement {
             outcome: Completion::Failed,
             result: json!({"settled_by": "check", "answer": "absent"}).to_string().into_bytes(),

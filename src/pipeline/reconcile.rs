@@ -80,16 +80,16 @@ impl Reconciler {
         let mut due: BTreeMap<&str, Instant> =
             self.sinks.iter().map(|(name, timing)| (name.as_str(), start + timing.interval)).collect();
         // Each sink's unattended keys as its last pass found them.
-        let mut past_deadline: BTreeMap<String, i64> = BTreeMap::new();
+        let mut unattended_by_sink: BTreeMap<String, i64> = BTreeMap::new();
         loop {
             let now = Instant::now();
             for (sink, at) in due.iter_mut().filter(|(_, at)| **at <= now) {
                 let interval = self.sinks.get(*sink).map_or(GAUGE_EVERY, |t| t.interval);
                 let unattended = self.pass(sink, &stop).await;
-                past_deadline.insert((*sink).to_string(), unattended);
+                unattended_by_sink.insert((*sink).to_string(), unattended);
                 *at = Instant::now() + interval;
             }
-            self.report_unattended(&past_deadline);
+            self.report_unattended(&unattended_by_sink);
             let next = due.values().min().copied().unwrap_or(now + GAUGE_EVERY).min(Instant::now() + GAUGE_EVERY);
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
@@ -100,10 +100,10 @@ impl Reconciler {
 
     /// Sets `dedupd_indeterminate_keys_unattended` of every sink with keys in doubt: all of
     /// them for a sink without a check, those its last pass could not take up for one with.
-    fn report_unattended(&self, past_deadline: &BTreeMap<String, i64>) {
+    fn report_unattended(&self, unattended_by_sink: &BTreeMap<String, i64>) {
         for (sink, count) in self.engine.store().indeterminate_by_sink() {
             let unattended = match self.sinks.contains_key(&sink) {
-                true => past_deadline.get(&sink).copied().unwrap_or(0).min(count),
+                true => unattended_by_sink.get(&sink).copied().unwrap_or(0).min(count),
                 false => count,
             };
             self.metrics.indeterminate_unattended(&sink, unattended);

@@ -133,6 +133,11 @@ pub struct Settlement {
 }
 
 impl Settlement {
+    /// `succeeded`, with what a check found at the receiver as the result.
+    pub fn found(answer: &serde_json::Value) -> Settlement {
+        Settlement { outcome: Completion::Succeeded, result: answer.to_string().into_bytes(), error: None }
+    }
+
     /// The completed record replacing `ind`.
     fn record(self, ind: &Indeterminate, now_ms: i64, ttl_ms: i64) -> Record {
         Record::Completed(Completed {
