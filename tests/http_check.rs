@@ -121,12 +121,14 @@ async fn start(calls: &'static [Reply], check: Reply) -> (String, Arc<Mutex<Vec<
     (format!("http://{addr}"), seen)
 }
 
-/// A loopback address nothing listens on (bound, then let go).
-async fn closed_port() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    format!("http://{addr}")
+/// A loopback address nothing listens on, and the socket that keeps it so while held.
+async fn closed_port() -> (String, tokio::net::TcpSocket) {
+    // Bound but never listening: a connection is refused, and while the socket is held no
+    // other test's listener can take the port (dropping it at once let one do).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (format!("http://{addr}"), socket)
 }
 
 fn seen(log: &Arc<Mutex<Vec<Seen>>>) -> Vec<Seen> {
@@ -232,7 +234,7 @@ async fn not_found_is_absent_and_another_status_is_unknown() {
 
 #[tokio::test]
 async fn no_receiver_is_an_error() {
-    let base = closed_port().await;
+    let (base, _held) = closed_port().await;
     let sink = HttpSink::new("payments", &config(&base, Some(lookup(&base)))).unwrap();
     let CheckAnswer::Error(why) = check(&sink, &payment("r-1")).await else { panic!("nobody answered") };
     assert!(why.starts_with("GET check: no answer"), "{why}");
@@ -331,7 +333,7 @@ async fn an_unanswered_post_the_check_finds_absent_is_sent_again() {
 #[tokio::test]
 async fn an_unanswered_post_whose_check_gets_no_answer_is_indeterminate() {
     let (base, log) = start(&[Reply::Hang], Reply::Status(200, PAYMENT)).await;
-    let nowhere = closed_port().await;
+    let (nowhere, _held) = closed_port().await;
     let mut h = engine(config(&base, Some(lookup(&nowhere))));
     let item = h.item("pay-1", payment("r-1"));
 
