@@ -113,7 +113,7 @@ async fn main() {
                 traceparent: None,
                 tracestate: None,
                 span: None,
-                checked_absent: false,
+                checked_absent: None,
             }
         })
         .collect();

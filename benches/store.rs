@@ -104,6 +104,7 @@ fn completed_record(i: u64) -> Completed {
         expires_at_ms: BASE_EXPIRY + i as i64,
         attempts: 1,
         source: Some(claim_record(i).source),
+        settled: None,
     }
 }
 

@@ -163,6 +163,7 @@ mod tests {
             expires_at_ms,
             attempts: 1,
             source: Some(ELSEWHERE.clone()),
+            settled: None,
         })
     }
 

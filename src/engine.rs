@@ -68,7 +68,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::envelope::{Command, Rejection};
 use crate::routes::Router;
 use crate::sinks::Sink;
-use crate::store::{KeyStore, SourcePos, StoreError};
+use crate::store::{KeyStore, Settled, SourcePos, StoreError};
 use crate::telemetry::CommandSpan;
 
 pub use crate::outcome::Processed;
@@ -89,8 +89,9 @@ pub struct Item {
     /// With traces on: the command's span, the parent of its sink calls' spans.
     pub span: Option<CommandSpan>,
     /// Not read from Kafka: the reconciler takes up an `indeterminate` key whose check just
-    /// said the effect is absent, to run the command it keeps (decide's `RunChecked`).
-    pub checked_absent: bool,
+    /// said the effect is absent (when, kept with the completion), to run the command it
+    /// keeps (decide's `RunChecked`).
+    pub checked_absent: Option<Settled>,
 }
 
 /// What became of one item.

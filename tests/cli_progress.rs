@@ -25,6 +25,7 @@ fn fill(store: &Path, n: usize) {
             expires_at_ms: later,
             attempts: 1,
             source: None,
+            settled: None,
         });
         s.compare_and_swap(&format!("k{i:07}"), None, Some(&r)).unwrap().unwrap();
     }

@@ -137,6 +137,9 @@ async fn resolve_each(target: &[&str]) -> Vec<(Option<i32>, String, String)> {
 fn assert_settled(ran: &[(Option<i32>, String, String)], store: &KeyStore, asked: &Asked) {
     let printed: Value = serde_json::from_str(&ran[0].1).unwrap_or_else(|e| panic!("{e}: {:?}", ran[0]));
     assert_eq!((ran[0].0, printed["check"].as_str()), (Some(0), Some("found")), "{:?}", ran[0]);
+    let record = &printed["record"];
+    assert_eq!((record["settled_by"].as_str(), record["check_answer"].as_str()), (Some("check"), Some("found")));
+    assert_eq!(record["settled_at"], record["completed_at"], "settled when completed: {record}");
     let Some(Record::Completed(found)) = store.get("k-found").unwrap() else { panic!("k-found not completed") };
     assert_eq!(found.outcome, Completion::Succeeded);
     let result: Value = serde_json::from_slice(&found.result).unwrap();
@@ -166,6 +169,15 @@ async fn resolve_check_settles_a_stopped_stores_keys_by_the_receivers_answer() {
     let config = config_file(dir.path(), &store_path, &base);
 
     let ran = resolve_each(&["-c", &config]).await;
+    // `inspect` says how the key in doubt was settled: by its check, which found no effect.
+    let (code, out, err) = dedupd(&["inspect", "k-absent", "-c", &config]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let inspected: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        (inspected["outcome"].as_str(), inspected["settled_by"].as_str(), inspected["check_answer"].as_str()),
+        (Some("failed"), Some("check"), Some("absent")),
+        "{inspected}"
+    );
     let store = KeyStore::open(StoreBackend::Fjall, &store_path, SyncMode::Batch).unwrap();
     assert_settled(&ran, &store, &asked);
 }

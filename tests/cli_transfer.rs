@@ -222,9 +222,10 @@ async fn operator_commands_and_export_wipe_import_keep_duplicates_recognised() {
     assert_eq!((ran.json()["state"].as_str(), ran.json()["outcome"].as_str()), (Some("completed"), Some("succeeded")));
     let back = cli(args(&["inspect", "cli-ind-admin"]), a).await.json();
     assert_eq!(
-        (back["state"].as_str(), back["result"].clone()),
-        (Some("completed"), json!({"resolved_by": "operator"}))
+        (back["state"].as_str(), back["result"].clone(), back["settled_by"].as_str()),
+        (Some("completed"), json!({"resolved_by": "operator"}), Some("operator"))
     );
+    assert!(back["settled_at"].is_string() && back.get("check_answer").is_none(), "{back}");
 
     // The direct path refuses the store the running instance holds, and says what to do.
     let ran = cli(args(&["stats", "-c", &c]), None).await;

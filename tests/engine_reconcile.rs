@@ -19,7 +19,7 @@ use common::scripted_sink::{Call, Scripted};
 use dedupd::engine::{Reconciled, Skip};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::{CheckAnswer, CheckTiming, Sink, SinkEffect};
-use dedupd::store::{Record, SourcePos};
+use dedupd::store::{Record, SettledBy, SourcePos};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -70,6 +70,7 @@ async fn found_settles_the_key_succeeded_with_the_checks_answer_and_no_call() {
     let Some(Record::Completed(c)) = e.record(KEY) else { panic!("{:?}", e.record(KEY)) };
     assert_eq!(serde_json::from_slice::<serde_json::Value>(&c.result).unwrap(), found);
     assert_eq!(c.attempts, 1);
+    assert_eq!(e.settled_by(KEY), Some(SettledBy::CheckFound));
 }
 
 #[tokio::test]
@@ -83,6 +84,7 @@ async fn absent_runs_the_command_once_more_claimed_first() {
     assert_eq!(p.result.result, json!({"paid": KEY}));
     let Some(Record::Completed(c)) = e.record(KEY) else { panic!("{:?}", e.record(KEY)) };
     assert_eq!(c.attempts, 2, "the call in doubt and this one");
+    assert_eq!(e.settled_by(KEY), Some(SettledBy::CheckAbsent), "the run its check allowed");
 }
 
 #[tokio::test]
@@ -110,7 +112,7 @@ async fn absent_past_the_commands_ttl_fails_the_key_without_running_it() {
     assert_eq!(scripted.log(), ["call Lost", "check unknown", "check absent"], "not run");
     assert_eq!(p.result.outcome, Outcome::Failed);
     assert!(p.result.error.as_deref().unwrap_or_default().contains("TTL was over"), "{:?}", p.result.error);
-    assert!(matches!(e.record(KEY), Some(Record::Completed(_))));
+    assert_eq!(e.settled_by(KEY), Some(SettledBy::CheckAbsent), "completed as the check left it");
 }
 
 #[tokio::test]

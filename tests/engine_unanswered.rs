@@ -20,7 +20,7 @@ use common::orphan::EngineWithSink;
 use common::scripted_sink::{Call, Scripted};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::{CheckAnswer, CheckTiming, Sink, SinkEffect};
-use dedupd::store::Record;
+use dedupd::store::{Record, SettledBy};
 use serde_json::json;
 
 /// A check with no delay worth waiting for.
@@ -67,6 +67,7 @@ async fn a_lost_answer_found_by_the_check_succeeds_with_the_checks_answer() {
     let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
     assert_eq!(serde_json::from_slice::<serde_json::Value>(&c.result).unwrap(), found);
     assert_eq!(c.attempts, 1);
+    assert_eq!(e.settled_by("pay-1"), Some(SettledBy::CheckFound), "the record says the check settled it");
 }
 
 #[tokio::test]
@@ -77,6 +78,7 @@ async fn a_lost_answer_the_check_finds_absent_is_called_again() {
     assert_eq!(scripted.log(), ["call Lost", "check absent", "call Ok"]);
     let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
     assert_eq!(c.attempts, 2);
+    assert_eq!(e.settled_by("pay-1"), Some(SettledBy::CheckAbsent), "the call the check allowed");
 }
 
 #[tokio::test]
@@ -97,9 +99,10 @@ async fn answered_and_unsent_failures_are_retried_without_a_check() {
     // The engine here makes at most 2 calls (common::engine::test_retry).
     for first in [Call::Busy, Call::Refused] {
         let scripted = Scripted::new(&[first, Call::Ok], vec![]);
-        let (_, outcome) = run_one(&scripted, false, timing()).await;
+        let (e, outcome) = run_one(&scripted, false, timing()).await;
         assert_eq!(outcome, Outcome::Succeeded, "{first:?}");
         assert_eq!(scripted.log(), [format!("call {first:?}"), "call Ok".to_string()], "nothing in doubt: no check");
+        assert_eq!(e.settled_by("pay-1"), None, "never in doubt");
     }
 }
 
@@ -158,6 +161,7 @@ async fn an_orphan_found_by_the_check_succeeds_without_a_call() {
     assert_eq!(scripted.log(), ["check found"]);
     let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
     assert_eq!(c.attempts, 1, "the crashed run's call, no other");
+    assert_eq!(e.settled_by("pay-1"), Some(SettledBy::CheckFound));
 }
 
 #[tokio::test]
@@ -168,6 +172,7 @@ async fn an_orphan_the_check_finds_absent_runs() {
     assert_eq!(scripted.log(), ["check absent", "call Ok"]);
     let Some(Record::Completed(c)) = e.record("pay-1") else { panic!("{:?}", e.record("pay-1")) };
     assert_eq!(c.attempts, 2);
+    assert_eq!(e.settled_by("pay-1"), Some(SettledBy::CheckAbsent));
 }
 
 #[tokio::test]

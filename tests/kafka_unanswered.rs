@@ -242,6 +242,8 @@ async fn a_lost_answer_is_settled_by_the_check() {
         assert_eq!(outcomes[key], ["succeeded", "duplicate"], "{key}: its input and its repeat");
         let record = inspect(&config_path, key);
         assert_eq!((&record["state"], &record["outcome"]), (&json!("completed"), &json!("succeeded")), "{record}");
+        let answer = if lost { "absent" } else { "found" };
+        assert_eq!((&record["settled_by"], &record["check_answer"]), (&json!("check"), &json!(answer)), "{record}");
         let payment = &made[&format!("ref-{key}")];
         if lost {
             // Absent, so POSTed again: that POST's answer is the result.
@@ -329,6 +331,10 @@ async fn reconciler_settles_once_the_lookups_are_back(on_kafka: bool) {
         let record = inspect(&config_path, key);
         assert_eq!((&record["state"], &record["outcome"]), (&json!("completed"), &json!("succeeded")), "{record}");
         assert_eq!(record["attempts"], if lost { 2 } else { 1 }, "{record}");
+        // What settled it, and when: the reconciler's check, after the lookups came back.
+        let answer = if lost { "absent" } else { "found" };
+        assert_eq!((&record["settled_by"], &record["check_answer"]), (&json!("check"), &json!(answer)), "{record}");
+        assert!(record["settled_at"].as_str() > record["first_seen_at"].as_str(), "{record}");
     }
     // Nothing more on the topic (read whole: under transactions its offsets count markers too).
     let all = kafka::read_all(&bootstrap, &results, 3 * keys.len() + 1, Duration::from_secs(5)).await;

@@ -34,6 +34,7 @@ fn completion_of(claim: &DurableClaim) -> Completed {
         expires_at_ms: 4_000_000_000_000,
         attempts: 1,
         source: None,
+        settled: None,
     }
 }
 

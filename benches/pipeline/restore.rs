@@ -62,6 +62,7 @@ fn completed(i: usize) -> Vec<u8> {
         expires_at_ms: 4_000_000_000_000,
         attempts: 1,
         source: None,
+        settled: None,
     })
     .encode()
 }

@@ -44,6 +44,7 @@ pub fn store_floor(backend: StoreBackend, n: usize) -> f64 {
                     attempts: 1,
                     // As the engine stores it: the claim's source.
                     source: Some(d.record().source.clone()),
+                    settled: None,
                 };
                 (d, c)
             })

@@ -47,6 +47,7 @@ fn completions(first: i64, durable: Vec<DurableClaim>, expired: bool) -> Vec<(Du
             expires_at_ms: if expired { 1 } else { FAR },
             attempts: 1,
             source: None,
+            settled: None,
         };
         items.push((claim, done));
     }

@@ -13,7 +13,9 @@ use super::retry::RunEnd;
 use super::run::Ran;
 use super::{Engine, EngineError, ItemResult};
 use crate::envelope::Command;
-use crate::store::{Completed, Completion, DurableClaim, Held, Indeterminate, KeyStore, Record, SourcePos, StoreError};
+use crate::store::{
+    Completed, Completion, DurableClaim, Held, Indeterminate, KeyStore, Record, Settled, SourcePos, StoreError,
+};
 use crate::time::Rfc3339Memo;
 
 /// What a round's sink runs leave to store.
@@ -48,16 +50,19 @@ impl Engine {
                 first_seen_ms,
                 completed_at_ms,
             };
+            // A key the reconciler's check cleared to run was settled by that check, unless a
+            // later check of this run settled it again.
+            let checked = queues.items()[head.index].checked_absent;
             let result = match end {
-                RunEnd::Succeeded { result, attempts } => {
+                RunEnd::Succeeded { result, attempts, settled } => {
                     let answer = answer(Completion::Succeeded, result, None, attempts);
-                    let completed = completion(cmd, &answer, &claim.record().source);
+                    let completed = completion(cmd, &answer, &claim.record().source, settled.or(checked));
                     done.to_write.push((claim, completed));
                     ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer, &mut times)))
                 }
-                RunEnd::Failed { result, error, attempts } => {
+                RunEnd::Failed { result, error, attempts, settled } => {
                     let answer = answer(Completion::Failed, result, Some(error), attempts);
-                    let completed = completion(cmd, &answer, &claim.record().source);
+                    let completed = completion(cmd, &answer, &claim.record().source, settled.or(checked));
                     done.to_write.push((claim, completed));
                     ItemResult::Done(Box::new(self.executed(&queues.items()[head.index], cmd, answer, &mut times)))
                 }
@@ -144,8 +149,9 @@ impl Engine {
     }
 }
 
-/// The completion stored for `answer` to the claim made by the record at `source`.
-fn completion(cmd: &Command, answer: &Answer, source: &SourcePos) -> Completed {
+/// The completion stored for `answer` to the claim made by the record at `source`, and how
+/// the key was settled if it was in doubt.
+fn completion(cmd: &Command, answer: &Answer, source: &SourcePos, settled: Option<Settled>) -> Completed {
     let ttl = i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX);
     Completed {
         fingerprint: cmd.fingerprint,
@@ -157,6 +163,7 @@ fn completion(cmd: &Command, answer: &Answer, source: &SourcePos) -> Completed {
         expires_at_ms: answer.completed_at_ms.saturating_add(ttl),
         attempts: answer.attempts,
         source: Some(source.clone()),
+        settled,
     }
 }
 

@@ -18,7 +18,7 @@ use super::{Engine, EngineError, Item, ItemResult};
 use crate::envelope::{Command, Shape};
 use crate::outcome::{Outcome, Processed};
 use crate::sinks::{CheckAnswer, CheckTiming, Sink};
-use crate::store::{Completion, Held, Indeterminate, Record, Settlement, SourcePos};
+use crate::store::{Held, Indeterminate, Record, Settled, SettledBy, Settlement, SourcePos};
 
 /// What became of a key the reconciler took up.
 #[derive(Debug)]
@@ -92,15 +92,15 @@ struct InDoubt<'r> {
 
 impl InDoubt<'_> {
     /// The command as the batch path takes it: read where the input in doubt was, and
-    /// cleared to run by its check (decide's `RunChecked`).
-    fn item(&self) -> Item {
+    /// cleared to run by its check (decide's `RunChecked`) when `checked_absent` says so.
+    fn item(&self, checked_absent: Option<Settled>) -> Item {
         Item {
             source: self.held.source.clone(),
             parsed: Ok(self.command.clone()),
             traceparent: None,
             tracestate: None,
             span: None,
-            checked_absent: true,
+            checked_absent,
         }
     }
 }
@@ -146,16 +146,15 @@ impl Engine {
         let label = answer.label();
         let settlement = match answer {
             CheckAnswer::Found(result) => Settlement::found(&result),
-            CheckAnswer::Absent if age < ttl_ms => return self.run_checked(doubt.item(), cancel).await,
-            CheckAnswer::Absent => Settlement {
-                outcome: Completion::Failed,
-                result: b"{}".to_vec(),
-                error: Some(format!(
-                    "the check of sink `{}` found no effect after the command's TTL was over: not run; was: {}",
-                    doubt.sink.name(),
-                    record.why
-                )),
-            },
+            CheckAnswer::Absent if age < ttl_ms => {
+                let checked = Settled::new(SettledBy::CheckAbsent, self.clock.now_ms());
+                return self.run_checked(doubt.item(Some(checked)), cancel).await;
+            }
+            CheckAnswer::Absent => Settlement::absent(format!(
+                "the check of sink `{}` found no effect after the command's TTL was over: not run; was: {}",
+                doubt.sink.name(),
+                record.why
+            )),
             CheckAnswer::Unknown(why) | CheckAnswer::Error(why) => {
                 return Ok(Reconciled::Unsettled { answer: label, why });
             }
@@ -248,7 +247,7 @@ impl Engine {
             return Ok(Reconciled::Skipped(Skip::Changed));
         };
         self.queue_changelog().await?;
-        Ok(settled(Box::new(self.republished(&doubt.item(), &doubt.command, &completed))))
+        Ok(settled(Box::new(self.republished(&doubt.item(None), &doubt.command, &completed))))
     }
 }
 

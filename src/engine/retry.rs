@@ -5,7 +5,7 @@ mod check;
 mod config;
 pub use config::RetryConfig;
 
-use check::{Asking, Settled};
+use check::{Asking, Checked};
 
 use std::time::Duration;
 
@@ -19,16 +19,17 @@ use crate::envelope::Command;
 use crate::sinks::circuit::{Admission, Verdict};
 use crate::sinks::limit::LimitPermit;
 use crate::sinks::{CallAnswer, CallWatch, Sink, SinkError, SinkOutput, SinkRequest};
-use crate::store::{DurableClaim, InProgress};
+use crate::store::{DurableClaim, InProgress, Settled};
 use crate::telemetry::{CommandSpan, SinkCallSpan};
+use crate::time::Clock;
 
 /// How a sink run ended.
 #[derive(Debug)]
 pub(super) enum RunEnd {
-    /// The sink succeeded on attempt `attempts`.
-    Succeeded { result: Value, attempts: u32 },
+    /// The sink succeeded on attempt `attempts`, or its check found the effect (`settled`).
+    Succeeded { result: Value, attempts: u32, settled: Option<Settled> },
     /// Permanent failure, or transient failures until `retry.max_attempts`.
-    Failed { result: Value, error: String, attempts: u32 },
+    Failed { result: Value, error: String, attempts: u32, settled: Option<Settled> },
     /// Cancelled, and no call can have reached the sink without an answer: none was made,
     /// every one was refused before its request left, or the receiver answered it with a
     /// failure the run would have retried (see [`crate::sinks::CallWatch`]). The claim can be
@@ -62,6 +63,9 @@ struct Tally {
     /// Those that may have reached the sink without an answer (neither certainly refused
     /// before sending nor answered).
     unanswered: u32,
+    /// The last check that settled a doubt of this run (found, or absent and so called):
+    /// kept with the completion, as how the key in doubt was settled.
+    settled: Option<Settled>,
 }
 
 impl Tally {
@@ -83,13 +87,13 @@ impl Tally {
                 if let Some(a) = admission {
                     a.answered();
                 }
-                Err(RunEnd::Succeeded { result, attempts: self.calls })
+                Err(RunEnd::Succeeded { result, attempts: self.calls, settled: self.settled })
             }
             Err(SinkError::Permanent { message, result }) => {
                 if let Some(a) = admission {
                     a.answered();
                 }
-                Err(RunEnd::Failed { result, error: message, attempts: self.calls })
+                Err(RunEnd::Failed { result, error: message, attempts: self.calls, settled: self.settled })
             }
             Err(SinkError::Transient { message, retry_after }) => {
                 Ok((message, retry_after, admission.map(Admission::failed_transiently)))
@@ -117,6 +121,8 @@ pub(super) struct SinkRun<'a> {
     pub(super) span: Option<&'a CommandSpan>,
     /// The claim a crash left in progress that this run took over, if it took one over.
     pub(super) orphan: Option<&'a InProgress>,
+    /// When a check answered, for the record of how a key in doubt was settled.
+    pub(super) clock: &'a dyn Clock,
 }
 
 /// Calls `sink` for `claim` until it succeeds, fails permanently, runs out of attempts, or
@@ -136,7 +142,7 @@ pub(super) async fn run_with_retry<'a>(
     limiter: &'a Semaphore,
     cancel: &CancellationToken,
 ) -> RunEnd {
-    let SinkRun { sink, claim, command, mut ticket, owner, span, orphan } = run;
+    let SinkRun { sink, claim, command, mut ticket, owner, span, orphan, clock } = run;
     let max = retry.max_attempts.get();
     // Calls an earlier run of this claim made before a crash count too: `retry.max_attempts`
     // bounds a command's calls in all (docs/contract.md §4), not each run's.
@@ -144,9 +150,10 @@ pub(super) async fn run_with_retry<'a>(
     let mut tally = Tally::default();
     let mut permit = None;
     if let Some(orphan) = orphan.filter(|_| asks_first(sink)) {
-        let asking = Asking { sink, claim, command, owner, attempt: made_before };
+        let asking = Asking { sink, claim, command, owner, attempt: made_before, clock };
         // Boxed, as every rarely taken wait here: a round holds thousands of runs.
-        if let Some(end) = Box::pin(settle_orphan(asking, orphan, &mut ticket, &mut permit, cancel)).await {
+        let turn = (&mut ticket, &mut permit);
+        if let Some(end) = Box::pin(settle_orphan(asking, orphan, turn, &mut tally, cancel)).await {
             return end;
         }
     }
@@ -180,7 +187,7 @@ pub(super) async fn run_with_retry<'a>(
         };
         if watch.answer() == CallAnswer::Maybe && asks_first(sink) {
             // The request may have landed: ask the receiver before calling again, or stop.
-            let asking = Asking { sink, claim, command, owner, attempt };
+            let asking = Asking { sink, claim, command, owner, attempt, clock };
             if let Some(end) = Box::pin(settle_maybe(asking, &message, &mut tally, cancel)).await {
                 return end;
             }
@@ -197,6 +204,7 @@ pub(super) async fn run_with_retry<'a>(
                 result: Value::Object(Default::default()),
                 error: format!("gave up after {counted} attempts: {message}"),
                 attempts: tally.calls,
+                settled: tally.settled,
             };
         }
         tracing::warn!(key = claim.key(), attempt, error = %message, "transient sink failure, retrying");
@@ -214,8 +222,8 @@ pub(super) async fn run_with_retry<'a>(
 async fn settle_orphan<'a>(
     asking: Asking<'_>,
     orphan: &InProgress,
-    ticket: &mut Option<Ticket<'a>>,
-    permit: &mut Option<SemaphorePermit<'a>>,
+    (ticket, permit): (&mut Option<Ticket<'a>>, &mut Option<SemaphorePermit<'a>>),
+    tally: &mut Tally,
     cancel: &CancellationToken,
 ) -> Option<RunEnd> {
     // The check waits for the sink's limits itself, so the ticket's are given back (its
@@ -226,10 +234,14 @@ async fn settle_orphan<'a>(
     }
     let sink = asking.sink;
     match asking.settle(orphan_doubt(orphan, sink), cancel).await {
-        Settled::Found(result) => Some(RunEnd::Succeeded { result, attempts: 0 }),
-        Settled::Unsettled(why) if !sink.forwards_key() => Some(RunEnd::Indeterminate { why, attempts: 0 }),
-        Settled::Absent | Settled::Unsettled(_) => None,
-        Settled::Stopped => Some(RunEnd::Releasable),
+        Checked::Found(result, settled) => Some(RunEnd::Succeeded { result, attempts: 0, settled: Some(settled) }),
+        Checked::Unsettled(why) if !sink.forwards_key() => Some(RunEnd::Indeterminate { why, attempts: 0 }),
+        Checked::Absent(settled) => {
+            tally.settled = Some(settled);
+            None
+        }
+        Checked::Unsettled(_) => None,
+        Checked::Stopped => Some(RunEnd::Releasable),
     }
 }
 
@@ -250,14 +262,17 @@ async fn settle_maybe(
     let sink = asking.sink;
     let doubt = format!("the call may have reached sink `{}` without an answer ({message})", sink.name());
     match asking.settle(doubt, cancel).await {
-        Settled::Found(result) => Some(RunEnd::Succeeded { result, attempts: tally.calls }),
-        Settled::Absent => {
+        Checked::Found(result, settled) => {
+            Some(RunEnd::Succeeded { result, attempts: tally.calls, settled: Some(settled) })
+        }
+        Checked::Absent(settled) => {
             tally.unanswered -= 1;
+            tally.settled = Some(settled);
             None
         }
-        Settled::Unsettled(why) if !sink.forwards_key() => Some(RunEnd::Indeterminate { why, attempts: tally.calls }),
-        Settled::Unsettled(_) => None,
-        Settled::Stopped => Some(tally.stopped()),
+        Checked::Unsettled(why) if !sink.forwards_key() => Some(RunEnd::Indeterminate { why, attempts: tally.calls }),
+        Checked::Unsettled(_) => None,
+        Checked::Stopped => Some(tally.stopped()),
     }
 }
 

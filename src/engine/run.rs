@@ -88,6 +88,7 @@ impl Engine {
                 Some(Record::InProgress(orphan)) => Some(orphan),
                 _ => None,
             },
+            clock: self.clock.as_ref(),
         };
         run_with_retry(run, &self.retry, &self.limiter, cancel).instrument(span)
     }

@@ -123,7 +123,7 @@ impl Engine {
             produced_at_ms: cmd.produced_at_ms,
             ttl_ms: i64::try_from(cmd.ttl.as_millis()).unwrap_or(i64::MAX),
             source: &item.source,
-            checked_absent: item.checked_absent,
+            checked_absent: item.checked_absent.is_some(),
         };
         let mut read = Some(read);
         loop {

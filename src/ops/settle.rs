@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::sinks::{CheckAnswer, Sink};
-use crate::store::{Completion, Indeterminate, KeyStore, Record, Settlement, StoreError, record_json};
+use crate::store::{Indeterminate, KeyStore, Record, Settlement, StoreError, record_json};
 
 /// Why a key was not settled by its check.
 #[derive(Debug, thiserror::Error)]
@@ -88,14 +88,10 @@ pub fn settle(
     let sink = doubt.sink.name().to_string();
     let settled = match answer {
         CheckAnswer::Found(result) => Settlement::found(&result),
-        CheckAnswer::Absent => Settlement {
-            outcome: Completion::Failed,
-            result: json!({"settled_by": "check", "answer": "absent"}).to_string().into_bytes(),
-            error: Some(format!(
-                "the check of sink `{sink}` found no effect: the call did not land and the command was not run again; was: {}",
-                doubt.record.why
-            )),
-        },
+        CheckAnswer::Absent => Settlement::absent(format!(
+            "the check of sink `{sink}` found no effect: the call did not land and the command was not run again; was: {}",
+            doubt.record.why
+        )),
         CheckAnswer::Unknown(why) | CheckAnswer::Error(why) => {
             return Err(SettleError::Unsettled { key: doubt.key.clone(), sink, answer: label, why });
         }

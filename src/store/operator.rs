@@ -3,7 +3,7 @@
 //! The CLI on a stopped store and the admin API on a running one both call these, so the
 //! two paths behave alike.
 
-use super::{Completed, Completion, Indeterminate, KeyStore, Record, StoreError};
+use super::{Completed, Completion, Indeterminate, KeyStore, Record, Settled, SettledBy, StoreError};
 
 /// What an operator resolving an `in_progress` key needs to know: a claim left by a crash is
 /// found (and made `indeterminate`, or run again) only when its key comes again to a running
@@ -90,6 +90,7 @@ impl KeyStore {
                     Completion::Succeeded => None,
                     Completion::Failed => Some(format!("resolved as failed by an operator; was: {}", ind.why)),
                 },
+                by: SettledBy::Operator,
             };
             let new = settled.record(ind, now_ms, ttl_ms);
             if self.compare_and_swap(key, current.as_ref(), Some(&new))?.is_ok() {
@@ -121,7 +122,7 @@ impl KeyStore {
 }
 
 /// How an `indeterminate` key is settled: the outcome repeats replay, with its result and
-/// error.
+/// error, and what settled it (kept with the record, [`Settled`]).
 #[derive(Debug, Clone)]
 pub struct Settlement {
     /// The outcome.
@@ -130,12 +131,30 @@ pub struct Settlement {
     pub result: Vec<u8>,
     /// The error of a failure.
     pub error: Option<String>,
+    /// Who or what settled it.
+    pub by: SettledBy,
 }
 
 impl Settlement {
     /// `succeeded`, with what a check found at the receiver as the result.
     pub fn found(answer: &serde_json::Value) -> Settlement {
-        Settlement { outcome: Completion::Succeeded, result: answer.to_string().into_bytes(), error: None }
+        Settlement {
+            outcome: Completion::Succeeded,
+            result: answer.to_string().into_bytes(),
+            error: None,
+            by: SettledBy::CheckFound,
+        }
+    }
+
+    /// `failed` without running the command again, a check having found no effect:
+    /// `error` says why it was not run.
+    pub fn absent(error: String) -> Settlement {
+        Settlement {
+            outcome: Completion::Failed,
+            result: b"{}".to_vec(),
+            error: Some(error),
+            by: SettledBy::CheckAbsent,
+        }
     }
 
     /// The completed record replacing `ind`.
@@ -151,6 +170,7 @@ impl Settlement {
             attempts: ind.attempts,
             // The claim's source is kept with the command in doubt, when it was.
             source: ind.held.as_ref().map(|h| h.source.clone()),
+            settled: Some(Settled::new(self.by, now_ms)),
         })
     }
 }
@@ -166,18 +186,30 @@ pub fn record_json(key: &str, record: &Record, now_ms: i64) -> serde_json::Value
             "claimed_at": rfc3339_ms(r.claimed_at_ms), "attempts": r.attempts,
             "source": {"topic": r.source.topic, "partition": r.source.partition, "offset": r.source.offset},
         }),
-        Record::Completed(r) => json!({
-            "key": key, "state": "completed", "fingerprint": r.fingerprint.to_string(),
-            "outcome": r.outcome.as_str(),
-            "result": serde_json::from_slice::<serde_json::Value>(&r.result)
-                .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&r.result).into_owned())),
-            "error": r.error, "first_seen_at": rfc3339_ms(r.first_seen_at_ms),
-            "completed_at": rfc3339_ms(r.completed_at_ms), "expires_at": rfc3339_ms(r.expires_at_ms),
-            "attempts": r.attempts, "source": r.source,
-            // Past `expires_at` the record is as good as absent (the decision table reads it
-            // so) until compaction removes it: the key's next command runs again.
-            "expired": record.is_expired(now_ms),
-        }),
+        Record::Completed(r) => {
+            let mut json = json!({
+                "key": key, "state": "completed", "fingerprint": r.fingerprint.to_string(),
+                "outcome": r.outcome.as_str(),
+                "result": serde_json::from_slice::<serde_json::Value>(&r.result)
+                    .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&r.result).into_owned())),
+                "error": r.error, "first_seen_at": rfc3339_ms(r.first_seen_at_ms),
+                "completed_at": rfc3339_ms(r.completed_at_ms), "expires_at": rfc3339_ms(r.expires_at_ms),
+                "attempts": r.attempts, "source": r.source,
+                // Past `expires_at` the record is as good as absent (the decision table reads
+                // it so) until compaction removes it: the key's next command runs again.
+                "expired": record.is_expired(now_ms),
+            });
+            // How a key that was in doubt was settled: by its check (and what it found) or
+            // by an operator, and when.
+            if let Some(settled) = &r.settled {
+                json["settled_by"] = json!(settled.by.who());
+                json["settled_at"] = json!(rfc3339_ms(settled.at_ms));
+                if let Some(answer) = settled.by.check_answer() {
+                    json["check_answer"] = json!(answer);
+                }
+            }
+            json
+        }
         Record::Indeterminate(r) => {
             let mut json = json!({
                 "key": key, "state": "indeterminate", "fingerprint": r.fingerprint.to_string(),
@@ -209,6 +241,25 @@ mod tests {
             let json = record_json("k", &record, now);
             assert_eq!(json["expired"], expired, "at {now}");
             assert_eq!(json["expires_at"], "1970-01-01T00:00:10.000Z");
+        }
+    }
+
+    #[test]
+    fn a_completed_record_says_what_settled_it_when_it_was_in_doubt() {
+        let plain = crate::store::tests::completed(7, 10_000);
+        let json = record_json("k", &Record::Completed(plain.clone()), 0);
+        for field in ["settled_by", "settled_at", "check_answer"] {
+            assert!(json.get(field).is_none(), "never in doubt: no {field}");
+        }
+        for (by, who, answer) in [
+            (SettledBy::CheckFound, "check", Some("found")),
+            (SettledBy::CheckAbsent, "check", Some("absent")),
+            (SettledBy::Operator, "operator", None),
+        ] {
+            let settled = Completed { settled: Some(Settled::new(by, 1_500)), ..plain.clone() };
+            let json = record_json("k", &Record::Completed(settled), 0);
+            assert_eq!((json["settled_by"].as_str(), json["check_answer"].as_str()), (Some(who), answer), "{by:?}");
+            assert_eq!(json["settled_at"], "1970-01-01T00:00:01.500Z");
         }
     }
 

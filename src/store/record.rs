@@ -8,10 +8,14 @@
 //! command likewise (`[1][sink][route][type][payload][topic][partition][offset]`).
 //!
 //! Extensions: after those, any record may carry sections `[tag >= 0x80][length][bytes]`,
-//! which a reader that does not know a tag skips. None is written yet: this version reads
-//! past them so that a later one can add what a record says (how a key was settled) while
-//! instances of both versions read each other's records, as they do during a rolling update
-//! with `store.changelog`.
+//! which a reader that does not know a tag skips, so that a later version can add to what a
+//! record says while instances of both read each other's records (a rolling update with
+//! `store.changelog`). A completed record's [`Settled`] is the first (tag 0x80): how a key
+//! in doubt was settled.
+
+mod settled;
+use settled::SETTLED_TAG;
+pub use settled::{Settled, SettledBy};
 
 use crate::fingerprint::Fingerprint;
 
@@ -89,6 +93,9 @@ pub struct Completed {
     /// that same record is read again (after a crash), its result is published again as it
     /// was, not as a replay (`decide`).
     pub source: Option<SourcePos>,
+    /// How the key came to be completed when its effect was in doubt (a call without an
+    /// answer, a crash): by its sink's check or an operator. `None` when it never was.
+    pub settled: Option<Settled>,
 }
 
 /// A claim whose effect is unknown: a call of a sink that does not forward the key may
@@ -203,7 +210,8 @@ impl Record {
 
     /// The compact binary form.
     pub fn encode(&self) -> Vec<u8> {
-        // Fixed fields take at most 112 bytes (varints included): sized once, no regrowth.
+        // Fixed fields take at most 124 bytes (varints and the settlement section included):
+        // sized once, no regrowth.
         let variable = match self {
             Record::InProgress(r) => r.source.topic.len(),
             Record::Completed(r) => {
@@ -218,7 +226,7 @@ impl Record {
                     })
             }
         };
-        let mut out = Vec::with_capacity(112 + variable);
+        let mut out = Vec::with_capacity(124 + variable);
         out.push(VERSION);
         match self {
             Record::InProgress(r) => {
@@ -254,6 +262,11 @@ impl Record {
                     put_bytes(&mut out, source.topic.as_bytes());
                     out.extend_from_slice(&source.partition.to_le_bytes());
                     out.extend_from_slice(&source.offset.to_le_bytes());
+                }
+                if let Some(settled) = &r.settled {
+                    out.push(SETTLED_TAG);
+                    put_varint(&mut out, Settled::LEN as u64);
+                    settled.encode(&mut out);
                 }
             }
             Record::Indeterminate(r) => {
@@ -300,7 +313,7 @@ impl Record {
         }
         let state = r.u8()?;
         let fingerprint = Fingerprint(r.array::<32>()?);
-        let record = match state {
+        let mut record = match state {
             STATE_IN_PROGRESS => Record::InProgress(InProgress {
                 fingerprint,
                 claimed_at_ms: r.i64()?,
@@ -335,6 +348,7 @@ impl Record {
                         }
                         Some(other) => return Err(DecodeError(format!("bad source flag {other}"))),
                     },
+                    settled: None,
                 })
             }
             STATE_INDETERMINATE => Record::Indeterminate(Indeterminate {
@@ -360,7 +374,12 @@ impl Record {
             }),
             other => return Err(DecodeError(format!("unknown state {other}"))),
         };
-        r.skip_extensions()?;
+        while let Some((tag, body)) = r.extension()? {
+            // Sections of tags this version does not know are read past.
+            if let (SETTLED_TAG, Record::Completed(completed)) = (tag, &mut record) {
+                completed.settled = Some(Settled::decode(body)?);
+            }
+        }
         Ok(record)
     }
 }
@@ -428,17 +447,16 @@ impl<'a> Reader<'a> {
     fn u32_varint(&mut self) -> Result<u32, DecodeError> {
         u32::try_from(self.varint()?).map_err(|_| DecodeError("attempts out of range".into()))
     }
-    /// Reads past the extension sections that end a record (see the module doc); anything
-    /// else left is an error.
-    fn skip_extensions(&mut self) -> Result<(), DecodeError> {
-        while let Some(&tag) = self.buf.first() {
-            if tag < FIRST_EXTENSION_TAG {
-                return Err(DecodeError(format!("{} trailing bytes", self.buf.len())));
-            }
-            self.u8()?;
-            self.bytes().map_err(|e| DecodeError(format!("extension {tag:#x}: {}", e.0)))?;
+    /// The next of the extension sections that end a record (see the module doc), its tag
+    /// and body; `None` at the end. Anything else left is an error.
+    fn extension(&mut self) -> Result<Option<(u8, &'a [u8])>, DecodeError> {
+        let Some(&tag) = self.buf.first() else { return Ok(None) };
+        if tag < FIRST_EXTENSION_TAG {
+            return Err(DecodeError(format!("{} trailing bytes", self.buf.len())));
         }
-        Ok(())
+        self.u8()?;
+        let body = self.bytes().map_err(|e| DecodeError(format!("extension {tag:#x}: {}", e.0)))?;
+        Ok(Some((tag, body)))
     }
 
     fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {

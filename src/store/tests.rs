@@ -92,6 +92,7 @@ pub(super) fn completed(b: u8, expires_at_ms: i64) -> Completed {
         expires_at_ms,
         attempts: 1,
         source: None,
+        settled: None,
     }
 }
 

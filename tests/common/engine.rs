@@ -198,7 +198,7 @@ pub fn item(key: &str, payload: u8, produced_at_ms: i64, ttl: Duration, offset: 
         traceparent: None,
         tracestate: None,
         span: None,
-        checked_absent: false,
+        checked_absent: None,
     }
 }
 

@@ -12,7 +12,7 @@ use dedupd::envelope::{Command, Shape};
 use dedupd::fingerprint::fingerprint;
 use dedupd::outcome::Processed;
 use dedupd::sinks::Sink;
-use dedupd::store::{InProgress, KeyStore, Record, SourcePos};
+use dedupd::store::{InProgress, KeyStore, Record, SettledBy, SourcePos};
 use dedupd::store::{StoreBackend, SyncMode};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -70,7 +70,7 @@ impl EngineWithSink {
             traceparent: None,
             tracestate: None,
             span: None,
-            checked_absent: false,
+            checked_absent: None,
         }
     }
 
@@ -109,5 +109,22 @@ impl EngineWithSink {
     /// The record the store holds for `key`.
     pub fn record(&self, key: &str) -> Option<Record> {
         self.store.get(key).unwrap()
+    }
+
+    /// What `key`'s completed record says settled it when it was in doubt (`None`: it
+    /// never was), its time checked to lie between the key's claim and its completion.
+    pub fn settled_by(&self, key: &str) -> Option<SettledBy> {
+        let Some(Record::Completed(c)) = self.record(key) else {
+            panic!("{key} is not completed: {:?}", self.record(key))
+        };
+        let settled = c.settled?;
+        assert!(
+            (c.first_seen_at_ms..=c.completed_at_ms).contains(&settled.at_ms),
+            "settled at {} outside claim {} .. completion {}",
+            settled.at_ms,
+            c.first_seen_at_ms,
+            c.completed_at_ms
+        );
+        Some(settled.by)
     }
 }

@@ -18,6 +18,7 @@ pub fn completed(fp: u8, expires_at_ms: i64) -> Record {
         expires_at_ms,
         attempts: 1,
         source: None,
+        settled: None,
     })
 }
 

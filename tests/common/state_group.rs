@@ -134,6 +134,7 @@ pub fn completed_record(i: usize) -> Vec<u8> {
         expires_at_ms: 4_000_000_000_000,
         attempts: 1,
         source: None,
+        settled: None,
     })
     .encode()
 }

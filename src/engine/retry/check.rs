@@ -9,15 +9,16 @@ use super::{sleep_unless_cancelled, still_owned};
 use crate::engine::ChangeLog;
 use crate::envelope::Command;
 use crate::sinks::{CallWatch, CheckAnswer, Sink, SinkRequest};
-use crate::store::DurableClaim;
+use crate::store::{DurableClaim, Settled, SettledBy};
+use crate::time::Clock;
 use serde_json::Value;
 
 /// What the receiver's check made of a command in doubt.
-pub(super) enum Settled {
-    /// The effect exists: this is what the receiver holds for it.
-    Found(Value),
-    /// The receiver said the effect is absent: the command may be called.
-    Absent,
+pub(super) enum Checked {
+    /// The effect exists: this is what the receiver holds for it (and when it said so).
+    Found(Value, Settled),
+    /// The receiver said the effect is absent (when it said so): the command may be called.
+    Absent(Settled),
     /// No check, or it did not tell, for this reason: the key becomes `indeterminate`, or,
     /// at a sink that forwards the key, is called again with it.
     Unsettled(String),
@@ -33,14 +34,16 @@ pub(super) struct Asking<'a> {
     pub(super) owner: Option<&'a dyn ChangeLog>,
     /// The attempt number the check's request carries (the last call's).
     pub(super) attempt: u32,
+    /// When the check answered.
+    pub(super) clock: &'a dyn Clock,
 }
 
 impl Asking<'_> {
     /// Asks the sink's receiver, with its check after `check.delay`, whether the effect of
     /// the command exists; without a check it stays in doubt. `doubt` says what is in
     /// doubt, for the key's `why` and the log.
-    pub(super) async fn settle(self, doubt: String, cancel: &CancellationToken) -> Settled {
-        let Asking { sink, claim, command, owner, attempt } = self;
+    pub(super) async fn settle(self, doubt: String, cancel: &CancellationToken) -> Checked {
+        let Asking { sink, claim, command, owner, attempt, clock } = self;
         let name = sink.name();
         let Some(timing) = sink.check_timing() else {
             tracing::warn!(
@@ -49,7 +52,7 @@ impl Asking<'_> {
                 doubt,
                 "the sink does not forward the key and has no check: the key is indeterminate"
             );
-            return Settled::Unsettled(format!(
+            return Checked::Unsettled(format!(
                 "{doubt}; the sink does not forward the key and has no check, so it is not called again"
             ));
         };
@@ -58,7 +61,7 @@ impl Asking<'_> {
         // The delay lets a request still being processed at the receiver land first; the
         // check then runs only while this instance still owns the key (fencing).
         if !sleep_unless_cancelled(timing.delay, cancel).await || !still_owned(owner, claim).await {
-            return Settled::Stopped;
+            return Checked::Stopped;
         }
         let watch = CallWatch::new(cancel);
         let request = SinkRequest::new(claim, &command.kind, &command.payload, attempt, command.traceparent.as_deref())
@@ -67,15 +70,15 @@ impl Asking<'_> {
         match sink.check(request).await {
             CheckAnswer::Found(result) => {
                 tracing::info!(key = claim.key(), sink = name, "check: the effect exists; the command succeeded");
-                Settled::Found(result)
+                Checked::Found(result, Settled::new(SettledBy::CheckFound, clock.now_ms()))
             }
             CheckAnswer::Absent => {
                 tracing::info!(key = claim.key(), sink = name, "check: the effect is absent; calling");
-                Settled::Absent
+                Checked::Absent(Settled::new(SettledBy::CheckAbsent, clock.now_ms()))
             }
             CheckAnswer::Unknown(why) | CheckAnswer::Error(why) if cancel.is_cancelled() => {
                 tracing::debug!(key = claim.key(), sink = name, why, "check given up");
-                Settled::Stopped
+                Checked::Stopped
             }
             CheckAnswer::Unknown(why) | CheckAnswer::Error(why) if sink.forwards_key() => {
                 tracing::warn!(
@@ -84,7 +87,7 @@ impl Asking<'_> {
                     why,
                     "check did not tell whether the effect exists: calling again with the key"
                 );
-                Settled::Unsettled(why)
+                Checked::Unsettled(why)
             }
             CheckAnswer::Unknown(why) | CheckAnswer::Error(why) => {
                 tracing::warn!(
@@ -93,7 +96,7 @@ impl Asking<'_> {
                     why,
                     "check did not tell whether the effect exists: the key is indeterminate"
                 );
-                Settled::Unsettled(format!(
+                Checked::Unsettled(format!(
                     "{doubt}, and its check did not tell whether the effect exists ({why}); the sink does not forward the key, so it is not called again"
                 ))
             }

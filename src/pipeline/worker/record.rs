@@ -66,7 +66,7 @@ impl PartitionWorker {
             traceparent,
             tracestate,
             span: None,
-            checked_absent: false,
+            checked_absent: None,
         }
     }
 

@@ -7,8 +7,8 @@ fn fp(b: u8) -> Fingerprint {
     Fingerprint([b; 32])
 }
 
-/// A record of each state, with and without its optional section.
-fn every_shape() -> [Record; 5] {
+/// A record of each state, with and without its optional sections.
+fn every_shape() -> [Record; 6] {
     [
         Record::InProgress(InProgress {
             fingerprint: fp(1),
@@ -26,6 +26,7 @@ fn every_shape() -> [Record; 5] {
             expires_at_ms: 3,
             attempts: 300,
             source: None,
+            settled: None,
         }),
         Record::Completed(Completed {
             fingerprint: fp(4),
@@ -37,6 +38,19 @@ fn every_shape() -> [Record; 5] {
             expires_at_ms: 3,
             attempts: 1,
             source: Some(SourcePos { topic: "commands".into(), partition: 3, offset: 1042 }),
+            settled: None,
+        }),
+        Record::Completed(Completed {
+            fingerprint: fp(5),
+            outcome: Completion::Succeeded,
+            result: br#"{"status":200,"body":{"id":"p-1"}}"#.to_vec(),
+            error: None,
+            first_seen_at_ms: 1,
+            completed_at_ms: 2,
+            expires_at_ms: 3,
+            attempts: 2,
+            source: Some(SourcePos { topic: "commands".into(), partition: 1, offset: 9 }),
+            settled: Some(Settled::new(SettledBy::CheckFound, 1_700_000_000_123)),
         }),
         Record::Indeterminate(Indeterminate {
             fingerprint: fp(3),
@@ -73,11 +87,65 @@ fn each_state_round_trips() {
 fn extension_sections_a_later_version_appends_are_read_past() {
     for r in every_shape() {
         let mut bytes = r.encode();
-        for (tag, body) in [(FIRST_EXTENSION_TAG, &b"settled by check"[..]), (0xff, &[][..])] {
+        for (tag, body) in [(SETTLED_TAG + 1, &b"said by a later version"[..]), (0xff, &[][..])] {
             bytes.push(tag);
             put_bytes(&mut bytes, body);
         }
         assert_eq!(Record::decode(&bytes).unwrap(), r, "the record as this version knows it");
+    }
+}
+
+#[test]
+fn every_settlement_round_trips_and_only_a_completion_keeps_one() {
+    let completed = |settled| Completed {
+        fingerprint: fp(6),
+        outcome: Completion::Failed,
+        result: b"{}".to_vec(),
+        error: Some("found no effect".into()),
+        first_seen_at_ms: 10,
+        completed_at_ms: 20,
+        expires_at_ms: 30,
+        attempts: 1,
+        source: None,
+        settled,
+    };
+    for by in [SettledBy::CheckFound, SettledBy::CheckAbsent, SettledBy::Operator] {
+        let r = Record::Completed(completed(Some(Settled::new(by, -7))));
+        assert_eq!(Record::decode(&r.encode()).unwrap(), r, "{by:?}");
+        let bare = Record::Completed(completed(None)).encode();
+        assert_eq!(r.encode().len(), bare.len() + 2 + Settled::LEN, "the section costs its tag, length and body");
+    }
+    // A settlement section on a record of another state is read past, as an unknown one.
+    let [claim, ..] = every_shape();
+    let mut bytes = claim.encode();
+    bytes.push(SETTLED_TAG);
+    put_bytes(&mut bytes, &[1, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(Record::decode(&bytes).unwrap(), claim);
+}
+
+#[test]
+fn a_settlement_section_this_version_cannot_read_is_an_error() {
+    let bare = Record::Completed(completed_plain()).encode();
+    for body in [&[][..], &[4, 0, 0, 0, 0, 0, 0, 0, 0], &[1, 0, 0], &[1, 0, 0, 0, 0, 0, 0, 0, 0, 0]] {
+        let mut bytes = bare.clone();
+        bytes.push(SETTLED_TAG);
+        put_bytes(&mut bytes, body);
+        assert!(Record::decode(&bytes).is_err(), "{body:?}");
+    }
+}
+
+fn completed_plain() -> Completed {
+    Completed {
+        fingerprint: fp(2),
+        outcome: Completion::Succeeded,
+        result: b"{}".to_vec(),
+        error: None,
+        first_seen_at_ms: 1,
+        completed_at_ms: 2,
+        expires_at_ms: 3,
+        attempts: 1,
+        source: None,
+        settled: None,
     }
 }
 
@@ -102,17 +170,7 @@ fn a_header_that_is_not_a_record_is_an_error() {
 
 #[test]
 fn completed_record_is_compact() {
-    let r = Record::Completed(Completed {
-        fingerprint: fp(2),
-        outcome: Completion::Succeeded,
-        result: b"{}".to_vec(),
-        error: None,
-        first_seen_at_ms: 1,
-        completed_at_ms: 2,
-        expires_at_ms: 3,
-        attempts: 1,
-        source: None,
-    });
+    let r = Record::Completed(completed_plain());
     assert!(r.encode().len() <= 64, "{}", r.encode().len());
 }
 

@@ -205,7 +205,7 @@ fn the_keys_in_doubt_per_sink_are_saved_and_scanned_alike(kind: StoreBackend) {
     assert_eq!(keys_in_doubt(&f.store), want, "found by the open's scan");
     // One settled, the mail sink's two forgotten: it stays listed, with no key.
     let Some(Record::Indeterminate(was)) = f.store.get("pay-2").unwrap() else { panic!("pay-2 is in doubt") };
-    let settled = Settlement { outcome: Completion::Succeeded, result: b"{}".to_vec(), error: None };
+    let settled = Settlement::found(&serde_json::json!({}));
     assert!(f.store.settle("pay-2", &was, settled, 5_000, 60_000).unwrap().is_some());
     f.store.forget("mail-1").unwrap();
     f.store.forget("mail-2").unwrap();

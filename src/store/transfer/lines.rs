@@ -6,7 +6,7 @@ use serde_json::value::RawValue;
 
 use super::FORMAT_VERSION;
 use crate::fingerprint::Fingerprint;
-use crate::store::record::{Completed, Completion, Held, InProgress, Indeterminate, Record, SourcePos};
+use crate::store::record::{Completed, Completion, Held, InProgress, Indeterminate, Record, Settled, SourcePos};
 
 /// The first line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,6 +78,9 @@ struct CompletedLine {
     /// The input record that claimed the key, when the store knows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     source: Option<SourcePos>,
+    /// How the key was settled when its effect was in doubt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    settled: Option<Settled>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -216,6 +219,7 @@ pub fn record_line(key: &str, record: &Record) -> String {
                 expires_at_ms: r.expires_at_ms,
                 attempts: r.attempts,
                 source: r.source.clone(),
+                settled: r.settled,
             })
         }
         Record::Indeterminate(r) => serde_json::to_string(&IndeterminateLine {
@@ -289,6 +293,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
                 expires_at_ms: r.expires_at_ms,
                 attempts: r.attempts,
                 source: r.source,
+                settled: r.settled,
             });
             Ok(Entry::Record { key: checked_key(r.key)?, record })
         }

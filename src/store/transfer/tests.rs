@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::fingerprint::Fingerprint;
-use crate::store::record::{Completed, Completion, Held, InProgress, Indeterminate, SourcePos};
+use crate::store::record::{Completed, Completion, Held, InProgress, Indeterminate, Settled, SettledBy, SourcePos};
 use crate::store::{Op, watermark_key};
 use crate::store::{StoreBackend, SyncMode};
 
@@ -45,6 +45,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                 expires_at_ms: now + 5_000,
                 attempts: 2,
                 source: Some(SourcePos { topic: "t".into(), partition: 1, offset: 5 }),
+                settled: Some(Settled::new(SettledBy::CheckFound, 15)),
             }),
         ),
         (
@@ -59,6 +60,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                 expires_at_ms: now + 5_000,
                 attempts: 1,
                 source: None,
+                settled: None,
             }),
         ),
         (
@@ -73,6 +75,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                 expires_at_ms: now - 1,
                 attempts: 1,
                 source: None,
+                settled: None,
             }),
         ),
         (
@@ -194,6 +197,7 @@ fn a_stored_in_progress_claim_is_replaced_only_with_force() {
         expires_at_ms: 10_000,
         attempts: 1,
         source: None,
+        settled: None,
     });
     for overwrite in [false, true] {
         let options = ImportOptions { overwrite, force: false, now_ms: 100 };
