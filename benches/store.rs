@@ -88,6 +88,7 @@ fn claim_record(i: u64) -> InProgress {
         claimed_at_ms: BASE_EXPIRY - 86_400_000 + i as i64,
         attempts: 1,
         source: SourcePos { topic: "commands".into(), partition: (i % 12) as i32, offset: i as i64 },
+        held: None,
     }
 }
 

@@ -173,6 +173,7 @@ mod tests {
             claimed_at_ms: NOW - 10,
             attempts: 1,
             source: SourcePos::default(),
+            held: None,
         })
     }
 

@@ -25,6 +25,7 @@ async fn a_rerun_after_a_crash_spends_only_the_attempts_left() {
             claimed_at_ms: 999_000,
             attempts: 1,
             source: SourcePos { topic: "in".into(), partition: 0, offset: 1 },
+            held: None,
         };
         store.compare_and_swap("k", None, Some(&Record::InProgress(left))).unwrap().unwrap();
         let sink = Arc::new(ScriptedSink::new("s", true));

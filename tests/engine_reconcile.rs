@@ -88,6 +88,41 @@ async fn absent_runs_the_command_once_more_claimed_first() {
 }
 
 #[tokio::test]
+async fn a_run_left_during_its_call_is_checked_by_the_next_pass_not_called_again() {
+    let found = json!({"status": 200, "body": {"id": "ch_1"}});
+    let checks = vec![unknown(), CheckAnswer::Absent, CheckAnswer::Found(found.clone())];
+    let scripted = Scripted::new(&[Call::Lost, Call::Slow], checks);
+    let e = in_doubt(&scripted, Duration::from_secs(3600)).await;
+    // The pass is let go (a stop, a revoke) while the run its *absent* allowed is calling.
+    let cancel = CancellationToken::new();
+    let let_go = async {
+        let calling = common::process::wait_until(Duration::from_secs(10), || scripted.log().len() == 4).await;
+        cancel.cancel();
+        calling
+    };
+    let pass = async { e.engine.reconcile(KEY, &everywhere, &cancel).await.unwrap() };
+    let (left, calling) = tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(pass, let_go) })
+        .await
+        .expect("within the bound");
+    assert!(calling, "the run called: {:?}", scripted.log());
+    assert!(matches!(left, Reconciled::Skipped(Skip::LetGo)), "{left:?}");
+    // Its claim is left, keeping the command: still in doubt, and nothing else would take it
+    // up (its input was committed long ago).
+    let Some(Record::InProgress(claim)) = e.record(KEY) else { panic!("{:?}", e.record(KEY)) };
+    assert_eq!((claim.attempts, claim.held.map(|h| h.sink)), (2, Some("s".to_string())));
+    assert_eq!(e.store.indeterminate_keys("s"), [KEY]);
+
+    // The next pass takes the claim up as a key in doubt: checked, found, no third call.
+    let Reconciled::Settled(p) = reconcile(&e, &everywhere).await else { panic!("not settled") };
+    assert_eq!(scripted.log(), ["call Lost", "check unknown", "check absent", "call Slow", "check found"]);
+    assert_eq!((p.result.outcome, &p.result.result), (Outcome::Succeeded, &found));
+    let Some(Record::Completed(c)) = e.record(KEY) else { panic!("{:?}", e.record(KEY)) };
+    assert_eq!(c.attempts, 2, "the two calls in doubt");
+    assert_eq!(e.settled_by(KEY), Some(SettledBy::CheckFound));
+    assert!(e.store.indeterminate_keys("s").is_empty());
+}
+
+#[tokio::test]
 async fn a_run_whose_call_is_lost_again_stays_in_doubt_without_a_blind_call() {
     let scripted = Scripted::new(&[Call::Lost, Call::Lost], vec![unknown(), CheckAnswer::Absent, unknown()]);
     let e = in_doubt(&scripted, Duration::from_secs(3600)).await;

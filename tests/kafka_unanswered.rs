@@ -8,7 +8,8 @@
 //! receiver lost (taken, never recorded) is found absent and POSTed once more. With the
 //! lookups down, the keys are left `indeterminate`, the reconciler asks again every
 //! `check.interval` (no POST meanwhile), and once the lookups are back each key is settled
-//! and its settlement published (`settled_by: "check"`).
+//! and its settlement published (`settled_by: "check"`). A SIGKILL during the reconciler's
+//! own call leaves its claim, which the next start takes up and checks.
 //!
 //! Run with `DEDUPD_REQUIRE_KAFKA=1 scripts/kafka/kafka.sh with cargo test --test kafka_unanswered`.
 
@@ -351,4 +352,60 @@ fn settlement_of(results: &[rdkafka::message::OwnedMessage], key: &str) -> Value
         .collect();
     assert_eq!(settled.len(), 1, "{key}: {settled:?}");
     settled[0].clone()
+}
+
+/// The reconciler's own run killed during its call (SIGKILL at crash point `sink.call`,
+/// its claim durable): the claim keeps the command, so the next start takes it up as a key
+/// in doubt, checks it, and POSTs only because the lookup found no payment. One payment in
+/// all, the key completed, nothing left in doubt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_during_the_reconcilers_own_call_is_checked_at_the_next_start() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let (input, results, dlq) = (kafka::unique("uk-in"), kafka::unique("uk-results"), kafka::unique("uk-dlq"));
+    kafka::create_topics(&bootstrap, &[(&input, 1), (&results, 1), (&dlq, 1)]).await;
+    let payments = Arc::new(Payments::default());
+    payments.lookups_down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (api, server) = start_payments(Arc::clone(&payments)).await;
+    let key = "lost-0".to_string();
+    produce_twice(&bootstrap, &input, std::slice::from_ref(&key)).await;
+
+    let dir = KeptOnFailure::new();
+    let (config_path, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+    let text = config(&bootstrap, (&input, &results, &dlq), &dir.path().join("store"), &api, &check_table(&api));
+    std::fs::write(&config_path, text).expect("config");
+    let config_arg = config_path.to_str().expect("utf-8");
+    // The first call passes (its answer lost, the lookups down: indeterminate); the next,
+    // the reconciler's, is killed as it starts.
+    let env = [("FAILPOINTS", "sink.call=1*off->return")];
+    let mut first = DedupdProcess::spawn_with_env(&["run", "-c", config_arg], &env, &log);
+    let published = kafka::read_all(&bootstrap, &results, 2, Duration::from_secs(90)).await;
+    assert_eq!(outcomes_by_key(&published)[&key], ["indeterminate", "indeterminate"], "{}", tail_of_file(&log, 40));
+    payments.lookups_down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while first.exited().is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(first.exited().is_some(), "the reconciler's call reached the crash point:\n{}", tail_of_file(&log, 40));
+    let left = inspect(&config_path, &key);
+    assert_eq!(
+        (&left["state"], &left["sink"], &left["attempts"]),
+        (&json!("in_progress"), &json!("pay"), &json!(2)),
+        "{left}"
+    );
+    assert_eq!(payments.posts.lock()[&key], 1, "killed before its request left");
+
+    let mut second = DedupdProcess::run(&config_path, &log);
+    let http = wait_for_http_addr(&log, &mut second, Duration::from_secs(60)).await;
+    let paid = wait_until(Duration::from_secs(60), || payments.made.lock().contains_key("ref-lost-0")).await;
+    assert!(paid, "the next start took the claim up:\n{}", tail_of_file(&log, 40));
+    let in_doubt = gauge_once(&http, "dedupd_indeterminate_keys", 0.0, Duration::from_secs(30)).await;
+    assert_eq!(in_doubt, Some(0.0), "dedupd_indeterminate_keys{{sink=\"pay\"}}");
+    assert!(second.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "dedupd did not stop cleanly");
+    server.abort();
+
+    assert_eq!(payments.posts.lock()[&key], 2, "POSTed again only once the lookup found nothing");
+    let record = inspect(&config_path, &key);
+    assert_eq!((&record["state"], &record["outcome"]), (&json!("completed"), &json!("succeeded")), "{record}");
+    assert_eq!((&record["settled_by"], &record["check_answer"]), (&json!("check"), &json!("absent")), "{record}");
+    assert_eq!(record["result"]["body"]["id"], json!(payments.made.lock()["ref-lost-0"]), "{record}");
 }

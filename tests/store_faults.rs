@@ -20,6 +20,7 @@ fn claim_of(n: u8) -> InProgress {
         claimed_at_ms: 1_000,
         attempts: 1,
         source: SourcePos { topic: "faults".into(), partition: 0, offset: i64::from(n) },
+        held: None,
     }
 }
 

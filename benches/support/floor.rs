@@ -23,6 +23,7 @@ pub fn store_floor(backend: StoreBackend, n: usize) -> f64 {
                 claimed_at_ms: 1,
                 attempts: 1,
                 source: SourcePos { topic: "in".into(), partition: 0, offset: k as i64 },
+                held: None,
             };
             let (expected, stamp) = store.get_stamped(&key).expect("read");
             pending.push(ClaimRequest { key, expected, stamp, claim });

@@ -103,6 +103,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 claimed_at_ms: 1_000 + i,
                 attempts: 1,
                 source: SourcePos { topic: "crash".into(), partition: 0, offset: run * RUN_STRIDE + i },
+                held: None,
             };
             match store.claim(&key, None, claim)? {
                 Ok(p) => pending.push(p),

@@ -18,7 +18,7 @@ use super::{Engine, EngineError, Item, ItemResult};
 use crate::envelope::{Command, Shape};
 use crate::outcome::{Outcome, Processed};
 use crate::sinks::{CheckAnswer, CheckTiming, Sink};
-use crate::store::{Held, Indeterminate, Record, Settled, SettledBy, Settlement, SourcePos};
+use crate::store::{Held, InProgress, Indeterminate, Record, Settled, SettledBy, Settlement, SourcePos, StoreError};
 
 /// What became of a key the reconciler took up.
 #[derive(Debug)]
@@ -121,8 +121,15 @@ impl Engine {
         let stored = tokio::task::spawn_blocking(move || store.get(&owned_key))
             .await
             .map_err(|e| EngineError::Join(e.to_string()))??;
-        let Some(Record::Indeterminate(record)) = stored else {
-            return Ok(Reconciled::Skipped(Skip::NotIndeterminate));
+        let record = match stored {
+            Some(Record::Indeterminate(record)) => record,
+            Some(Record::InProgress(claim)) if claim.held.is_some() => {
+                match self.take_up_left_run(key, claim, owns).await? {
+                    Ok(record) => record,
+                    Err(skip) => return Ok(Reconciled::Skipped(skip)),
+                }
+            }
+            _ => return Ok(Reconciled::Skipped(Skip::NotIndeterminate)),
         };
         let doubt = match self.in_doubt(key, &record) {
             Ok(doubt) => doubt,
@@ -160,6 +167,57 @@ impl Engine {
             }
         };
         self.settle_in_doubt(key, &record, settlement, &doubt, (now, ttl_ms)).await
+    }
+
+    /// A claim of the reconciler's own run (it keeps its command) that no batch of this
+    /// process holds: a crash or a stop left it during its call, which may have landed, and
+    /// its input does not come again. It becomes `indeterminate` again (durable, and queued
+    /// in the changelog), to be checked as any key in doubt; `Err` says why not now.
+    async fn take_up_left_run(
+        &self,
+        key: &str,
+        claim: InProgress,
+        owns: &(dyn Fn(&str, &SourcePos) -> bool + Sync),
+    ) -> Result<Result<Indeterminate, Skip>, EngineError> {
+        let Some(held) = claim.held.clone() else { return Ok(Err(Skip::NotIndeterminate)) };
+        if !owns(key, &held.source) {
+            return Ok(Err(Skip::NotOwned));
+        }
+        if !self.mark_in_flight(key) {
+            return Ok(Err(Skip::BeingExecuted));
+        }
+        let why = format!(
+            "a run the reconciler started after a check found no effect was left in progress (a crash or a stop during its call, claimed at {}): its call may have reached sink `{}`",
+            crate::time::rfc3339_ms(claim.claimed_at_ms),
+            held.sink
+        );
+        let record = Indeterminate {
+            fingerprint: claim.fingerprint,
+            claimed_at_ms: claim.claimed_at_ms,
+            attempts: claim.attempts,
+            why,
+            held: Some(held),
+        };
+        let (store, owned_key) = (Arc::clone(&self.store), key.to_string());
+        let (was, new) = (Record::InProgress(claim), Record::Indeterminate(record.clone()));
+        let swapped = tokio::task::spawn_blocking(move || -> Result<bool, StoreError> {
+            let swapped = store.compare_and_swap(&owned_key, Some(&was), Some(&new))?.is_ok();
+            store.flush()?;
+            Ok(swapped)
+        })
+        .await
+        .map_err(|e| EngineError::Join(e.to_string()));
+        self.release(&[key.to_string()]);
+        if !swapped?? {
+            return Ok(Err(Skip::Changed));
+        }
+        self.queue_changelog().await?;
+        tracing::warn!(
+            key,
+            sink = record.held.as_ref().map(|h| h.sink.as_str()),
+            "a run of the reconciler was left in progress: the key is indeterminate again, to be checked"
+        );
+        Ok(Ok(record))
     }
 
     /// The command `record` keeps and the sink it went to, if that sink is still its

@@ -253,13 +253,23 @@ fn claim_record(item: &Item, cmd: &Command, rerun: bool, stored: Option<&Record>
             claimed_at_ms: p.claimed_at_ms,
             attempts: p.attempts.saturating_add(1),
             source: item.source.clone(),
+            held: None,
         },
+        // The reconciler's run keeps the command: its input does not come again, so a claim
+        // left in progress is taken up from what it keeps (`in_doubt`).
         (true, Some(Record::Indeterminate(i))) => InProgress {
             fingerprint: cmd.fingerprint,
             claimed_at_ms: i.claimed_at_ms,
             attempts: i.attempts.saturating_add(1),
             source: item.source.clone(),
+            held: i.held.clone(),
         },
-        _ => InProgress { fingerprint: cmd.fingerprint, claimed_at_ms: now, attempts: 1, source: item.source.clone() },
+        _ => InProgress {
+            fingerprint: cmd.fingerprint,
+            claimed_at_ms: now,
+            attempts: 1,
+            source: item.source.clone(),
+            held: None,
+        },
     }
 }

@@ -229,7 +229,13 @@ mod tests {
     }
 
     fn claim() -> InProgress {
-        InProgress { fingerprint: Fingerprint([1; 32]), claimed_at_ms: 5, attempts: 1, source: SourcePos::default() }
+        InProgress {
+            fingerprint: Fingerprint([1; 32]),
+            claimed_at_ms: 5,
+            attempts: 1,
+            source: SourcePos::default(),
+            held: None,
+        }
     }
 
     fn completed(expires_at_ms: i64) -> Record {

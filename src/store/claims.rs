@@ -26,7 +26,7 @@ mod completions;
 pub(super) use completions::UnderWay;
 
 use super::SyncMode;
-use super::{InProgress, KeyStore, Op, Record, State, StoreError, Tree, presence, state_index};
+use super::{InProgress, KeyStore, Op, Record, State, StoreError, Tree, doubts, presence, state_index};
 
 /// What a stripe lock guards.
 #[derive(Debug, Default)]
@@ -318,15 +318,17 @@ impl KeyStore {
                 continue;
             }
             let new = Record::InProgress(req.claim);
-            let in_journal = current.is_none() && self.journal.is_some();
+            // Replacing a completed record rewrites its shared index entry, and a claim that
+            // replaces a key in doubt or keeps a command moves the key in its sink's
+            // (`doubts`): alone, now.
+            let alone = current.as_ref().is_some_and(|c| c.expires_at_ms().is_some() || doubts::sink_of(c).is_some())
+                || doubts::sink_of(&new).is_some();
+            let in_journal = current.is_none() && self.journal.is_some() && !alone;
             if in_journal {
                 // A key with no record anywhere: the journal holds the claim (invariant 1).
                 writes.journaled.push((req.key.clone(), new.encode()));
                 writes.replaced.push(None);
-            } else if current.as_ref().is_some_and(|c| c.expires_at_ms().is_some() || c.state() == State::Indeterminate)
-            {
-                // Replacing a completed record rewrites its shared index entry, and replacing
-                // an `indeterminate` one takes its key out of its sink's (`doubts`): alone, now.
+            } else if alone {
                 self.swap_locked(stripe, &req.key, current, Some(&new), true)?;
             } else {
                 let replaces_journaled = stripe.journaled(&req.key).is_some();

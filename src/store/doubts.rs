@@ -1,4 +1,6 @@
-//! The keys of the `indeterminate` records per sink (the sink their command went to), kept
+//! The keys in doubt per sink (the sink their command went to): those of the
+//! `indeterminate` records, and of the `in_progress` claims that keep their command (the
+//! reconciler running a key in doubt again, which stays in doubt until that run ends). Kept
 //! up to date by every mutation as the counts per state are. Two readers:
 //! - `dedupd_indeterminate_keys{sink}` shows how many, so that a page names the sink whose
 //!   receiver an operator must ask;
@@ -12,14 +14,14 @@
 //! last key was settled keeps its empty set, so the gauge shows 0 for it rather than its
 //! last value.
 //!
-//! Every write that makes or unmakes an `indeterminate` record goes through `swap_locked`:
-//! the engine's (`compare_and_swap`), an operator's (`resolve`, `settle`, `forget`), an
-//! import's, a changelog restore's, and a claim replacing one (`claims`: the decision table
-//! reports an `indeterminate` key rather than claiming it, but the store does not rely on
-//! that). A completion replaces only its own `in_progress` claim, a compaction removes only
-//! completed records (by the expiry index), and the journal's recovery writes before the
-//! open fills these by its scan. The open fills them by its scan, or reads them back with
-//! the saved filter.
+//! Every write that makes or unmakes a record in doubt goes through `swap_locked`: the
+//! engine's (`compare_and_swap`), an operator's (`resolve`, `settle`, `forget`), an
+//! import's, a changelog restore's, and a claim replacing one or keeping a command
+//! (`claims`). A completion replaces only its own `in_progress` claim, and takes the key out
+//! of its sink's when that claim kept a command ([`Doubts::completed`]); a compaction removes
+//! only completed records (by the expiry index), and the journal's recovery writes (claims
+//! that keep no command) before the open fills these by its scan. The open fills them by
+//! its scan, or reads them back with the saved filter.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -30,12 +32,15 @@ use super::{KeyStore, Record};
 /// The keys of the `indeterminate` records, by sink.
 pub(super) type KeysBySink = BTreeMap<String, BTreeSet<String>>;
 
-/// The sink of an `indeterminate` record: the one its kept command went to, `""` for a
-/// record that keeps none (written before records kept it). `None` for any other state.
+/// The sink of a key in doubt: of an `indeterminate` record, the one its kept command went
+/// to, `""` for a record that keeps none (written before records kept it); of an
+/// `in_progress` claim that keeps its command (the reconciler's run of a key in doubt), its
+/// command's. `None` for any other record.
 pub(super) fn sink_of(record: &Record) -> Option<&str> {
     match record {
         Record::Indeterminate(i) => Some(i.held.as_ref().map_or("", |held| held.sink.as_str())),
-        _ => None,
+        Record::InProgress(p) => p.held.as_ref().map(|held| held.sink.as_str()),
+        Record::Completed(_) => None,
     }
 }
 
@@ -62,14 +67,21 @@ impl Doubts {
         }
     }
 
+    /// `key`, in doubt at `sink`, was completed: a completion replaces its own claim
+    /// without `changed` (`completions`).
+    pub(super) fn completed(&self, sink: &str, key: &str) {
+        if let Some(in_sink) = self.0.lock().get_mut(sink) {
+            in_sink.remove(key);
+        }
+    }
+
     /// Replaces them all (a scan, a saved filter read back).
     pub(super) fn set(&self, keys: KeysBySink) {
         *self.0.lock() = keys;
     }
 }
 
-/// Adds `key` to its sink's keys in `keys` when its `record` is `indeterminate` (a scan's
-/// tally).
+/// Adds `key` to its sink's keys in `keys` when its `record` is in doubt (a scan's tally).
 pub(super) fn tally(keys: &mut KeysBySink, key: &str, record: &Record) {
     if let Some(sink) = sink_of(record) {
         keys.entry(sink.to_string()).or_default().insert(key.to_string());
@@ -84,15 +96,15 @@ pub(super) fn merge(keys: &mut KeysBySink, more: KeysBySink) {
 }
 
 impl KeyStore {
-    /// The `indeterminate` records per sink (`""`: records that keep no command); a sink
-    /// whose last one was settled stays listed with 0.
+    /// The keys in doubt per sink (`""`: `indeterminate` records that keep no command); a
+    /// sink whose last one was settled stays listed with 0.
     pub fn indeterminate_by_sink(&self) -> BTreeMap<String, i64> {
         let keys = self.doubts.0.lock();
         keys.iter().map(|(sink, keys)| (sink.clone(), keys.len() as i64)).collect()
     }
 
-    /// The keys whose `indeterminate` record keeps a command that went to `sink` (`""`:
-    /// those that keep none), sorted: a snapshot, which writes may change right after.
+    /// The keys in doubt whose kept command went to `sink` (`""`: `indeterminate` records
+    /// that keep none), sorted: a snapshot, which writes may change right after.
     pub fn indeterminate_keys(&self, sink: &str) -> Vec<String> {
         self.doubts.0.lock().get(sink).map(|keys| keys.iter().cloned().collect()).unwrap_or_default()
     }

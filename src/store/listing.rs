@@ -14,8 +14,9 @@ use super::{KeyStore, Record, State, StoreError, TransferError, record_json};
 pub struct KeyFilter {
     /// The record's state.
     pub state: Option<State>,
-    /// The route that claimed the key. Only `indeterminate` records keep it (with the
-    /// command in doubt); any other record never matches a route.
+    /// The route that claimed the key. Only records of keys in doubt keep it (with the
+    /// command in doubt: `indeterminate` ones, and the reconciler's claims); any other
+    /// record never matches a route.
     pub route: Option<String>,
     /// The sink of that route, known as the route is.
     pub sink: Option<String>,
@@ -100,7 +101,8 @@ impl KeyFilter {
     pub fn matches(&self, record: &Record) -> bool {
         let held = match record {
             Record::Indeterminate(i) => i.held.as_deref(),
-            _ => None,
+            Record::InProgress(p) => p.held.as_deref(),
+            Record::Completed(_) => None,
         };
         let at = record.changed_at_ms();
         self.state.is_none_or(|s| s == record.state())

@@ -3,7 +3,7 @@
 //! The CLI on a stopped store and the admin API on a running one both call these, so the
 //! two paths behave alike.
 
-use super::{Completed, Completion, Indeterminate, KeyStore, Record, Settled, SettledBy, StoreError};
+use super::{Completed, Completion, Held, Indeterminate, KeyStore, Record, Settled, SettledBy, StoreError};
 
 /// What an operator resolving an `in_progress` key needs to know: a claim left by a crash is
 /// found (and made `indeterminate`, or run again) only when its key comes again to a running
@@ -181,11 +181,18 @@ pub fn record_json(key: &str, record: &Record, now_ms: i64) -> serde_json::Value
     use crate::time::rfc3339_ms;
     use serde_json::json;
     match record {
-        Record::InProgress(r) => json!({
-            "key": key, "state": "in_progress", "fingerprint": r.fingerprint.to_string(),
-            "claimed_at": rfc3339_ms(r.claimed_at_ms), "attempts": r.attempts,
-            "source": {"topic": r.source.topic, "partition": r.source.partition, "offset": r.source.offset},
-        }),
+        Record::InProgress(r) => {
+            let mut json = json!({
+                "key": key, "state": "in_progress", "fingerprint": r.fingerprint.to_string(),
+                "claimed_at": rfc3339_ms(r.claimed_at_ms), "attempts": r.attempts,
+                "source": {"topic": r.source.topic, "partition": r.source.partition, "offset": r.source.offset},
+            });
+            // The reconciler's run of a key in doubt keeps the command it runs.
+            if let Some(held) = &r.held {
+                held_json(&mut json, held);
+            }
+            json
+        }
         Record::Completed(r) => {
             let mut json = json!({
                 "key": key, "state": "completed", "fingerprint": r.fingerprint.to_string(),
@@ -217,16 +224,21 @@ pub fn record_json(key: &str, record: &Record, now_ms: i64) -> serde_json::Value
             });
             // The command in doubt, for the operator who asks its receiver (and for a check).
             if let Some(held) = &r.held {
-                json["sink"] = json!(held.sink);
-                json["route"] = json!(held.route);
-                json["type"] = json!(held.kind);
-                json["payload"] = serde_json::from_slice(&held.payload)
-                    .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&held.payload).into_owned()));
-                json["source"] = json!(held.source);
+                held_json(&mut json, held);
             }
             json
         }
     }
+}
+
+/// Adds the command a record keeps to its JSON.
+fn held_json(json: &mut serde_json::Value, held: &Held) {
+    json["sink"] = serde_json::json!(held.sink);
+    json["route"] = serde_json::json!(held.route);
+    json["type"] = serde_json::json!(held.kind);
+    json["payload"] = serde_json::from_slice(&held.payload)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&held.payload).into_owned()));
+    json["source"] = serde_json::json!(held.source);
 }
 
 #[cfg(test)]

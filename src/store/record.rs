@@ -10,10 +10,14 @@
 //! Extensions: after those, any record may carry sections `[tag >= 0x80][length][bytes]`,
 //! which a reader that does not know a tag skips, so that a later version can add to what a
 //! record says while instances of both read each other's records (a rolling update with
-//! `store.changelog`). A completed record's [`Settled`] is the first (tag 0x80): how a key
-//! in doubt was settled.
+//! `store.changelog`). Two so far: a completed record's [`Settled`] (tag 0x80), how a key
+//! in doubt was settled; and the command an `in_progress` claim of the reconciler keeps
+//! (tag 0x81, [`Held`]).
 
+mod held;
 mod settled;
+use held::HELD_TAG;
+pub use held::Held;
 use settled::SETTLED_TAG;
 pub use settled::{Settled, SettledBy};
 
@@ -68,6 +72,11 @@ pub struct InProgress {
     pub attempts: u32,
     /// The record that claimed it.
     pub source: SourcePos,
+    /// The command, kept when the claim is the reconciler's run of a key in doubt (decide's
+    /// `RunChecked`): its input was committed long ago, so if this claim is left in
+    /// progress (a crash, a stop during its call) the command does not come again, and the
+    /// reconciler takes the claim up from what it keeps. `None` for every other claim.
+    pub held: Option<Box<Held>>,
 }
 
 /// A finished command whose result is replayed to repeats until `expires_at_ms`.
@@ -113,21 +122,6 @@ pub struct Indeterminate {
     /// The command in doubt and where it ran, when known (records written before dedupd
     /// kept it have none): what a later check needs to ask the receiver about it.
     pub held: Option<Box<Held>>,
-}
-
-/// The command of an `indeterminate` key, kept with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
-    /// The sink instance that was called (`[sinks.NAME]`).
-    pub sink: String,
-    /// The route that chose it.
-    pub route: String,
-    /// The command type.
-    pub kind: String,
-    /// The payload, as JSON text.
-    pub payload: Vec<u8>,
-    /// The input record that claimed the key.
-    pub source: SourcePos,
 }
 
 /// What the store holds for a key.
@@ -210,21 +204,16 @@ impl Record {
 
     /// The compact binary form.
     pub fn encode(&self) -> Vec<u8> {
-        // Fixed fields take at most 124 bytes (varints and the settlement section included):
-        // sized once, no regrowth.
+        // Fixed fields take at most 124 bytes (varints, a settlement section and a claim's
+        // section header included): sized once, no regrowth.
         let variable = match self {
-            Record::InProgress(r) => r.source.topic.len(),
+            Record::InProgress(r) => r.source.topic.len() + r.held.as_deref().map_or(0, Held::encoded_len),
             Record::Completed(r) => {
                 r.result.len()
                     + r.error.as_ref().map_or(0, String::len)
                     + r.source.as_ref().map_or(0, |s| s.topic.len())
             }
-            Record::Indeterminate(r) => {
-                r.why.len()
-                    + r.held.as_ref().map_or(0, |h| {
-                        h.sink.len() + h.route.len() + h.kind.len() + h.payload.len() + h.source.topic.len()
-                    })
-            }
+            Record::Indeterminate(r) => r.why.len() + r.held.as_deref().map_or(0, Held::encoded_len),
         };
         let mut out = Vec::with_capacity(124 + variable);
         out.push(VERSION);
@@ -237,6 +226,12 @@ impl Record {
                 put_bytes(&mut out, r.source.topic.as_bytes());
                 out.extend_from_slice(&r.source.partition.to_le_bytes());
                 out.extend_from_slice(&r.source.offset.to_le_bytes());
+                if let Some(held) = &r.held {
+                    let mut body = Vec::with_capacity(held.encoded_len());
+                    held.encode(&mut body);
+                    out.push(HELD_TAG);
+                    put_bytes(&mut out, &body);
+                }
             }
             Record::Completed(r) => {
                 out.push(STATE_COMPLETED);
@@ -277,13 +272,7 @@ impl Record {
                 put_bytes(&mut out, r.why.as_bytes());
                 if let Some(held) = &r.held {
                     out.push(1);
-                    for text in [&held.sink, &held.route, &held.kind] {
-                        put_bytes(&mut out, text.as_bytes());
-                    }
-                    put_bytes(&mut out, &held.payload);
-                    put_bytes(&mut out, held.source.topic.as_bytes());
-                    out.extend_from_slice(&held.source.partition.to_le_bytes());
-                    out.extend_from_slice(&held.source.offset.to_le_bytes());
+                    held.encode(&mut out);
                 }
             }
         }
@@ -319,6 +308,7 @@ impl Record {
                 claimed_at_ms: r.i64()?,
                 attempts: r.u32_varint()?,
                 source: SourcePos { topic: r.string()?, partition: r.i32()?, offset: r.i64()? },
+                held: None,
             }),
             STATE_COMPLETED => {
                 let outcome = match r.u8()? {
@@ -361,13 +351,7 @@ impl Record {
                     Some(&tag) if tag >= FIRST_EXTENSION_TAG => None,
                     Some(1) => {
                         r.u8()?;
-                        Some(Box::new(Held {
-                            sink: r.string()?,
-                            route: r.string()?,
-                            kind: r.string()?,
-                            payload: r.bytes()?.to_vec(),
-                            source: SourcePos { topic: r.string()?, partition: r.i32()?, offset: r.i64()? },
-                        }))
+                        Some(Box::new(Held::decode(&mut r)?))
                     }
                     Some(other) => return Err(DecodeError(format!("bad held-command flag {other}"))),
                 },
@@ -376,8 +360,16 @@ impl Record {
         };
         while let Some((tag, body)) = r.extension()? {
             // Sections of tags this version does not know are read past.
-            if let (SETTLED_TAG, Record::Completed(completed)) = (tag, &mut record) {
-                completed.settled = Some(Settled::decode(body)?);
+            match (tag, &mut record) {
+                (SETTLED_TAG, Record::Completed(completed)) => completed.settled = Some(Settled::decode(body)?),
+                (HELD_TAG, Record::InProgress(claim)) => {
+                    let mut section = Reader { buf: body };
+                    claim.held = Some(Box::new(Held::decode(&mut section)?));
+                    if !section.buf.is_empty() {
+                        return Err(DecodeError(format!("{} bytes after a claim's command", section.buf.len())));
+                    }
+                }
+                _ => {}
             }
         }
         Ok(record)
@@ -401,13 +393,13 @@ pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     }
 }
 
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(super) fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     put_varint(out, bytes.len() as u64);
     out.extend_from_slice(bytes);
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
+pub(super) struct Reader<'a> {
+    pub(super) buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
@@ -424,13 +416,13 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(super) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
-    fn i64(&mut self) -> Result<i64, DecodeError> {
+    pub(super) fn i64(&mut self) -> Result<i64, DecodeError> {
         Ok(i64::from_le_bytes(self.array()?))
     }
-    fn i32(&mut self) -> Result<i32, DecodeError> {
+    pub(super) fn i32(&mut self) -> Result<i32, DecodeError> {
         Ok(i32::from_le_bytes(self.array()?))
     }
     fn varint(&mut self) -> Result<u64, DecodeError> {
@@ -459,11 +451,11 @@ impl<'a> Reader<'a> {
         Ok(Some((tag, body)))
     }
 
-    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+    pub(super) fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let len = usize::try_from(self.varint()?).map_err(|_| DecodeError("length out of range".into()))?;
         self.take(len)
     }
-    fn string(&mut self) -> Result<String, DecodeError> {
+    pub(super) fn string(&mut self) -> Result<String, DecodeError> {
         let b = self.bytes()?;
         String::from_utf8(b.to_vec()).map_err(|_| DecodeError("string is not UTF-8".into()))
     }

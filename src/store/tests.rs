@@ -78,6 +78,7 @@ fn in_progress(b: u8, attempts: u32) -> InProgress {
         claimed_at_ms: 1_000,
         attempts,
         source: SourcePos { topic: "commands".into(), partition: 1, offset: 42 },
+        held: None,
     }
 }
 

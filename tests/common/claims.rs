@@ -25,6 +25,7 @@ pub fn durable_claims_at(keys: &[&str], claimed_at_ms: i64) -> Vec<DurableClaim>
                 claimed_at_ms,
                 attempts: 1,
                 source: SourcePos::default(),
+                held: None,
             };
             store.claim(key, None, claim).expect("claim").expect("the key was absent")
         })

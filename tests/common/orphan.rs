@@ -99,6 +99,7 @@ impl EngineWithSink {
             claimed_at_ms: chrono::Utc::now().timestamp_millis(),
             attempts: 1,
             source: item.source.clone(),
+            held: None,
         };
         let pending = self.store.claim(&command.key, None, claim).unwrap().expect("the key was free");
         let durable = self.store.flush_claims(vec![pending]).unwrap();

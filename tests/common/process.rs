@@ -333,12 +333,16 @@ impl Drop for KeptOnFailure {
     }
 }
 
-/// The `http_addr` of the "dedupd running" line of a JSON log (`log.format = "json"`),
-/// once it is there; fails if the process exits or `timeout` passes first.
+/// The `http_addr` of the "dedupd running" line `child` wrote to its JSON log
+/// (`log.format = "json"`), once it is there; fails if the process exits or `timeout`
+/// passes first.
 pub async fn wait_for_http_addr(log: &Path, child: &mut DedupdProcess, timeout: Duration) -> String {
     let deadline = Instant::now() + timeout;
     loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
+        // Only what this process logged: an earlier one's address may be in the same log.
+        let bytes = std::fs::read(log).unwrap_or_default();
+        let start = usize::try_from(child.log_start).unwrap_or(0).min(bytes.len());
+        let text = String::from_utf8_lossy(&bytes[start..]);
         let addr = text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find_map(|v| {
             (v["fields"]["message"] == "dedupd running")
                 .then(|| v["fields"]["http_addr"].as_str().map(str::to_string))?

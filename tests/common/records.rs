@@ -63,6 +63,7 @@ pub fn in_progress(fp: u8) -> Record {
         claimed_at_ms: 1_000,
         attempts: 1,
         source: SourcePos { topic: "commands".into(), partition: 0, offset: 7 },
+        held: None,
     })
 }
 

@@ -21,6 +21,9 @@ pub enum Call {
     Busy,
     /// Refused before the request left (connection refused).
     Refused,
+    /// Sent, and not answered within half a second (a slow receiver, then a timeout): a
+    /// call under way long enough to be let go meanwhile.
+    Slow,
 }
 
 /// A sink whose calls and checks end as scripted, recording each in order.
@@ -56,6 +59,10 @@ impl SinkEffect for Scripted {
                 Ok(json!({"paid": request.key()}))
             }
             Call::Lost => transient("timed out waiting for the answer"),
+            Call::Slow => {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                transient("timed out waiting for the answer")
+            }
             Call::Busy => {
                 request.answered();
                 transient("HTTP 503")

@@ -90,6 +90,9 @@ struct Taken {
     key: String,
     /// Whether the journal held the claim.
     journaled: bool,
+    /// The sink the claim's kept command went to, when it keeps one (the reconciler's run
+    /// of a key in doubt): the key leaves that sink's keys in doubt (`doubts`).
+    in_doubt_at: Option<String>,
 }
 
 /// What step 1 leaves to the write.
@@ -210,7 +213,8 @@ impl KeyStore {
                 // Not in the backend yet: into the presence filter before the write.
                 stripe.present.add(presence::key_hash(&claim.key).1, slice);
             }
-            begun.taken.push(Taken { at, key: claim.key, journaled });
+            let in_doubt_at = claim.record().held.as_ref().map(|held| held.sink.clone());
+            begun.taken.push(Taken { at, key: claim.key, journaled, in_doubt_at });
         }
         let pairs: Vec<(&str, i64)> =
             indexed.iter().map(|&(i, expiry)| (begun.taken[i].key.as_str(), expiry)).collect();
@@ -230,6 +234,11 @@ impl KeyStore {
         }
         self.counts[state_index(State::InProgress)].fetch_sub(taken.len() as i64, Ordering::Relaxed);
         self.counts[state_index(State::Completed)].fetch_add(taken.len() as i64, Ordering::Relaxed);
+        for t in taken.iter() {
+            if let Some(sink) = &t.in_doubt_at {
+                self.doubts.completed(sink, &t.key);
+            }
+        }
         taken.sort_unstable_by_key(|t| t.at);
         for same_stripe in taken.chunk_by(|a, b| a.at == b.at) {
             let at = same_stripe[0].at;

@@ -8,13 +8,27 @@ fn fp(b: u8) -> Fingerprint {
 }
 
 /// A record of each state, with and without its optional sections.
-fn every_shape() -> [Record; 6] {
+fn every_shape() -> [Record; 7] {
     [
         Record::InProgress(InProgress {
             fingerprint: fp(1),
             claimed_at_ms: 1_700_000_000_000,
             attempts: 1,
             source: SourcePos { topic: "commands".into(), partition: 3, offset: 1042 },
+            held: None,
+        }),
+        Record::InProgress(InProgress {
+            fingerprint: fp(8),
+            claimed_at_ms: 1_700_000_000_000,
+            attempts: 2,
+            source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
+            held: Some(Box::new(Held {
+                sink: "pay".into(),
+                route: "payments".into(),
+                kind: "payment.create".into(),
+                payload: br#"{"ref":"r-1"}"#.to_vec(),
+                source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
+            })),
         }),
         Record::Completed(Completed {
             fingerprint: fp(2),
@@ -87,7 +101,7 @@ fn each_state_round_trips() {
 fn extension_sections_a_later_version_appends_are_read_past() {
     for r in every_shape() {
         let mut bytes = r.encode();
-        for (tag, body) in [(SETTLED_TAG + 1, &b"said by a later version"[..]), (0xff, &[][..])] {
+        for (tag, body) in [(HELD_TAG + 1, &b"said by a later version"[..]), (0xff, &[][..])] {
             bytes.push(tag);
             put_bytes(&mut bytes, body);
         }
@@ -121,6 +135,26 @@ fn every_settlement_round_trips_and_only_a_completion_keeps_one() {
     bytes.push(SETTLED_TAG);
     put_bytes(&mut bytes, &[1, 0, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(Record::decode(&bytes).unwrap(), claim);
+}
+
+#[test]
+fn a_claims_command_section_that_does_not_read_whole_is_an_error() {
+    let [claim, ..] = every_shape();
+    let mut section = Vec::new();
+    Held {
+        sink: "s".into(),
+        route: "r".into(),
+        kind: "t".into(),
+        payload: b"{}".to_vec(),
+        source: SourcePos::default(),
+    }
+    .encode(&mut section);
+    for body in [&section[..section.len() - 1], &[section.as_slice(), &[0]].concat()] {
+        let mut bytes = claim.encode();
+        bytes.push(HELD_TAG);
+        put_bytes(&mut bytes, body);
+        assert!(Record::decode(&bytes).is_err(), "{body:?}");
+    }
 }
 
 #[test]
@@ -180,6 +214,7 @@ proptest! {
         let r = Record::InProgress(InProgress {
             fingerprint: fp(9), claimed_at_ms: 7, attempts,
             source: SourcePos { topic: "t".into(), partition: 0, offset: 1 },
+            held: None,
         });
         let bytes = r.encode();
         if cut < bytes.len() {

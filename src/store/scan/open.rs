@@ -78,7 +78,7 @@ impl KeyStore {
     }
 
     /// Takes ranges from `ranges` until none is left; returns the records counted per state,
-    /// and the `indeterminate` ones' keys per sink.
+    /// and the keys in doubt per sink.
     fn fill_ranges(&self, ranges: &[SliceRange], next: &AtomicUsize) -> Result<Counted, StoreError> {
         let mut counts = [0i64; 3];
         let mut doubts = KeysBySink::new();
@@ -87,8 +87,9 @@ impl KeyStore {
             self.backend.for_each(Tree::Records(*slice), start, end.as_deref(), &mut |key, value| {
                 let state = Record::state_of(value).map_err(|source| corrupt_record(key, source))?;
                 counts[state_index(state)] += 1;
-                if state == State::Indeterminate {
-                    // Rare: only these are decoded, for their sink (and their keys copied).
+                if state != State::Completed {
+                    // Rare: only these are decoded, for the sink of a key in doubt (and their
+                    // keys copied); a claim is in doubt when it keeps its command.
                     doubts::tally(&mut doubts, &String::from_utf8_lossy(key), &decode(key, value)?);
                 }
                 let (stripe, fp) = presence::key_bytes_hash(key);

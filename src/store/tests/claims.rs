@@ -15,6 +15,7 @@ each_backend!(
     stamped_claims_never_trust_a_stale_read,
     claim_batch_mixes_fresh_stale_and_expired,
     a_claim_over_an_indeterminate_record_takes_its_key_out_of_doubt,
+    a_claim_that_keeps_its_command_stays_in_doubt_until_it_completes,
 );
 
 fn claim_of_absent_key(kind: StoreBackend) {
@@ -234,5 +235,32 @@ fn a_claim_over_an_indeterminate_record_takes_its_key_out_of_doubt(kind: StoreBa
     f.store.flush_claims(vec![pending]).unwrap();
     assert_eq!(f.store.indeterminate_keys("pay"), vec!["other".to_string()]);
     assert_eq!(f.store.counts(), counts(1, 0, 1));
+    check_invariants(&f.store);
+}
+
+/// The reconciler's run of a key in doubt claims it keeping its command: the key stays in
+/// its sink's keys in doubt while the claim is out (also as a reopen's scan or saved filter
+/// finds it, a crash having left it) and leaves them when the claim completes.
+fn a_claim_that_keeps_its_command_stays_in_doubt_until_it_completes(kind: StoreBackend) {
+    let f = Fixture::new(kind);
+    let mut durable = Vec::new();
+    for key in ["done", "left"] {
+        put_in_doubt(&f.store, key, 1, Some("pay"));
+        let Some(Record::Indeterminate(ind)) = f.store.get(key).unwrap() else { panic!("{key} is in doubt") };
+        let claim = InProgress { held: ind.held.clone(), ..in_progress(1, 2) };
+        let pending = f.store.claim(key, Some(&Record::Indeterminate(ind)), claim).unwrap().expect("claimable");
+        durable.extend(f.store.flush_claims(vec![pending]).unwrap());
+    }
+    assert_eq!(f.store.indeterminate_keys("pay"), ["done", "left"], "in doubt while their runs are out");
+    assert_eq!(f.store.counts(), counts(2, 0, 0));
+    check_invariants(&f.store);
+    let done = durable.into_iter().find(|d| d.key() == "done").expect("claimed");
+    f.store.complete_batch(vec![(done, completed(1, 60_000))]).unwrap();
+    assert_eq!(f.store.indeterminate_keys("pay"), ["left"], "a completion takes its key out");
+    check_invariants(&f.store);
+    let f = f.reopen();
+    assert_eq!(f.store.indeterminate_keys("pay"), ["left"], "a claim left in progress is still in doubt");
+    let Some(Record::InProgress(left)) = f.store.get("left").unwrap() else { panic!("left is claimed") };
+    assert_eq!(left.held.map(|h| h.sink), Some("pay".to_string()), "it keeps its command");
     check_invariants(&f.store);
 }

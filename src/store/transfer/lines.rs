@@ -53,6 +53,9 @@ struct InProgressLine {
     claimed_at_ms: i64,
     attempts: u32,
     source: SourcePos,
+    /// The command, when the claim keeps it (the reconciler's run of a key in doubt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    held: Option<HeldLine>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -191,6 +194,7 @@ pub fn record_line(key: &str, record: &Record) -> String {
             claimed_at_ms: r.claimed_at_ms,
             attempts: r.attempts,
             source: r.source.clone(),
+            held: r.held.as_deref().map(HeldLine::of),
         }),
         Record::Completed(r) => {
             let text = String::from_utf8(r.result.clone());
@@ -272,6 +276,7 @@ pub fn parse_line(line: &str) -> Result<Entry, String> {
                 claimed_at_ms: r.claimed_at_ms,
                 attempts: r.attempts,
                 source: r.source,
+                held: r.held.map(HeldLine::into_held),
             });
             Ok(Entry::Record { key: checked_key(r.key)?, record })
         }

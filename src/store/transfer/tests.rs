@@ -111,6 +111,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                 claimed_at_ms: 8,
                 attempts: 1,
                 source: SourcePos { topic: "t".into(), partition: 2, offset: 9 },
+                held: None,
             }),
         ),
     ];
@@ -184,6 +185,7 @@ fn a_stored_in_progress_claim_is_replaced_only_with_force() {
         claimed_at_ms: 8,
         attempts: 1,
         source: SourcePos { topic: "t".into(), partition: 0, offset: 1 },
+        held: None,
     });
     store.compare_and_swap("k", None, Some(&running)).unwrap().unwrap();
     // Newer, so `overwrite` alone would replace anything but a claim.
