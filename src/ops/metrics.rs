@@ -336,12 +336,11 @@ impl Metrics {
         self.store_disk_bytes.set(i64::try_from(disk_bytes).unwrap_or(i64::MAX));
     }
 
-    /// The store's `indeterminate` records per sink (`""`: records that keep no command).
-    pub fn indeterminate_keys(&self, by_sink: &std::collections::BTreeMap<String, i64>) {
-        for (sink, count) in by_sink {
-            let sink = if sink.is_empty() { "(unknown)" } else { sink.as_str() };
-            self.doubts.indeterminate_keys.with_label_values(&[sink]).set(*count);
-        }
+    /// The keys in doubt of `sink` (`""`: records that keep no command) this instance
+    /// answers for (with `store.changelog`, those of the state partitions it holds).
+    pub fn indeterminate_keys(&self, sink: &str, count: i64) {
+        let sink = if sink.is_empty() { "(unknown)" } else { sink };
+        self.doubts.indeterminate_keys.with_label_values(&[sink]).set(count);
     }
 
     /// The `indeterminate` keys of `sink` (`""`: records that keep no command) that no check

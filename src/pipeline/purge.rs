@@ -34,7 +34,6 @@ pub(super) async fn run(
             Err(e) => tracing::error!(error = %e, "compaction task failed"),
         }
         metrics.store(store.counts(), store.disk_bytes().unwrap_or(0), store.fsyncs());
-        metrics.indeterminate_keys(&store.indeterminate_by_sink());
         metrics.store_volume(&config.path);
         metrics.set_in_flight(engine.in_flight());
         // Sleep until the next record expires, but wake at least every interval (new

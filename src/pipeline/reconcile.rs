@@ -25,7 +25,7 @@ use super::transactions::Transactions;
 use crate::engine::{Engine, Reconciled};
 use crate::ops::{KeyOwner, Metrics};
 use crate::sinks::CheckTiming;
-use crate::store::SourcePos;
+use crate::store::{KeyStore, SourcePos};
 
 /// Whose keys this instance may settle.
 pub(super) enum Owner {
@@ -42,6 +42,30 @@ impl Owner {
             Owner::Input(partitions) => partitions.runs(&(source.topic.clone(), source.partition)),
         }
     }
+
+    /// Whether this instance's gauges count `key` in doubt: with `store.changelog`, when it
+    /// holds the key's state partition (a standby copy, or a partition that moved away, is
+    /// another instance's to count, and counted there); without, every key of its store,
+    /// which no other instance sees.
+    fn answers_for(&self, key: &str) -> bool {
+        match self {
+            Owner::State(owner) => owner.check(key).is_ok(),
+            Owner::Input(_) => true,
+        }
+    }
+}
+
+/// The keys in doubt per sink that `owner`'s instance answers for ([`Owner::answers_for`]);
+/// a sink whose last key was settled stays listed with 0.
+fn in_doubt_answered_for(store: &KeyStore, owner: &Owner) -> BTreeMap<String, i64> {
+    let mut counts = store.indeterminate_by_sink();
+    if let Owner::State(_) = owner {
+        for (sink, count) in &mut counts {
+            let keys = store.indeterminate_keys(sink);
+            *count = keys.iter().filter(|key| owner.answers_for(key)).count() as i64;
+        }
+    }
+    counts
 }
 
 /// What the reconciler works with.
@@ -89,7 +113,7 @@ impl Reconciler {
                 unattended_by_sink.insert((*sink).to_string(), unattended);
                 *at = Instant::now() + interval;
             }
-            self.report_unattended(&unattended_by_sink);
+            self.report_doubts(&unattended_by_sink);
             let next = due.values().min().copied().unwrap_or(now + GAUGE_EVERY).min(Instant::now() + GAUGE_EVERY);
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
@@ -98,10 +122,13 @@ impl Reconciler {
         }
     }
 
-    /// Sets `dedupd_indeterminate_keys_unattended` of every sink with keys in doubt: all of
-    /// them for a sink without a check, those its last pass could not take up for one with.
-    fn report_unattended(&self, unattended_by_sink: &BTreeMap<String, i64>) {
-        for (sink, count) in self.engine.store().indeterminate_by_sink() {
+    /// Sets `dedupd_indeterminate_keys` and `dedupd_indeterminate_keys_unattended` of every
+    /// sink with keys in doubt, counting the keys this instance answers for: the
+    /// unattended are all of them for a sink without a check, those its last pass could not
+    /// take up for one with.
+    fn report_doubts(&self, unattended_by_sink: &BTreeMap<String, i64>) {
+        for (sink, count) in in_doubt_answered_for(self.engine.store(), &self.owner) {
+            self.metrics.indeterminate_keys(&sink, count);
             let unattended = match self.sinks.contains_key(&sink) {
                 true => unattended_by_sink.get(&sink).copied().unwrap_or(0).min(count),
                 false => count,
@@ -135,7 +162,7 @@ impl Reconciler {
                 }
                 Ok(Reconciled::Skipped(why)) => {
                     pass.skipped += 1;
-                    pass.unattended += i64::from(why.waits_for_an_operator());
+                    pass.unattended += i64::from(why.waits_for_an_operator() && self.owner.answers_for(key));
                     tracing::trace!(key, sink, why = why.as_str(), "key in doubt not taken up");
                 }
                 Err(e) => {
@@ -185,5 +212,55 @@ impl Reconciler {
             Ok(Err(e)) => tracing::warn!(key, error = %e, "settlement not published; the store holds it"),
             Err(_) => tracing::warn!(key, "settlement not acknowledged within a minute; the store holds it"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::store::{Held, Indeterminate, Record, StoreBackend, SyncMode};
+
+    /// Owns the keys that start with `mine-`.
+    struct Mine;
+
+    impl KeyOwner for Mine {
+        fn check(&self, key: &str) -> Result<(), String> {
+            if key.starts_with("mine-") { Ok(()) } else { Err(format!("{key} is another instance's")) }
+        }
+    }
+
+    fn in_doubt(store: &KeyStore, key: &str, sink: &str) {
+        let record = Record::Indeterminate(Indeterminate {
+            fingerprint: Fingerprint([1; 32]),
+            claimed_at_ms: 1,
+            attempts: 1,
+            why: "no answer".into(),
+            held: Some(Box::new(Held {
+                sink: sink.into(),
+                route: "r".into(),
+                kind: "t".into(),
+                payload: b"{}".to_vec(),
+                source: SourcePos::default(),
+            })),
+        });
+        store.compare_and_swap(key, None, Some(&record)).unwrap().unwrap();
+    }
+
+    #[test]
+    fn with_the_store_on_kafka_only_the_keys_of_held_state_partitions_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::open(StoreBackend::Fjall, dir.path(), SyncMode::Batch).unwrap();
+        for (key, sink) in [("mine-1", "pay"), ("mine-2", "pay"), ("theirs-1", "pay"), ("theirs-2", "mail")] {
+            in_doubt(&store, key, sink);
+        }
+        let on_kafka = in_doubt_answered_for(&store, &Owner::State(Arc::new(Mine)));
+        assert_eq!(
+            on_kafka,
+            BTreeMap::from([("mail".into(), 0), ("pay".into(), 2)]),
+            "a standby copy's are its owner's"
+        );
+        let local = in_doubt_answered_for(&store, &Owner::Input(Arc::default()));
+        assert_eq!(local, BTreeMap::from([("mail".into(), 1), ("pay".into(), 3)]), "every key of its own store");
     }
 }

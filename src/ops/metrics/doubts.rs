@@ -31,7 +31,7 @@ pub(super) fn doubt_metrics() -> Result<DoubtMetrics, prometheus::Error> {
         IntGaugeVec::new(
             Opts::new(
                 "indeterminate_keys",
-                "Keys the store holds as indeterminate, by the sink their command went to (\"(unknown)\" for records that keep no command): each waits for a check or an operator.",
+                "Keys in doubt (indeterminate, or being run again by the reconciler), by the sink their command went to (\"(unknown)\" for records that keep no command); with the store on Kafka, of the state partitions this instance holds: each waits for a check or an operator.",
             ),
             &["sink"],
         )?,
