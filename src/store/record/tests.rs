@@ -44,15 +44,8 @@ fn every_shape() -> [Record; 7] {
         }),
         Record::Completed(Completed {
             fingerprint: fp(4),
-            outcome: Completion::Succeeded,
-            result: b"{}".to_vec(),
-            error: None,
-            first_seen_at_ms: 1,
-            completed_at_ms: 2,
-            expires_at_ms: 3,
-            attempts: 1,
             source: Some(SourcePos { topic: "commands".into(), partition: 3, offset: 1042 }),
-            settled: None,
+            ..completed_plain()
         }),
         Record::Completed(Completed {
             fingerprint: fp(5),
