@@ -283,6 +283,30 @@ fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
             "is the by-key topic dedupd forwards input to under store.changelog; it cannot be an input topic too",
         ));
     }
+    if c.kafka.copartitioned && c.kafka.input_topics.len() > 1 {
+        // Kafka's assignors (roundrobin, KIP-848's on the broker) need not give partition p
+        // of every topic to one member: two instances would then own state partition p.
+        errors.push(invalid(
+            "kafka.copartitioned",
+            "true",
+            &format!(
+                "takes one input topic, not {}: Kafka need not assign partition p of every input topic to one instance, and two owners of state partition p would each run its keys; set it to false (commands then reach their state partition through the by-key topic)",
+                c.kafka.input_topics.len()
+            ),
+        ));
+    }
+    if !c.kafka.copartitioned
+        && let Some(reset) = c.kafka.consumer.get("auto.offset.reset")
+        && !matches!(reset.trim(), "earliest" | "smallest" | "beginning")
+    {
+        // The by-key topic is read by the same consumer: a partition of it that moves with
+        // no committed offset must be read from its start, or the commands on it are lost.
+        errors.push(invalid(
+            "kafka.consumer.\"auto.offset.reset\"",
+            reset,
+            "must be earliest under store.changelog without kafka.copartitioned: the by-key topic is read by the same consumer, and a partition of it with no committed offset read from its end loses the commands forwarded to it",
+        ));
+    }
 }
 
 /// `[[routes]]`: each names a sink of `[sinks]`, has valid globs, a positive TTL and JSON

@@ -119,6 +119,29 @@ mod unit {
         assert!(shown.contains("http://127.0.0.1:2/y"), "{shown}");
     }
 
+    /// The store on Kafka: `kafka.copartitioned` with one input topic only (two owners of a
+    /// state partition otherwise), and the by-key topic read from its start.
+    #[test]
+    fn the_store_on_kafka_refuses_what_would_give_a_state_partition_two_owners_or_lose_commands() {
+        let on_kafka = |kafka: &str| {
+            let toml = format!("[kafka]\ntransactional_results = true\n{kafka}\n[store]\nchangelog = true\n");
+            Config::from_toml_str(&toml, no_env()).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let two_topics = "input_topics = [\"orders\", \"refunds\"]\n";
+        let err = on_kafka(&format!("copartitioned = true\n{two_topics}")).unwrap_err();
+        assert!(err.contains("kafka.copartitioned") && err.contains("takes one input topic, not 2"), "{err}");
+        assert_eq!(on_kafka(two_topics), Ok(()), "through the by-key topic");
+        assert_eq!(on_kafka("copartitioned = true\ninput_topics = [\"orders\"]\n"), Ok(()));
+        for reset in ["latest", "end", "largest", "error"] {
+            let err = on_kafka(&format!("[kafka.consumer]\n\"auto.offset.reset\" = \"{reset}\"\n")).unwrap_err();
+            assert!(err.contains("auto.offset.reset") && err.contains("by-key topic"), "{reset}: {err}");
+            let copartitioned =
+                format!("copartitioned = true\n[kafka.consumer]\n\"auto.offset.reset\" = \"{reset}\"\n");
+            assert_eq!(on_kafka(&copartitioned), Ok(()), "{reset}: no by-key topic");
+        }
+        assert_eq!(on_kafka("[kafka.consumer]\n\"auto.offset.reset\" = \"earliest\"\n"), Ok(()));
+    }
+
     #[test]
     fn one_underscore_after_a_section_is_refused_with_the_spelling_that_works() {
         let err = Config::from_toml_str("", env(&[("DEDUPD_PIPELINE_MAX_IN_FLIGHT", "4")])).unwrap_err();
