@@ -289,7 +289,7 @@ fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
         errors.push(invalid(
             "kafka.copartitioned",
             "true",
-            &format!(
+            format!(
                 "takes one input topic, not {}: Kafka need not assign partition p of every input topic to one instance, and two owners of state partition p would each run its keys; set it to false (commands then reach their state partition through the by-key topic)",
                 c.kafka.input_topics.len()
             ),

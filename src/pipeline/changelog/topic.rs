@@ -6,7 +6,10 @@
 //!   most (as Kafka Streams sizes its repartition topics), and the changelog has as many.
 //!
 //! A changelog topic that exists with another count is refused: its records would be on the
-//! wrong partitions.
+//! wrong partitions; an existing changelog or by-key topic whose settings would delete what
+//! dedupd needs is refused too (`kept`).
+
+mod kept;
 
 use std::time::{Duration, Instant};
 
@@ -96,7 +99,10 @@ pub(crate) async fn ensure_topic(config: &Config) -> Result<ChangelogTopic, Pipe
     } else {
         let by_key = by_key_topic_name(config);
         let n = match partitions_of(&by_key) {
-            Some(existing) => existing,
+            Some(existing) => {
+                kept::check(kafka, &by_key, Purpose::ByKey).await?;
+                existing
+            }
             None => {
                 let n = counts.iter().map(|&(_, c)| c).max().unwrap_or(1);
                 create(config, &by_key, n, replication, Purpose::ByKey).await?;
@@ -110,7 +116,10 @@ pub(crate) async fn ensure_topic(config: &Config) -> Result<ChangelogTopic, Pipe
         Some(existing) if existing != n => Err(failed(format!(
             "changelog topic {name:?} has {existing} partitions, the state partitions are {n}: its records would be on the wrong partitions"
         ))),
-        Some(_) => Ok(ChangelogTopic { name, partitions, by_key }),
+        Some(_) => {
+            kept::check(kafka, &name, Purpose::Changelog).await?;
+            Ok(ChangelogTopic { name, partitions, by_key })
+        }
         None => {
             create(config, &name, n, replication, Purpose::Changelog).await?;
             Ok(ChangelogTopic { name, partitions, by_key })
