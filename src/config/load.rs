@@ -353,8 +353,21 @@ fn validate_routes(
 }
 
 /// A command `limits.max_command_bytes` admits fits in one record of the results
-/// producer, so that its dead-letter copy can be published intact.
+/// producer, so that its dead-letter copy can be published intact, and in a key's record
+/// (at most `sinks::MAX_RESULT_BYTES`, as a result), so that an export line holding it is
+/// one an import reads.
 fn validate_sizes(c: &Config, errors: &mut Vec<ConfigError>) {
+    let max_command = c.limits.max_command_bytes.get();
+    if max_command > crate::sinks::MAX_RESULT_BYTES {
+        errors.push(invalid(
+            "limits.max_command_bytes",
+            max_command,
+            format!(
+                "must be at most {} (8 MiB): a command in doubt is kept in its key's record",
+                crate::sinks::MAX_RESULT_BYTES
+            ),
+        ));
+    }
     let key = "kafka.producer.\"message.max.bytes\"";
     let producer_max = match c.kafka.producer.get("message.max.bytes") {
         None => crate::pipeline::config::RESULTS_PRODUCER_MAX_BYTES,
@@ -363,7 +376,6 @@ fn validate_sizes(c: &Config, errors: &mut Vec<ConfigError>) {
             Err(_) => return errors.push(invalid(key, text, "is not a number of bytes")),
         },
     };
-    let max_command = c.limits.max_command_bytes.get();
     if max_command > producer_max {
         errors.push(invalid(
             key,

@@ -142,6 +142,31 @@ mod unit {
         assert_eq!(on_kafka("[kafka.consumer]\n\"auto.offset.reset\" = \"earliest\"\n"), Ok(()));
     }
 
+    /// What a record keeps is bounded, so that an export's every line is one an import reads.
+    #[test]
+    fn results_and_commands_larger_than_a_record_keeps_are_refused() {
+        let over = crate::sinks::MAX_RESULT_BYTES + 1;
+        for (toml, key) in [
+            (
+                format!("[sinks.a]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/\"\nmax_response_bytes = {over}\n"),
+                "sinks.a.max_response_bytes",
+            ),
+            (
+                format!("[sinks.r]\nkind = \"exec\"\nprogram = \"/bin/true\"\nmax_output_bytes = {over}\n"),
+                "sinks.r.max_output_bytes",
+            ),
+            (
+                format!("[limits]\nmax_command_bytes = {over}\n[kafka.producer]\n\"message.max.bytes\" = \"{over}\"\n"),
+                "limits.max_command_bytes",
+            ),
+        ] {
+            let err = Config::from_toml_str(&toml, no_env()).map(|_| ()).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains("at most 8388608"), "{key}: {err}");
+            let at_the_cap = toml.replace(&over.to_string(), &crate::sinks::MAX_RESULT_BYTES.to_string());
+            assert!(Config::from_toml_str(&at_the_cap, no_env()).is_ok(), "{key} at the cap");
+        }
+    }
+
     #[test]
     fn one_underscore_after_a_section_is_refused_with_the_spelling_that_works() {
         let err = Config::from_toml_str("", env(&[("DEDUPD_PIPELINE_MAX_IN_FLIGHT", "4")])).unwrap_err();

@@ -120,6 +120,11 @@ impl SinkKind for ExecSinkConfig {
         if self.timeout.is_zero() {
             problems.add("timeout", "0s", "must be positive");
         }
+        if self.max_output_bytes.get() > super::MAX_RESULT_BYTES {
+            let why =
+                format!("must be at most {} (8 MiB): a result is kept in the key's record", super::MAX_RESULT_BYTES);
+            problems.add("max_output_bytes", self.max_output_bytes.to_string(), why);
+        }
         if let Some(zero) = self.transient_exit_codes.iter().find(|c| **c == 0) {
             problems.add("transient_exit_codes", zero.to_string(), "0 means success");
         }

@@ -169,6 +169,11 @@ impl SinkKind for HttpSinkConfig {
         if self.request_timeout.is_zero() {
             problems.add("request_timeout", "0s", "must be positive");
         }
+        if self.max_response_bytes.get() > super::MAX_RESULT_BYTES {
+            let why =
+                format!("must be at most {} (8 MiB): a result is kept in the key's record", super::MAX_RESULT_BYTES);
+            problems.add("max_response_bytes", self.max_response_bytes.to_string(), why);
+        }
         problems.check(self.limits.validate(problems.at()));
         if let Some(check) = &self.check {
             check.validate(self, problems);

@@ -36,6 +36,7 @@ use self::circuit::{Admission, Circuit, CircuitConfig};
 use self::limit::{LimitPermit, LimitedEffect, SinkLimiter, SinkLimits};
 pub use self::problems::{Problem, Problems};
 pub use self::request::{CallAnswer, CallWatch, SinkRequest};
+pub use crate::store::MAX_RESULT_BYTES;
 
 /// What a kind's config provides; the `sink_kinds!` registration dispatches to it.
 pub trait SinkKind {

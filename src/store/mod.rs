@@ -65,7 +65,8 @@ pub use index::{GROUP_MS, decode_pairs as decode_index_entry};
 pub use listing::{KeyFilter, KeysQuery};
 pub use operator::{ForgetError, ResolveError, Settlement, record_json};
 pub use record::{
-    Completed, Completion, Held, InProgress, Indeterminate, Record, Settled, SettledBy, SourcePos, State,
+    Completed, Completion, Held, InProgress, Indeterminate, MAX_RESULT_BYTES, Record, Settled, SettledBy, SourcePos,
+    State,
 };
 pub use slices::{SLICE_SPAN_MS, SlicesTurned};
 pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};

@@ -23,6 +23,12 @@ pub use settled::{Settled, SettledBy};
 
 use crate::fingerprint::Fingerprint;
 
+/// The most bytes of a sink's answer a record keeps as a result, and of a command it keeps
+/// in doubt (`http`'s `max_response_bytes`, `exec`'s `max_output_bytes` and
+/// `limits.max_command_bytes` are at most this, 8 MiB): a record is bounded by it, and so is
+/// the longest line an export writes and an import reads (`transfer::MAX_LINE_BYTES`).
+pub const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
+
 const VERSION: u8 = 1;
 const STATE_IN_PROGRESS: u8 = 1;
 const STATE_COMPLETED: u8 = 2;

@@ -132,23 +132,59 @@ impl Shape {
     }
 }
 
+/// The longest line an import reads: more than any record makes. A record's variable parts
+/// are bounded by dedupd's own limits (a sink's result by [`crate::store::MAX_RESULT_BYTES`],
+/// a command by `limits.max_command_bytes`, at most the same), and written as JSON (at
+/// worst 6 bytes a character, a control character in a string) they stay under this. A longer line is refused with its number after reading at most
+/// this much of it, so a stream that is not an export (or has no newlines) cannot make an
+/// import hold it all.
+pub const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
+
+// A result kept as a JSON string escapes each control character in 6 bytes.
+const _: () = assert!(MAX_LINE_BYTES >= 6 * crate::store::MAX_RESULT_BYTES + (1 << 20));
+
 /// Reads every line, checks it and its place, and hands the entry to `apply`.
 fn each_entry(
     reader: impl BufRead,
+    progress: impl FnMut(u64),
+    apply: impl FnMut(Entry) -> Result<(), TransferError>,
+) -> Result<ExportCounts, TransferError> {
+    each_entry_within(reader, MAX_LINE_BYTES, progress, apply)
+}
+
+/// [`each_entry`], with lines of at most `max_line` bytes.
+fn each_entry_within(
+    mut reader: impl BufRead,
+    max_line: usize,
     mut progress: impl FnMut(u64),
     mut apply: impl FnMut(Entry) -> Result<(), TransferError>,
 ) -> Result<ExportCounts, TransferError> {
     let mut shape = Shape::default();
     let mut line_no = 0u64;
-    for line in reader.lines() {
-        let line = line?;
+    let mut bytes = Vec::new();
+    loop {
+        bytes.clear();
+        let limit = u64::try_from(max_line).unwrap_or(u64::MAX).saturating_add(1);
+        let read = std::io::Read::take(&mut reader, limit).read_until(b'\n', &mut bytes)?;
+        if read == 0 {
+            break;
+        }
         line_no += 1;
-        progress(line.len() as u64 + 1);
+        progress(read as u64);
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+        } else if bytes.len() > max_line {
+            let reason = format!("longer than {max_line} bytes, more than any record makes: not an export line");
+            return Err(TransferError::Line { line: line_no, reason });
+        }
+        let line = std::str::from_utf8(&bytes)
+            .map_err(|e| TransferError::Line { line: line_no, reason: format!("not UTF-8: {e}") })?;
+        let line = line.strip_suffix('\r').unwrap_or(line);
         if line.trim().is_empty() {
             continue;
         }
         let bad = |reason: String| TransferError::Line { line: line_no, reason };
-        let entry = parse_line(&line).map_err(bad)?;
+        let entry = parse_line(line).map_err(bad)?;
         shape.check(line_no, &entry).map_err(bad)?;
         apply(entry)?;
     }

@@ -246,3 +246,35 @@ fn bad_lines_are_named_by_number() {
     let err = validate("".as_bytes(), |_| {}).unwrap_err().to_string();
     assert_eq!(err, "empty: the export is incomplete (no end line)");
 }
+
+/// A line is read up to the bound and no further: longer is refused with its number (so
+/// memory stays bounded however the stream goes on); at the bound, or ending in `\r\n`, or
+/// last without a newline, it is read as ever.
+#[test]
+fn a_line_longer_than_the_bound_is_refused_with_its_number() {
+    let header = header_line(1, "s", 0);
+    let (end, max) = (end_line(0, 0), header.len() + 1);
+    let count = |text: &str| each_entry_within(text.as_bytes(), max, |_| {}, |_| Ok(()));
+    assert_eq!(
+        count(&format!("{header}\r\n{end}")).unwrap(),
+        ExportCounts::default(),
+        "at the bound, CRLF, no final newline"
+    );
+    let long = format!("{header}\n{}\n{end}\n", "x".repeat(10 * max));
+    match count(&long) {
+        Err(TransferError::Line { line: 2, reason }) => {
+            assert!(reason.contains(&format!("longer than {max} bytes")), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut endless = header.clone().into_bytes();
+    endless.push(b'\n');
+    endless.extend(std::iter::repeat_n(b'{', 5 * max));
+    let read = std::cell::Cell::new(0u64);
+    let err = each_entry_within(endless.as_slice(), max, |n| read.set(read.get() + n), |_| Ok(())).unwrap_err();
+    assert!(err.to_string().starts_with("line 2: longer than"), "{err}");
+    assert!(read.get() <= 2 * max as u64 + 2, "read {} bytes for two lines of at most {max}", read.get());
+    let not_utf8 = [header.as_bytes(), b"\n\xff\xfe\n"].concat();
+    let err = each_entry_within(not_utf8.as_slice(), max, |_| {}, |_| Ok(())).unwrap_err().to_string();
+    assert!(err.starts_with("line 2: not UTF-8"), "{err}");
+}
