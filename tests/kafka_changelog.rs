@@ -233,7 +233,7 @@ async fn a_restore_shows_in_readyz_and_the_metrics_until_it_ends() {
     let Some(bootstrap) = kafka::bootstrap() else { return };
     let run = OnKafka::new(&bootstrap, "clr").await;
     let changelog = &run.changelog;
-    kafka::create_topics(&bootstrap, &[(changelog, PARTITIONS)]).await;
+    kafka::create_changelog(&bootstrap, changelog, PARTITIONS).await;
     let producer = kafka::idempotent_producer(&bootstrap);
     let records: Vec<kafka::OutgoingTo> = (0..RESTORED_KEYS)
         .map(|i| {
@@ -292,7 +292,7 @@ async fn a_restore_waits_for_a_transaction_open_at_assignment_and_sees_what_it_c
     let Some(bootstrap) = kafka::bootstrap() else { return };
     let run = OnKafka::new(&bootstrap, "clw").await;
     let changelog = &run.changelog;
-    kafka::create_topics(&bootstrap, &[(changelog, PARTITIONS)]).await;
+    kafka::create_changelog(&bootstrap, changelog, PARTITIONS).await;
     let receiver = SlowReceiver::start((1, 2), 13).await;
     let config = run.write_config(&bootstrap, &receiver.url("/pay"), |toml| toml);
     let log = run.dir.path().join("dedupd.log");

@@ -12,22 +12,6 @@ use std::time::{Duration, Instant};
 use common::kafka;
 use common::pay_kills;
 use common::process::{DedupdProcess, KeptOnFailure, tail_of_file};
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-
-/// Creates `name` with 2 partitions and `settings`.
-async fn create_with(bootstrap: &str, name: &str, settings: &[(&str, &str)]) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin client");
-    let topic = settings.iter().fold(NewTopic::new(name, 2, TopicReplication::Fixed(1)), |t, (k, v)| t.set(k, v));
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let created = tokio::time::timeout(Duration::from_secs(60), admin.create_topics([&topic], &opts))
-        .await
-        .expect("create_topics within a minute")
-        .expect("create_topics");
-    assert!(created.iter().all(Result::is_ok), "{created:?}");
-}
 
 /// Starts `dedupd run` with the store on Kafka (`copartitioned` or through the by-key
 /// topic) and waits for it to stop; returns its exit code and log.
@@ -66,7 +50,7 @@ async fn a_changelog_topic_that_deletes_by_time_is_refused() {
     let (input, group) = (kafka::unique("it-in"), kafka::unique("it-group"));
     kafka::create_topics(&bootstrap, &[(&input, 2)]).await;
     let changelog = format!("{group}.dedupd-state");
-    create_with(&bootstrap, &changelog, &[("cleanup.policy", "compact,delete")]).await;
+    kafka::create_topics_with(&bootstrap, &[(&changelog, 2)], &[("cleanup.policy", "compact,delete")]).await;
     let (code, log) = run_until_it_stops(&bootstrap, &group, &input, true).await;
     assert!(code.is_some_and(|c| c != 0), "dedupd ran on a changelog that deletes: {code:?}\n{log}");
     assert!(log.contains(&changelog) && log.contains("set cleanup.policy=compact"), "{log}");
@@ -78,7 +62,12 @@ async fn a_by_key_topic_that_deletes_commands_within_an_hour_is_refused() {
     let (input, group) = (kafka::unique("it-in"), kafka::unique("it-group"));
     kafka::create_topics(&bootstrap, &[(&input, 2)]).await;
     let by_key = format!("{group}.dedupd-by-key");
-    create_with(&bootstrap, &by_key, &[("cleanup.policy", "delete"), ("retention.ms", "3600000")]).await;
+    kafka::create_topics_with(
+        &bootstrap,
+        &[(&by_key, 2)],
+        &[("cleanup.policy", "delete"), ("retention.ms", "3600000")],
+    )
+    .await;
     let (code, log) = run_until_it_stops(&bootstrap, &group, &input, false).await;
     assert!(code.is_some_and(|c| c != 0), "dedupd ran on a by-key topic that deletes: {code:?}\n{log}");
     assert!(log.contains(&by_key) && log.contains("retention.ms=3600000"), "{log}");

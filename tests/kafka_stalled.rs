@@ -59,8 +59,8 @@ impl Setup {
         let unique = |what: &str| kafka::unique(&format!("{name}-{what}"));
         let (input, results, dlq, group) = (unique("in"), unique("out"), unique("dlq"), unique("dedupd"));
         let changelog = format!("{group}.dedupd-state");
-        kafka::create_topics(bootstrap, &[(&input, PARTITIONS), (&results, 1), (&dlq, 1), (&changelog, PARTITIONS)])
-            .await;
+        kafka::create_topics(bootstrap, &[(&input, PARTITIONS), (&results, 1), (&dlq, 1)]).await;
+        kafka::create_changelog(bootstrap, &changelog, PARTITIONS).await;
         let dir = KeptOnFailure::new();
         let receiver = SlowReceiver::start((1, 2), 13).await;
         let kafka_extra = "transactional_results = true\ncopartitioned = true\n\n[kafka.consumer]\n\

@@ -24,11 +24,22 @@ pub(super) struct ClusterSetup {
     pub(super) changelog_topic: Option<super::changelog::ChangelogTopic>,
     /// Under the by-key hop: the largest forward the producer and the by-key topic take.
     pub(super) forward_limit: usize,
+    /// The group session the broker enforces on the consumer (`session`).
+    pub(super) session: Duration,
 }
 
 impl ClusterSetup {
+    /// What the core is built from.
+    pub(super) fn found(&self) -> super::Found<'_> {
+        super::Found {
+            dead_letter_limit: self.dead_letter_limit,
+            changelog_topic: self.changelog_topic.as_ref(),
+            session: self.session,
+        }
+    }
+
     pub(super) async fn read(config: &Config) -> Result<ClusterSetup, PipelineError> {
-        check_cluster(&config.kafka).await?;
+        let broker_id = check_cluster(&config.kafka).await?;
         let dead_letter_limit = match config.kafka.transactional_results {
             true => Some(dead_letter_limit(&config.kafka).await?),
             false => None,
@@ -44,12 +55,18 @@ impl ClusterSetup {
             }
             None => usize::MAX,
         };
-        Ok(ClusterSetup { dead_letter_limit, changelog_topic, forward_limit })
+        // Only transactional results use it (the call lease, the stalled-transaction wait).
+        let session = match config.kafka.transactional_results {
+            true => super::session::group_session(&config.kafka, broker_id).await?,
+            false => config.kafka.session_timeout(),
+        };
+        Ok(ClusterSetup { dead_letter_limit, changelog_topic, forward_limit, session })
     }
 }
 
-/// Probes both clients at once, each on a blocking thread (librdkafka's calls block).
-async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineError> {
+/// Probes both clients at once, each on a blocking thread (librdkafka's calls block);
+/// returns the id of a broker they saw.
+async fn check_cluster(kafka: &KafkaConfig) -> Result<Option<i32>, PipelineError> {
     let timeout = kafka.connect_timeout;
     let consumer = consumer_config(kafka)?;
     let producer = producer_config(kafka)?;
@@ -64,6 +81,7 @@ async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineError> {
     }
     // Before anything is published: the producer would have a broker that auto-creates
     // topics make a missing one, with the broker's defaults, and publish there.
+    let broker_id = seen.as_ref().and_then(|view| view.brokers.first()).and_then(|b| b.split('@').next()?.parse().ok());
     let topics = seen.map(|view| view.topics).unwrap_or_default();
     for (key, topic) in
         [("kafka.results_topic", &kafka.results_topic), ("kafka.dead_letter_topic", &kafka.dead_letter_topic)]
@@ -72,7 +90,7 @@ async fn check_cluster(kafka: &KafkaConfig) -> Result<(), PipelineError> {
             return Err(ConnectError::MissingTopic { key: key.into(), topic: topic.clone() }.into());
         }
     }
-    Ok(())
+    Ok(broker_id)
 }
 
 /// Under transactional results: the largest dead-letter copy the dead-letter topic takes

@@ -57,6 +57,7 @@ mod purge;
 mod queue;
 mod reconcile;
 mod restart;
+mod session;
 mod starting;
 mod transactions;
 mod worker;
@@ -228,13 +229,10 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     on_start: &mut Option<F>,
 ) -> Result<Ended, PipelineError> {
     let starting = starting::StartingServer::start(listener)?;
-    let ClusterSetup { dead_letter_limit, changelog_topic, forward_limit } = ClusterSetup::read(config).await?;
-    let (core, sinks) = Core::build(config, dead_letter_limit, changelog_topic.as_ref(), kept.metrics.clone())?;
+    let setup = ClusterSetup::read(config).await?;
+    let (core, sinks) = Core::build(config, setup.found(), kept.metrics.clone())?;
     kept.metrics = Some(Arc::clone(&core.metrics));
-    let purger = match changelog_topic.as_ref().and_then(|t| t.by_key.as_deref().map(|by_key| (by_key, t.partitions))) {
-        Some((by_key, partitions)) => Some(Arc::new(hop::Purger::new(&config.kafka, by_key, partitions)?)),
-        None => None,
-    };
+    let purger = hop::Purger::of_by_key(&config.kafka, setup.changelog_topic.as_ref())?.map(Arc::new);
     // `stop` ends the HTTP listener, purge, the reconciler and gauges; `fatal` is fired by
     // a worker; `consumer_stop` ends the consumer.
     let (stop, fatal, consumer_stop) = (CancellationToken::new(), CancellationToken::new(), CancellationToken::new());
@@ -245,7 +243,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     let own_id = core.transactions.as_ref().map(|t| t.id());
     let changelog_threads = changelog::Threads::start(core.changelog.as_ref(), own_id, config, &core.metrics)?;
     let consumer_thread =
-        start_consumer(config, &core, options, (forward_limit, &background), (&fatal, &consumer_stop))?;
+        start_consumer(config, &core, options, (setup.forward_limit, &background), (&fatal, &consumer_stop))?;
     let committer_stop = CancellationToken::new();
     let committer = core.transactions.clone().map(|t| {
         let interval = config.kafka.transaction_interval;
@@ -345,6 +343,14 @@ struct Core {
     changelog: Option<changelog::Changelog>,
 }
 
+/// What `run` found in the cluster before it builds its core (`connect`).
+struct Found<'a> {
+    dead_letter_limit: Option<publish::DeadLetterLimit>,
+    changelog_topic: Option<&'a changelog::ChangelogTopic>,
+    /// The group session the broker enforces (`session`).
+    session: Duration,
+}
+
 impl Core {
     /// What `on_start` is told, with the HTTP listener at `http_addr`.
     fn running(&self, http_addr: SocketAddr) -> Running {
@@ -360,8 +366,7 @@ impl Core {
     /// the sinks by name too, for the circuit gauges.
     fn build(
         config: &Config,
-        dead_letter_limit: Option<publish::DeadLetterLimit>,
-        changelog_topic: Option<&changelog::ChangelogTopic>,
+        Found { dead_letter_limit, changelog_topic, session }: Found<'_>,
         metrics: Option<Arc<Metrics>>,
     ) -> Result<(Core, SinksByName), PipelineError> {
         let store = Arc::new(match changelog_topic {
@@ -392,7 +397,8 @@ impl Core {
             stale_guard: config.envelope.stale_guard,
             clock: Arc::clone(&clock),
         })?;
-        let (publisher, transactions) = Self::publisher(config, &store, dead_letter_limit, Arc::clone(&metrics))?;
+        let (publisher, transactions) =
+            Self::publisher(config, &store, (dead_letter_limit, session), Arc::clone(&metrics))?;
         let health = Arc::new(Health::default());
         let changelog = match (changelog_topic, &transactions) {
             (Some(topic), Some(transactions)) => Some(changelog::Changelog::new(
@@ -400,7 +406,7 @@ impl Core {
                 topic,
                 &store,
                 transactions,
-                publisher.producer(),
+                (publisher.producer(), session),
                 (&metrics, &health),
             )?),
             _ => None,
@@ -419,7 +425,7 @@ impl Core {
     fn publisher(
         config: &Config,
         store: &KeyStore,
-        dead_letter_limit: Option<publish::DeadLetterLimit>,
+        (dead_letter_limit, session): (Option<publish::DeadLetterLimit>, Duration),
         metrics: Arc<Metrics>,
     ) -> Result<(Arc<Publisher>, Option<Arc<transactions::Transactions>>), PipelineError> {
         if !config.kafka.transactional_results {
@@ -427,7 +433,6 @@ impl Core {
         }
         let id = format!("dedupd-{}", store.identity()?);
         let publisher = Publisher::with(&config.kafka, Some(&id), dead_letter_limit)?;
-        let session = config.kafka.session_timeout();
         let transactions =
             transactions::Transactions::start(publisher.producer(), &id, metrics, session).map_err(|e| {
                 PipelineError::Transactions(format!(

@@ -58,10 +58,25 @@ pub fn unique(name: &str) -> String {
 /// Creates the topics (replication 1) and waits until the broker reports all of them with
 /// the asked number of partitions.
 pub async fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) {
+    create_topics_with(bootstrap, topics, &[]).await;
+}
+
+/// A changelog topic made ahead of dedupd, as an operator makes one: compacted.
+pub async fn create_changelog(bootstrap: &str, name: &str, partitions: i32) {
+    create_topics_with(bootstrap, &[(name, partitions)], &[("cleanup.policy", "compact")]).await;
+}
+
+/// [`create_topics`], each topic with `settings`.
+pub async fn create_topics_with(bootstrap: &str, topics: &[(&str, i32)], settings: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin client");
-    let new: Vec<NewTopic<'_>> =
-        topics.iter().map(|(name, parts)| NewTopic::new(name, *parts, TopicReplication::Fixed(1))).collect();
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(name, parts)| {
+            let topic = NewTopic::new(name, *parts, TopicReplication::Fixed(1));
+            settings.iter().fold(topic, |t, (k, v)| t.set(k, v))
+        })
+        .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = tokio::time::timeout(Duration::from_secs(60), admin.create_topics(&new, &opts))
         .await

@@ -33,6 +33,7 @@ pub(crate) use writer::ChangelogWriter;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rdkafka::producer::FutureProducer;
 use tokio_util::sync::CancellationToken;
@@ -54,6 +55,9 @@ pub(crate) struct Changelog {
     pub(crate) partitions: i32,
     /// Under the by-key hop: the by-key topic.
     pub(crate) by_key: Option<String>,
+    /// The group session the broker enforces (`pipeline::session`): a transaction another
+    /// instance left open is aborted once it is this old (`stalled`).
+    pub(crate) session: Duration,
 }
 
 impl Changelog {
@@ -103,7 +107,7 @@ impl Changelog {
         topic: &ChangelogTopic,
         store: &Arc<KeyStore>,
         transactions: &Arc<Transactions>,
-        producer: FutureProducer,
+        (producer, session): (FutureProducer, Duration),
         (metrics, health): (&Arc<Metrics>, &Arc<Health>),
     ) -> Result<Changelog, PipelineError> {
         let partitions = topic.partitions;
@@ -119,6 +123,7 @@ impl Changelog {
             restorer: Arc::new(restorer),
             partitions: topic.partitions,
             by_key: topic.by_key.clone(),
+            session,
         })
     }
 
@@ -214,7 +219,7 @@ fn start_stalled(
     if let Some(by_key) = &changelog.by_key {
         topics.push((by_key.as_str(), changelog.partitions));
     }
-    let stalled = stalled::StalledTransactions::new(kafka, &topics, own_id, Arc::clone(metrics))?;
+    let stalled = stalled::StalledTransactions::new(kafka, (&topics, changelog.session), own_id, Arc::clone(metrics))?;
     let stop = CancellationToken::new();
     let thread = stalled
         .spawn(stop.clone())

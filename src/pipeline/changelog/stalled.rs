@@ -109,7 +109,7 @@ impl StalledTransactions {
     /// transaction timeout)`.
     pub(crate) fn new(
         kafka: &KafkaConfig,
-        topics: &[(&str, i32)],
+        (topics, session): (&[(&str, i32)], Duration),
         own_id: &str,
         metrics: Arc<Metrics>,
     ) -> Result<StalledTransactions, PipelineError> {
@@ -130,7 +130,7 @@ impl StalledTransactions {
             uncommitted,
             partitions,
             own_id: own_id.to_string(),
-            after: stall_after(kafka),
+            after: stall_after(kafka, session),
             metrics,
             seen: HashMap::new(),
             last_warning: None,
@@ -247,9 +247,9 @@ impl StalledTransactions {
 }
 
 /// How long a partition's last stable offset must stay put to be stalled: the group
-/// session or the transaction timeout, whichever is shorter.
-fn stall_after(kafka: &KafkaConfig) -> Duration {
-    transaction_timeout(kafka).min(kafka.session_timeout())
+/// `session` the broker enforces or the transaction timeout, whichever is shorter.
+fn stall_after(kafka: &KafkaConfig, session: Duration) -> Duration {
+    transaction_timeout(kafka).min(session)
 }
 
 #[cfg(test)]

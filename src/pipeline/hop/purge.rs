@@ -32,6 +32,17 @@ pub(crate) struct Purger {
 }
 
 impl Purger {
+    /// Under the by-key hop (`topic` has a by-key topic): the purger of that topic.
+    pub(crate) fn of_by_key(
+        kafka: &KafkaConfig,
+        topic: Option<&crate::pipeline::changelog::ChangelogTopic>,
+    ) -> Result<Option<Purger>, PipelineError> {
+        match topic.and_then(|t| t.by_key.as_deref().map(|by_key| (by_key, t.partitions))) {
+            Some((by_key, partitions)) => Purger::new(kafka, by_key, partitions).map(Some),
+            None => Ok(None),
+        }
+    }
+
     pub(crate) fn new(kafka: &KafkaConfig, topic: &str, partitions: i32) -> Result<Purger, PipelineError> {
         let consumer_config = kafka.client_config(&[("group.id", kafka.group_id.as_str())], &Default::default())?;
         let offsets = probe::create(&consumer_config, "by-key purge consumer")?;
