@@ -5,8 +5,7 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::ResourceSpecifier;
 
 use super::publish::DeadLetterLimit;
 use super::{KafkaConfig, PipelineError, consumer_config, producer_config};
@@ -103,19 +102,8 @@ async fn dead_letter_limit(kafka: &KafkaConfig) -> Result<DeadLetterLimit, Pipel
 
 /// `topic`'s `max.message.bytes`, or the broker's default (logged) when it cannot be read.
 async fn topic_max_message_bytes(kafka: &KafkaConfig, topic: &str) -> Result<usize, PipelineError> {
-    let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
-    let resource = ResourceSpecifier::Topic(topic);
-    let options = AdminOptions::new().request_timeout(Some(kafka.connect_timeout));
-    let read = tokio::time::timeout(
-        kafka.connect_timeout + Duration::from_secs(1),
-        admin.describe_configs([&resource], &options),
-    )
-    .await
-    .map_err(|_| "no answer in time".to_string())
-    .and_then(|r| r.map_err(|e| e.to_string()))
-    .and_then(|mut all| all.pop().ok_or_else(|| "no answer".to_string())?.map_err(|e| format!("{e:?}")))
-    .and_then(|resource| {
-        let value = resource.get("max.message.bytes").and_then(|e| e.value.clone());
+    let read = super::describe::settings(kafka, &ResourceSpecifier::Topic(topic)).await?.and_then(|settings| {
+        let value = settings.get("max.message.bytes");
         value.and_then(|v| v.parse::<usize>().ok()).ok_or_else(|| "no max.message.bytes".to_string())
     });
     Ok(read.unwrap_or_else(|why| {

@@ -49,6 +49,7 @@ pub mod config;
 mod connect;
 mod consumer;
 mod control;
+mod describe;
 mod hop;
 mod metered;
 mod partitions;

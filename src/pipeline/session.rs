@@ -15,11 +15,9 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::ResourceSpecifier;
 
-use super::{KafkaConfig, PipelineError, producer_config};
-use crate::connection::probe;
+use super::{KafkaConfig, PipelineError};
 
 /// The broker's default `group.consumer.session.timeout.ms`.
 const KIP848_DEFAULT: Duration = Duration::from_secs(45);
@@ -56,16 +54,12 @@ pub(super) async fn group_session(kafka: &KafkaConfig, broker_id: Option<i32>) -
     if !kip848(kafka) {
         return Ok(kafka.session_timeout());
     }
-    let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
-    let options = AdminOptions::new().request_timeout(Some(kafka.connect_timeout));
-    let within = kafka.connect_timeout + Duration::from_secs(1);
-    let group = ResourceSpecifier::Group(&kafka.group_id);
-    let group = match settings(&admin, &options, within, &group).await {
+    let group = match super::describe::settings(kafka, &ResourceSpecifier::Group(&kafka.group_id)).await? {
         Ok(read) => GroupSetting::Read(read.get("consumer.session.timeout.ms").cloned()),
         Err(_) => GroupSetting::Unreadable,
     };
     let broker = match broker_id {
-        Some(id) => settings(&admin, &options, within, &ResourceSpecifier::Broker(id)).await.unwrap_or_default(),
+        Some(id) => super::describe::settings(kafka, &ResourceSpecifier::Broker(id)).await?.unwrap_or_default(),
         None => Default::default(),
     };
     let broker_session = (
@@ -83,21 +77,6 @@ pub(super) async fn group_session(kafka: &KafkaConfig, broker_id: Option<i32>) -
             KIP848_DEFAULT
         }
     })
-}
-
-/// `resource`'s settings that have a value, if they could be read within `within`.
-async fn settings(
-    admin: &AdminClient<DefaultClientContext>,
-    options: &AdminOptions,
-    within: Duration,
-    resource: &ResourceSpecifier<'_>,
-) -> Result<std::collections::HashMap<String, String>, String> {
-    let described = tokio::time::timeout(within, admin.describe_configs([resource], options))
-        .await
-        .map_err(|_| "no answer in time".to_string())?
-        .map_err(|e| e.to_string())?;
-    let config = described.into_iter().next().ok_or("no answer")?.map_err(|e| format!("{e:?}"))?;
-    Ok(config.entries.into_iter().filter_map(|e| Some((e.name, e.value?))).collect())
 }
 
 #[cfg(test)]

@@ -7,6 +7,17 @@ fn fp(b: u8) -> Fingerprint {
     Fingerprint([b; 32])
 }
 
+/// A command kept in doubt.
+fn held() -> Box<Held> {
+    Box::new(Held {
+        sink: "pay".into(),
+        route: "payments".into(),
+        kind: "payment.create".into(),
+        payload: br#"{"ref":"r-1"}"#.to_vec(),
+        source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
+    })
+}
+
 /// A record of each state, with and without its optional sections.
 fn every_shape() -> [Record; 7] {
     [
@@ -22,13 +33,7 @@ fn every_shape() -> [Record; 7] {
             claimed_at_ms: 1_700_000_000_000,
             attempts: 2,
             source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
-            held: Some(Box::new(Held {
-                sink: "pay".into(),
-                route: "payments".into(),
-                kind: "payment.create".into(),
-                payload: br#"{"ref":"r-1"}"#.to_vec(),
-                source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
-            })),
+            held: Some(held()),
         }),
         Record::Completed(Completed {
             fingerprint: fp(2),
@@ -71,13 +76,7 @@ fn every_shape() -> [Record; 7] {
             claimed_at_ms: 5,
             attempts: 1,
             why: "no answer".into(),
-            held: Some(Box::new(Held {
-                sink: "pay".into(),
-                route: "payments".into(),
-                kind: "payment.create".into(),
-                payload: br#"{"ref":"r-1"}"#.to_vec(),
-                source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
-            })),
+            held: Some(held()),
         }),
     ]
 }

@@ -13,15 +13,10 @@
 //! When the settings cannot be read (no `DescribeConfigs` permission, an old broker) the
 //! topic is taken as it is and the log says so.
 
-use std::time::Duration;
-
-use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::ResourceSpecifier;
 
 use super::Purpose;
-use crate::connection::probe;
-use crate::pipeline::KafkaConfig;
-use crate::pipeline::{PipelineError, producer_config};
+use crate::pipeline::{KafkaConfig, PipelineError};
 
 /// The least `retention.ms` a by-key topic may have: a week, an outage's worth.
 pub(super) const BY_KEY_MIN_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
@@ -62,25 +57,14 @@ pub(super) fn wrong(name: &str, purpose: Purpose, setting: &dyn Fn(&str) -> Opti
 
 /// Refuses topic `name` when its settings do not keep what `purpose` needs ([`wrong`]).
 pub(super) async fn check(kafka: &KafkaConfig, name: &str, purpose: Purpose) -> Result<(), PipelineError> {
-    let admin: AdminClient<DefaultClientContext> = probe::create(&producer_config(kafka)?, "admin")?;
-    let resource = ResourceSpecifier::Topic(name);
-    let options = AdminOptions::new().request_timeout(Some(kafka.connect_timeout));
-    let described = tokio::time::timeout(
-        kafka.connect_timeout + Duration::from_secs(1),
-        admin.describe_configs([&resource], &options),
-    )
-    .await
-    .map_err(|_| "no answer in time".to_string())
-    .and_then(|r| r.map_err(|e| e.to_string()))
-    .and_then(|mut all| all.pop().ok_or_else(|| "no answer".to_string())?.map_err(|e| format!("{e:?}")));
-    let resource = match described {
-        Ok(resource) => resource,
+    let settings = match crate::pipeline::describe::settings(kafka, &ResourceSpecifier::Topic(name)).await? {
+        Ok(settings) => settings,
         Err(why) => {
             tracing::warn!(topic = name, ?purpose, why, "could not read the topic's settings; taking it as it is");
             return Ok(());
         }
     };
-    let setting = |key: &str| resource.get(key).and_then(|e| e.value.clone());
+    let setting = |key: &str| settings.get(key).cloned();
     match wrong(name, purpose, &setting) {
         Some(why) => Err(PipelineError::Changelog(why)),
         None => Ok(()),
