@@ -36,6 +36,7 @@ impl Background {
         let circuit_gauges = circuits::spawn_gauges(&sinks, &core.metrics, stop);
         let current_table = Arc::new(CurrentTable::default());
         let reconciler = Reconciler {
+            unattended_by_sink: Default::default(),
             engine: Arc::clone(&core.engine),
             publisher: Arc::clone(&core.publisher),
             transactions: core.transactions.clone(),

@@ -79,6 +79,8 @@ pub(super) struct Reconciler {
     pub(super) sinks: BTreeMap<String, CheckTiming>,
     /// `dedupd_indeterminate_keys_unattended`.
     pub(super) metrics: Arc<Metrics>,
+    /// Each sink's unattended keys as its last pass found them.
+    pub(super) unattended_by_sink: parking_lot::Mutex<BTreeMap<String, i64>>,
 }
 
 /// How a pass over one sink's keys went, for its log line.
@@ -98,25 +100,39 @@ impl Reconciler {
     /// Runs until `stop`: a pass over each sink's keys in doubt every `check.interval`, and
     /// `dedupd_indeterminate_keys_unattended` kept up to date.
     pub(super) async fn run(self, stop: CancellationToken) {
+        let this = Arc::new(self);
+        // The gauges are refreshed beside the passes: a pass whose checks wait on a slow
+        // receiver can take minutes.
+        let gauges = tokio::spawn(Arc::clone(&this).report_every(stop.clone()));
         // The first pass comes one interval after the start: a key a crash left in doubt is
         // taken up by its next arrival's check first, if one comes.
         let start = Instant::now();
         let mut due: BTreeMap<&str, Instant> =
-            self.sinks.iter().map(|(name, timing)| (name.as_str(), start + timing.interval)).collect();
-        // Each sink's unattended keys as its last pass found them.
-        let mut unattended_by_sink: BTreeMap<String, i64> = BTreeMap::new();
+            this.sinks.iter().map(|(name, timing)| (name.as_str(), start + timing.interval)).collect();
         loop {
             let now = Instant::now();
             for (sink, at) in due.iter_mut().filter(|(_, at)| **at <= now) {
-                let interval = self.sinks.get(*sink).map_or(GAUGE_EVERY, |t| t.interval);
-                let unattended = self.pass(sink, &stop).await;
-                unattended_by_sink.insert((*sink).to_string(), unattended);
+                let interval = this.sinks.get(*sink).map_or(GAUGE_EVERY, |t| t.interval);
+                let unattended = this.pass(sink, &stop).await;
+                this.unattended_by_sink.lock().insert((*sink).to_string(), unattended);
+                this.report_doubts();
                 *at = Instant::now() + interval;
             }
-            self.report_doubts(&unattended_by_sink);
-            let next = due.values().min().copied().unwrap_or(now + GAUGE_EVERY).min(Instant::now() + GAUGE_EVERY);
+            let next = due.values().min().copied().unwrap_or(now + GAUGE_EVERY);
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+        let _ = gauges.await;
+    }
+
+    /// Refreshes the gauges every [`GAUGE_EVERY`] until `stop`.
+    async fn report_every(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            self.report_doubts();
+            tokio::select! {
+                () = tokio::time::sleep(GAUGE_EVERY) => {}
                 () = stop.cancelled() => return,
             }
         }
@@ -126,7 +142,8 @@ impl Reconciler {
     /// sink with keys in doubt, counting the keys this instance answers for: the
     /// unattended are all of them for a sink without a check, those its last pass could not
     /// take up for one with.
-    fn report_doubts(&self, unattended_by_sink: &BTreeMap<String, i64>) {
+    fn report_doubts(&self) {
+        let unattended_by_sink = self.unattended_by_sink.lock().clone();
         for (sink, count) in in_doubt_answered_for(self.engine.store(), &self.owner) {
             self.metrics.indeterminate_keys(&sink, count);
             let unattended = match self.sinks.contains_key(&sink) {
