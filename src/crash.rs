@@ -23,7 +23,7 @@
 //!    renamed over the old one);
 //! 9. `compaction.chunk`: compaction between two chunks of expired records.
 //!
-//! Five more points are not in [`POINTS`] (which the crash suite runs with transactions
+//! Seven more points are not in [`POINTS`] (which the crash suite runs with transactions
 //! off, point by point):
 //! - `replay.delivered`: `dedupd dead-letters replay` with a replayed record and its mark
 //!   delivered, their transaction not yet committed (tests/cli_dead_letters.rs: killed
@@ -38,6 +38,10 @@
 //!   thread about to handle a revoke. Delayed, it stands for a consumer that has not yet
 //!   noticed it lost its partitions, so that what stops a zombie then (the broker refusing
 //!   its commits) is tested on its own (tests/kafka_zombie.rs).
+//! - `rebalance.revoke_drained` and `rebalance.revoke_let_go`, for delaying only: a revoke
+//!   with its workers stopped, before and after the store stops owning its state
+//!   partitions (both before its commit), so that an operator's write can be made to race
+//!   it on either side (tests/kafka_revoke_race.rs).
 //! - `consumer.turn`, for delaying only: the consumer loop's turn, before it polls. Delayed
 //!   past the consumer's `max.poll.interval.ms`, it stands for a wedged loop, which
 //!   `/healthz` must report (tests/kafka_liveness.rs).

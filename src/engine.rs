@@ -130,6 +130,15 @@ pub enum EngineError {
     ChangeLog(String),
 }
 
+impl EngineError {
+    /// Whether the store refused a write because the key's partition was let go in a
+    /// rebalance (`store::ownership`): the batch of a worker that outlived its partition,
+    /// not a failure of the process.
+    pub fn is_let_go(&self) -> bool {
+        matches!(self, EngineError::Store(StoreError::NotOwned { .. }))
+    }
+}
+
 /// The dedup engine shared by all partitions' workers.
 pub struct Engine {
     store: Arc<KeyStore>,

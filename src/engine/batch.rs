@@ -90,7 +90,10 @@ impl Engine {
         // Carried completions wait for no ticket (so never for another partition's sink
         // calls to free a permit): without a ticket at once they are made durable alone,
         // and the next round waits for its tickets.
-        let started = self.start_heads(queues, heads, now, before.is_empty(), cancel).await?;
+        let started = match self.start_heads(queues, heads, now, before.is_empty(), cancel).await {
+            Ok(started) => started,
+            Err(e) => return Err(self.release_if_let_go(e, &before)),
+        };
         let (ticketed, waits) = (started.to_claim, started.waits);
         marks.mark();
         if ticketed.is_empty() {
@@ -102,7 +105,10 @@ impl Engine {
             return Ok(RoundEnd { flushed, unsynced: Vec::new(), waits });
         }
         let carrying = !before.is_empty();
-        let claimed = self.claim(ticketed, carrying).await?;
+        let claimed = match self.claim(ticketed, carrying).await {
+            Ok(claimed) => claimed,
+            Err(e) => return Err(self.release_if_let_go(e, &before)),
+        };
         // Their completions are durable with the claims: a waiter may replay them now.
         self.release(&before);
         marks.mark();
@@ -136,6 +142,18 @@ impl Engine {
         for key in keys {
             map.remove(key);
         }
+    }
+
+    /// Returns `e`, having let go of `keys` if it is a write the store refused because the
+    /// partition was let go (`store::ownership`): the batch ends there, and its keys must
+    /// not keep a later batch of this process waiting. Any other failure stops the process
+    /// with them held: a waiter must never replay a completion a failed write may not have
+    /// made durable.
+    pub(super) fn release_if_let_go(&self, e: EngineError, keys: &[String]) -> EngineError {
+        if e.is_let_go() {
+            self.release(keys);
+        }
+        e
     }
 }
 

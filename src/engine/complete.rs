@@ -70,7 +70,7 @@ impl Engine {
                     // No call is in doubt: put back what the claim replaced, so the next
                     // owner of the partition decides as if we had never been here.
                     let mine = Record::InProgress(claim.record().clone());
-                    if self.store.compare_and_swap(&cmd.key, Some(&mine), previous.as_ref())?.is_err() {
+                    if !self.swap_unless_let_go(&cmd.key, &mine, previous.as_ref())? {
                         tracing::warn!(key = %cmd.key, "claim changed while abandoning it; leaving it");
                     }
                     ItemResult::Abandoned
@@ -84,7 +84,7 @@ impl Engine {
                         held: Some(self.held(cmd, &claim.record().source)),
                     });
                     let mine = Record::InProgress(claim.record().clone());
-                    if self.store.compare_and_swap(&cmd.key, Some(&mine), Some(&record))?.is_err() {
+                    if !self.swap_unless_let_go(&cmd.key, &mine, Some(&record))? {
                         // An operator forgot or resolved the key while its sink ran: their
                         // record stands; this input still learns the call is in doubt.
                         tracing::warn!(key = %cmd.key, "the claim was changed by an operator while its sink ran; indeterminate result published, not stored");
@@ -115,13 +115,30 @@ impl Engine {
         let lost = tokio::task::spawn_blocking(move || write_completions(&store, completions))
             .await
             .map_err(|e| EngineError::Join(e.to_string()))??;
-        if let Some(key) = lost {
+        match lost {
             // An operator forgot (or overwrote) a key while its sink ran: the effect
             // happened and its result is published, but the store keeps what the
             // operator asked for. Not a reason to stop the partition.
-            tracing::warn!(%key, "the claim was removed by an operator while its sink ran; result published, not stored");
+            Some(Unwritten::Lost(key)) => {
+                tracing::warn!(%key, "the claim was removed by an operator while its sink ran; result published, not stored")
+            }
+            Some(Unwritten::LetGo(e)) => tracing::warn!(error = %e, "{LET_GO}"),
+            None => {}
         }
         Ok(())
+    }
+
+    /// Replaces `mine` (a claim of this batch) with `new`, unless the key changed meanwhile
+    /// or its partition was let go (`store::ownership`): says whether it did.
+    fn swap_unless_let_go(&self, key: &str, mine: &Record, new: Option<&Record>) -> Result<bool, EngineError> {
+        match self.store.compare_and_swap(key, Some(mine), new) {
+            Ok(swapped) => Ok(swapped.is_ok()),
+            Err(e @ StoreError::NotOwned { .. }) => {
+                tracing::warn!(error = %e, "{LET_GO}");
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Flushes the store: every completion written so far becomes durable (with a
@@ -167,15 +184,26 @@ fn completion(cmd: &Command, answer: &Answer, source: &SourcePos, settled: Optio
     }
 }
 
-/// Writes a round's completions. Returns the key of a claim an operator removed meanwhile
-/// (its completion is not stored).
+/// What a worker whose partition was let go under it logs for a write the store refused.
+const LET_GO: &str = "the partition was let go while this batch was at its sinks (past the drain bound): not stored; its new owner settles the key";
+
+/// Why some of a round's completions were not written; the others were.
+enum Unwritten {
+    /// An operator removed the key's claim meanwhile (the key).
+    Lost(String),
+    /// The key's partition was let go meanwhile (`store::ownership`).
+    LetGo(StoreError),
+}
+
+/// Writes a round's completions; says why some were not, if so.
 fn write_completions(
     store: &KeyStore,
     completions: Vec<(DurableClaim, Completed)>,
-) -> Result<Option<String>, StoreError> {
+) -> Result<Option<Unwritten>, StoreError> {
     match store.complete_batch(completions) {
         Ok(_) => Ok(None),
-        Err(StoreError::ClaimLost(key)) => Ok(Some(key)),
+        Err(StoreError::ClaimLost(key)) => Ok(Some(Unwritten::Lost(key))),
+        Err(e @ StoreError::NotOwned { .. }) => Ok(Some(Unwritten::LetGo(e))),
         Err(e) => Err(e),
     }
 }

@@ -77,7 +77,15 @@ impl Engine {
             Started { to_claim: Vec::with_capacity(heads.len()), short_of_tickets: false, waits: Vec::new() };
         let reads = self.read_heads(&heads).await?;
         for (head, read) in heads.into_iter().zip(reads) {
-            match self.start(&queues.items()[head.index], head.command, now, read)? {
+            let start = match self.start(&queues.items()[head.index], head.command, now, read) {
+                Ok(start) => start,
+                Err(e) => {
+                    let marked: Vec<String> =
+                        started.to_claim.iter().map(|(c, _)| c.head.command.key.clone()).collect();
+                    return Err(self.release_if_let_go(e, &marked));
+                }
+            };
+            match start {
                 Start::Done(p) => queues.finish(head, ItemResult::Done(p)),
                 Start::Wait(rx) => started.waits.push(rx),
                 Start::Claim(request) => {

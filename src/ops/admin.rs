@@ -33,7 +33,9 @@ use super::metrics::Metrics;
 use super::settle::{self, SettleError};
 use crate::sinks::Sink;
 use crate::store::transfer::ImportOptions;
-use crate::store::{Completion, ForgetError, KeyStore, KeysQuery, ResolveError, TransferError, record_json};
+use crate::store::{
+    Completion, ForgetError, KeyStore, KeysQuery, ResolveError, StoreError, TransferError, record_json,
+};
 use crate::time::{Clock, SystemClock};
 
 /// What the admin routes need.
@@ -100,6 +102,19 @@ type ApiResult = Result<Response, ApiError>;
 
 fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// A store failure: 421 for a write of a key whose state partition this instance let go
+/// since its owner check (a rebalance raced the request: nothing was written, and the
+/// key's new owner takes it), 500 otherwise.
+fn store_error(e: &StoreError) -> ApiError {
+    match e {
+        StoreError::NotOwned { .. } => ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!("{e}; send the request to the instance that holds it now (`dedupd status --admin URL`)"),
+        ),
+        e => internal(e),
+    }
 }
 
 /// Runs a blocking store call off the async workers.
@@ -235,7 +250,7 @@ async fn forget_key(a: AdminApi, key: String, force: bool) -> ApiResult {
         Ok(was) => Ok(axum::Json(serde_json::json!({"forgot": key, "was": was.state().as_str()})).into_response()),
         Err(e @ ForgetError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
         Err(e @ ForgetError::InProgress(_)) => Err(ApiError::new(StatusCode::CONFLICT, format!("{e} (?force=true)"))),
-        Err(ForgetError::Store(e)) => Err(internal(e)),
+        Err(ForgetError::Store(e)) => Err(store_error(&e)),
     })
     .await
 }
@@ -279,7 +294,7 @@ async fn resolve_key(a: AdminApi, key: String, body: Bytes) -> ApiResult {
             Ok(r) => Ok(axum::Json(record_json(&key, &r, now)).into_response()),
             Err(e @ ResolveError::NotFound(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
             Err(e @ ResolveError::NotIndeterminate { .. }) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
-            Err(ResolveError::Store(e)) => Err(internal(e)),
+            Err(ResolveError::Store(e)) => Err(store_error(&e)),
         }
     })
     .await
@@ -311,7 +326,7 @@ fn settle_refused(e: SettleError) -> ApiError {
         SettleError::NotIndeterminate { .. } | SettleError::Changed(_) => StatusCode::CONFLICT,
         SettleError::NotHeld(_) | SettleError::NoCheck { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         SettleError::Unsettled { .. } => StatusCode::BAD_GATEWAY,
-        SettleError::Store(e) => return internal(e),
+        SettleError::Store(e) => return store_error(e),
     };
     ApiError::new(status, e.to_string())
 }
@@ -438,7 +453,7 @@ async fn import(
                 Err(ApiError::new(StatusCode::BAD_REQUEST, format!("{e} (the lines before it were applied)")))
             }
             Err(TransferError::Io(e)) => Err(ApiError::new(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))),
-            Err(TransferError::Store(e)) => Err(internal(e)),
+            Err(TransferError::Store(e)) => Err(store_error(&e)),
         }
     })
     .await

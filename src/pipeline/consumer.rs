@@ -26,7 +26,7 @@ use self::fence::Session;
 use super::changelog::Restorer;
 use super::control::{PartitionControl, Tp};
 use super::partitions::{Fetching, PartitionTable, WorkerHandle};
-use super::transactions::Transactions;
+use super::transactions::{BeforeCommit, Transactions};
 use crate::ops::{Health, Metrics};
 use crate::store::KeyStore;
 
@@ -71,6 +71,9 @@ pub struct PipelineContext {
     /// Under `store.changelog`: restores each assigned state partition before it is
     /// processed, instead of refusing a partition the store does not know.
     restorer: Option<Arc<Restorer>>,
+    /// Under `store.changelog`: sends the store's captured changes into the open
+    /// transaction, so that a revoke's commit carries every change made up to it.
+    changes: Option<Arc<dyn BeforeCommit>>,
     /// Set while some partitions await the store check (their committed offsets could not
     /// be read): they stay paused and it is retried with backoff from the poll loop.
     check_retry: Mutex<Option<CheckRetry>>,
@@ -208,16 +211,24 @@ impl PartitionControl for BaseConsumer<PipelineContext> {
 
 impl PipelineContext {
     /// Lets `revoked` go: drops what they hold, drains their workers (results published,
-    /// offsets stored), commits, and only then forgets them.
+    /// offsets stored) and ends their tenures, stops owning their state, commits every
+    /// change made for them, and only then forgets them.
     fn revoke(&self, consumer: &BaseConsumer<Self>, revoked: &[Tp]) {
         crate::crash::point("rebalance.revoke");
         tracing::info!(partitions = ?revoked, "partitions revoked: draining");
-        // Before the commit that ends their generation here (store::expiries, invariant 5).
-        if let Some(restorer) = &self.restorer {
-            restorer.stop_expiries(&restorer.state_partitions(revoked));
-        }
         self.partitions.drop_held_and_pauses(revoked);
         self.stop_workers(self.partitions.take_workers(revoked));
+        crate::crash::point("rebalance.revoke_drained");
+        // Once their workers are stopped (a late one's writes are refused from here on), and
+        // before the commit that ends their generation here: every write made for them up to
+        // now is in that commit, none after it (store::ownership, invariant 8;
+        // store::expiries, invariant 5).
+        if let Some(restorer) = &self.restorer {
+            let state = restorer.state_partitions(revoked);
+            restorer.stop_owning(&state);
+            tracing::info!(partitions = ?state, "revoked state partitions no longer written here; committing");
+            crate::crash::point("rebalance.revoke_let_go");
+        }
         for (topic, partition) in revoked {
             self.metrics.forget_lag(topic, *partition);
         }
@@ -261,7 +272,7 @@ impl PipelineContext {
             );
             self.runtime.block_on(transactions.abort_lost());
             self.fatal.cancel();
-        } else if let Err(e) = self.runtime.block_on(transactions.commit()) {
+        } else if let Err(e) = self.runtime.block_on(self.send_changes_and_commit(transactions)) {
             if transactions.was_fenced() {
                 tracing::warn!(error = %e, when, "fenced: the open transaction was aborted, nothing in it committed; starting again from the committed offsets");
             } else {
@@ -269,6 +280,21 @@ impl PipelineContext {
             }
             self.fatal.cancel();
         }
+    }
+
+    /// Commits the open transaction, with every change the store captured so far (under
+    /// `store.changelog`: the committer's commits carry them too, but this one must not
+    /// leave out one made just before it, such as an operator's forget or an
+    /// `indeterminate` record). Changes that cannot be sent abort it.
+    async fn send_changes_and_commit(&self, transactions: &Transactions) -> Result<(), String> {
+        if let Some(changes) = &self.changes
+            && let Err(e) = changes.before_commit().await
+        {
+            transactions.fail();
+            let _ = transactions.commit().await;
+            return Err(e);
+        }
+        transactions.commit().await.map_err(|e| e.to_string())
     }
 
     /// Under `store.changelog`: restores the state partitions of `assigned`; if that
@@ -397,7 +423,8 @@ impl PipelineContext {
 
     /// Cancels every one of `workers` at once (no new sink calls: a call still waiting for a
     /// permit, a token or a circuit never starts), waits for all of them to finish
-    /// publishing their current batch within one [`DRAIN_TIMEOUT`], and drops them. Called
+    /// publishing their current batch within one [`DRAIN_TIMEOUT`], ends their tenures, and
+    /// drops them. Called
     /// outside the table's lock: a draining worker may still ask for a circuit pause.
     ///
     /// On a runtime thread it cannot wait, and does not: there the consumer is being closed
@@ -409,11 +436,13 @@ impl PipelineContext {
         if workers.is_empty() {
             return;
         }
+        let mut tenures = Vec::with_capacity(workers.len());
         let joins: Vec<_> = workers
             .into_iter()
             .map(|(tp, h)| {
                 h.cancel.cancel();
                 drop(h.tx);
+                tenures.push(h.tenure);
                 (tp, h.join)
             })
             .collect();
@@ -422,10 +451,15 @@ impl PipelineContext {
                 partitions = joins.len(),
                 "workers cancelled while the consumer closes; not waiting for them"
             );
-            return;
+        } else {
+            for tp in self.runtime.block_on(drain_all(joins, drain_bound())) {
+                tracing::error!(topic = %tp.0, partition = tp.1, "worker did not drain in time; it publishes nothing more, and its uncommitted records will be redelivered");
+            }
         }
-        for tp in self.runtime.block_on(drain_all(joins, drain_bound())) {
-            tracing::error!(topic = %tp.0, partition = tp.1, "worker did not drain in time; its uncommitted records will be redelivered");
+        // Before the commit that follows: a worker still at its sink adds nothing to it or
+        // to any later one (transactions, invariant 9).
+        for tenure in tenures {
+            tenure.end();
         }
     }
 }

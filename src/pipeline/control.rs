@@ -6,6 +6,9 @@
 //! A request is not an order: the consumer's partition table decides whether a partition
 //! is fetched (a refused or held partition stays paused after a circuit closes).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rdkafka::error::KafkaError;
 
 /// A topic and partition.
@@ -24,4 +27,26 @@ pub(crate) trait PartitionControl: Send + Sync {
     /// Stores `offset`, the last record of `topic`/`partition` whose result is
     /// acknowledged, for the next commit (librdkafka commits the offset after it).
     fn store_offset(&self, topic: &str, partition: i32, offset: i64) -> Result<(), KafkaError>;
+}
+
+/// A worker's hold on its partition, from the worker's start until the revoke (or shutdown)
+/// that stops it ends it: after the drain bound, before the commit that ends the
+/// partition's generation here. Under transactional results a worker queues results,
+/// forwards and its offset only while its tenure holds, checked inside the transaction
+/// member it queues them with (transactions, invariant 9); so a worker still at its sink
+/// past the drain bound can add nothing to a transaction committed after it lost the
+/// partition. A partition assigned again gets a new worker with a new tenure.
+#[derive(Clone, Default)]
+pub(crate) struct Tenure(Arc<AtomicBool>);
+
+impl Tenure {
+    /// Ends the tenure: the worker publishes nothing more.
+    pub(crate) fn end(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether the worker still holds its partition.
+    pub(crate) fn holds(&self) -> bool {
+        !self.0.load(Ordering::Acquire)
+    }
 }

@@ -479,6 +479,7 @@ fn start_consumer(
         health: Arc::clone(&core.health),
         accept_empty_store: options.accept_empty_store,
         restorer: core.changelog.as_ref().map(|c| Arc::clone(&c.restorer)),
+        changes: core.changelog.as_ref().map(|c| Arc::clone(&c.writer) as Arc<dyn transactions::BeforeCommit>),
         stop: stop.clone(),
         // Room for the batch at the engine and those behind it: a full queue pauses the
         // partition, and a paused partition's prefetched records are fetched again.

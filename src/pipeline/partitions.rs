@@ -24,7 +24,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::control::Tp;
+use super::control::{Tenure, Tp};
 use super::queue::{QueueSender, SplitQueue};
 
 /// Switches the fetching of partitions off and on: the consumer, or a fake in tests.
@@ -45,6 +45,8 @@ pub(super) struct WorkerHandle {
     pub cancel: CancellationToken,
     /// Resolves once the worker settled what it sent.
     pub join: JoinHandle<()>,
+    /// Ended once the worker is stopped (drained, or past the drain bound).
+    pub tenure: Tenure,
 }
 
 /// Why a partition may not be fetched.
@@ -460,41 +462,7 @@ impl PartitionTable {
 /// A stand-in for the consumer's pause and resume, for the tests of this module and of
 /// `consumer`.
 #[cfg(test)]
-pub(super) mod fake {
-    use std::collections::HashSet;
-    use std::convert::Infallible;
-
-    use parking_lot::Mutex;
-
-    use super::{Fetching, Tp};
-
-    /// Which partitions Kafka would fetch, as pause and resume left them.
-    #[derive(Default)]
-    pub(crate) struct FakeFetching {
-        paused: Mutex<HashSet<Tp>>,
-    }
-
-    impl FakeFetching {
-        pub(crate) fn is_paused(&self, tp: &Tp) -> bool {
-            self.paused.lock().contains(tp)
-        }
-    }
-
-    impl Fetching for FakeFetching {
-        type Error = Infallible;
-        fn pause(&self, tps: &[Tp]) -> Result<(), Infallible> {
-            self.paused.lock().extend(tps.iter().cloned());
-            Ok(())
-        }
-        fn resume(&self, tps: &[Tp]) -> Result<(), Infallible> {
-            let mut paused = self.paused.lock();
-            for tp in tps {
-                paused.remove(tp);
-            }
-            Ok(())
-        }
-    }
-}
+pub(super) mod fake;
 
 #[cfg(test)]
 mod tests;

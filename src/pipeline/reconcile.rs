@@ -182,6 +182,11 @@ impl Reconciler {
                     pass.unattended += i64::from(why.waits_for_an_operator() && self.owner.answers_for(key));
                     tracing::trace!(key, sink, why = why.as_str(), "key in doubt not taken up");
                 }
+                Err(e) if e.is_let_go() => {
+                    // The key's partition was let go during the pass: its new owner takes it up.
+                    pass.skipped += 1;
+                    tracing::debug!(key, sink, error = %e, "key in doubt let go with its partition");
+                }
                 Err(e) => {
                     // A store or changelog failure: the workers meet it too and stop the
                     // process; this pass ends here.

@@ -5,7 +5,8 @@
 //! last offset only once its results and those of every earlier batch are acknowledged. Under
 //! the by-key hop an input partition's worker forwards its commands instead (`forward`),
 //! and a by-key partition's worker decides each as the input it was made of. `record`
-//! turns each record into an engine item and ends each command (its log line and span).
+//! turns each record into an engine item and ends each command (its log line and span);
+//! `stops` says how a batch stops short (a store failure, or a partition let go under it).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use tokio_util::sync::CancellationToken;
 
-use super::control::PartitionControl;
+use super::control::{PartitionControl, Tenure};
 use super::publish::{Acks, NotTaken, Parts, Publisher, all_parts};
 use super::queue::QueueReceiver;
 use super::transactions::Transactions;
@@ -32,6 +33,7 @@ mod forward;
 mod overlap;
 mod record;
 mod resend;
+mod stops;
 use overlap::{Deferred, Finished, Ran};
 use record::log_command;
 
@@ -118,6 +120,8 @@ pub(crate) struct PartitionWorker {
     pub control: Arc<dyn PartitionControl>,
     /// The offsets of the batch being processed, for the report of a panic.
     pub in_batch: Arc<BatchOffsets>,
+    /// Its hold on the partition, ended when it is stopped (see [`Tenure`]).
+    pub tenure: Tenure,
 }
 
 /// A batch whose results are with the producer: its offset is stored once they are
@@ -350,23 +354,6 @@ impl PartitionWorker {
         Ok((Some(ran), complete))
     }
 
-    /// Runs `write` on the store, on the blocking pool (a store write can wait for another
-    /// thread's flush); a failure stops the process, saying it failed `doing` that.
-    async fn on_store(
-        &self,
-        doing: &str,
-        write: impl FnOnce() -> Result<(), crate::store::StoreError> + Send + 'static,
-    ) -> Result<(), Stop> {
-        let done = tokio::task::spawn_blocking(write)
-            .await
-            .map_err(|e| crate::store::StoreError::Backend { backend: "join", message: e.to_string() });
-        if let Ok(Err(e)) | Err(e) = done {
-            self.store_failed(&e, doing);
-            return Err(Stop::Fatal);
-        }
-        Ok(())
-    }
-
     /// Hands a batch's results (and, under the hop, its forwards) to the producer; the
     /// batch's sent part ends at `last_offset`. Under transactional results, as a member of
     /// the open transaction, with that offset recorded in it (transactions, invariants
@@ -379,6 +366,9 @@ impl PartitionWorker {
         last_offset: i64,
     ) -> Result<Acks, Stop> {
         let Some(transactions) = &self.shared.transactions else {
+            // Without transactions a result cannot be kept from a partition let go once it is
+            // sent: at least none is sent after the revoke ended the tenure.
+            self.still_held()?;
             // Forwards exist only under the hop, which needs transactions (config validation).
             return self.send_until_queued(refs, all_parts(refs)).await.ok_or(Stop::Drain);
         };
@@ -391,6 +381,9 @@ impl PartitionWorker {
             }
             Stop::Fatal
         })?;
+        // Inside the member: the revoke's commit either carries all of this batch or, past
+        // its tenure, none of it (transactions, invariant 9).
+        self.still_held()?;
         let results = self.send_until_queued(refs, all_parts(refs)).await;
         if !forwards.is_empty() {
             // Each names its writer (transactions, invariant 8).
@@ -452,29 +445,6 @@ impl PartitionWorker {
         self.shared.metrics.batch_processed(u.started.elapsed().as_secs_f64());
         tracing::debug!(topic = %self.topic, partition = self.partition, records = u.records.len(), ms = u.started.elapsed().as_millis() as u64, "batch done");
         true
-    }
-
-    /// The engine failed `doing` something: a store failure is reported as such
-    /// ([`PartitionWorker::store_failed`]); either stops the process.
-    fn engine_failed(&self, e: crate::engine::EngineError, doing: &str) -> Stop {
-        match e {
-            crate::engine::EngineError::Store(e) => self.store_failed(&e, doing),
-            e => {
-                tracing::error!(error = %e, doing, topic = %self.topic, partition = self.partition, "engine failed; stopping")
-            }
-        }
-        Stop::Fatal
-    }
-
-    /// A store failure, which stops the process: logged saying what failed (a full disk
-    /// names its path), counted in `dedupd_store_write_errors_total{kind}`, and `/readyz` 503.
-    fn store_failed(&self, e: &crate::store::StoreError, doing: &str) {
-        tracing::error!(error = %e, disk_full = e.is_disk_full(), topic = %self.topic, partition = self.partition,
-            "store failed {doing}; stopping (exit non-zero: restart once the cause is fixed)");
-        if let Some(kind) = e.write_error_kind() {
-            self.shared.metrics.store_write_failed(kind);
-        }
-        self.shared.health.set_store_failed(&e.to_string());
     }
 
     fn record_metrics(&self, p: &Processed) {

@@ -287,6 +287,7 @@ impl KeyStore {
         requests: Vec<ClaimRequest>,
     ) -> Result<Vec<Result<PendingClaim, Option<Record>>>, StoreError> {
         let _gate = self.gate.read();
+        self.check_owned(requests.iter().map(|r| r.key.as_str()))?;
         let compactions = self.compactions.load(Ordering::Acquire);
         let hashes: Vec<(usize, u32)> = requests.iter().map(|r| presence::key_hash(&r.key)).collect();
         let mut locks = self.lock_stripes(hashes.iter().map(|&(at, _)| at));

@@ -29,6 +29,12 @@ pub enum StoreError {
     /// A completion found its claim gone or replaced (an operator forgot the key meanwhile).
     #[error("key {0:?}: the claim was replaced before completion")]
     ClaimLost(String),
+    /// A write of a key whose state partition this store does not own (any more): the
+    /// partition was let go in a rebalance (`ownership`). Nothing was written.
+    #[error(
+        "key {key:?} belongs to state partition {partition}, which this instance does not hold now (let go, or not yet restored): not written"
+    )]
+    NotOwned { key: String, partition: i32 },
     /// A write failed because the file system holding `path` is full (ENOSPC, or a quota).
     #[error("{backend} store: disk full: no space left on device for {} ({message})", path.display())]
     DiskFull { backend: &'static str, path: PathBuf, message: String },
@@ -68,6 +74,7 @@ impl StoreError {
             | StoreError::Locked { .. }
             | StoreError::OtherBackend { .. }
             | StoreError::ClaimLost(_)
+            | StoreError::NotOwned { .. }
             | StoreError::JournalCorrupt { .. } => None,
         }
     }

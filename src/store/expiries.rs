@@ -6,44 +6,37 @@
 //! and delete that record from the topic: a repeat would then run its sink again.
 //!
 //! The store keeps, continuing the invariants of `changelog`:
-//! 5. An expiry's tombstone is captured only for a key of a partition whose expiries this
-//!    store writes ([`KeyStore::write_expiries_of`]), checked under the capture lock; those
-//!    captured and not yet taken when the partition's expiries stop
-//!    ([`KeyStore::stop_expiries_of`]) are dropped under the same lock. The pipeline stops a
-//!    partition's expiries before the commit that lets it go and takes captured changes
-//!    only inside a member of the transaction (`pipeline::changelog::writer`), so every
-//!    expiry tombstone is committed by the partition's owner, in a generation that owns it.
+//! 5. An expiry's tombstone is captured only for a key of a partition this store owns
+//!    (`ownership`), checked under the capture lock; those captured and not yet taken when
+//!    the partition is let go ([`KeyStore::let_go_partitions`]) are dropped under the same
+//!    lock. The pipeline lets a partition go before the commit that ends its generation
+//!    here and takes captured changes only inside a member of the transaction
+//!    (`pipeline::changelog::writer`), so every expiry tombstone is committed by the
+//!    partition's owner, in a generation that owns it.
 //! 6. No compaction chunk starts while a restore applies records ([`KeyStore::restoring`]):
 //!    a key a restore applied that expired meanwhile is removed with its tombstone once
-//!    its partition's expiries are this store's, not before without one.
+//!    its partition is this store's, not before without one.
 //! 7. A key whose last record a restore read is an expired completion is not kept, and its
-//!    tombstone is captured once its partition's expiries are this store's
+//!    tombstone is captured once its partition is this store's
 //!    ([`KeyStore::write_restored_expiries`]), so that an expiry nobody held when it came
 //!    (a store rebuilt after it) still leaves the topic.
 //!
-//! Without [`KeyStore::expiries_by_partition`] every expiry is captured (a store alone).
+//! Without [`KeyStore::owned_by_partition`] every expiry is captured (a store alone).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use super::changelog::Change;
+use super::ownership::Scope;
 use super::{KeyStore, StoreError};
-
-/// The key's state partition.
-type PartitionOf = Box<dyn Fn(&str) -> i32 + Send + Sync>;
 
 /// The captured changes not yet taken, and whose expiries may be among them.
 #[derive(Default)]
 pub(super) struct Captured {
     /// Oldest first; `true` marks an expiry's tombstone.
     changes: Vec<(Change, bool)>,
-    scope: Option<Scope>,
-}
-
-struct Scope {
-    partition_of: PartitionOf,
-    /// The partitions whose expiries are captured (invariant 5).
-    writing: BTreeSet<i32>,
+    /// Under `store.changelog`: the state partitions this store owns (`ownership`).
+    pub(super) scope: Option<Scope>,
 }
 
 impl Captured {
@@ -54,10 +47,7 @@ impl Captured {
     /// Captures the tombstone of expired `key`, if its partition's expiries are this
     /// store's (invariant 5); says whether it did.
     pub(super) fn push_expiry(&mut self, key: &str) -> bool {
-        let writes = match &self.scope {
-            None => true,
-            Some(scope) => scope.writing.contains(&(scope.partition_of)(key)),
-        };
+        let writes = self.scope.as_ref().is_none_or(|scope| scope.owns(key));
         if writes {
             self.changes.push((Change { key: key.to_string(), value: None }, true));
         }
@@ -66,6 +56,15 @@ impl Captured {
 
     pub(super) fn is_empty(&self) -> bool {
         self.changes.is_empty()
+    }
+
+    /// Drops the captured expiry tombstones of keys this store no longer owns (invariant
+    /// 5); returns how many.
+    pub(super) fn drop_expiries_not_owned(&mut self) -> usize {
+        let Some(scope) = &self.scope else { return 0 };
+        let before = self.changes.len();
+        self.changes.retain(|(change, expiry)| !*expiry || scope.owns(&change.key));
+        before - self.changes.len()
     }
 
     pub(super) fn take(&mut self) -> Vec<Change> {
@@ -83,33 +82,6 @@ impl Drop for Restoring<'_> {
 }
 
 impl KeyStore {
-    /// From now on an expiry's tombstone is captured only for keys of the partitions
-    /// `partition_of` maps them to that [`KeyStore::write_expiries_of`] names (none yet).
-    pub fn expiries_by_partition(&self, partition_of: impl Fn(&str) -> i32 + Send + Sync + 'static) {
-        self.changes.lock().scope = Some(Scope { partition_of: Box::new(partition_of), writing: BTreeSet::new() });
-    }
-
-    /// Expiries of keys of `partitions` are captured from now on (invariant 5).
-    pub fn write_expiries_of(&self, partitions: &[i32]) {
-        if let Some(scope) = &mut self.changes.lock().scope {
-            scope.writing.extend(partitions);
-        }
-    }
-
-    /// Expiries of keys of `partitions` are no longer captured, and those captured and not
-    /// yet taken are dropped (invariant 5). Returns how many were dropped.
-    pub fn stop_expiries_of(&self, partitions: &[i32]) -> usize {
-        let mut captured = self.changes.lock();
-        let Captured { changes, scope } = &mut *captured;
-        let Some(scope) = scope else { return 0 };
-        for p in partitions {
-            scope.writing.remove(p);
-        }
-        let before = changes.len();
-        changes.retain(|(change, expiry)| !*expiry || scope.writing.contains(&(scope.partition_of)(&change.key)));
-        before - changes.len()
-    }
-
     /// Whether captured changes wait to be taken.
     pub fn has_changes(&self) -> bool {
         !self.changes.lock().is_empty()
@@ -159,7 +131,7 @@ mod tests {
     fn two_partitions(dir: &std::path::Path, backend: StoreBackend) -> KeyStore {
         let config = StoreConfig { backend, path: dir.to_path_buf(), ..StoreConfig::default() };
         let (store, _) = KeyStore::open_as_cache(&config).expect("open");
-        store.expiries_by_partition(|key| i32::from(key.starts_with("p1-")));
+        store.owned_by_partition(|key| i32::from(key.starts_with("p1-")));
         store
     }
 
@@ -172,14 +144,15 @@ mod tests {
     }
 
     #[test]
-    fn an_expiry_is_removed_everywhere_and_tombstoned_only_where_its_partition_is_written() {
+    fn an_expiry_is_removed_everywhere_and_tombstoned_only_where_its_partition_is_owned() {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let store = two_partitions(dir.path(), backend);
-            store.write_expiries_of(&[0]);
+            store.own_partitions(&[0, 1]);
             for key in ["p0-a", "p1-a"] {
                 put(&store, key, &completed(50));
             }
+            store.let_go_partitions(&[1]);
             store.take_changes();
             assert_eq!(store.compact_expired(100, 10).expect("compact"), 2, "{backend}: both removed");
             assert_eq!(store.get("p1-a").expect("get"), None, "{backend}");
@@ -189,25 +162,24 @@ mod tests {
     }
 
     #[test]
-    fn stopping_a_partitions_expiries_drops_its_captured_tombstones_and_nothing_else() {
+    fn letting_a_partition_go_drops_its_captured_expiry_tombstones_and_nothing_else() {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let store = two_partitions(dir.path(), backend);
-            store.write_expiries_of(&[0, 1]);
+            store.own_partitions(&[0, 1]);
             for key in ["p0-a", "p1-a"] {
                 put(&store, key, &completed(50));
             }
+            put(&store, "p1-c", &completed(150));
             store.take_changes();
             store.compact_expired(100, 10).expect("compact");
             // A claim's put-back tombstone of partition 1 is not an expiry: it stays.
             put(&store, "p1-b", &completed(FAR));
             store.compare_and_swap("p1-b", Some(&completed(FAR)), None).expect("cas").expect("swapped");
-            assert_eq!(store.stop_expiries_of(&[1]), 1, "{backend}");
+            assert_eq!(store.let_go_partitions(&[1]), 1, "{backend}");
             let changes = store.take_changes();
             assert_eq!(tombstones(&changes), vec!["p0-a", "p1-b"], "{backend}");
-            put(&store, "p1-c", &completed(150));
-            store.take_changes();
-            store.compact_expired(200, 10).expect("compact");
+            assert_eq!(store.compact_expired(200, 10).expect("compact"), 1, "{backend}: p1-c removed");
             assert!(!store.has_changes(), "{backend}: partition 1's expiries no longer captured");
         }
     }
@@ -217,6 +189,7 @@ mod tests {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let store = two_partitions(dir.path(), backend);
+            store.own_partitions(&[0]);
             put(&store, "p0-a", &completed(50));
             {
                 let _restoring = store.restoring();
@@ -243,7 +216,7 @@ mod tests {
             store.restore_batch(("log", 0), read, 5, 100, &mut expired).expect("restore");
             assert_eq!(expired, HashSet::from(["p0-old".to_string()]), "{backend}: the last record of each");
             assert_eq!(store.write_restored_expiries(expired.clone()).expect("write"), 0, "{backend}: not yet written");
-            store.write_expiries_of(&[0]);
+            store.own_partitions(&[0]);
             assert_eq!(store.write_restored_expiries(expired).expect("write"), 1, "{backend}");
             assert_eq!(tombstones(&store.take_changes()), vec!["p0-old"], "{backend}");
         }

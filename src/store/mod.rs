@@ -19,7 +19,8 @@
 //!   expiring at `at`, so compaction deletes by the index alone, in bounded chunks, and
 //!   never touches `in_progress` or `indeterminate` records;
 //! - as a changelog's cache (`changelog`), every change is captured for the changelog, and
-//!   an expiry's tombstone only for the state partitions the instance owns (`expiries`).
+//!   an expiry's tombstone only for the state partitions the instance owns (`expiries`);
+//!   a key of a partition it does not own is never written (`ownership`).
 
 mod backend;
 mod backends;
@@ -38,6 +39,7 @@ mod index;
 mod journal;
 mod listing;
 mod operator;
+mod ownership;
 mod presence;
 pub mod record;
 mod scan;
@@ -329,6 +331,7 @@ impl KeyStore {
         new: Option<&Record>,
     ) -> Result<Result<(), Option<Record>>, StoreError> {
         let _gate = self.gate.read();
+        self.check_owned([key])?;
         let mut stripe = self.lock_settled(key);
         let current = self.get_locked(&stripe, key)?;
         if current.as_ref() != expected {

@@ -111,8 +111,9 @@ impl Changelog {
         (metrics, health): (&Arc<Metrics>, &Arc<Health>),
     ) -> Result<Changelog, PipelineError> {
         let partitions = topic.partitions;
-        // Each expiry's tombstone is its partition's owner's to write (store::expiries).
-        store.expiries_by_partition(move |key| state_partition(key, partitions));
+        // Each key's records and expiry tombstone are its partition's owner's to write
+        // (store::ownership, store::expiries).
+        store.owned_by_partition(move |key| state_partition(key, partitions));
         // A commit with nothing else on the changelog or by-key topic names its writer here.
         transactions.name_on(&topic.name, state_partition(&transactions.writer_key(), partitions));
         let writer = ChangelogWriter::new(Arc::clone(store), Arc::clone(transactions), producer, topic);

@@ -184,7 +184,7 @@ impl Restorer {
                 return Err(format!("restoring {}: {e}", self.topic));
             }
         };
-        self.store.write_expiries_of(&todo);
+        self.store.own_partitions(&todo);
         for (p, r) in restored {
             let expired = self.store.write_restored_expiries(r.expired).map_err(|e| e.to_string())?;
             tracing::info!(partition = %self.name(p), records = r.applied, expired, ms = started.elapsed().as_millis() as u64, "state partition restored");
@@ -195,10 +195,11 @@ impl Restorer {
         Ok(())
     }
 
-    /// Before `partitions` are let go (ahead of the commit that ends their generation):
-    /// this store writes no more expiries of theirs (`store::expiries`, invariant 5).
-    pub(crate) fn stop_expiries(&self, partitions: &[i32]) {
-        let dropped = self.store.stop_expiries_of(partitions);
+    /// Before `partitions` are let go (their workers drained, ahead of the commit that ends
+    /// their generation here): this store writes no more of their keys' records nor
+    /// expiries (`store::ownership`, invariant 8; `store::expiries`, invariant 5).
+    pub(crate) fn stop_owning(&self, partitions: &[i32]) {
+        let dropped = self.store.let_go_partitions(partitions);
         if dropped > 0 {
             tracing::debug!(
                 ?partitions,

@@ -16,9 +16,10 @@ use super::settings::{bound_prefetch, consumer_config, static_member_id};
 use crate::connection::probe::ConnectError;
 use crate::ops::Health;
 use crate::pipeline::changelog::Restorer;
-use crate::pipeline::control::{PartitionControl, Tp};
+use crate::pipeline::control::{PartitionControl, Tenure, Tp};
 use crate::pipeline::partitions::{CurrentTable, Dispatched, PartitionTable, WorkerHandle};
 use crate::pipeline::queue::{SplitQueue, partition_queue};
+use crate::pipeline::transactions::BeforeCommit;
 use crate::pipeline::worker::{BatchOffsets, PanicWatch, PartitionWorker, WorkerShared, supervise};
 use crate::pipeline::{KafkaConfig, PipelineError};
 
@@ -30,6 +31,8 @@ pub(crate) struct ConsumerParts {
     pub accept_empty_store: bool,
     /// Under `store.changelog`: restores state partitions on assignment.
     pub restorer: Option<Arc<Restorer>>,
+    /// Under `store.changelog`: sends the store's captured changes, before a revoke's commit.
+    pub changes: Option<Arc<dyn BeforeCommit>>,
     pub stop: CancellationToken,
     pub queue_per_partition: usize,
     /// The byte budget of each partition's queue (`pipeline.partition_buffer_bytes`).
@@ -73,6 +76,7 @@ fn create_consumer(
         health: Arc::clone(&parts.health),
         accept_empty_store: parts.accept_empty_store,
         restorer: parts.restorer.clone(),
+        changes: parts.changes.clone(),
         check_retry: Mutex::new(None),
         unfetched_lag_due: Mutex::new(Instant::now()),
         session: Mutex::new(Session::default()),
@@ -213,6 +217,7 @@ fn start_worker(
     let cancel = CancellationToken::new();
     let control: Arc<dyn PartitionControl> = Arc::clone(consumer) as Arc<dyn PartitionControl>;
     let in_batch = Arc::new(BatchOffsets::default());
+    let tenure = Tenure::default();
     let worker = PartitionWorker {
         topic: tp.0.clone(),
         partition: tp.1,
@@ -221,6 +226,7 @@ fn start_worker(
         shared: Arc::clone(&parts.shared),
         control,
         in_batch: Arc::clone(&in_batch),
+        tenure: tenure.clone(),
     };
     let watch = PanicWatch {
         topic: tp.0.clone(),
@@ -231,5 +237,5 @@ fn start_worker(
         fatal: parts.shared.fatal.clone(),
     };
     let join = consumer.context().runtime.spawn(supervise(worker.run(), watch));
-    WorkerHandle { tx, cancel, join }
+    WorkerHandle { tx, cancel, join, tenure }
 }

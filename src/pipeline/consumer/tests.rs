@@ -22,6 +22,7 @@ fn context(dir: &std::path::Path) -> PipelineContext {
         health: Arc::new(Health::default()),
         accept_empty_store: false,
         restorer: None,
+        changes: None,
         check_retry: Mutex::new(None),
         unfetched_lag_due: Mutex::new(Instant::now()),
         session: Mutex::new(Session::default()),
@@ -36,7 +37,7 @@ fn dispatch(ctx: &PipelineContext, fetch: &FakeFetching, tp: &Tp) -> Dispatched 
     let record = OwnedMessage::new(None, None, tp.0.clone(), Timestamp::NotAvailable, tp.1, 0, None);
     ctx.partitions.dispatch(fetch, tp, record, |_, _| {
         let (tx, _rx) = partition_queue(8, usize::MAX);
-        WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }
+        WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}), tenure: Default::default() }
     })
 }
 

@@ -20,7 +20,10 @@ fn record(tp: &Tp, offset: i64) -> OwnedMessage {
 /// A worker whose queue takes `room` records; the test plays the worker through `rx`.
 fn worker(room: usize) -> (WorkerHandle, QueueReceiver) {
     let (tx, rx) = partition_queue(room, usize::MAX);
-    (WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }, rx)
+    (
+        WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}), tenure: Default::default() },
+        rx,
+    )
 }
 
 /// Dispatches `offset` of `tp`, starting a worker with one record of room if needed.
@@ -74,7 +77,7 @@ async fn records_past_the_byte_budget_are_held_and_the_partition_paused() {
     let start = |_: &Tp, _| {
         let (tx, r) = partition_queue(100, 1_000);
         rx = Some(r);
-        WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}) }
+        WorkerHandle { tx, cancel: CancellationToken::new(), join: tokio::spawn(async {}), tenure: Default::default() }
     };
     assert_eq!(table.dispatch(&kafka, &a, large(0), start), Dispatched::Queued);
     assert_eq!(table.dispatch(&kafka, &a, large(1), |_, _| unreachable!("a worker runs")), Dispatched::Held);

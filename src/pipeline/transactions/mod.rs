@@ -51,6 +51,13 @@
 //!    session or the transaction timeout, whichever is shorter (`changelog::stalled`): the
 //!    coordinator aborts it then, not at its next check for timed-out transactions. A
 //!    producer fenced so is a fence here too (invariant 6).
+//! 9. A worker queues its results, forwards and offset only while its tenure holds
+//!    (`control::Tenure`), checked inside its [`Member`]. A revoke ends the tenures of the
+//!    partitions it lets go once their workers drained or the drain bound passed, and then
+//!    commits (alone at the gate, invariant 1): a worker that joined before carries its
+//!    batch whole into that commit; one that joins after finds its tenure ended and queues
+//!    nothing. So a worker still at its sink when its partition moved never publishes a
+//!    second result for an input, nor commits an offset of a partition it lost.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -115,10 +115,22 @@ impl KeyStore {
     /// Replaces each durable claim with its completion, all in one atomic write with one
     /// expiry-index entry per second of expiry. Durable after the next [`KeyStore::flush`].
     /// Claims that were replaced meanwhile (an operator forgot the key) are left alone and
-    /// reported as [`StoreError::ClaimLost`] once the others are written. Returns how many
-    /// were written.
+    /// reported as [`StoreError::ClaimLost`] once the others are written; so are, as
+    /// [`StoreError::NotOwned`], claims of keys whose partition this store let go meanwhile
+    /// (`ownership`, invariant 8). Returns how many were written.
     pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<usize, StoreError> {
         let _gate = self.gate.read();
+        let mut refused = None;
+        let items = items
+            .into_iter()
+            .filter(|(claim, _)| match self.check_owned([claim.key.as_str()]) {
+                Ok(()) => true,
+                Err(e) => {
+                    refused.get_or_insert(e);
+                    false
+                }
+            })
+            .collect();
         let Begun { batch, mut taken, ops, lost } = self.begin_completions(items)?;
         let written = if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) };
         match written {
@@ -128,9 +140,10 @@ impl KeyStore {
                 return Err(e);
             }
         }
-        match lost {
-            Some(key) => Err(StoreError::ClaimLost(key)),
-            None => Ok(taken.len()),
+        match (lost, refused) {
+            (Some(key), _) => Err(StoreError::ClaimLost(key)),
+            (None, Some(refused)) => Err(refused),
+            (None, None) => Ok(taken.len()),
         }
     }
 
