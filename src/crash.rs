@@ -23,7 +23,7 @@
 //!    renamed over the old one);
 //! 9. `compaction.chunk`: compaction between two chunks of expired records.
 //!
-//! Seven more points are not in [`POINTS`] (which the crash suite runs with transactions
+//! Eight more points are not in [`POINTS`] (which the crash suite runs with transactions
 //! off, point by point):
 //! - `replay.delivered`: `dedupd dead-letters replay` with a replayed record and its mark
 //!   delivered, their transaction not yet committed (tests/cli_dead_letters.rs: killed
@@ -42,6 +42,9 @@
 //!   with its workers stopped, before and after the store stops owning its state
 //!   partitions (both before its commit), so that an operator's write can be made to race
 //!   it on either side (tests/kafka_revoke_race.rs).
+//! - `restore.started`, for delaying only: a restore of state partitions about to read the
+//!   changelog, on its own thread; delayed past `max.poll.interval.ms`, it shows that the
+//!   group consumer goes on polling meanwhile (tests/kafka_restore_background.rs).
 //! - `consumer.turn`, for delaying only: the consumer loop's turn, before it polls. Delayed
 //!   past the consumer's `max.poll.interval.ms`, it stands for a wedged loop, which
 //!   `/healthz` must report (tests/kafka_liveness.rs).

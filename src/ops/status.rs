@@ -79,7 +79,15 @@ impl StatusSources {
             .held_partitions()
             .into_iter()
             .map(|(name, stopped)| {
-                let detail = down.get(&name).cloned();
+                // A partition whose state restores is shown with its state partition's
+                // progress (the changelog's partition of the same number).
+                let number = name.rsplit('/').next();
+                let restore =
+                    || down.iter().find(|(n, d)| d.starts_with(super::RESTORING) && n.rsplit('/').next() == number);
+                let detail = down.get(&name).cloned().or_else(|| match stopped {
+                    Some("restoring") => restore().map(|(_, d)| d.clone()),
+                    _ => None,
+                });
                 let state = match (&detail, stopped) {
                     (Some(d), _) if d.starts_with(super::RESTORING) => "restoring",
                     (Some(_), None) => "down",

@@ -32,6 +32,7 @@ use crate::store::KeyStore;
 
 mod fence;
 mod lag;
+mod restores;
 mod run;
 mod settings;
 mod split;
@@ -71,6 +72,8 @@ pub struct PipelineContext {
     /// Under `store.changelog`: restores each assigned state partition before it is
     /// processed, instead of refusing a partition the store does not know.
     restorer: Option<Arc<Restorer>>,
+    /// Where the restores started on assignment say they ended (`restores`).
+    restores: restores::Restores,
     /// Under `store.changelog`: sends the store's captured changes into the open
     /// transaction, so that a revoke's commit carries every change made up to it.
     changes: Option<Arc<dyn BeforeCommit>>,
@@ -131,10 +134,10 @@ impl ConsumerContext for PipelineContext {
             tracing::info!(partitions = ?parts, "partitions assigned");
             // Nothing is held for a newly assigned partition: this undoes any backpressure
             // pause from before a revoke (the watermark check pauses refused ones again).
-            self.partitions.assign(consumer, &parts);
+            // Their state restores in the background while they stay paused (`restores`).
+            let restoring = self.start_restores(&parts);
+            self.partitions.assign(consumer, &parts, &restoring);
             self.metrics.set_assigned_partitions(self.partitions.assigned_count());
-            // No worker of them starts before this callback returns (`run`).
-            self.restore(consumer, &parts);
             let committed = read_committed(consumer, &parts);
             if let Some(transactions) = &self.transactions {
                 // Every commit carries the owned partitions' offsets (transactions,
@@ -216,6 +219,9 @@ impl PipelineContext {
     fn revoke(&self, consumer: &BaseConsumer<Self>, revoked: &[Tp]) {
         crate::crash::point("rebalance.revoke");
         tracing::info!(partitions = ?revoked, "partitions revoked: draining");
+        if let Some(restorer) = &self.restorer {
+            restorer.abandon(&restorer.state_partitions(revoked));
+        }
         self.partitions.drop_held_and_pauses(revoked);
         self.stop_workers(self.partitions.take_workers(revoked));
         crate::crash::point("rebalance.revoke_drained");
@@ -295,19 +301,6 @@ impl PipelineContext {
             return Err(e);
         }
         transactions.commit().await.map_err(|e| e.to_string())
-    }
-
-    /// Under `store.changelog`: restores the state partitions of `assigned`; if that
-    /// fails, they stay paused (refused) and the process stops.
-    fn restore<F: Fetching>(&self, fetch: &F, assigned: &[Tp]) {
-        let Some(restorer) = &self.restorer else { return };
-        if let Err(e) = restorer.restore(&restorer.state_partitions(assigned)) {
-            tracing::error!(error = %e, "state could not be restored: refusing the assigned partitions and stopping");
-            for tp in assigned {
-                self.partitions.refuse(fetch, tp);
-            }
-            self.fatal.cancel();
-        }
     }
 
     /// Under `store.changelog`, once the revoke's transaction committed: the let-go state

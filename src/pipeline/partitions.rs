@@ -16,7 +16,6 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Display;
 use std::slice;
-use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rdkafka::message::OwnedMessage;
@@ -59,6 +58,8 @@ pub(super) enum Stopped {
     /// Its committed offset could not be read yet, so the store check has not run: it
     /// stays stopped until a retry reads it (failing closed, never processed unchecked).
     Unchecked,
+    /// Its state partition is being restored from the changelog (`store.changelog`).
+    Restoring,
     /// Its in-flight batch waits for a sink whose circuit is open.
     PausedForCircuit,
     /// It holds records its full worker queue could not take.
@@ -72,6 +73,7 @@ impl Stopped {
             Stopped::NotAssigned => "not_assigned",
             Stopped::Refused => "refused",
             Stopped::Unchecked => "unchecked",
+            Stopped::Restoring => "restoring",
             Stopped::PausedForCircuit => "paused_for_circuit",
             Stopped::HeldForFullQueue => "held_for_full_queue",
         }
@@ -100,6 +102,7 @@ struct Partition {
     /// reported from it (librdkafka's own figure stops with the fetching).
     refused_behind: Option<i64>,
     unchecked: bool,
+    restoring: bool,
     paused_for_circuit: bool,
     worker: Option<WorkerHandle>,
 }
@@ -124,6 +127,8 @@ impl State {
             Err(Stopped::Refused)
         } else if p.unchecked {
             Err(Stopped::Unchecked)
+        } else if p.restoring {
+            Err(Stopped::Restoring)
         } else if p.paused_for_circuit {
             Err(Stopped::PausedForCircuit)
         } else if self.held.contains_key(tp) {
@@ -140,23 +145,6 @@ impl crate::ops::PartitionsView for PartitionTable {
         let state = self.state.lock();
         let name = |tp: &Tp| format!("{}/{}", tp.0, tp.1);
         state.assigned.keys().map(|tp| (name(tp), state.may_run(tp).err().map(Stopped::as_str))).collect()
-    }
-}
-
-/// The partition table of the consumer running now (each new consumer, after a fence or a
-/// lost session, has its own): for the reconciler, which asks whether a partition runs here.
-#[derive(Default)]
-pub(super) struct CurrentTable(Mutex<Option<Arc<PartitionTable>>>);
-
-impl CurrentTable {
-    /// `table` is the running consumer's from now on.
-    pub(super) fn set(&self, table: &Arc<PartitionTable>) {
-        *self.0.lock() = Some(Arc::clone(table));
-    }
-
-    /// Whether `tp` runs here now (see [`PartitionTable::runs`]).
-    pub(super) fn runs(&self, tp: &Tp) -> bool {
-        self.0.lock().as_ref().is_some_and(|table| table.runs(tp))
     }
 }
 
@@ -216,17 +204,48 @@ impl PartitionTable {
     }
 
     /// Takes `parts` on and fetches those that may run: this undoes a backpressure pause
-    /// left from before a revoke, which librdkafka keeps across assignments.
-    pub(super) fn assign<F: Fetching>(&self, fetch: &F, parts: &[Tp]) {
+    /// left from before a revoke, which librdkafka keeps across assignments. Those among
+    /// `restoring` stay paused until [`PartitionTable::restored`].
+    pub(super) fn assign<F: Fetching>(&self, fetch: &F, parts: &[Tp], restoring: &[Tp]) {
         let mut state = self.state.lock();
         for tp in parts {
-            state.assigned.entry(tp.clone()).or_default();
+            state.assigned.entry(tp.clone()).or_default().restoring = restoring.contains(tp);
+        }
+        if !restoring.is_empty()
+            && let Err(e) = fetch.pause(restoring)
+        {
+            tracing::error!(error = %e, partitions = ?restoring, "could not pause partitions whose state is restoring");
         }
         let resume: Vec<Tp> = parts.iter().filter(|tp| state.may_run(tp).is_ok()).cloned().collect();
         if !resume.is_empty()
             && let Err(e) = fetch.resume(&resume)
         {
             tracing::warn!(error = %e, "could not resume assigned partitions");
+        }
+    }
+
+    /// The assigned partitions whose state is being restored.
+    pub(super) fn restoring(&self) -> Vec<Tp> {
+        let state = self.state.lock();
+        state.assigned.iter().filter(|(_, p)| p.restoring).map(|(tp, _)| tp.clone()).collect()
+    }
+
+    /// The state of `tps` is restored: each is fetched if nothing else stops it (and its
+    /// worker starts); one no longer assigned is left alone.
+    pub(super) fn restored<F: Fetching>(&self, fetch: &F, tps: &[Tp]) {
+        let mut state = self.state.lock();
+        let mut resume = Vec::new();
+        for tp in tps {
+            let Some(p) = state.assigned.get_mut(tp).filter(|p| p.restoring) else { continue };
+            p.restoring = false;
+            if state.may_run(tp).is_ok() {
+                resume.push(tp.clone());
+            }
+        }
+        if !resume.is_empty()
+            && let Err(e) = fetch.resume(&resume)
+        {
+            tracing::warn!(error = %e, "could not resume partitions after their restore");
         }
     }
 
@@ -361,7 +380,7 @@ impl PartitionTable {
     ) -> Dispatched {
         let mut state = self.state.lock();
         let state = &mut *state;
-        let Some(p) = state.assigned.get_mut(tp).filter(|p| !p.refused && !p.unchecked) else {
+        let Some(p) = state.assigned.get_mut(tp).filter(|p| !p.refused && !p.unchecked && !p.restoring) else {
             return Dispatched::NotOurs;
         };
         if let Some(q) = state.held.get_mut(tp) {
@@ -463,6 +482,9 @@ impl PartitionTable {
 /// `consumer`.
 #[cfg(test)]
 pub(super) mod fake;
+
+mod current;
+pub(crate) use current::CurrentTable;
 
 #[cfg(test)]
 mod tests;

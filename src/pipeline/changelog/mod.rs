@@ -27,7 +27,7 @@ mod topic;
 mod writer;
 
 pub use partition::state_partition;
-pub(crate) use restore::Restorer;
+pub(crate) use restore::{RestoreEnded, Restorer};
 pub(crate) use topic::{ChangelogTopic, ensure_topic};
 pub(crate) use writer::ChangelogWriter;
 

@@ -2,13 +2,19 @@
 //! changelog (`read_committed`, so an aborted transaction is never restored) from the
 //! store's checkpoint to its end at assignment (past any transaction still open there: see
 //! `read_to_end`), and applied to the store, before any record of the partition is
-//! processed. The consumer thread does it inside the rebalance callback, so
-//! no worker of the partition starts meanwhile; `/readyz` is 503 and
-//! `dedupd_state_restoring{partition}` is 1 until it is done.
+//! processed. A restore runs on a thread of its own ([`Restorer::start`]), off the
+//! rebalance callback: the partitions stay paused meanwhile while the group consumer goes on
+//! polling (so its session and `max.poll.interval.ms` hold however long the restore takes),
+//! and the consumer resumes them once it is told the restore ended. A partition let go
+//! while it restores is abandoned there ([`Restorer::abandon`]), its checkpoint where its
+//! last applied chunk left it, so the next restore of it goes on from there. `/readyz` is
+//! 503 and `dedupd_state_restoring{partition}` is 1 until it is done.
 
 use crate::connection::check::client_error;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -28,9 +34,6 @@ use crate::time::{Clock, SystemClock};
 
 /// Records applied to the store per write.
 const RESTORE_CHUNK: usize = 10_000;
-/// How long a restore may take before it fails (and the process stops): below librdkafka's
-/// default `max.poll.interval.ms` (300 s), as the group consumer polls nothing meanwhile.
-const RESTORE_TIMEOUT: Duration = Duration::from_secs(270);
 /// How long reading a partition's end offsets may take.
 const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -45,12 +48,22 @@ struct Restoring {
     done: bool,
     /// Keys whose last record read is an expired completion (`store::expiries`, invariant 7).
     expired: HashSet<String>,
+    /// Let go while it restored: not owned at the end (see [`Restorer::abandon`]).
+    abandoned: bool,
 }
 
 impl Restoring {
     /// A partition to read from `from` to `high` (nothing to read when `from >= high`).
     fn starting(from: i64, high: i64) -> Restoring {
-        Restoring { high, next: from, chunk: Vec::new(), applied: 0, done: from >= high, expired: HashSet::new() }
+        Restoring {
+            high,
+            next: from,
+            chunk: Vec::new(),
+            applied: 0,
+            done: from >= high,
+            expired: HashSet::new(),
+            abandoned: false,
+        }
     }
 }
 
@@ -70,6 +83,14 @@ impl ClientContext for RestoreContext {
 
 impl ConsumerContext for RestoreContext {}
 
+/// How a restore started by [`Restorer::start`] ended.
+pub(crate) struct RestoreEnded {
+    /// The state partitions it restored.
+    pub(crate) partitions: Vec<i32>,
+    /// Those of them owned now (the others were let go meanwhile), or why it failed.
+    pub(crate) owned: Result<Vec<i32>, String>,
+}
+
 /// Restores state partitions from the changelog and checkpoints them when let go.
 pub(crate) struct Restorer {
     store: Arc<KeyStore>,
@@ -82,6 +103,8 @@ pub(crate) struct Restorer {
     health: Arc<Health>,
     /// The state partitions restored and not let go since, and those being restored.
     held: Mutex<Held>,
+    /// The number of the next restore started.
+    next_restore: AtomicU64,
     /// Under the by-key hop: the by-key topic, the one whose partitions are state
     /// partitions (an input partition is not one).
     by_key: Option<String>,
@@ -134,6 +157,7 @@ impl Restorer {
             metrics,
             health,
             held: Mutex::new(Held::default()),
+            next_restore: AtomicU64::new(1),
             by_key: topic.by_key.clone(),
         })
     }
@@ -142,57 +166,109 @@ impl Restorer {
     /// `kafka.copartitioned` every input partition's number; under the hop, the by-key
     /// topic's partitions.
     pub(crate) fn state_partitions(&self, tps: &[Tp]) -> Vec<i32> {
-        let mut partitions: Vec<i32> = tps
-            .iter()
-            .filter(|(topic, _)| self.by_key.as_ref().is_none_or(|by_key| by_key == topic))
-            .map(|(_, p)| *p)
-            .collect();
+        let mut partitions: Vec<i32> = tps.iter().filter(|tp| self.is_state(tp)).map(|(_, p)| *p).collect();
         partitions.sort_unstable();
         partitions.dedup();
         partitions
     }
 
-    /// Restores each of `partitions` not restored since it was last let go, all at once
-    /// (one consumer fetching them together), then makes their expiries this store's to
-    /// write, with the tombstones of keys the restore found expired (`store::expiries`,
-    /// invariants 5 to 7). Blocking.
-    pub(crate) fn restore(&self, partitions: &[i32]) -> Result<(), String> {
+    /// Whether `tp` is a state partition (see [`Restorer::state_partitions`]).
+    pub(crate) fn is_state(&self, tp: &Tp) -> bool {
+        self.by_key.as_ref().is_none_or(|by_key| *by_key == tp.0)
+    }
+
+    /// Starts restoring, on a thread of its own, each of `partitions` not owned (restored
+    /// and not let go since), all at once (one consumer fetching them together); `ended` is
+    /// told when the restore ends (see [`RestoreEnded`]). Returns the partitions it
+    /// restores: until `ended` is told, none of them is owned.
+    pub(crate) fn start(self: &Arc<Self>, partitions: &[i32], ended: mpsc::Sender<RestoreEnded>) -> Vec<i32> {
+        let id = self.next_restore.fetch_add(1, Ordering::Relaxed);
         let todo: Vec<i32> = {
             let mut held = self.held.lock();
             let todo: Vec<i32> = partitions.iter().copied().filter(|p| !held.owned.contains(p)).collect();
-            // From here on no standby write follows the checkpoint it reads (standby.rs, invariant 1).
-            held.restoring.extend(&todo);
+            // From here on no standby write follows the checkpoint it reads (standby.rs,
+            // invariant 1); a restore of one of them still running (it was let go and is
+            // assigned again) gives it up to this one.
+            held.restoring.extend(todo.iter().map(|&p| (p, id)));
             todo
         };
-        let started = Instant::now();
+        if todo.is_empty() {
+            return todo;
+        }
         for &p in &todo {
             self.metrics.set_restoring(p, true);
             self.health.set_down(&self.name(p), Some(crate::ops::RESTORING));
         }
+        let (restorer, asked) = (Arc::clone(self), todo.clone());
+        let spawned = std::thread::Builder::new().name("dedupd-restore".into()).spawn(move || {
+            let result = restorer.restore(id, &asked);
+            let _ = ended.send(RestoreEnded { partitions: asked, owned: result });
+        });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "could not start a restore thread");
+        }
+        todo
+    }
+
+    /// A restore of `partitions`, numbered `id`, to their ends; then those still its own
+    /// (not let go meanwhile) become owned, their expiries this store's to write with the
+    /// tombstones of keys the restore found expired (`store::expiries`, invariants 5 to 7).
+    /// Returns them. Blocking.
+    fn restore(&self, id: u64, partitions: &[i32]) -> Result<Vec<i32>, String> {
+        let started = Instant::now();
         let restored = {
             let _restoring = self.store.restoring();
-            self.restore_all(&todo)
+            self.restore_all(id, partitions)
         };
-        for &p in &todo {
-            self.metrics.set_restoring(p, false);
-            self.health.set_down(&self.name(p), None);
-        }
+        let mut owned = Vec::with_capacity(partitions.len());
         let restored = match restored {
             Ok(restored) => restored,
             Err(e) => {
-                self.held.lock().restoring.retain(|p| !todo.contains(p));
+                self.held.lock().restoring.retain(|_, by| *by != id);
+                self.end_progress(partitions);
                 return Err(format!("restoring {}: {e}", self.topic));
             }
         };
-        self.store.own_partitions(&todo);
         for (p, r) in restored {
-            let expired = self.store.write_restored_expiries(r.expired).map_err(|e| e.to_string())?;
-            tracing::info!(partition = %self.name(p), records = r.applied, expired, ms = started.elapsed().as_millis() as u64, "state partition restored");
+            // Under the lock a let-go takes: owned now, or abandoned (`abandon`).
             let mut held = self.held.lock();
+            if held.restoring.get(&p) != Some(&id) {
+                continue;
+            }
+            self.store.own_partitions(&[p]);
+            let expired = self.store.write_restored_expiries(r.expired).map_err(|e| e.to_string())?;
             held.restoring.remove(&p);
             held.owned.insert(p);
+            tracing::info!(partition = %self.name(p), records = r.applied, expired, ms = started.elapsed().as_millis() as u64, "state partition restored");
+            owned.push(p);
         }
-        Ok(())
+        self.end_progress(partitions);
+        Ok(owned)
+    }
+
+    /// The progress shown for `partitions` ends, unless a later restore took one over.
+    fn end_progress(&self, partitions: &[i32]) {
+        let held = self.held.lock();
+        for &p in partitions.iter().filter(|p| !held.restoring.contains_key(p)) {
+            self.metrics.set_restoring(p, false);
+            self.health.set_down(&self.name(p), None);
+        }
+    }
+
+    /// `partitions` are let go: a restore of any of them stops reading and applying it, and
+    /// does not own it at its end; its checkpoint stays where its last applied chunk left it,
+    /// for the next restore to go on from.
+    pub(crate) fn abandon(&self, partitions: &[i32]) {
+        let mut held = self.held.lock();
+        for p in partitions {
+            held.restoring.remove(p);
+        }
+    }
+
+    /// Every restore running stops (the consumer that asked for them is gone); see
+    /// [`Restorer::abandon`].
+    pub(crate) fn abandon_all(&self) {
+        self.held.lock().restoring.clear();
     }
 
     /// Before `partitions` are let go (their workers drained, ahead of the commit that ends
@@ -216,8 +292,9 @@ impl Restorer {
     /// Reads each of `partitions` from its checkpoint to its high watermark at assignment
     /// (see `read_to_end`) and applies it in chunks, each with its checkpoint. Returns each
     /// partition's restore.
-    fn restore_all(&self, partitions: &[i32]) -> Result<BTreeMap<i32, Restoring>, String> {
+    fn restore_all(&self, id: u64, partitions: &[i32]) -> Result<BTreeMap<i32, Restoring>, String> {
         let consumer = self.consumer.lock();
+        crate::crash::point("restore.started");
         let mut reading = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
         for &p in partitions {
@@ -231,27 +308,29 @@ impl Restorer {
         }
         if tpl.count() > 0 {
             consumer.assign(&tpl).map_err(|e| e.to_string())?;
-            let read = self.read_to_end(&consumer, &mut reading);
+            let read = self.read_to_end(id, &consumer, &mut reading);
             let _ = consumer.unassign();
             read?;
         }
         Ok(reading)
     }
-
     /// Polls until every partition of `reading` has its last stable offset at or past the
-    /// high watermark seen at assignment.
+    /// high watermark seen at assignment, or was given up (`abandon`). No time bound: the
+    /// group consumer polls on meanwhile, and the progress shows in `/readyz`.
     fn read_to_end(
         &self,
+        id: u64,
         consumer: &BaseConsumer<RestoreContext>,
         reading: &mut BTreeMap<i32, Restoring>,
     ) -> Result<(), String> {
-        let deadline = Instant::now() + RESTORE_TIMEOUT;
+        let started = Instant::now();
         while reading.values().any(|r| !r.done) {
-            if Instant::now() > deadline {
-                return Err(format!("not at the end within {RESTORE_TIMEOUT:?}"));
-            }
             match consumer.poll(Duration::from_millis(200)) {
-                None => {}
+                None => {
+                    for (&p, r) in reading.iter_mut().filter(|(_, r)| !r.done) {
+                        self.apply(id, p, r, r.next)?;
+                    }
+                }
                 Some(Ok(m)) => {
                     let Some(r) = reading.get_mut(&m.partition()).filter(|r| !r.done) else { continue };
                     let key = std::str::from_utf8(m.key().unwrap_or_default())
@@ -262,11 +341,8 @@ impl Restorer {
                     }
                     r.next = m.offset() + 1;
                     if r.chunk.len() >= RESTORE_CHUNK {
-                        r.applied += self.apply(m.partition(), std::mem::take(&mut r.chunk), r.next, &mut r.expired)?;
-                        let progress = format!("{}: at offset {} of {}", crate::ops::RESTORING, r.next, r.high);
-                        self.health.set_down(&self.name(m.partition()), Some(&progress));
-                        // The consumer loop is in this restore: progress keeps it alive.
-                        self.health.consumer_loop_turned();
+                        self.apply(id, m.partition(), r, r.next)?;
+                        self.show_progress(m.partition(), r, started.elapsed());
                     }
                 }
                 // At the last stable offset: every committed record up to it is read.
@@ -278,7 +354,7 @@ impl Restorer {
                         .ok()
                         .and_then(|tpl| tpl.find_partition(&self.topic, p).and_then(|e| e.offset().to_raw()))
                         .unwrap_or(r.next);
-                    r.applied += self.apply(p, std::mem::take(&mut r.chunk), position.max(r.next), &mut r.expired)?;
+                    self.apply(id, p, r, position.max(r.next))?;
                     // Done only once the stable offset has reached the high watermark seen at
                     // assignment: short of it, a transaction is still open there. It is the
                     // previous owner's last one, committed but with its markers not yet
@@ -287,7 +363,7 @@ impl Restorer {
                     // tests/kafka_chaos.rs), or a dead instance's, which the broker aborts
                     // within its `transaction.timeout.ms`. Nobody writes the partition
                     // meanwhile, and reading on is what tells which.
-                    r.done = position >= r.high;
+                    r.done |= position >= r.high;
                 }
                 Some(Err(e)) => return Err(e.to_string()),
             }
@@ -295,11 +371,42 @@ impl Restorer {
         Ok(())
     }
 
-    fn apply(&self, p: i32, chunk: Vec<Change>, next: i64, expired: &mut HashSet<String>) -> Result<u64, String> {
-        let now = SystemClock.now_ms();
-        let n = self.store.restore_batch((&self.topic, p), chunk, next, now, expired).map_err(|e| e.to_string())?;
+    /// Applies what `r`, partition `p` of restore `id`, has read, up to `next`, with its
+    /// checkpoint; under the lock a let-go takes, and only while the restore is still `p`'s
+    /// (else `r` is given up, its chunk dropped: `abandon`).
+    fn apply(&self, id: u64, p: i32, r: &mut Restoring, next: i64) -> Result<(), String> {
+        let held = self.held.lock();
+        if held.restoring.get(&p) != Some(&id) {
+            r.done = true;
+            r.abandoned = true;
+            r.chunk.clear();
+            return Ok(());
+        }
+        if r.chunk.is_empty() && next == r.next {
+            return Ok(());
+        }
+        let (chunk, now) = (std::mem::take(&mut r.chunk), SystemClock.now_ms());
+        let n =
+            self.store.restore_batch((&self.topic, p), chunk, next, now, &mut r.expired).map_err(|e| e.to_string())?;
+        drop(held);
         self.metrics.restored_records(n as u64);
-        Ok(n as u64)
+        r.applied += n as u64;
+        Ok(())
+    }
+
+    /// Shows how far partition `p`'s restore is, `elapsed` after it began: offsets, rate
+    /// and the time left at that rate.
+    fn show_progress(&self, p: i32, r: &Restoring, elapsed: Duration) {
+        let rate = r.applied as f64 / elapsed.as_secs_f64().max(0.001);
+        let left = (r.high - r.next).max(0) as f64 / rate.max(1.0);
+        let progress = format!(
+            "{}: at offset {} of {}, {} records applied, {rate:.0} records/s, about {left:.0} s left",
+            crate::ops::RESTORING,
+            r.next,
+            r.high,
+            r.applied
+        );
+        self.health.set_down(&self.name(p), Some(&progress));
     }
 
     /// Lets `partitions` go once every change of theirs is committed: their checkpoint
@@ -312,7 +419,8 @@ impl Restorer {
             if !self.held.lock().owned.contains(&p) {
                 continue;
             }
-            let end = end_offsets(&self.consumer.lock(), &self.topic, p, WATERMARKS_TIMEOUT);
+            // Not the restore consumer, which a restore running meanwhile holds.
+            let end = end_offsets(&self.end_reader.lock(), &self.topic, p, WATERMARKS_TIMEOUT);
             let mut held = self.held.lock();
             match end {
                 Ok((_, high)) => {
@@ -364,12 +472,13 @@ impl Restorer {
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     owned: BTreeSet<i32>,
-    restoring: BTreeSet<i32>,
+    /// Each partition being restored, with the number of the restore that has it.
+    restoring: BTreeMap<i32, u64>,
 }
 
 impl Held {
     /// Whether `p` is owned or being restored.
     pub(crate) fn holds(&self, p: i32) -> bool {
-        self.owned.contains(&p) || self.restoring.contains(&p)
+        self.owned.contains(&p) || self.restoring.contains_key(&p)
     }
 }

@@ -77,6 +77,7 @@ fn create_consumer(
         accept_empty_store: parts.accept_empty_store,
         restorer: parts.restorer.clone(),
         changes: parts.changes.clone(),
+        restores: Default::default(),
         check_retry: Mutex::new(None),
         unfetched_lag_due: Mutex::new(Instant::now()),
         session: Mutex::new(Session::default()),
@@ -161,7 +162,9 @@ fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerPart
         // Held records go on as soon as their queue has room; poll briefly meanwhile.
         ctx.retry_check_if_due(consumer);
         ctx.report_unfetched_lag_if_due(consumer);
-        // Partitions assigned (or checked) since the last turn start reading their queues.
+        ctx.finish_restores(&**consumer);
+        // Partitions assigned (or checked, or restored) since the last turn start reading
+        // their queues.
         ctx.partitions.start_split_workers(|tp, split| start_worker(consumer, parts, tp, split));
         let holding = ctx.partitions.release_held(&**consumer);
         let msg = match consumer.poll(Duration::from_millis(if holding { 10 } else { 100 })) {
@@ -191,6 +194,11 @@ fn poll_loop(consumer: &Arc<BaseConsumer<PipelineContext>>, parts: &ConsumerPart
     // Stop taking records and drain every worker; then commit and leave the group, which a
     // failed consumer can no longer do (what its workers stored comes again).
     ctx.stop_workers(ctx.partitions.take_all_workers());
+    if let Some(restorer) = &ctx.restorer {
+        // Nothing of this consumer's restores is applied after it is gone: a consumer made
+        // in its place starts its own.
+        restorer.abandon_all();
+    }
     if matches!(end, PollEnd::Stopped) {
         if let Some(transactions) = &ctx.transactions {
             ctx.end_transaction(transactions, false, "at shutdown");

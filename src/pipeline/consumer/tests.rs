@@ -23,6 +23,7 @@ fn context(dir: &std::path::Path) -> PipelineContext {
         accept_empty_store: false,
         restorer: None,
         changes: None,
+        restores: Default::default(),
         check_retry: Mutex::new(None),
         unfetched_lag_due: Mutex::new(Instant::now()),
         session: Mutex::new(Session::default()),
@@ -47,7 +48,7 @@ async fn committed_offsets_that_cannot_be_read_keep_the_partition_paused_until_a
     let (ctx, kafka) = (context(dir.path()), FakeFetching::default());
     let tp: Tp = ("in".to_string(), 0);
     let parts = std::slice::from_ref(&tp);
-    ctx.partitions.assign(&kafka, parts);
+    ctx.partitions.assign(&kafka, parts, &[]);
     ctx.health.set_joined(true);
 
     ctx.check_watermarks(
@@ -86,7 +87,7 @@ async fn a_retry_that_finds_the_store_behind_refuses_the_partition() {
     let (ctx, kafka) = (context(dir.path()), FakeFetching::default());
     let tp: Tp = ("in".to_string(), 0);
     let parts = std::slice::from_ref(&tp);
-    ctx.partitions.assign(&kafka, parts);
+    ctx.partitions.assign(&kafka, parts, &[]);
     ctx.check_watermarks(
         &kafka,
         parts,

@@ -44,7 +44,7 @@ fn dispatch(
 #[tokio::test]
 async fn a_full_queue_holds_records_in_order_and_pauses_until_they_are_released() {
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     let mut rx = None;
     assert_eq!(dispatch(&table, &kafka, &a, 0, &mut rx), Dispatched::Queued);
     assert_eq!(dispatch(&table, &kafka, &a, 1, &mut rx), Dispatched::Held);
@@ -70,7 +70,7 @@ async fn a_full_queue_holds_records_in_order_and_pauses_until_they_are_released(
 #[tokio::test]
 async fn records_past_the_byte_budget_are_held_and_the_partition_paused() {
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     let large =
         |offset| OwnedMessage::new(Some(vec![0; 600]), None, a.0.clone(), Timestamp::NotAvailable, a.1, offset, None);
     let mut rx = None;
@@ -93,7 +93,7 @@ async fn records_past_the_byte_budget_are_held_and_the_partition_paused() {
 #[tokio::test]
 async fn a_partition_resumes_only_when_neither_circuit_nor_held_records_stop_it() {
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     let mut rx = None;
     dispatch(&table, &kafka, &a, 0, &mut rx);
     dispatch(&table, &kafka, &a, 1, &mut rx);
@@ -124,7 +124,7 @@ async fn a_partition_resumes_only_when_neither_circuit_nor_held_records_stop_it(
 #[tokio::test]
 async fn a_refused_partition_takes_no_records_and_is_never_resumed() {
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     table.refuse(&kafka, &a);
     assert_eq!(table.refused_count(), 1);
     assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
@@ -137,7 +137,7 @@ async fn a_refused_partition_takes_no_records_and_is_never_resumed() {
 #[tokio::test]
 async fn an_unchecked_partition_takes_no_records_until_checked() {
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     table.mark_unchecked(&kafka, std::slice::from_ref(&a));
     assert_eq!(table.unchecked(), std::slice::from_ref(&a));
     assert_eq!(dispatch(&table, &kafka, &a, 0, &mut None), Dispatched::NotOurs);
@@ -165,7 +165,7 @@ async fn an_unassigned_partition_takes_no_records_and_no_circuit_pause() {
 async fn a_revoke_drops_held_records_takes_the_worker_and_forgets_the_partition() {
     let (table, kafka) = (PartitionTable::default(), FakeFetching::default());
     let (a, b) = (tp(0), tp(1));
-    table.assign(&kafka, &[a.clone(), b.clone()]);
+    table.assign(&kafka, &[a.clone(), b.clone()], &[]);
     table.refuse(&kafka, &b);
     let mut rx = None;
     dispatch(&table, &kafka, &a, 0, &mut rx);
@@ -189,7 +189,7 @@ async fn a_revoke_drops_held_records_takes_the_worker_and_forgets_the_partition(
 #[tokio::test]
 async fn a_record_for_a_stopped_worker_is_dropped() {
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     let mut rx = None;
     dispatch(&table, &kafka, &a, 0, &mut rx);
     drop(rx);
@@ -227,7 +227,7 @@ fn start_split(table: &PartitionTable, running: &mut Vec<QueueReceiver>) -> Vec<
 fn refused_with_split(alive: &Arc<()>) -> (PartitionTable, Tp) {
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     table.add_splits(vec![(a.clone(), split_of(alive))]);
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     table.refuse(&kafka, &a);
     (table, a)
 }
@@ -238,7 +238,7 @@ async fn a_split_partition_starts_its_worker_with_its_queue_once_it_may_run() {
     let (alive, mut running) = (Arc::new(()), Vec::new());
     table.add_splits(vec![(a.clone(), split_of(&alive))]);
     assert!(start_split(&table, &mut running).is_empty(), "split before the assignment takes effect: not assigned yet");
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     table.mark_unchecked(&kafka, std::slice::from_ref(&a));
     assert!(start_split(&table, &mut running).is_empty(), "never read unchecked");
     table.checked(&kafka, &a);
@@ -269,7 +269,7 @@ async fn a_record_from_the_consumer_queue_starts_the_worker_with_the_split_queue
     let (table, kafka, a) = (PartitionTable::default(), FakeFetching::default(), tp(0));
     let (alive, mut running) = (Arc::new(()), Vec::new());
     table.add_splits(vec![(a.clone(), split_of(&alive))]);
-    table.assign(&kafka, std::slice::from_ref(&a));
+    table.assign(&kafka, std::slice::from_ref(&a), &[]);
     let mut got_split = None;
     let dispatched = table.dispatch(&kafka, &a, record(&a, 0), |_, split| {
         got_split = Some(split.is_some());
@@ -287,7 +287,7 @@ fn the_status_view_names_each_partition_with_what_stops_it() {
     use crate::ops::PartitionsView;
     let (table, kafka) = (PartitionTable::default(), FakeFetching::default());
     let (a, b, c, d) = (tp(0), tp(1), tp(2), tp(3));
-    table.assign(&kafka, &[a.clone(), b.clone(), c.clone(), d.clone()]);
+    table.assign(&kafka, &[a.clone(), b.clone(), c.clone(), d.clone()], &[]);
     table.refuse(&kafka, &b);
     table.pause_for_circuit(&kafka, &c, &["http"]);
     table.mark_unchecked(&kafka, std::slice::from_ref(&d));
@@ -302,4 +302,25 @@ fn the_status_view_names_each_partition_with_what_stops_it() {
             ("in/3".to_string(), Some("unchecked")),
         ]
     );
+}
+
+#[tokio::test]
+async fn a_restoring_partition_stays_paused_and_takes_no_record_until_restored() {
+    let kafka = FakeFetching::default();
+    let table = PartitionTable::default();
+    let (a, b) = (tp(0), tp(1));
+    table.assign(&kafka, &[a.clone(), b.clone()], std::slice::from_ref(&a));
+    assert_eq!(table.may_run(&a), Err(Stopped::Restoring));
+    assert!(kafka.is_paused(&a), "a restoring partition is not fetched");
+    assert_eq!(table.may_run(&b), Ok(()), "the other runs meanwhile");
+    let dispatched = table.dispatch(&kafka, &a, record(&a, 0), |_, _| unreachable!("no worker while restoring"));
+    assert_eq!(dispatched, Dispatched::NotOurs);
+
+    table.restored(&kafka, std::slice::from_ref(&a));
+    assert_eq!(table.may_run(&a), Ok(()));
+    assert!(!kafka.is_paused(&a), "fetched once restored");
+    // A restore that ends after its partition was let go changes nothing.
+    table.forget(std::slice::from_ref(&b));
+    table.restored(&kafka, std::slice::from_ref(&b));
+    assert_eq!(table.may_run(&b), Err(Stopped::NotAssigned));
 }
