@@ -48,22 +48,12 @@ struct Restoring {
     done: bool,
     /// Keys whose last record read is an expired completion (`store::expiries`, invariant 7).
     expired: HashSet<String>,
-    /// Let go while it restored: not owned at the end (see [`Restorer::abandon`]).
-    abandoned: bool,
 }
 
 impl Restoring {
     /// A partition to read from `from` to `high` (nothing to read when `from >= high`).
     fn starting(from: i64, high: i64) -> Restoring {
-        Restoring {
-            high,
-            next: from,
-            chunk: Vec::new(),
-            applied: 0,
-            done: from >= high,
-            expired: HashSet::new(),
-            abandoned: false,
-        }
+        Restoring { high, next: from, chunk: Vec::new(), applied: 0, done: from >= high, expired: HashSet::new() }
     }
 }
 
@@ -199,13 +189,16 @@ impl Restorer {
             self.metrics.set_restoring(p, true);
             self.health.set_down(&self.name(p), Some(crate::ops::RESTORING));
         }
-        let (restorer, asked) = (Arc::clone(self), todo.clone());
+        let (restorer, asked, failed) = (Arc::clone(self), todo.clone(), ended.clone());
         let spawned = std::thread::Builder::new().name("dedupd-restore".into()).spawn(move || {
             let result = restorer.restore(id, &asked);
             let _ = ended.send(RestoreEnded { partitions: asked, owned: result });
         });
         if let Err(e) = spawned {
-            tracing::error!(error = %e, "could not start a restore thread");
+            self.held.lock().restoring.retain(|_, by| *by != id);
+            self.end_progress(&todo);
+            let owned = Err(format!("could not start a restore thread: {e}"));
+            let _ = failed.send(RestoreEnded { partitions: todo.clone(), owned });
         }
         todo
     }
@@ -378,7 +371,6 @@ impl Restorer {
         let held = self.held.lock();
         if held.restoring.get(&p) != Some(&id) {
             r.done = true;
-            r.abandoned = true;
             r.chunk.clear();
             return Ok(());
         }
