@@ -15,13 +15,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::kafka;
 use common::pay_kills::{key, wait_for_every_result};
-use common::process::{DedupdProcess, TopicTail, tail_of_file, wait_for_http_addr, wait_for_line};
-use common::state_group::{PATIENCE, StateGroup, changelog};
+use common::process::{DedupdProcess, TopicTail, has_failpoints, tail_of_file, wait_for_http_addr, wait_for_line};
+use common::state_group::{PATIENCE, StateGroup, last_records};
 use dedupd::pipeline::state_partition;
 use dedupd::store::Record;
 
@@ -59,10 +58,7 @@ async fn forget(http: &str, key: &str) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forget_racing_a_revoke_is_in_its_commit_or_refused() {
     let Some(bootstrap) = kafka::bootstrap() else { return };
-    if !cfg!(feature = "failpoints") {
-        let why = "the revoke is held by failpoints: run it with `--features failpoints`";
-        assert!(std::env::var("DEDUPD_REQUIRE_KAFKA").is_err(), "{why}");
-        println!("skipped: {why}");
+    if !has_failpoints("the revoke is held by failpoints") {
         return;
     }
     let group = StateGroup::new(&bootstrap, "race", PARTITIONS, (1, 5)).await;
@@ -133,10 +129,7 @@ async fn a_forget_racing_a_revoke_is_in_its_commit_or_refused() {
         );
     }
     committed.stop();
-    let mut last: HashMap<String, Option<Record>> = HashMap::new();
-    for (_, k, record) in changelog(&bootstrap, &group.changelog()).await {
-        last.insert(k, record);
-    }
+    let last = last_records(&bootstrap, &group.changelog()).await;
     assert_eq!(last.get(in_commit.as_str()), Some(&None), "{in_commit}: its forget's tombstone is not its last record");
     assert!(
         matches!(last.get(refused.as_str()), Some(Some(Record::Completed(_)))),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::kafka;
 use common::pay_kills::{self, calls_per_key, results, succeeded_and_indeterminate, wait_for_every_result};
 use common::process::{DedupdProcess, TopicTail, tail_of_file, wait_for_http_addr, wait_for_line};
-use common::state_group::{PATIENCE, StateGroup, changelog, metric, restores};
+use common::state_group::{PATIENCE, StateGroup, changelog, metric, restores, status};
 use dedupd::outcome::Outcome;
 use dedupd::pipeline::state_partition;
 
@@ -147,15 +147,7 @@ async fn operator_writes_go_to_the_owner(http_b: &str, owned: &[String], input: 
         let body = answer.text().await.unwrap_or_default();
         assert_eq!(status, expected, "resolve {key} at B (owns {owned:?}): {body}");
     }
-    let status: dedupd::ops::Status = client
-        .get(format!("http://{http_b}/v1/status"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("GET /v1/status")
-        .json()
-        .await
-        .expect("status JSON");
+    let status = status(http_b, ADMIN_TOKEN).await;
     let running: Vec<(String, String)> = status.partitions.into_iter().map(|p| (p.partition, p.state)).collect();
     let expected: Vec<(String, String)> =
         owned.iter().map(|p| (format!("{input}/{p}"), "running".to_string())).collect();

@@ -90,8 +90,7 @@ impl KeyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::store::{InProgress, Record, SourcePos, StoreBackend, StoreConfig};
+    use crate::store::{Record, StoreBackend, StoreConfig};
 
     /// An expiry far ahead (year 2096).
     const FAR: i64 = 4_000_000_000_000;
@@ -106,14 +105,8 @@ mod tests {
         store
     }
 
-    fn claim() -> InProgress {
-        InProgress {
-            fingerprint: Fingerprint([1; 32]),
-            claimed_at_ms: 5,
-            attempts: 1,
-            source: SourcePos::default(),
-            held: None,
-        }
+    fn claim() -> crate::store::InProgress {
+        crate::store::tests::in_progress(1, 1)
     }
 
     fn completed() -> crate::store::Completed {

@@ -72,7 +72,7 @@ fn fp(b: u8) -> Fingerprint {
     Fingerprint([b; 32])
 }
 
-fn in_progress(b: u8, attempts: u32) -> InProgress {
+pub(super) fn in_progress(b: u8, attempts: u32) -> InProgress {
     InProgress {
         fingerprint: fp(b),
         claimed_at_ms: 1_000,

@@ -381,3 +381,16 @@ pub async fn wait_until(within: Duration, condition: impl Fn() -> bool) -> bool 
     }
     true
 }
+
+/// Whether this build has the `failpoints` feature a test needs (`why` says for what):
+/// without it the test is skipped, saying so, unless `DEDUPD_REQUIRE_KAFKA` asks for every
+/// broker test to run, when it fails.
+pub fn has_failpoints(why: &str) -> bool {
+    if cfg!(feature = "failpoints") {
+        return true;
+    }
+    let why = format!("{why}: run it with `--features failpoints`");
+    assert!(std::env::var("DEDUPD_REQUIRE_KAFKA").is_err(), "{why}");
+    println!("skipped: {why}");
+    false
+}

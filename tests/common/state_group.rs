@@ -85,6 +85,11 @@ pub async fn changelog(bootstrap: &str, topic: &str) -> Vec<(i32, String, Option
     records.iter().map(decoded).filter(|(_, key, _)| !names_a_writer(key)).collect()
 }
 
+/// Each key's last record on the changelog `topic` (`None`: a tombstone).
+pub async fn last_records(bootstrap: &str, topic: &str) -> std::collections::HashMap<String, Option<Record>> {
+    changelog(bootstrap, topic).await.into_iter().map(|(_, key, record)| (key, record)).collect()
+}
+
 /// How the key of a changelog record that only names its writer begins (a transaction
 /// with nothing else on dedupd's topics has one: src/pipeline/transactions/named.rs).
 pub const WRITER_KEY_PREFIX: &str = "\u{0}dedupd-writer/";
@@ -103,6 +108,19 @@ fn decoded(m: &OwnedMessage) -> (i32, String, Option<Record>) {
 pub async fn metric(http: &str, name: &str) -> f64 {
     let text = reqwest::get(format!("http://{http}/metrics")).await.expect("GET /metrics").text().await.expect("body");
     Exposition::parse(&text).value(name, &[]).unwrap_or(0.0)
+}
+
+/// `GET /v1/status` of the instance serving HTTP at `http`, with its admin `token`.
+pub async fn status(http: &str, token: &str) -> dedupd::ops::Status {
+    reqwest::Client::new()
+        .get(format!("http://{http}/v1/status"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("GET /v1/status")
+        .json()
+        .await
+        .expect("status JSON")
 }
 
 /// The "state partition restored" lines of a JSON log: (partition, records applied).
