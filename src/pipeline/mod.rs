@@ -6,10 +6,13 @@
 //! Map (imports run down it, never up):
 //! - this file: [`run`], built in named steps (core, background tasks, consumer, shutdown).
 //! - `consumer`: the `BaseConsumer` on a thread of its own; rebalance callbacks drain,
-//!   commit and only then let partitions go; refuses a partition whose committed offset is
-//!   beyond the store's watermark. Offsets are stored only after results are acknowledged.
-//! - `partitions`: every partition's state behind one lock (assigned, refused, paused for a
-//!   circuit, held for a full queue, its worker) and the one rule for whether it is fetched.
+//!   end the workers' tenures, commit and only then let partitions go; refuses a partition
+//!   whose committed offset is beyond the store's watermark; keeps a partition whose state
+//!   restores paused until the restore ends. Offsets are stored only after results are
+//!   acknowledged.
+//! - `partitions`: every partition's state behind one lock (assigned, refused, restoring,
+//!   paused for a circuit, held for a full queue, its worker) and the one rule for whether
+//!   it is fetched.
 //!   Backpressure pauses one partition; the poll thread never blocks.
 //! - `queue`: a partition's queue of records for its worker, bounded in records and bytes.
 //! - `worker`: one partition's batches through the engine, results to the producer, the
@@ -26,7 +29,8 @@
 //!   transaction, which carries the results and the offsets they settle, committed every
 //!   `kafka.transaction_interval` and on revoke and shutdown.
 //! - `changelog`: under `store.changelog`, the changelog topic, the store's changes sent in
-//!   the open transaction, and the restore of a state partition before it is processed.
+//!   the open transaction, and the restore of a state partition (on a thread of its own)
+//!   before it is processed.
 //! - `hop`: under `store.changelog` without `kafka.copartitioned`, the by-key topic's
 //!   records (a forward and the input it was made of) and its purge.
 //! - `background`: what serves beside the consumer until `run` stops (HTTP, purge, the
