@@ -95,6 +95,8 @@ pub(crate) struct Restorer {
     held: Mutex<Held>,
     /// The number of the next restore started.
     next_restore: AtomicU64,
+    /// The restore threads started, joined by [`Restorer::abandon_all`].
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Under the by-key hop: the by-key topic, the one whose partitions are state
     /// partitions (an input partition is not one).
     by_key: Option<String>,
@@ -148,6 +150,7 @@ impl Restorer {
             health,
             held: Mutex::new(Held::default()),
             next_restore: AtomicU64::new(1),
+            threads: Mutex::new(Vec::new()),
             by_key: topic.by_key.clone(),
         })
     }
@@ -194,13 +197,24 @@ impl Restorer {
             let result = restorer.restore(id, &asked);
             let _ = ended.send(RestoreEnded { partitions: asked, owned: result });
         });
-        if let Err(e) = spawned {
-            self.held.lock().restoring.retain(|_, by| *by != id);
-            self.end_progress(&todo);
-            let owned = Err(format!("could not start a restore thread: {e}"));
-            let _ = failed.send(RestoreEnded { partitions: todo.clone(), owned });
+        match spawned {
+            Ok(thread) => {
+                let mut threads = self.threads.lock();
+                threads.retain(|t| !t.is_finished());
+                threads.push(thread);
+            }
+            Err(e) => self.failed_to_start(id, &todo, &e, &failed),
         }
         todo
+    }
+
+    /// A restore thread could not be started: its partitions fail (refused, the process
+    /// stops) rather than stay paused.
+    fn failed_to_start(&self, id: u64, todo: &[i32], e: &std::io::Error, failed: &mpsc::Sender<RestoreEnded>) {
+        self.held.lock().restoring.retain(|_, by| *by != id);
+        self.end_progress(todo);
+        let owned = Err(format!("could not start a restore thread: {e}"));
+        let _ = failed.send(RestoreEnded { partitions: todo.to_vec(), owned });
     }
 
     /// A restore of `partitions`, numbered `id`, to their ends; then those still its own
@@ -258,10 +272,18 @@ impl Restorer {
         }
     }
 
-    /// Every restore running stops (the consumer that asked for them is gone); see
-    /// [`Restorer::abandon`].
+    /// Every restore running stops (the consumer that asked for them is gone; see
+    /// [`Restorer::abandon`]), and this returns once their threads ended: none of them
+    /// applies anything after it, nor keeps the store open for a run started after it.
+    /// Blocking: at most a poll, or a read of a partition's ends.
     pub(crate) fn abandon_all(&self) {
         self.held.lock().restoring.clear();
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for thread in threads {
+            if thread.join().is_err() {
+                tracing::error!("a restore thread panicked");
+            }
+        }
     }
 
     /// Before `partitions` are let go (their workers drained, ahead of the commit that ends
