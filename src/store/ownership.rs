@@ -72,6 +72,30 @@ impl KeyStore {
         captured.drop_expiries_not_owned()
     }
 
+    /// Keeps of `items` those whose key (`key_of`) the store owns, under one look at the
+    /// ownership (invariant 8), and says why the first other one is refused; call it under
+    /// the shared gate, before writing anything.
+    pub(super) fn owned_only<T>(&self, items: Vec<T>, key_of: impl Fn(&T) -> &str) -> (Vec<T>, Option<StoreError>) {
+        if !self.capture {
+            return (items, None);
+        }
+        let captured = self.changes.lock();
+        let Some(scope) = &captured.scope else { return (items, None) };
+        let mut refused = None;
+        let owned = items
+            .into_iter()
+            .filter(|item| {
+                let key = key_of(item);
+                let owns = scope.owns(key);
+                if !owns && refused.is_none() {
+                    refused = Some(StoreError::NotOwned { key: key.to_string(), partition: scope.partition(key) });
+                }
+                owns
+            })
+            .collect();
+        (owned, refused)
+    }
+
     /// Refuses a write of any of `keys` whose partition the store does not own (invariant
     /// 8); call it under the shared gate, before writing anything.
     pub(super) fn check_owned<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> Result<(), StoreError> {

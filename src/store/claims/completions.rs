@@ -120,17 +120,7 @@ impl KeyStore {
     /// (`ownership`, invariant 8). Returns how many were written.
     pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<usize, StoreError> {
         let _gate = self.gate.read();
-        let mut refused = None;
-        let items = items
-            .into_iter()
-            .filter(|(claim, _)| match self.check_owned([claim.key.as_str()]) {
-                Ok(()) => true,
-                Err(e) => {
-                    refused.get_or_insert(e);
-                    false
-                }
-            })
-            .collect();
+        let (items, refused) = self.owned_only(items, |(claim, _)| claim.key.as_str());
         let Begun { batch, mut taken, ops, lost } = self.begin_completions(items)?;
         let written = if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) };
         match written {
