@@ -23,7 +23,7 @@
 //!    renamed over the old one);
 //! 9. `compaction.chunk`: compaction between two chunks of expired records.
 //!
-//! Eight more points are not in [`POINTS`] (which the crash suite runs with transactions
+//! Nine more points are not in [`POINTS`] (which the crash suite runs with transactions
 //! off, point by point):
 //! - `replay.delivered`: `dedupd dead-letters replay` with a replayed record and its mark
 //!   delivered, their transaction not yet committed (tests/cli_dead_letters.rs: killed
@@ -45,6 +45,9 @@
 //! - `restore.started`, for delaying only: a restore of state partitions about to read the
 //!   changelog, on its own thread; delayed past `max.poll.interval.ms`, it shows that the
 //!   group consumer goes on polling meanwhile (tests/kafka_restore_background.rs).
+//! - `restore.applied`: a chunk of a restore applied to the store with its checkpoint;
+//!   killed there, the next start goes on from the checkpoint rather than from the start
+//!   (tests/kafka_restore_resume.rs);
 //! - `consumer.turn`, for delaying only: the consumer loop's turn, before it polls. Delayed
 //!   past the consumer's `max.poll.interval.ms`, it stands for a wedged loop, which
 //!   `/healthz` must report (tests/kafka_liveness.rs).

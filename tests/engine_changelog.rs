@@ -15,7 +15,7 @@ use common::engine::{engine_with, item};
 use dedupd::engine::{ChangeLog, Item, ItemResult};
 use dedupd::outcome::Outcome;
 use dedupd::sinks::{Sink, SinkEffect, SinkError, SinkOutput, SinkRequest};
-use dedupd::store::{KeyStore, Record, StoreConfig};
+use dedupd::store::{CacheOf, KeyStore, Record, StoreConfig};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -95,11 +95,17 @@ impl SinkEffect for LoggingSink {
     }
 }
 
+/// A changelog of one partition: the store owns every key once it owns partition 0.
+fn one_partition() -> CacheOf {
+    CacheOf { topic: "log".into(), partitions: 1, partition_of: Box::new(|_| 0) }
+}
+
 #[tokio::test]
 async fn claims_are_committed_before_their_sinks_and_completions_queued_before_results() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = StoreConfig { path: dir.path().join("store"), changelog: true, ..StoreConfig::default() };
-    let (store, _) = KeyStore::open_as_cache(&config).expect("store");
+    let (store, _) = KeyStore::open_as_cache(&config, one_partition()).expect("store");
+    store.own_partitions(&[0]).expect("own");
     let store = Arc::new(store);
     let log = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::new(Sink::new("s", false, Arc::new(LoggingSink(Arc::clone(&log)))));
@@ -163,7 +169,8 @@ async fn claims_are_committed_before_their_sinks_and_completions_queued_before_r
 async fn an_instance_that_cannot_prove_it_owns_its_partitions_calls_no_sink() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = StoreConfig { path: dir.path().join("store"), changelog: true, ..StoreConfig::default() };
-    let (store, _) = KeyStore::open_as_cache(&config).expect("store");
+    let (store, _) = KeyStore::open_as_cache(&config, one_partition()).expect("store");
+    store.own_partitions(&[0]).expect("own");
     let store = Arc::new(store);
     let log = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::new(Sink::new("s", false, Arc::new(LoggingSink(Arc::clone(&log)))));

@@ -1,4 +1,4 @@
-//! A restore runs off the rebalance path (src/pipeline/changelog/restore.rs,
+//! A restore runs off the rebalance path (src/pipeline/changelog/restore/mod.rs,
 //! src/pipeline/consumer/restores.rs): the group consumer goes on polling while the state
 //! partitions restore, so a restore longer than `max.poll.interval.ms` neither takes the
 //! instance out of its group nor makes `/healthz` fail, and no fixed bound stops it.

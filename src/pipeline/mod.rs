@@ -375,7 +375,7 @@ impl Core {
         metrics: Option<Arc<Metrics>>,
     ) -> Result<(Core, SinksByName), PipelineError> {
         let store = Arc::new(match changelog_topic {
-            Some(_) => changelog::open_store(&config.store)?,
+            Some(topic) => changelog::open_store(&config.store, topic)?,
             None => KeyStore::open_configured(&config.store)?,
         });
         let metrics = match metrics {

@@ -10,13 +10,14 @@
 //!    applying again leaves as they are.
 //! 4. The store may hold changes whose transaction never committed only until the process
 //!    stops: a clean stop marks the store ([`KeyStore::mark_clean`]); a store opened
-//!    without the mark (a crash) is emptied, keeping its identity, and rebuilt from the
-//!    changelog ([`KeyStore::open_as_cache`]), as Kafka Streams does with its stores under
-//!    exactly-once.
+//!    without the mark (a crash) empties what may hold them, keeping its identity, to be
+//!    rebuilt from the changelog ([`KeyStore::open_as_cache`]), as Kafka Streams does with
+//!    its stores under exactly-once: the partitions it owned (`writing`).
 
 use std::collections::HashSet;
 use std::path::Path;
 
+use super::writing::{CacheOf, WritingFile};
 use super::{KeyStore, Op, Record, StoreConfig, StoreError, Tree};
 
 /// The file a clean stop leaves in the store directory (invariant 4).
@@ -33,15 +34,23 @@ pub struct Change {
 }
 
 /// How [`KeyStore::open_as_cache`] found the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheOpened {
     /// Stopped cleanly: its checkpoints hold.
     Clean,
-    /// Left by a crash (or new): emptied, to be rebuilt from the changelog.
+    /// Left by a crash: the partitions it owned emptied (`emptied`, with `records`
+    /// removed), the others kept as their checkpoints say (`writing`, invariant 10).
+    AfterCrash {
+        /// The partitions emptied.
+        emptied: Vec<i32>,
+        /// The records removed.
+        records: u64,
+    },
+    /// New, or left by a crash with no word of what it owned: emptied whole.
     Emptied,
 }
 
-fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
+pub(super) fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
     format!("changelog/{topic}/{partition}").into_bytes()
 }
 
@@ -50,17 +59,34 @@ fn io_error(path: &Path, e: std::io::Error) -> StoreError {
 }
 
 impl KeyStore {
-    /// Opens the store `config` names as a changelog's cache that captures its changes
-    /// (invariant 1): as it was after a clean stop, else emptied (invariant 4).
-    pub fn open_as_cache(config: &StoreConfig) -> Result<(KeyStore, CacheOpened), StoreError> {
+    /// Opens the store `config` names as the cache of `of`'s changelog, capturing its
+    /// changes (invariant 1): as it was after a clean stop, else without what a crash may
+    /// have left uncommitted (invariants 4 and 10).
+    pub fn open_as_cache(config: &StoreConfig, of: CacheOf) -> Result<(KeyStore, CacheOpened), StoreError> {
         let marker = config.path.join(CLEAN_FILE);
-        if marker.exists() {
+        let (store, opened) = if marker.exists() {
             let store = KeyStore::open_configured(config)?;
             // Gone before any change is made: a crash from here on finds no mark.
             std::fs::remove_file(&marker).map_err(|e| io_error(&marker, e))?;
             sync_dir(&config.path)?;
-            return Ok((store.capturing(), CacheOpened::Clean));
-        }
+            (store, CacheOpened::Clean)
+        } else if let Some(written) = WritingFile::read(&config.path, &of) {
+            let store = KeyStore::open_configured(config)?;
+            let records = store.empty_partitions(&written, &of)?;
+            (store, CacheOpened::AfterCrash { emptied: written.into_iter().collect(), records })
+        } else {
+            (Self::open_emptied(config)?, CacheOpened::Emptied)
+        };
+        // No partition owned yet: none being written (invariant 9).
+        let writing = WritingFile::create(&config.path, &of)?;
+        let mut store = store;
+        store.capture = true;
+        store.owned_by_partition(of, writing);
+        Ok((store, opened))
+    }
+
+    /// Empties the store's directory and opens it, with the identity it had.
+    fn open_emptied(config: &StoreConfig) -> Result<KeyStore, StoreError> {
         let identity = match config.path.exists() {
             true => Some(KeyStore::open_configured(config)?.identity()?),
             false => None,
@@ -72,12 +98,7 @@ impl KeyStore {
             // producer fences the old one's open transaction at once.
             store.set_identity(&id)?;
         }
-        Ok((store.capturing(), CacheOpened::Emptied))
-    }
-
-    fn capturing(mut self) -> KeyStore {
-        self.capture = true;
-        self
+        Ok(store)
     }
 
     /// Invariant 1: records a change; called under the key's stripe lock.
@@ -135,6 +156,23 @@ impl KeyStore {
         now_ms: i64,
         expired: &mut HashSet<String>,
     ) -> Result<usize, StoreError> {
+        let applied = self.apply_read(changes, now_ms, expired)?;
+        let checkpoint = Op::Put(Tree::Meta, checkpoint_key(topic, partition), next_offset.to_le_bytes().to_vec());
+        self.backend.apply(vec![checkpoint])?;
+        // Handed to the OS: a process crash keeps the records and their checkpoint, and the
+        // next restore goes on from there (`writing`, invariant 10).
+        self.backend.write_out()?;
+        Ok(applied)
+    }
+
+    /// Applies records read back from the changelog, uncaptured (invariant 2), as
+    /// [`KeyStore::restore_batch`] does. Returns how many.
+    pub(super) fn apply_read(
+        &self,
+        changes: Vec<Change>,
+        now_ms: i64,
+        expired: &mut HashSet<String>,
+    ) -> Result<usize, StoreError> {
         let applied = changes.len();
         for Change { key, value } in changes {
             let read = value.map(|v| super::decode(key.as_bytes(), &v)).transpose()?;
@@ -152,8 +190,6 @@ impl KeyStore {
                 self.swap_locked(&mut stripe, &key, current, new.as_ref(), false)?;
             }
         }
-        let checkpoint = Op::Put(Tree::Meta, checkpoint_key(topic, partition), next_offset.to_le_bytes().to_vec());
-        self.backend.apply(vec![checkpoint])?;
         Ok(applied)
     }
 
@@ -219,6 +255,7 @@ fn empty_dir(path: &Path) -> Result<(), StoreError> {
 mod tests {
     use super::*;
     use crate::fingerprint::Fingerprint;
+    use crate::store::tests::two_partitions;
     use crate::store::{InProgress, SourcePos, StoreBackend};
 
     /// An expiry far ahead (year 2096).
@@ -246,8 +283,10 @@ mod tests {
     fn every_change_is_captured_in_order_and_a_restore_is_not() {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
-            let (store, opened) = KeyStore::open_as_cache(&config(dir.path(), backend)).expect("open");
+            let (store, opened) =
+                KeyStore::open_as_cache(&config(dir.path(), backend), two_partitions()).expect("open");
             assert_eq!(opened, CacheOpened::Emptied, "{backend}: a new store has no clean mark");
+            store.own_partitions(&[0]).expect("own");
             let pending = store.claim("a", None, claim()).expect("claim").expect("won");
             let durable = store.flush_claims(vec![pending]).expect("flush").pop().expect("one");
             let done = completed(FAR);
@@ -284,7 +323,8 @@ mod tests {
     fn expiry_writes_a_tombstone_for_the_changelog() {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
-            let (store, _) = KeyStore::open_as_cache(&config(dir.path(), backend)).expect("open");
+            let (store, _) = KeyStore::open_as_cache(&config(dir.path(), backend), two_partitions()).expect("open");
+            store.own_partitions(&[0]).expect("own");
             store.compare_and_swap("short", None, Some(&completed(50))).expect("cas").expect("swapped");
             store.compare_and_swap("long", None, Some(&completed(FAR))).expect("cas").expect("swapped");
             store.take_changes();
@@ -293,29 +333,94 @@ mod tests {
         }
     }
 
+    fn put(store: &KeyStore, key: &str) {
+        store.compare_and_swap(key, None, Some(&completed(FAR))).expect("cas").expect("swapped");
+    }
+
+    /// Restores `key` into partition 1 of `log` (not owned), up to offset `next`.
+    fn restore_p1(store: &KeyStore, key: &str, next: i64) {
+        let read = vec![Change { key: key.into(), value: Some(completed(FAR).encode()) }];
+        store.restore_batch(("log", 1), read, next, 100, &mut HashSet::new()).expect("restore");
+    }
+
     #[test]
-    fn a_clean_stop_keeps_the_store_and_a_crash_empties_it_keeping_its_identity() {
+    fn a_clean_stop_keeps_the_store() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let cfg = config(dir.path(), backend);
+            {
+                let (store, _) = KeyStore::open_as_cache(&cfg, two_partitions()).expect("open");
+                store.own_partitions(&[0]).expect("own");
+                put(&store, "k");
+                store.mark_clean(dir.path(), &[("log".into(), 0, 7)]).expect("mark");
+            }
+            let (store, opened) = KeyStore::open_as_cache(&cfg, two_partitions()).expect("reopen");
+            assert_eq!(opened, CacheOpened::Clean, "{backend}");
+            assert_eq!(store.get("k").expect("get"), Some(completed(FAR)), "{backend}");
+            assert_eq!(store.checkpoint("log", 0).expect("checkpoint"), Some(7), "{backend}");
+        }
+    }
+
+    #[test]
+    fn a_crash_empties_the_partitions_owned_and_keeps_those_restored_or_written_out() {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let cfg = config(dir.path(), backend);
             let id = {
-                let (store, _) = KeyStore::open_as_cache(&cfg).expect("open");
-                store.compare_and_swap("k", None, Some(&completed(FAR))).expect("cas").expect("swapped");
-                store.mark_clean(dir.path(), &[("log".into(), 0, 7)]).expect("mark");
+                let (store, _) = KeyStore::open_as_cache(&cfg, two_partitions()).expect("open");
+                store.own_partitions(&[0]).expect("own");
+                put(&store, "k");
+                store.restore_batch(("log", 0), Vec::new(), 5, 100, &mut HashSet::new()).expect("checkpoint 0");
+                // Partition 1 restored part of the way, not owned yet.
+                restore_p1(&store, "p1-restored", 9);
                 store.identity().expect("identity")
             };
-            {
-                let (store, opened) = KeyStore::open_as_cache(&cfg).expect("reopen");
-                assert_eq!(opened, CacheOpened::Clean, "{backend}");
-                assert_eq!(store.get("k").expect("get"), Some(completed(FAR)), "{backend}");
-                assert_eq!(store.checkpoint("log", 0).expect("checkpoint"), Some(7), "{backend}");
-                // No mark now: this open is a crash to the next one.
-            }
-            let (store, opened) = KeyStore::open_as_cache(&cfg).expect("reopen after a crash");
-            assert_eq!(opened, CacheOpened::Emptied, "{backend}");
-            assert_eq!(store.get("k").expect("get"), None, "{backend}: emptied");
+            let (store, opened) = KeyStore::open_as_cache(&cfg, two_partitions()).expect("reopen after a crash");
+            assert_eq!(opened, CacheOpened::AfterCrash { emptied: vec![0], records: 1 }, "{backend}");
+            assert_eq!(store.get("k").expect("get"), None, "{backend}: its partition was owned: emptied");
             assert_eq!(store.checkpoint("log", 0).expect("checkpoint"), None, "{backend}");
+            assert_eq!(store.get("p1-restored").expect("get"), Some(completed(FAR)), "{backend}: kept");
+            assert_eq!(store.checkpoint("log", 1).expect("checkpoint"), Some(9), "{backend}: the restore goes on");
             assert_eq!(store.identity().expect("identity"), id, "{backend}: identity kept");
+            assert_eq!(store.counts().completed, 1, "{backend}");
+
+            // Owned, then let go with every change written out: a crash keeps it.
+            store.own_partitions(&[1]).expect("own");
+            put(&store, "p1-written");
+            store.let_go_partitions(&[1]);
+            store.written_out(&[1]).expect("written out");
+            drop(store);
+            let (store, opened) = KeyStore::open_as_cache(&cfg, two_partitions()).expect("reopen after a crash");
+            assert_eq!(opened, CacheOpened::AfterCrash { emptied: vec![], records: 0 }, "{backend}");
+            assert_eq!(store.get("p1-written").expect("get"), Some(completed(FAR)), "{backend}: kept");
+        }
+    }
+
+    #[test]
+    fn a_crash_with_no_word_of_what_was_owned_empties_the_whole_store_keeping_its_identity() {
+        for &backend in StoreBackend::ALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let cfg = config(dir.path(), backend);
+            let id = {
+                let (store, _) = KeyStore::open_as_cache(&cfg, two_partitions()).expect("open");
+                restore_p1(&store, "p1-restored", 9);
+                store.identity().expect("identity")
+            };
+            // Another number of partitions: what the file says is about another changelog.
+            let mut three = two_partitions();
+            three.partitions = 3;
+            let (store, opened) = KeyStore::open_as_cache(&cfg, three).expect("reopen");
+            assert_eq!(opened, CacheOpened::Emptied, "{backend}");
+            assert_eq!(store.get("p1-restored").expect("get"), None, "{backend}: emptied");
+            assert_eq!(store.checkpoint("log", 1).expect("checkpoint"), None, "{backend}");
+            assert_eq!(store.identity().expect("identity"), id, "{backend}: identity kept");
+            restore_p1(&store, "p1-restored", 9);
+            drop(store);
+            // No file at all (a store written before it).
+            std::fs::remove_file(dir.path().join("changelog.writing")).expect("remove");
+            let (store, opened) = KeyStore::open_as_cache(&cfg, two_partitions()).expect("reopen");
+            assert_eq!(opened, CacheOpened::Emptied, "{backend}");
+            assert_eq!(store.get("p1-restored").expect("get"), None, "{backend}: emptied");
         }
     }
 }

@@ -21,7 +21,7 @@
 //!    ([`KeyStore::write_restored_expiries`]), so that an expiry nobody held when it came
 //!    (a store rebuilt after it) still leaves the topic.
 //!
-//! Without [`KeyStore::owned_by_partition`] every expiry is captured (a store alone).
+//! A store that is no changelog's cache captures every expiry (a store alone).
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -130,8 +130,7 @@ mod tests {
     /// A cache store whose keys `p0-…` are on partition 0 and `p1-…` on partition 1.
     fn two_partitions(dir: &std::path::Path, backend: StoreBackend) -> KeyStore {
         let config = StoreConfig { backend, path: dir.to_path_buf(), ..StoreConfig::default() };
-        let (store, _) = KeyStore::open_as_cache(&config).expect("open");
-        store.owned_by_partition(|key| i32::from(key.starts_with("p1-")));
+        let (store, _) = KeyStore::open_as_cache(&config, crate::store::tests::two_partitions()).expect("open");
         store
     }
 
@@ -148,7 +147,7 @@ mod tests {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let store = two_partitions(dir.path(), backend);
-            store.own_partitions(&[0, 1]);
+            store.own_partitions(&[0, 1]).expect("own");
             for key in ["p0-a", "p1-a"] {
                 put(&store, key, &completed(50));
             }
@@ -166,7 +165,7 @@ mod tests {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let store = two_partitions(dir.path(), backend);
-            store.own_partitions(&[0, 1]);
+            store.own_partitions(&[0, 1]).expect("own");
             for key in ["p0-a", "p1-a"] {
                 put(&store, key, &completed(50));
             }
@@ -189,7 +188,7 @@ mod tests {
         for &backend in StoreBackend::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let store = two_partitions(dir.path(), backend);
-            store.own_partitions(&[0]);
+            store.own_partitions(&[0]).expect("own");
             put(&store, "p0-a", &completed(50));
             {
                 let _restoring = store.restoring();
@@ -216,7 +215,7 @@ mod tests {
             store.restore_batch(("log", 0), read, 5, 100, &mut expired).expect("restore");
             assert_eq!(expired, HashSet::from(["p0-old".to_string()]), "{backend}: the last record of each");
             assert_eq!(store.write_restored_expiries(expired.clone()).expect("write"), 0, "{backend}: not yet written");
-            store.own_partitions(&[0]);
+            store.own_partitions(&[0]).expect("own");
             assert_eq!(store.write_restored_expiries(expired).expect("write"), 1, "{backend}");
             assert_eq!(tombstones(&store.take_changes()), vec!["p0-old"], "{backend}");
         }

@@ -20,7 +20,8 @@
 //!   never touches `in_progress` or `indeterminate` records;
 //! - as a changelog's cache (`changelog`), every change is captured for the changelog, and
 //!   an expiry's tombstone only for the state partitions the instance owns (`expiries`);
-//!   a key of a partition it does not own is never written (`ownership`).
+//!   a key of a partition it does not own is never written (`ownership`), and a crash
+//!   empties only the partitions it owned (`writing`).
 
 mod backend;
 mod backends;
@@ -47,6 +48,7 @@ mod sled_backend;
 mod slices;
 pub mod transfer;
 mod watermarks;
+mod writing;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -74,6 +76,7 @@ pub use slices::{SLICE_SPAN_MS, SlicesTurned};
 pub use transfer::{ExportCounts, ImportOptions, ImportReport, TransferError};
 #[cfg(test)]
 use watermarks::watermark_key;
+pub use writing::CacheOf;
 
 /// The store backends, ONE line each: `/// doc`, then `"name" => Variant(module::Type),`,
 /// with `#[default]` on the default one. `"name"` is what `backend = "..."` says.

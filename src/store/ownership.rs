@@ -13,26 +13,26 @@
 //!    after the new owner restored it, nor make this copy differ from it.
 //!
 //! Records read back from the changelog (a restore, a standby) are the changelog's, not
-//! this store's writes, and are not checked (invariant 2). Without
-//! [`KeyStore::owned_by_partition`] the store owns every key (a store alone).
+//! this store's writes, and are not checked (invariant 2). A store that is no changelog's
+//! cache owns every key (a store alone).
 
 use std::collections::BTreeSet;
 
+use super::writing::{CacheOf, WritingFile};
 use super::{KeyStore, StoreError};
 
-/// The key's state partition.
-type PartitionOf = Box<dyn Fn(&str) -> i32 + Send + Sync>;
-
-/// The state partitions a store owns, and how keys map to them.
+/// The state partitions a store owns, how keys map to them, and the file naming those it
+/// may hold uncommitted changes of (`writing`).
 pub(super) struct Scope {
-    partition_of: PartitionOf,
-    owned: BTreeSet<i32>,
+    of: CacheOf,
+    pub(super) owned: BTreeSet<i32>,
+    pub(super) writing: WritingFile,
 }
 
 impl Scope {
     /// The state partition of `key`.
     pub(super) fn partition(&self, key: &str) -> i32 {
-        (self.partition_of)(key)
+        (self.of.partition_of)(key)
     }
 
     /// Whether the store owns `key`'s partition.
@@ -42,20 +42,22 @@ impl Scope {
 }
 
 impl KeyStore {
-    /// From now on the store owns the keys of the partitions `partition_of` maps them to that
+    /// From now on the store owns the keys of the partitions of `of` that
     /// [`KeyStore::own_partitions`] names (none yet): no other key's record is written, and
-    /// no other key's expiry tombstone captured.
-    pub fn owned_by_partition(&self, partition_of: impl Fn(&str) -> i32 + Send + Sync + 'static) {
-        self.changes.lock().scope = Some(Scope { partition_of: Box::new(partition_of), owned: BTreeSet::new() });
+    /// no other key's expiry tombstone captured; `writing` names those it owns.
+    pub(super) fn owned_by_partition(&self, of: CacheOf, writing: WritingFile) {
+        self.changes.lock().scope = Some(Scope { of, owned: BTreeSet::new(), writing });
     }
 
     /// The store owns `partitions` from now on (restored: invariant 8 and `expiries`,
-    /// invariant 5).
-    pub fn own_partitions(&self, partitions: &[i32]) {
+    /// invariant 5), named in its `writing` file first (invariant 9).
+    pub fn own_partitions(&self, partitions: &[i32]) -> Result<(), StoreError> {
         let _gate = self.gate.write();
         if let Some(scope) = &mut self.changes.lock().scope {
+            scope.writing.add(partitions)?;
             scope.owned.extend(partitions);
         }
+        Ok(())
     }
 
     /// The store no longer owns `partitions`: a write of one of their keys that did not
@@ -123,9 +125,8 @@ mod tests {
     /// both.
     fn two_partitions(dir: &std::path::Path, backend: StoreBackend) -> KeyStore {
         let config = StoreConfig { backend, path: dir.to_path_buf(), ..StoreConfig::default() };
-        let (store, _) = KeyStore::open_as_cache(&config).expect("open");
-        store.owned_by_partition(|key| i32::from(key.starts_with("p1-")));
-        store.own_partitions(&[0, 1]);
+        let (store, _) = KeyStore::open_as_cache(&config, crate::store::tests::two_partitions()).expect("open");
+        store.own_partitions(&[0, 1]).expect("own");
         store
     }
 
@@ -176,7 +177,7 @@ mod tests {
 
             // The partition still owned is written as before; owned again, so is the other.
             store.compare_and_swap("p0-a", None, Some(&Record::Completed(completed()))).expect("cas").expect("swapped");
-            store.own_partitions(&[1]);
+            store.own_partitions(&[1]).expect("own");
             store.compare_and_swap("p1-b", None, Some(&Record::Completed(completed()))).expect("cas").expect("swapped");
             let keys: Vec<String> = store.take_changes().into_iter().map(|c| c.key).collect();
             assert_eq!(keys, vec!["p0-a".to_string(), "p1-b".to_string()], "{backend}");

@@ -72,6 +72,15 @@ fn fp(b: u8) -> Fingerprint {
     Fingerprint([b; 32])
 }
 
+/// A changelog `log` of two partitions: keys `p1-…` on partition 1, the others on 0.
+pub(super) fn two_partitions() -> super::CacheOf {
+    super::CacheOf {
+        topic: "log".into(),
+        partitions: 2,
+        partition_of: Box::new(|key| i32::from(key.starts_with("p1-"))),
+    }
+}
+
 pub(super) fn in_progress(b: u8, attempts: u32) -> InProgress {
     InProgress {
         fingerprint: fp(b),

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use super::transactions::Transactions;
 use super::{KafkaConfig, PipelineError};
 use crate::ops::{Health, Metrics};
-use crate::store::{CacheOpened, KeyStore, StoreConfig, SyncMode};
+use crate::store::{CacheOf, CacheOpened, KeyStore, StoreConfig, SyncMode};
 
 /// What `run` keeps of the changelog.
 pub(crate) struct Changelog {
@@ -87,15 +87,30 @@ impl crate::ops::KeyOwner for StateOwner {
     }
 }
 
-/// Opens the store as the changelog's cache. Its own writes need no fsync: what is durable
-/// is what the changelog committed, and a store left by a crash is rebuilt from it.
-pub(crate) fn open_store(config: &StoreConfig) -> Result<KeyStore, PipelineError> {
+/// Opens the store as the cache of `topic`'s changelog. Its own writes need no fsync: what
+/// is durable is what the changelog committed, and what a crash may have left uncommitted
+/// in it (the partitions it owned) is emptied and rebuilt from the changelog.
+pub(crate) fn open_store(config: &StoreConfig, topic: &ChangelogTopic) -> Result<KeyStore, PipelineError> {
     let config = StoreConfig { sync: SyncMode::None, ..config.clone() };
-    let (store, opened) = KeyStore::open_as_cache(&config)?;
+    let partitions = topic.partitions;
+    let of = CacheOf {
+        topic: topic.name.clone(),
+        partitions,
+        partition_of: Box::new(move |key| state_partition(key, partitions)),
+    };
+    let (store, opened) = KeyStore::open_as_cache(&config, of)?;
     match opened {
         CacheOpened::Clean => tracing::info!("store stopped cleanly: restoring only what the changelog has beyond it"),
+        CacheOpened::AfterCrash { emptied, records } => tracing::info!(
+            ?emptied,
+            records,
+            "store not stopped cleanly: the state partitions it owned emptied, to be restored from the changelog; \
+             the others kept, their restores going on from their checkpoints"
+        ),
         CacheOpened::Emptied => {
-            tracing::info!("store not stopped cleanly (or new): emptied, to be restored from the changelog")
+            tracing::info!(
+                "store new, or not stopped cleanly by a version that said what it owned: emptied, to be restored from the changelog"
+            )
         }
     }
     Ok(store)
@@ -111,9 +126,6 @@ impl Changelog {
         (metrics, health): (&Arc<Metrics>, &Arc<Health>),
     ) -> Result<Changelog, PipelineError> {
         let partitions = topic.partitions;
-        // Each key's records and expiry tombstone are its partition's owner's to write
-        // (store::ownership, store::expiries).
-        store.owned_by_partition(move |key| state_partition(key, partitions));
         // A commit with nothing else on the changelog or by-key topic names its writer here.
         transactions.name_on(&topic.name, state_partition(&transactions.writer_key(), partitions));
         let writer = ChangelogWriter::new(Arc::clone(store), Arc::clone(transactions), producer, topic);
