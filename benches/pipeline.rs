@@ -34,14 +34,15 @@
 //! of 10,000 after a clean stop. With `--instances`, only drains with 1, 2 and 3 instances
 //! in one group, and with `--failover` only the failover of a killed instance at `--rate`,
 //! with `--state N` keys on the changelog first and `--standby` for standby copies
-//! (`pipeline/instances.rs`). With `--traces`, only drains with OpenTelemetry traces off
+//! (`pipeline/instances.rs`); with `--takeover`, only a state of `--state N` keys taken over
+//! by an instance joining the group at `--rate` (`pipeline/takeover.rs`). With `--traces`, only drains with OpenTelemetry traces off
 //! and on, alternated, on the first backend (`pipeline/traces.rs`). With `--warm-broker`,
 //! before any of these, the backlog is relayed and drained six times over, so that the
 //! broker has stopped compiling (`pipeline/warm.rs`).
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
 //! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--changelog] [--drain-only]
-//! [--restore N] [--instances] [--failover [--state N] [--standby]] [--traces] [--warm-broker]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
+//! [--restore N] [--instances] [--failover [--state N] [--standby]] [--takeover --state N] [--traces] [--warm-broker]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
 //! only step 3, e.g. under `perf`).
 
 use std::collections::HashMap;
@@ -76,6 +77,8 @@ mod relay;
 mod restore;
 #[path = "pipeline/streams.rs"]
 mod streams;
+#[path = "pipeline/takeover.rs"]
+mod takeover;
 #[path = "pipeline/topics.rs"]
 mod topics;
 #[path = "pipeline/traces.rs"]
@@ -182,6 +185,7 @@ async fn start_pipeline_with(
     config: Config,
     options: RunOptions,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<dedupd::ops::Health>) {
+    topics::ensure_dead_letter_topic(&config.kafka.bootstrap_servers, &config.kafka.dead_letter_topic).await;
     let stop = CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let s = stop.clone();
@@ -267,6 +271,12 @@ async fn run(traces_receiver: Option<std::net::TcpListener>) {
     };
     if let Some(keys) = a.restore {
         restore::measure(&bootstrap, keys).await;
+        return;
+    }
+    if a.takeover {
+        for backend in &a.backends {
+            takeover::takeover(&bootstrap, *backend, (a.failover_state, a.rate)).await;
+        }
         return;
     }
     if a.failover {

@@ -24,6 +24,8 @@ pub(super) struct Args {
     pub(super) standby: bool,
     /// Only the failover of a killed instance, at `rate` commands/s.
     pub(super) failover: bool,
+    /// Only the takeover of `failover_state` keys by a joining instance, at `rate`.
+    pub(super) takeover: bool,
 }
 
 pub(super) fn args() -> Args {
@@ -39,6 +41,7 @@ pub(super) fn args() -> Args {
         restore: None,
         instances: false,
         failover: false,
+        takeover: false,
         failover_state: 0,
         standby: false,
     };
@@ -80,9 +83,10 @@ pub(super) fn args() -> Args {
                 i += 1;
                 continue;
             }
-            "--instances" | "--failover" => {
+            "--instances" | "--failover" | "--takeover" => {
                 match argv[i].as_str() {
                     "--instances" => a.instances = true,
+                    "--takeover" => a.takeover = true,
                     _ => a.failover = true,
                 }
                 i += 1;

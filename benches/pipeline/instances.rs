@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use dedupd::store::StoreBackend;
 use rdkafka::producer::FutureRecord;
 
-use super::topics::{create_topic, read_after_drain, read_results, unique};
+use super::topics::{create_changelog_topic, create_topic, read_after_drain, read_results, unique};
 use super::{Mode, config_in, drain_rate, start_pipeline};
 
 /// Drains the backlog of `records` in `input` with 1, 2 and 3 instances; prints each rate.
@@ -54,7 +54,7 @@ pub async fn drain_with_instances(bootstrap: &str, input: &str, backend: StoreBa
 }
 
 /// A `dedupd run` process with its log in `dir`.
-fn spawn_dedupd(config: &std::path::Path, log: &std::path::Path) -> Child {
+pub(super) fn spawn_dedupd(config: &std::path::Path, log: &std::path::Path) -> Child {
     let log = std::fs::File::create(log).expect("log file");
     Command::new(env!("CARGO_BIN_EXE_dedupd"))
         .args(["run", "-c", config.to_str().expect("utf-8 path")])
@@ -84,9 +84,11 @@ pub async fn failover(bootstrap: &str, backend: StoreBackend, run: &Failover) {
     create_topic(bootstrap, &input, super::restore::PARTITIONS).await;
     create_topic(bootstrap, &results, 6).await;
     let group = unique("bench-failover");
+    let dead_letters = unique("bench-fo-dlq");
+    super::topics::ensure_dead_letter_topic(bootstrap, &dead_letters).await;
     if run.state > 0 {
         let changelog = format!("{group}.dedupd-state");
-        create_topic(bootstrap, &changelog, super::restore::PARTITIONS).await;
+        create_changelog_topic(bootstrap, &changelog, super::restore::PARTITIONS).await;
         let written = Instant::now();
         super::restore::write_changelog(bootstrap, &changelog, 0..run.state).await;
         println!("wrote {} keys to the changelog in {:.1} s", run.state, written.elapsed().as_secs_f64());
@@ -97,6 +99,7 @@ pub async fn failover(bootstrap: &str, backend: StoreBackend, run: &Failover) {
         let store = dir.path().join(format!("store-{i}"));
         let mut c = config_in(Mode::ByKey, bootstrap, &input, &results, backend, &store);
         c.kafka.group_id = group.clone();
+        c.kafka.dead_letter_topic = dead_letters.clone();
         c.kafka.consumer.insert("session.timeout.ms".into(), "6000".into());
         c.kafka.consumer.insert("heartbeat.interval.ms".into(), "1000".into());
         c.store.standby = run.standby;
@@ -240,7 +243,7 @@ async fn wait_until_settled(log: &Path, run: &Failover) {
 }
 
 /// The value of an unlabelled series in a scrape (0 when absent).
-fn sample(scrape: &str, name: &str) -> f64 {
+pub(super) fn sample(scrape: &str, name: &str) -> f64 {
     scrape
         .lines()
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
@@ -248,7 +251,7 @@ fn sample(scrape: &str, name: &str) -> f64 {
 }
 
 /// The first JSON line of `log` whose message is `message`.
-fn logged(log: &Path, message: &str) -> Option<serde_json::Value> {
+pub(super) fn logged(log: &Path, message: &str) -> Option<serde_json::Value> {
     let text = std::fs::read_to_string(log).ok()?;
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -257,7 +260,7 @@ fn logged(log: &Path, message: &str) -> Option<serde_json::Value> {
 
 /// The records the "state partition restored" lines of `log` past byte `from` logged, and
 /// the longest restore's milliseconds among them.
-fn restores_after(log: &Path, from: u64) -> (u64, u64) {
+pub(super) fn restores_after(log: &Path, from: u64) -> (u64, u64) {
     let text = std::fs::read(log).unwrap_or_default();
     let after = text.get(usize::try_from(from).unwrap_or(usize::MAX)..).unwrap_or_default();
     String::from_utf8_lossy(after)
@@ -270,6 +273,6 @@ fn restores_after(log: &Path, from: u64) -> (u64, u64) {
 }
 
 /// Milliseconds since the Unix epoch, as Kafka's timestamps count.
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }

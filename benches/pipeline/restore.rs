@@ -16,7 +16,7 @@ use dedupd::pipeline::state_partition;
 use dedupd::store::{Completed, Completion, Record, StoreBackend};
 use rdkafka::producer::FutureRecord;
 
-use super::topics::{create_topic, producer, unique};
+use super::topics::{create_changelog_topic, create_topic, producer, unique};
 use super::{Mode, config_in, start_pipeline};
 
 /// The input's partitions, so the changelog's (the by-key topic's under the hop).
@@ -31,15 +31,22 @@ pub async fn measure(bootstrap: &str, keys: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config_in(Mode::Changelog, bootstrap, &input, &results, StoreBackend::Fjall, dir.path());
     let changelog = format!("{}.dedupd-state", config.kafka.group_id);
-    create_topic(bootstrap, &changelog, PARTITIONS).await;
+    create_changelog_topic(bootstrap, &changelog, PARTITIONS).await;
     let written = Instant::now();
     write_changelog(bootstrap, &changelog, 0..keys).await;
     println!("wrote {keys} keys to the changelog in {:.1} s", written.elapsed().as_secs_f64());
+    let floor = read_floor(bootstrap, &changelog, keys);
+    println!(
+        "read floor: a plain consumer read the {keys} records (read_committed, keys and values copied) in {} ms: {:.0} keys/s",
+        floor.as_millis(),
+        keys as f64 / floor.as_secs_f64()
+    );
     let cold = restore_time(config.clone()).await;
     println!(
-        "restore, cold: {keys} keys into an empty store in {} ms: {:.0} keys/s",
+        "restore, cold: {keys} keys into an empty store in {} ms: {:.0} keys/s ({:.2}x the read floor's time)",
         cold.as_millis(),
-        keys as f64 / cold.as_secs_f64()
+        keys as f64 / cold.as_secs_f64(),
+        cold.as_secs_f64() / floor.as_secs_f64()
     );
     write_changelog(bootstrap, &changelog, keys..keys + TAIL).await;
     let tail = restore_time(config).await;
@@ -48,6 +55,39 @@ pub async fn measure(bootstrap: &str, keys: usize) {
         tail.as_millis(),
         TAIL as f64 / tail.as_secs_f64()
     );
+}
+
+/// The floor of a restore: a plain consumer configured as dedupd's restore consumer
+/// (`read_committed`, assigned by hand) reads the changelog's `keys` records from the start,
+/// copying each key and value as a restore does, and stores nothing. Blocking.
+fn read_floor(bootstrap: &str, topic: &str, keys: usize) -> Duration {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("bench-read-floor"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).expect("partition");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let began = Instant::now();
+    let (mut read, mut bytes) = (0usize, 0usize);
+    while read < keys {
+        assert!(began.elapsed() < Duration::from_secs(600), "the read floor did not end");
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let (key, value) = (m.key().unwrap_or_default().to_vec(), m.payload().map(<[u8]>::to_vec));
+            bytes += key.len() + value.map_or(0, |v| v.len());
+            read += 1;
+        }
+    }
+    assert!(bytes > 0);
+    began.elapsed()
 }
 
 /// A completed record of a key, as dedupd writes one.

@@ -15,8 +15,20 @@ pub(super) fn unique(name: &str) -> String {
 }
 
 pub(super) async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
+    create_topic_with(bootstrap, name, partitions, &[]).await;
+}
+
+/// A changelog topic, compacted as dedupd requires of one it finds.
+pub(super) async fn create_changelog_topic(bootstrap: &str, name: &str, partitions: i32) {
+    create_topic_with(bootstrap, name, partitions, &[("cleanup.policy", "compact")]).await;
+}
+
+async fn create_topic_with(bootstrap: &str, name: &str, partitions: i32, configs: &[(&str, &str)]) {
     let admin: AdminClient<_> = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin");
-    let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let mut t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        t = t.set(k, v);
+    }
     let r = admin.create_topics(&[t], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await;
     for x in r.expect("create topics") {
         x.expect("topic created");
@@ -35,6 +47,20 @@ pub(super) async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Creates the dead-letter topic `name` (one partition) unless it exists: dedupd creates
+/// no topic it publishes to, and every phase starting an instance of a config needs it.
+pub(super) async fn ensure_dead_letter_topic(bootstrap: &str, name: &str) {
+    let admin: AdminClient<_> = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin");
+    let t = NewTopic::new(name, 1, TopicReplication::Fixed(1));
+    let r = admin.create_topics(&[t], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await;
+    for x in r.expect("create topics") {
+        match x {
+            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, e)) => panic!("creating {topic}: {e}"),
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use super::writing::{CacheOf, WritingFile};
-use super::{KeyStore, Op, Record, StoreConfig, StoreError, Tree};
+use super::{KeyStore, Op, StoreConfig, StoreError, Tree};
 
 /// The file a clean stop leaves in the store directory (invariant 4).
 const CLEAN_FILE: &str = "changelog.clean";
@@ -165,34 +165,6 @@ impl KeyStore {
         Ok(applied)
     }
 
-    /// Applies records read back from the changelog, uncaptured (invariant 2), as
-    /// [`KeyStore::restore_batch`] does. Returns how many.
-    pub(super) fn apply_read(
-        &self,
-        changes: Vec<Change>,
-        now_ms: i64,
-        expired: &mut HashSet<String>,
-    ) -> Result<usize, StoreError> {
-        let applied = changes.len();
-        for Change { key, value } in changes {
-            let read = value.map(|v| super::decode(key.as_bytes(), &v)).transpose()?;
-            let expired_now = read.as_ref().and_then(Record::expires_at_ms).is_some_and(|at| at <= now_ms);
-            let new = if expired_now { None } else { read };
-            if expired_now {
-                expired.insert(key.clone());
-            } else {
-                expired.remove(&key);
-            }
-            let _gate = self.gate.read();
-            let mut stripe = self.lock_settled(&key);
-            let current = self.get_locked(&stripe, &key)?;
-            if current != new {
-                self.swap_locked(&mut stripe, &key, current, new.as_ref(), false)?;
-            }
-        }
-        Ok(applied)
-    }
-
     /// The next offset of `partition` of the changelog `topic` to restore from, if the
     /// store has one (invariant 3).
     pub fn checkpoint(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
@@ -256,7 +228,7 @@ mod tests {
     use super::*;
     use crate::fingerprint::Fingerprint;
     use crate::store::tests::two_partitions;
-    use crate::store::{InProgress, SourcePos, StoreBackend};
+    use crate::store::{InProgress, Record, SourcePos, StoreBackend};
 
     /// An expiry far ahead (year 2096).
     const FAR: i64 = 4_000_000_000_000;

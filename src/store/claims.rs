@@ -57,6 +57,16 @@ struct OutClaim {
 }
 
 impl Stripe {
+    /// Whether this process holds a claim of `key` (out, or being completed).
+    pub(super) fn has_claim(&self, key: &str) -> bool {
+        self.claims.contains_key(key)
+    }
+
+    /// A key of this stripe was written outside a claim (`bulk`): reads made before are stale.
+    pub(super) fn bump(&mut self) {
+        self.version = self.version.wrapping_add(1);
+    }
+
     /// `key` was written: any claim of it that was out is no longer current. Returns
     /// whether that claim was held by the journal (then it must be released there once the
     /// write that replaced it is applied). Called on a settled stripe (`settle`).

@@ -25,6 +25,7 @@
 
 mod backend;
 mod backends;
+mod bulk;
 mod changelog;
 mod claims;
 mod compaction;

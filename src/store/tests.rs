@@ -106,7 +106,7 @@ pub(super) fn completed(b: u8, expires_at_ms: i64) -> Completed {
     }
 }
 
-fn indeterminate(b: u8) -> Indeterminate {
+pub(super) fn indeterminate(b: u8) -> Indeterminate {
     Indeterminate { fingerprint: fp(b), claimed_at_ms: 1_000, attempts: 1, why: "crashed mid-call".into(), held: None }
 }
 
