@@ -212,15 +212,7 @@ async fn produce_and_kill(
 /// (restored or copied), so that the load starts on a settled group.
 async fn wait_until_settled(log: &Path, run: &Failover) {
     let deadline = Instant::now() + Duration::from_secs(900);
-    let http = loop {
-        if let Some(addr) =
-            logged(log, "dedupd running").and_then(|v| v["fields"]["http_addr"].as_str().map(str::to_string))
-        {
-            break addr;
-        }
-        assert!(Instant::now() < deadline, "no `dedupd running` in {}", log.display());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let http = http_addr(log, deadline).await;
     loop {
         let ready = reqwest::get(format!("http://{http}/readyz")).await.is_ok_and(|r| r.status().is_success());
         let applied = match run.standby {
@@ -239,6 +231,20 @@ async fn wait_until_settled(log: &Path, run: &Failover) {
         }
         assert!(Instant::now() < deadline, "not settled within 900 s: {}", log.display());
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The HTTP address the instance logging to `log` serves, once its log says it runs
+/// (before `deadline`).
+pub(super) async fn http_addr(log: &Path, deadline: Instant) -> String {
+    loop {
+        if let Some(addr) =
+            logged(log, "dedupd running").and_then(|v| v["fields"]["http_addr"].as_str().map(str::to_string))
+        {
+            return addr;
+        }
+        assert!(Instant::now() < deadline, "no `dedupd running` in {}", log.display());
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

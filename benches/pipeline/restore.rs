@@ -107,8 +107,19 @@ fn completed(i: usize) -> Vec<u8> {
     .encode()
 }
 
+/// Writes a completed record of each of `keys` to the changelog `topic`, a million at a
+/// time (the delivery futures of a hundred million would not fit in memory).
 pub(super) async fn write_changelog(bootstrap: &str, topic: &str, keys: std::ops::Range<usize>) {
     let p = producer(bootstrap);
+    let mut from = keys.start;
+    while from < keys.end {
+        let to = (from + 1_000_000).min(keys.end);
+        write_some(&p, topic, from..to).await;
+        from = to;
+    }
+}
+
+async fn write_some(p: &rdkafka::producer::FutureProducer, topic: &str, keys: std::ops::Range<usize>) {
     let mut acks = Vec::with_capacity(keys.len());
     for i in keys {
         let key = format!("bench-{i}");

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use dedupd::store::StoreBackend;
 use rdkafka::producer::FutureRecord;
 
-use super::instances::{logged, now_ms, restores_after, sample, spawn_dedupd};
+use super::instances::{http_addr, now_ms, restores_after, sample, spawn_dedupd};
 use super::restore::{PARTITIONS, write_changelog};
 use super::topics::{create_changelog_topic, create_topic, read_results, unique};
 use super::{Mode, config_in};
@@ -153,9 +153,8 @@ fn taken_partitions(log: &Path) -> BTreeSet<i32> {
 /// When (ms since the epoch, within 50 ms) the instance logging to `log` held fewer than
 /// all the partitions: the rebalance that gave B its share.
 async fn revoked(log: &Path) -> i64 {
-    let http = logged(log, "dedupd running").and_then(|v| v["fields"]["http_addr"].as_str().map(str::to_string));
-    let http = http.expect("A is running");
     let deadline = Instant::now() + Duration::from_secs(600);
+    let http = http_addr(log, deadline).await;
     loop {
         let text = match reqwest::get(format!("http://{http}/metrics")).await {
             Ok(r) => r.text().await.unwrap_or_default(),
@@ -174,15 +173,7 @@ async fn revoked(log: &Path) -> i64 {
 /// state partitions restored.
 async fn wait_until_ready(log: &Path) {
     let deadline = Instant::now() + Duration::from_secs(3600);
-    let http = loop {
-        if let Some(addr) =
-            logged(log, "dedupd running").and_then(|v| v["fields"]["http_addr"].as_str().map(str::to_string))
-        {
-            break addr;
-        }
-        assert!(Instant::now() < deadline, "no `dedupd running` in {}", log.display());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let http = http_addr(log, deadline).await;
     while !reqwest::get(format!("http://{http}/readyz")).await.is_ok_and(|r| r.status().is_success()) {
         assert!(Instant::now() < deadline, "not ready within an hour: {}", log.display());
         tokio::time::sleep(Duration::from_millis(50)).await;

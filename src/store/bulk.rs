@@ -12,12 +12,19 @@
 //! before the write (the filter stays a superset of the keys present); a read between the
 //! two answers the record before it, as a read before the chunk would. Keys with a record
 //! or a claim, and removals, take the one-key path (`KeyStore::swap_locked`).
+//!
+//! The partitions a crash may have left uncommitted changes in are emptied here too, a page
+//! of keys at a time (`writing`, invariant 10).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use super::changelog::Change;
+use super::changelog::{Change, checkpoint_key};
+use super::writing::CacheOf;
 use super::{KeyStore, Op, Record, StoreError, Tree, index, presence, state_index};
+
+/// Records removed per page when a partition is emptied.
+const EMPTY_PAGE: usize = 10_000;
 
 impl KeyStore {
     /// Applies records read back from the changelog, uncaptured, in their order (a key's
@@ -101,6 +108,26 @@ impl KeyStore {
             self.doubts.changed(key, None, Some(record));
         }
         Ok(others)
+    }
+
+    /// Removes every record of `partitions` of `of`'s changelog and their checkpoints, and
+    /// makes that durable (invariant 10). The records are read back, not captured (a
+    /// changelog's tombstones would delete what it committed). Returns how many it removed.
+    pub(super) fn empty_partitions(&self, partitions: &BTreeSet<i32>, of: &CacheOf) -> Result<u64, StoreError> {
+        let mut removed = 0u64;
+        self.for_each_record_page(EMPTY_PAGE, |page| {
+            let tombstones: Vec<Change> = page
+                .into_iter()
+                .filter(|(key, _)| partitions.contains(&(of.partition_of)(key)))
+                .map(|(key, _)| Change { key, value: None })
+                .collect();
+            removed += tombstones.len() as u64;
+            self.apply_read(tombstones, 0, &mut HashSet::new()).map(|_| ())
+        })?;
+        let checkpoints = partitions.iter().map(|&p| Op::Delete(Tree::Meta, checkpoint_key(&of.topic, p))).collect();
+        self.backend.apply(checkpoints)?;
+        self.flush_always()?;
+        Ok(removed)
     }
 }
 

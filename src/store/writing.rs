@@ -6,7 +6,7 @@
 //!    it leaves the file only once the store no longer owns it and every change made for
 //!    it is committed, applied here and flushed ([`KeyStore::written_out`]).
 //! 10. A store opened without the clean mark (a crash) empties the partitions its file
-//!    names, their records and checkpoints ([`KeyStore::empty_partitions`]), before the
+//!    names, their records and checkpoints (`bulk`), before the
 //!    file forgets them. Every other partition holds only records read back from the
 //!    changelog (a restore or a standby, `read_committed`) up to its checkpoint, or what
 //!    was committed by the time it was let go, and is kept: a restore cut short by a crash
@@ -14,19 +14,15 @@
 //!    missing (a store written before it) or names another changelog or number of
 //!    partitions empties the whole store.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::changelog::{Change, checkpoint_key};
-use super::{KeyStore, Op, StoreError, Tree};
+use super::{KeyStore, StoreError};
 
 /// The file in the store directory (invariant 9).
 const FILE_NAME: &str = "changelog.writing";
-
-/// Records deleted per write when a partition is emptied.
-const EMPTY_PAGE: usize = 10_000;
 
 /// The changelog a store caches: its topic, its number of partitions, and the partition
 /// each key is on.
@@ -121,26 +117,6 @@ impl KeyStore {
         let Some(scope) = &mut captured.scope else { return Ok(()) };
         let let_go: Vec<i32> = partitions.iter().copied().filter(|p| !scope.owned.contains(p)).collect();
         scope.writing.remove(&let_go)
-    }
-
-    /// Removes every record of `partitions` of `of`'s changelog and their checkpoints, and
-    /// makes that durable (invariant 10). The records are read back, not captured (a
-    /// changelog's tombstones would delete what it committed). Returns how many it removed.
-    pub(super) fn empty_partitions(&self, partitions: &BTreeSet<i32>, of: &CacheOf) -> Result<u64, StoreError> {
-        let mut removed = 0u64;
-        self.for_each_record_page(EMPTY_PAGE, |page| {
-            let tombstones: Vec<Change> = page
-                .into_iter()
-                .filter(|(key, _)| partitions.contains(&(of.partition_of)(key)))
-                .map(|(key, _)| Change { key, value: None })
-                .collect();
-            removed += tombstones.len() as u64;
-            self.apply_read(tombstones, 0, &mut HashSet::new()).map(|_| ())
-        })?;
-        let checkpoints = partitions.iter().map(|&p| Op::Delete(Tree::Meta, checkpoint_key(&of.topic, p))).collect();
-        self.backend.apply(checkpoints)?;
-        self.flush_always()?;
-        Ok(removed)
     }
 }
 
