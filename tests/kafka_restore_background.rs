@@ -20,11 +20,10 @@ use std::time::{Duration, Instant};
 
 use common::exposition::Exposition;
 use common::kafka;
-use common::pay_kills::{key, results, wait_for_every_result};
+use common::pay_kills::{results, wait_for_every_result};
 use common::process::{DedupdProcess, TopicTail, has_failpoints, tail_of_file, wait_for_http_addr};
-use common::state_group::{PATIENCE, StateGroup, completed_record, status};
+use common::state_group::{PATIENCE, StateGroup, status};
 use dedupd::outcome::Outcome;
-use dedupd::pipeline::state_partition;
 
 const PARTITIONS: i32 = 2;
 const KEYS: usize = 2_000;
@@ -39,11 +38,7 @@ async fn a_restore_longer_than_the_poll_interval_keeps_the_instance_in_its_group
         return;
     }
     let group = StateGroup::new(&bootstrap, "bgrestore", PARTITIONS, (1, 5)).await;
-    kafka::create_changelog(&bootstrap, &group.changelog(), PARTITIONS).await;
-    let restored: Vec<kafka::OutgoingTo> = (0..KEYS)
-        .map(|i| (key(i), completed_record(i), Vec::new(), Some(state_partition(&key(i), PARTITIONS))))
-        .collect();
-    kafka::produce_all_with(&kafka::idempotent_producer(&bootstrap), &group.changelog(), restored).await;
+    group.restorable_state(KEYS).await;
     let short_poll = |t: String| {
         t.replace("[kafka.consumer]\n", "[kafka.consumer]\n\"max.poll.interval.ms\" = \"7000\"\n").replace(
             "listen = \"127.0.0.1:0\"\n",

@@ -18,11 +18,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::kafka;
-use common::pay_kills::{key, results, wait_for_every_result};
+use common::pay_kills::{results, wait_for_every_result};
 use common::process::{DedupdProcess, TopicTail, has_failpoints, tail_of_file, wait_for_http_addr};
-use common::state_group::{PATIENCE, StateGroup, completed_record, restores};
+use common::state_group::{PATIENCE, StateGroup, restores};
 use dedupd::outcome::Outcome;
-use dedupd::pipeline::state_partition;
 
 const PARTITIONS: i32 = 2;
 const KEYS: usize = 40_000;
@@ -34,11 +33,7 @@ async fn a_restore_cut_short_by_a_crash_goes_on_from_its_checkpoint() {
         return;
     }
     let group = StateGroup::new(&bootstrap, "resume", PARTITIONS, (1, 5)).await;
-    kafka::create_changelog(&bootstrap, &group.changelog(), PARTITIONS).await;
-    let restored: Vec<kafka::OutgoingTo> = (0..KEYS)
-        .map(|i| (key(i), completed_record(i), Vec::new(), Some(state_partition(&key(i), PARTITIONS))))
-        .collect();
-    kafka::produce_all_with(&kafka::idempotent_producer(&bootstrap), &group.changelog(), restored).await;
+    group.restorable_state(KEYS).await;
     let config = group.config("a", "", "max_in_flight = 8\nbatch_size = 8", |t| t);
     let args = ["run", "-c", config.to_str().expect("utf-8 path")];
 

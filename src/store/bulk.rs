@@ -1,8 +1,8 @@
 //! Records read back from the changelog (a restore, a standby, invariant 2 of `changelog`)
 //! written in bulk: a chunk's keys new to the store go in one backend write with one
 //! expiry-index entry per span, where a write per key cost a journal append, a batch commit
-//! and an index entry each (about a fifth of the restore thread's CPU: BENCHMARKS.md, "State
-//! on Kafka: restore and drain").
+//! and an index entry each (about a fifth of the restore thread's CPU:
+//! docs/performance-notes.md, "Restore").
 //!
 //! Why no stripe is held through the write, as a completion's is not: the keys of a
 //! partition being read back have one writer, the reader (its partition is not owned here,

@@ -66,6 +66,11 @@ impl WritingFile {
         Ok(file)
     }
 
+    /// Whether the file names partition `p`.
+    pub(super) fn names(&self, p: i32) -> bool {
+        self.contents.writing.contains(&p)
+    }
+
     /// Adds `partitions`, durably before it returns (invariant 9).
     pub(super) fn add(&mut self, partitions: &[i32]) -> Result<(), StoreError> {
         self.change(|writing| writing.extend(partitions))
@@ -112,6 +117,17 @@ impl KeyStore {
     /// so that a crash from here on keeps them (invariant 9). One owned again meanwhile
     /// stays in it.
     pub fn written_out(&self, partitions: &[i32]) -> Result<(), StoreError> {
+        // No flush when the file would not change (none named, or all still owned: a clean
+        // stop, whose mark flushes anyway).
+        let changes = self
+            .changes
+            .lock()
+            .scope
+            .as_ref()
+            .is_some_and(|scope| partitions.iter().any(|p| scope.writing.names(*p) && !scope.owned.contains(p)));
+        if !changes {
+            return Ok(());
+        }
         self.flush_always()?;
         let mut captured = self.changes.lock();
         let Some(scope) = &mut captured.scope else { return Ok(()) };

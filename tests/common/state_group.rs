@@ -72,6 +72,20 @@ impl StateGroup {
         path
     }
 
+    /// Creates the changelog holding a completion of each of commands `0..keys` (see
+    /// [`completed_record`]), each on its key's partition, for an instance to restore.
+    pub async fn restorable_state(&self, keys: usize) {
+        kafka::create_changelog(&self.bootstrap, &self.changelog(), self.partitions).await;
+        let records: Vec<kafka::OutgoingTo> = (0..keys)
+            .map(|i| {
+                let key = pay_kills::key(i);
+                let partition = state_partition(&key, self.partitions);
+                (key, completed_record(i), Vec::new(), Some(partition))
+            })
+            .collect();
+        kafka::produce_all_with(&kafka::idempotent_producer(&self.bootstrap), &self.changelog(), records).await;
+    }
+
     /// The log of instance `name`.
     pub fn log(&self, name: &str) -> PathBuf {
         self.dir.path().join(format!("{name}.log"))
