@@ -91,7 +91,7 @@ fn exported_metrics() -> BTreeSet<String> {
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_string)
         .collect();
-    assert!(names.len() >= 13, "expected every SPEC §7 metric, got {names:?}");
+    assert!(names.len() >= 13, "expected every docs/contract.md §10 metric, got {names:?}");
     names
 }
 

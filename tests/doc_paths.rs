@@ -5,7 +5,8 @@
 //!   (`src/...`, `docs/...`, `deploy/...`, `Cargo.toml`, ...; relative to the repository);
 //! - comments in src/, tests/ and benches/ are scanned for the docs they cite;
 //! - a `#fragment` on a markdown file must name one of its headings, and
-//!   `docs/contract.md §N` one of the contract's numbered sections.
+//!   `docs/contract.md §N` one of the contract's numbered sections; a section of any other
+//!   document (`SPEC §8`, `decisions.md §2`) is refused: only the contract numbers its own.
 //!
 //! Paths under what a tool creates (the entries of .gitignore and fuzz/.gitignore, such as
 //! `fuzz/artifacts`) need not exist, nor paths with a placeholder (`src/sinks/NAME.rs`) or
@@ -243,6 +244,25 @@ fn bad_contract_sections(rel: &str, text: &str, sections: &BTreeSet<String>) -> 
     out
 }
 
+/// Each `NAME §N` of `text` whose NAME is a document but not docs/contract.md, the one
+/// document with numbered sections: another `.md` file, or a name in capitals such as
+/// `SPEC` (a brief the repository does not have). A bare `§N` (of the contract, from its
+/// context) passes.
+fn sections_of_other_documents(rel: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        for (i, _) in line.match_indices(" §") {
+            let before = line[..i].rsplit(|c: char| c.is_whitespace() || "(`".contains(c)).next().unwrap_or("");
+            let names_a_document =
+                before.ends_with(".md") || (before.len() >= 2 && before.chars().all(|c| c.is_ascii_uppercase()));
+            if names_a_document && !before.ends_with("contract.md") {
+                out.push(format!("{rel}:{}: cites a section of {before}, which has no numbered sections here", n + 1));
+            }
+        }
+    }
+    out
+}
+
 /// The numbers of docs/contract.md's `## N. Title` sections.
 fn contract_sections() -> BTreeSet<String> {
     read("docs/contract.md")
@@ -273,6 +293,7 @@ fn every_path_a_doc_or_deploy_file_cites_exists_inside_the_repository() {
             }
         }
         problems.extend(bad_contract_sections(&rel, &text, &sections));
+        problems.extend(sections_of_other_documents(&rel, &text));
     }
     assert!(checked > 100, "expected the docs to cite many paths, found {checked}");
     assert!(problems.is_empty(), "{} bad citation(s):\n{}", problems.len(), problems.join("\n"));
@@ -290,6 +311,10 @@ fn every_doc_a_source_comment_cites_exists() {
                 problems.extend(check(&c, &generated));
             }
             problems.extend(bad_contract_sections(&rel, &text, &sections));
+            // This file's own doc and tests show what the rule refuses.
+            if rel != "tests/doc_paths.rs" {
+                problems.extend(sections_of_other_documents(&rel, &text));
+            }
         }
     }
     assert!(problems.is_empty(), "{} bad citation(s):\n{}", problems.len(), problems.join("\n"));
@@ -314,5 +339,9 @@ fn the_checker_finds_what_is_wrong() {
     assert!(!joined.contains("fuzz/artifacts"), "generated paths are allowed:\n{joined}");
     assert!(has_placeholder("src/sinks/NAME.rs") && !has_placeholder("src/sinks/mod.rs"));
     assert!(!has_placeholder("README.md"));
+    let cited = "as SPEC §8 says (see decisions.md §2, docs/contract.md §4, §3)";
+    let found = sections_of_other_documents("src/a.rs", cited);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].contains("SPEC") && found[1].contains("decisions.md"), "{found:?}");
     assert_eq!(slug("`http`: headers, auth, templates, response"), "http-headers-auth-templates-response");
 }

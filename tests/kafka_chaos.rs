@@ -1,4 +1,4 @@
-//! Several instances in one group with the store on Kafka (SPEC §8), while instances die,
+//! Several instances in one group with the store on Kafka (docs/contract.md §12), while instances die,
 //! stop and start: no double effect, no lost command, exactly one result per input.
 //!
 //! Three `dedupd run` slots share one group on the real broker, each with its own store,

@@ -1,4 +1,4 @@
-//! A zombie makes no effect (SPEC §8, src/pipeline/transactions/mod.rs invariants 6 and 7): an
+//! A zombie makes no effect (docs/contract.md §12, src/pipeline/transactions/mod.rs invariants 6 and 7): an
 //! instance frozen after claiming, whose partitions move to another instance while it is
 //! frozen, commits no claim and calls no sink for them when it wakes; it finds itself
 //! fenced, counts it (`dedupd_fenced_total`) and starts its pipeline again in process.

@@ -32,12 +32,12 @@ pub(crate) struct ChangelogTopic {
     pub(crate) by_key: Option<String>,
 }
 
-/// `"<kafka.group_id>.dedupd-by-key"` (SPEC §8).
+/// `"<kafka.group_id>.dedupd-by-key"` (docs/config.md, `kafka.copartitioned`).
 pub(crate) fn by_key_topic_name(config: &Config) -> String {
     format!("{}.dedupd-by-key", config.kafka.group_id)
 }
 
-/// `store.changelog_topic`, or `"<kafka.group_id>.dedupd-state"` (SPEC §8).
+/// `store.changelog_topic`, or `"<kafka.group_id>.dedupd-state"` (docs/config.md, `store.changelog_topic`).
 pub(crate) fn topic_name(config: &Config) -> String {
     config.store.changelog_topic.clone().unwrap_or_else(|| format!("{}.dedupd-state", config.kafka.group_id))
 }

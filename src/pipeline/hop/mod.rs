@@ -1,4 +1,4 @@
-//! The by-key hop (SPEC §8; `store.changelog` without `kafka.copartitioned`): an input
+//! The by-key hop (docs/decisions.md, "State on Kafka"; `store.changelog` without `kafka.copartitioned`): an input
 //! partition's worker forwards each valid command to its key's partition of the by-key topic
 //! (`"<kafka.group_id>.dedupd-by-key"`), in the transaction that commits the input offset,
 //! and the by-key partition's worker decides it there, so every repeat of a key meets the

@@ -33,7 +33,7 @@
 //!    already has ([`Transactions::own`], or the first offset read from it in this
 //!    generation, [`Transactions::note_first_offset`]). A claim of an instance that lost
 //!    its partitions (paused past its session, a frozen VM) therefore cannot commit, and no
-//!    sink runs for it (SPEC §8). Such a fence, and an assignment found lost with work in
+//!    sink runs for it (docs/contract.md §12). Such a fence, and an assignment found lost with work in
 //!    the open transaction, abort it and mark this instance fenced
 //!    ([`Transactions::was_fenced`], `dedupd_fenced_total`): `run` then starts the pipeline
 //!    again in process, from the committed offsets and the changelog.

@@ -1,7 +1,7 @@
 //! An input partition's batch under the by-key hop (`hop`): each command is forwarded to
 //! its key's partition of the by-key topic, to be decided there; a record that is not one
 //! is rejected here (its result and dead letter name it). Forwards, rejections and the
-//! input offset go out in the one open transaction (SPEC §8).
+//! input offset go out in the one open transaction (docs/decisions.md, "State on Kafka").
 
 use std::time::Instant;
 
