@@ -19,13 +19,6 @@
 //!    fsyncs on the disk alone after it, and the table gives issue 13's bound on dedupd's p99
 //!    from them (relay p99 + two fsync p99 + 5 ms), with each.
 //!
-//! With `--streams`, once after the relay: Kafka Streams' own dedup recipe (the Java program
-//! in `benches/streams-dedup`: a persistent RocksDB store with its changelog, commands
-//! repartitioned by their idempotency key, two stream threads) draining the same backlog,
-//! under `at_least_once` and under `exactly_once_v2`; commands/s as for `dedupd run`, from
-//! the first result's timestamp to the last. It needs Java 17+ (the broker's) and, for its
-//! first build, Maven.
-//!
 //! With `--changelog`, each drain of step 3 is followed by two with the store on Kafka
 //! (`store.changelog`, transactional results): one with `kafka.copartitioned` (the backlog
 //! is keyed by the idempotency key with the murmur2 partitioner), one through the by-key
@@ -35,14 +28,19 @@
 //! in one group, and with `--failover` only the failover of a killed instance at `--rate`,
 //! with `--state N` keys on the changelog first and `--standby` for standby copies
 //! (`pipeline/instances.rs`); with `--takeover`, only a state of `--state N` keys taken over
-//! by an instance joining the group at `--rate` (`pipeline/takeover.rs`). With `--traces`, only drains with OpenTelemetry traces off
+//! by an instance joining the group at `--rate` (`pipeline/takeover.rs`). With `--streams`,
+//! only dedupd with its store on Kafka against Kafka Streams' own dedup recipe
+//! (`benches/streams-dedup`, `exactly_once_v2`) on the same backlog, side by side in
+//! `--rounds N` rounds (default 3): the recipe on the input as keyed against the copartitioned
+//! mode, the recipe with a repartition topic against the by-key topic (`pipeline/streams.rs`;
+//! it needs Java 17+, the broker's, and for its first build Maven). With `--traces`, only drains with OpenTelemetry traces off
 //! and on, alternated, on the first backend (`pipeline/traces.rs`). With `--warm-broker`,
 //! before any of these, the backlog is relayed and drained six times over, so that the
 //! broker has stopped compiling (`pipeline/warm.rs`).
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench pipeline -- [--records N]
-//! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams] [--changelog] [--drain-only]
-//! [--restore N] [--instances] [--failover [--state N] [--standby]] [--takeover --state N] [--traces] [--warm-broker]` (default: every registered backend, no Kafka Streams; `--drain-only` runs
+//! [--rate R] [--seconds S] [--backends NAME,NAME] [--streams [--rounds N]] [--changelog] [--drain-only]
+//! [--restore N] [--instances] [--failover [--state N] [--standby]] [--takeover --state N] [--traces] [--warm-broker]` (default: every registered backend; `--drain-only` runs
 //! only step 3, e.g. under `perf`).
 
 use std::collections::HashMap;
@@ -295,6 +293,12 @@ async fn run(traces_receiver: Option<std::net::TcpListener>) {
         let backend = a.backends.first().copied().unwrap_or(StoreBackend::Fjall);
         warm::warm_broker(&bootstrap, &input, backend, a.records).await;
     }
+    if a.streams {
+        for backend in &a.backends {
+            streams::side_by_side(&bootstrap, &input, *backend, a.records, a.rounds).await;
+        }
+        return;
+    }
     if a.instances {
         for backend in &a.backends {
             instances::drain_with_instances(&bootstrap, &input, *backend, a.records).await;
@@ -324,9 +328,6 @@ async fn run(traces_receiver: Option<std::net::TcpListener>) {
     let relay = plain_relay(&bootstrap, &input, &relay_out, a.records, Some("plain relay"), None).await;
     println!("plain relay (consume + produce a result each, no dedupd): {relay:.0} records/s");
     let p99_bound = relay_latency_bound(&bootstrap, a.rate, a.seconds).await;
-    if a.streams {
-        streams::measure(&bootstrap, &input, a.records).await;
-    }
 
     println!(
         "\n| backend | store floor (claim+complete/s) | dedupd run (commands/s) | ratio to store floor | ratio to plain relay | p50 ms | p99 ms | p99 bound ms: fsyncs beside the relay (alone) | at rate |"

@@ -7,7 +7,9 @@ pub(super) struct Args {
     pub(super) rate: usize,
     pub(super) seconds: u64,
     pub(super) backends: Vec<StoreBackend>,
+    /// Only dedupd on Kafka against Kafka Streams' recipe, side by side, in `rounds` rounds.
     pub(super) streams: bool,
+    pub(super) rounds: usize,
     /// Only the backlog drain (to profile it): no plain consumer, relay, floor or latency.
     pub(super) drain_only: bool,
     /// Relay and drain the backlog six times first, so that the broker has stopped compiling.
@@ -35,6 +37,7 @@ pub(super) fn args() -> Args {
         seconds: 10,
         backends: StoreBackend::ALL.to_vec(),
         streams: false,
+        rounds: 3,
         drain_only: false,
         warm_broker: false,
         changelog: false,
@@ -76,6 +79,7 @@ pub(super) fn args() -> Args {
                 i += 1;
                 continue;
             }
+            "--rounds" => a.rounds = next.parse().expect("--rounds N"),
             "--restore" => a.restore = Some(next.parse().expect("--restore N")),
             "--state" => a.failover_state = next.parse().expect("--state N"),
             "--standby" => {

@@ -3,9 +3,11 @@
 #
 # Usage:
 #   run.sh build                         build it (no-op when built from the same sources)
-#   run.sh BOOTSTRAP INPUT OUTPUT STATE_DIR GUARANTEE APP_ID
+#   run.sh BOOTSTRAP INPUT OUTPUT STATE_DIR GUARANTEE APP_ID TOPOLOGY
 #                                        build if needed, then exec the program; GUARANTEE is
-#                                        at_least_once or exactly_once_v2; stops on SIGTERM
+#                                        at_least_once or exactly_once_v2; TOPOLOGY is keyed
+#                                        (input keyed by the idempotency key: no repartition)
+#                                        or repartition; stops on SIGTERM
 #
 # The first build needs Maven and Maven Central; later runs need neither. Java is the one
 # scripts/kafka/kafka.sh runs the broker with: JAVA_HOME, or java on PATH.
@@ -48,7 +50,7 @@ if [[ $# -eq 1 && $1 == build ]]; then
   build
   exit 0
 fi
-[[ $# -eq 6 ]] || { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 64; }
+[[ $# -eq 7 ]] || { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 64; }
 build
 # shellcheck disable=SC2086 # STREAMS_DEDUP_JAVA_OPTS holds several flags
 exec "$JAVA" ${STREAMS_DEDUP_JAVA_OPTS:-} \

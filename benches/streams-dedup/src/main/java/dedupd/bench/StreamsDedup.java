@@ -25,6 +25,7 @@ import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.Repartitioned;
 import org.apache.kafka.streams.processor.api.Processor;
@@ -39,9 +40,12 @@ import org.apache.kafka.streams.state.Stores;
  * with its changelog, one result record per input (a replay of the stored result for a repeat),
  * no external effect.
  *
- * <p>Usage: {@code StreamsDedup BOOTSTRAP INPUT OUTPUT STATE_DIR GUARANTEE APP_ID}, GUARANTEE
- * {@code at_least_once} or {@code exactly_once_v2}. Runs until SIGTERM; exits 1 if Kafka Streams
- * fails.
+ * <p>Usage: {@code StreamsDedup BOOTSTRAP INPUT OUTPUT STATE_DIR GUARANTEE APP_ID TOPOLOGY},
+ * GUARANTEE {@code at_least_once} or {@code exactly_once_v2}; TOPOLOGY {@code keyed} (the input is
+ * keyed by the idempotency key and partitioned by it with Kafka's default partitioner, so each
+ * input partition's task holds its keys: no repartition) or {@code repartition} (commands are
+ * re-keyed through a repartition topic first, as when the input is keyed by anything else).
+ * Runs until SIGTERM; exits 1 if Kafka Streams fails.
  */
 public final class StreamsDedup {
     static final String STORE = "dedup-results";
@@ -58,9 +62,9 @@ public final class StreamsDedup {
     private StreamsDedup() {}
 
     public static void main(String[] args) throws InterruptedException {
-        if (args.length != 6) {
-            System.err.println("usage: StreamsDedup BOOTSTRAP INPUT OUTPUT STATE_DIR GUARANTEE APP_ID"
-                    + " (GUARANTEE: at_least_once | exactly_once_v2)");
+        if (args.length != 7) {
+            System.err.println("usage: StreamsDedup BOOTSTRAP INPUT OUTPUT STATE_DIR GUARANTEE APP_ID TOPOLOGY"
+                    + " (GUARANTEE: at_least_once | exactly_once_v2; TOPOLOGY: keyed | repartition)");
             System.exit(64);
         }
         String guarantee = args[4];
@@ -68,7 +72,15 @@ public final class StreamsDedup {
             System.err.println("streams-dedup: guarantee must be at_least_once or exactly_once_v2, not " + guarantee);
             System.exit(64);
         }
-        KafkaStreams streams = new KafkaStreams(topology(args[1], args[2]), config(args[0], args[3], guarantee, args[5]));
+        String shape = args[6];
+        if (!shape.equals("keyed") && !shape.equals("repartition")) {
+            System.err.println("streams-dedup: topology must be keyed or repartition, not " + shape);
+            System.exit(64);
+        }
+        Topology topology = topology(args[1], args[2], shape.equals("repartition"));
+        // Which topics it reads and writes (a repartition topic or none), for the bench's log.
+        System.err.println("streams-dedup: " + topology.describe());
+        KafkaStreams streams = new KafkaStreams(topology, config(args[0], args[3], guarantee, args[5]));
         run(streams, guarantee);
     }
 
@@ -91,17 +103,19 @@ public final class StreamsDedup {
         return p;
     }
 
-    static Topology topology(String input, String output) {
+    static Topology topology(String input, String output, boolean repartition) {
         Serde<String> s = Serdes.String();
         StreamsBuilder b = new StreamsBuilder();
         b.addStateStore(Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore(STORE), s, s));
-        b.stream(input, Consumed.with(s, s))
-                .process(KeyByCommandId::new)
-                // Repeats of one command may arrive on different input partitions: they must
-                // meet in the same task, so the same store.
-                .repartition(Repartitioned.<String, String>as("by-command-id").withKeySerde(s).withValueSerde(s))
-                .process(Dedup::new, STORE)
-                .to(output, Produced.with(s, s));
+        KStream<String, String> commands = b.stream(input, Consumed.with(s, s)).process(KeyByCommandId::new);
+        if (repartition) {
+            // Repeats of one command may arrive on different input partitions: they must
+            // meet in the same task, so the same store.
+            commands = commands.repartition(
+                    Repartitioned.<String, String>as("by-command-id").withKeySerde(s).withValueSerde(s));
+        }
+        // A process() with a store inserts no repartition of its own: keyed input stays put.
+        commands.process(Dedup::new, STORE).to(output, Produced.with(s, s));
         return b.build();
     }
 
