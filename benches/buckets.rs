@@ -9,7 +9,7 @@
 //! Both sides write the same `N` keys (36-byte UUID text in random order, 142-byte values, as
 //! the store bench) in atomic batches of 1,000 with an fsync per batch, each in a child
 //! process of its own, one after the other:
-//! - `single`: one keyspace, as dedupd's `records` is today (its settings); expiring
+//! - `single`: one keyspace with the settings of dedupd's `records`; expiring
 //!   the oldest `N/B` keys deletes them in batches of 10,000 with an fsync per batch;
 //! - `buckets`: `B` keyspaces with the same settings, the keys written into them in order (the first `N/B` into the
 //!   first...), as if each held the keys whose expiry falls in one slice of time; a lookup
@@ -25,8 +25,9 @@
 //! the end of the writes and once the engine's compaction has gone idle (under 5% of a
 //! core for 5 s, at most 30 min), each against the logical bytes written; lookups of a
 //! random sample of the keys once idle (best of three rounds); the time to expire the
-//! oldest slice. This measures the lever BENCHMARKS.md names for a store of 100M keys
-//! (compaction that rewrites less), not a design dedupd has.
+//! oldest slice. This measures, on the raw engine, what dedupd's slices of the records
+//! (src/store/slices.rs) take up: compaction that rewrites less (docs/performance-notes.md,
+//! "Records in slices by hour").
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,7 +6,8 @@
 use std::process::ExitCode;
 
 /// mimalloc, not glibc's malloc: the hot path allocates many small, short-lived buffers
-/// (BENCHMARKS.md: glibc's malloc was ~27% of the store's write path).
+/// (glibc's malloc was ~27% of the store's write path: docs/performance-notes.md, "The store's
+/// write path").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

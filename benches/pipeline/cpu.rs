@@ -7,7 +7,7 @@
 //! The broker's figure also names what its JIT compilers took (HotSpot's `C1`/`C2
 //! CompilerThread`s): a broker started for the bench goes on compiling through its first
 //! couple of million records, and that CPU lands on the same cores as the phase measured
-//! (BENCHMARKS.md, "A broker still compiling"); `--warm-broker` drains it past that.
+//! (docs/performance-notes.md, "A broker still compiling"); `--warm-broker` drains it past that.
 //!
 //! The broker is the one `scripts/kafka/kafka.sh` started for this run (its pid file in
 //! `DEDUPD_TEST_KAFKA_DIR`), else the first `kafka.Kafka` process found: another broker on

@@ -89,7 +89,7 @@ fn p99(took: &mut [f64]) -> f64 {
 /// Appends of 4 KiB with an fsync each, one every 10 ms on a thread of its own, for as long
 /// as it runs: the fsyncs of a process that shares the disk with the broker while the broker
 /// serves a load, which is what a durability point of dedupd's costs beside it (the broker
-/// writes its logs to the same disk; see BENCHMARKS.md, "The fsyncs the bound allows").
+/// writes its logs to the same disk; see docs/performance-notes.md, "The fsyncs the bound allows").
 pub struct FsyncProbe {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<Vec<f64>>,

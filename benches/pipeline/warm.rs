@@ -1,8 +1,8 @@
 //! `--warm-broker`: before anything is measured, [`ROUNDS`] rounds of a plain relay and a
 //! `dedupd run` drain of the backlog. A broker started for the bench goes on compiling
-//! through its first million records or more, by bursts (BENCHMARKS.md, "A broker still
-//! compiling"), and that CPU lands on the cores the relay and the drain share with it, by
-//! different amounts; a broker in production compiled long ago. Every measured phase
+//! through its first million records or more, by bursts (docs/performance-notes.md, "A
+//! broker still compiling"), and that CPU lands on the cores the relay and the drain share
+//! with it, by different amounts; a broker in production compiled long ago. Every measured phase
 //! prints what the broker's JIT compilers took in it, so a reader sees whether they did.
 
 use dedupd::store::StoreBackend;

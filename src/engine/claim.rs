@@ -57,7 +57,7 @@ impl Engine {
         .map_err(|e| EngineError::Join(e.to_string()))
         .and_then(|(r, in_store)| {
             // In a drain on a busy machine the wait to be run and resumed can exceed the
-            // store's own write and fsync (BENCHMARKS.md, "What a drain's round waits for").
+            // store's own write and fsync (docs/performance-notes.md, "What a drain's round waits for").
             let waited = handed_over.elapsed().saturating_sub(in_store);
             tracing::trace!(
                 store_us = in_store.as_micros() as u64,

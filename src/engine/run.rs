@@ -37,7 +37,7 @@ impl Engine {
         // Each run borrows its claim and yields only its end and position: a round runs
         // thousands of them at once, and moving each claim through its future and back (or
         // gathering ends in input order as `join_all` does) cost more than the runs of a
-        // sink that answers at once (BENCHMARKS.md, "The engine's own CPU per command").
+        // sink that answers at once (docs/performance-notes.md, "The engine's own CPU per command").
         let mut ends = Vec::with_capacity(claimed.len());
         let mut runs: FuturesUnordered<_> = claimed
             .iter_mut()

@@ -8,7 +8,8 @@
 //! after it are decided next round. Deciding them now would be undone: a claim without a
 //! ticket lets go of its key, and with several partitions sharing `max_in_flight` most heads
 //! of a round found no ticket and were decided again and again (about a sixth of the
-//! engine's CPU with six partitions, BENCHMARKS.md).
+//! engine's CPU with six partitions: docs/performance-notes.md, "Tickets as heads are
+//! decided").
 //!
 //! The round's heads are read first, all in one blocking-pool call (`read_heads`), and each
 //! is decided on that read. A claim is checked against its key as it is when written (the
@@ -106,7 +107,7 @@ impl Engine {
     }
 
     /// The records of `heads` as they are now, read on the blocking pool: a read waits while
-    /// another partition's claims hold the key's stripe through their write (BENCHMARKS.md,
+    /// another partition's claims hold the key's stripe through their write (docs/performance-notes.md,
     /// "Heads read off the runtime"), and a record not in memory is read
     /// from disk; neither may hold up a runtime thread. A head decided later in the round
     /// decides on this read; its claim is checked against the key as it is then (`claim`).

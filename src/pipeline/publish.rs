@@ -171,7 +171,7 @@ pub(crate) fn producer_config_with(
         // Kafka Streams' choice under exactly-once: a killed instance's open transaction
         // holds every `read_committed` reader of its partitions (the next owner's restore
         // and its by-key fetches) until the broker aborts it, librdkafka's 60 s by default
-        // (BENCHMARKS.md, "Several instances: throughput and failover"). Commits come every
+        // (docs/performance-notes.md, "Failover and open transactions"). Commits come every
         // transaction interval.
         if c.get("transaction.timeout.ms").is_none() {
             c.set("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS.to_string());

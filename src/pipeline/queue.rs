@@ -7,7 +7,8 @@
 //! `queued.max.messages.kbytes` (dedupd sets both from `pipeline.batch_size` and
 //! `pipeline.partition_buffer_bytes`). Pausing a partition for backpressure instead makes
 //! librdkafka drop what it had prefetched for it and fetch it again on resume: a backlog
-//! drain read every record from the broker about four times over (BENCHMARKS.md).
+//! drain read every record from the broker about four times over
+//! (docs/performance-notes.md, "Split partition queues").
 //!
 //! Why bytes too in the channel: a bound in records alone lets a partition of 1 MiB
 //! commands buffer `batch_size × 4` of them (8,000 by default: 8 GiB). The channel counts

@@ -339,8 +339,8 @@ impl PartitionWorker {
             })
             .collect();
         let complete = records.len() == total;
-        // Where a batch's time goes (BENCHMARKS.md, "Where a command's latency goes"); the
-        // last durability point is traced apart (worker/overlap.rs).
+        // Where a batch's time goes (docs/performance-notes.md, "Batches that overlap at their
+        // last durability point"); the last durability point is traced apart (worker/overlap.rs).
         let engine_us = (started.elapsed().as_micros() as u64).saturating_sub(watermark_us);
         tracing::debug!(topic = %self.topic, partition = self.partition, records = total, watermark_us, engine_us, "batch through the engine");
         let Some(&last_offset) = records.len().checked_sub(1).and_then(|last| consumed.get(last)) else {

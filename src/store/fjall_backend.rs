@@ -121,7 +121,8 @@ fn records_options() -> KeyspaceCreateOptions {
         .max_memtable_size(32 * MIB)
         // Every table's index and filter blocks stay in memory, outside the block cache:
         // with fjall's default (pinned on the first levels only) random gets in a store of
-        // 10M keys read 32–85 KiB per read call, at 0.28× the rate at 1M (BENCHMARKS.md).
+        // 10M keys read 32–85 KiB per read call, at 0.28× the rate at 1M (docs/performance-notes.md,
+        // "fjall's index and filter blocks, and its block cache").
         .index_block_pinning_policy(PinningPolicy::all(true))
         .filter_block_pinning_policy(PinningPolicy::all(true))
 }

@@ -1,11 +1,12 @@
 //! A partition's batches overlap at their last durability point: a batch's last round's
 //! completions are made durable while the partition's next batch starts (its starts,
 //! tickets, claims and sink calls), instead of before it. Measured at 5,000 commands/s, a
-//! partition runs batches back to back and each waited for that point (BENCHMARKS.md,
-//! "Where a command's latency goes"). Only without transactional results (and so without
-//! the store on Kafka): a transaction commits a batch's results and offset together (and,
-//! with the store on Kafka, its completions), so there the point stays in the batch and
-//! the worker runs exactly as without the overlap (nothing is ever [`Deferred`]).
+//! partition runs batches back to back and each waited for that point
+//! (docs/performance-notes.md, "Batches that overlap at their last durability point"). Only
+//! without transactional results (and so without the store on Kafka): a transaction commits
+//! a batch's results and offset together (and, with the store on Kafka, its completions), so
+//! there the point stays in the batch and the worker runs exactly as without the overlap
+//! (nothing is ever [`Deferred`]).
 //!
 //! The rules stay where they were:
 //! 1. A batch's results are published only once its completions are durable:

@@ -4,7 +4,7 @@
 //! Why not under the stripe locks, as a claim is written: a backend write can wait long
 //! (fjall holds its journal's lock while another thread's flush fsyncs), and a round's keys
 //! lock a good part of the stripes, so every other partition's reads and claims waited
-//! behind that write (BENCHMARKS.md, "Completions written with no stripe held"). So a batch
+//! behind that write (docs/performance-notes.md, "Completions written with no stripe held"). So a batch
 //! of completions goes in three steps:
 //! 1. the batch takes a number and joins the batches under way ([`UnderWay`]); with its
 //!    stripes locked, each claim (checked by its token) is marked with that number, which

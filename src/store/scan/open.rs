@@ -1,7 +1,7 @@
 //! The open's scan: counts the records per state and enters every key in the presence
 //! filter (see `presence`). A restart waits for it, so it grows with the store (at 9M
-//! records, 11.7 s as pages of decoded records added key by key; BENCHMARKS.md, "Reopening
-//! a large store"). So it:
+//! records, 11.7 s as pages of decoded records added key by key; docs/performance-notes.md,
+//! "Reopening a store"). So it:
 //! - reads each record's two header bytes only (`Record::state_of`), from entries the
 //!   backend lends rather than copies (`Backend::for_each`);
 //! - adds a stripe's fingerprints a buffer at a time, into a set grown once while it is in

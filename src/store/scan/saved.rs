@@ -1,8 +1,8 @@
 //! The presence filter and the counts saved at a clean stop, so that the next open reads
 //! them back instead of scanning every record: the scan grows with the store (4.5–5.4 s
 //! at 9M records on two cores, 11.5–13.1 s at 29M), where the open that reads the saved
-//! filter took 0.58 s at 29M, most of it fjall's own recovery (BENCHMARKS.md, "A restart
-//! that reads the saved filter"). No record is read then, so a damaged one is found when
+//! filter took 0.58 s at 29M, most of it fjall's own recovery (docs/performance-notes.md,
+//! "Reopening a store"). No record is read then, so a damaged one is found when
 //! it is read, not at open.
 //!
 //! The file, [`FILE_NAME`] in the store directory: a header (format, the save's id,
