@@ -34,6 +34,8 @@
 //!   over OTLP; the W3C trace context they pass on.
 //! - [`log`]: the `[log]` section and the tracing subscriber (JSON lines carry `trace_id`).
 //! - [`time`]: the clock and RFC 3339 instants.
+//! - [`problems`]: what a config refuses, collected: each section's type checks its values
+//!   into one `Problems`, each problem naming its key, value and reason.
 //! - [`crash`]: named crash points for the crash suite, compiled in only with the
 //!   `failpoints` feature.
 
@@ -58,6 +60,7 @@ pub mod log;
 pub mod ops;
 pub mod outcome;
 pub mod pipeline;
+pub mod problems;
 pub mod routes;
 pub mod sinks;
 pub mod store;

@@ -7,6 +7,8 @@ use globset::{Glob, GlobMatcher};
 
 use serde::{Deserialize, Serialize};
 
+use crate::problems::Problems;
+
 /// One route: command types to a sink.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +26,30 @@ pub struct RouteConfig {
     /// JSON pointers (into `{"type", "payload"}`) left out of the fingerprint.
     #[serde(default)]
     pub fingerprint_exclude: Vec<String>,
+}
+
+impl RouteConfig {
+    /// The route's own values, keys under `problems`' `routes[i]`: at least one type, each
+    /// a valid glob, a positive TTL, JSON pointers for its exclusions. Whether its sink
+    /// exists and its TTL is under `store.max_ttl` are the config's rules.
+    pub fn validate(&self, problems: &mut Problems) {
+        if self.types.is_empty() {
+            problems.add("types", "[]", "must list at least one type or glob");
+        }
+        for t in &self.types {
+            if let Err(e) = Glob::new(t) {
+                problems.add("types", t, format!("is not a valid glob: {e}"));
+            }
+        }
+        if self.ttl.is_some_and(|ttl| ttl.is_zero()) {
+            problems.add("ttl", "0s", "must be positive");
+        }
+        for p in &self.fingerprint_exclude {
+            if !(p.is_empty() || p.starts_with('/')) {
+                problems.add("fingerprint_exclude", p, "must be a JSON pointer starting with '/'");
+            }
+        }
+    }
 }
 
 /// One compiled route.

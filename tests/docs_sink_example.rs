@@ -43,7 +43,7 @@ fn its_config_parses_validates_and_states_its_facts() {
     assert!(sink.forwards_key());
     assert!(sink.circuit().is_some(), "the breaker is on by default, as for every kind");
     let empty: FileSinkConfig = toml::from_str("path = \"\"").unwrap();
-    assert_eq!(empty.problems("sinks.journal")[0].0, "sinks.journal.path");
+    assert_eq!(empty.problems("sinks.journal")[0].key, "sinks.journal.path");
     assert!(toml::from_str::<FileSinkConfig>("path = \"x\"\nmode = 1").is_err(), "unknown keys are refused");
 }
 

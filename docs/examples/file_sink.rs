@@ -26,8 +26,7 @@ pub struct FileSinkConfig {
 }
 
 impl SinkKind for FileSinkConfig {
-    fn validate(&self, problems: &mut Problems<'_>) {
-        problems.check(self.limits.validate(problems.at()));
+    fn validate(&self, problems: &mut Problems) {
         if self.path.as_os_str().is_empty() {
             problems.add("path", "", "must name a file");
         }

@@ -3,8 +3,7 @@
 
 use super::env::EnvOverrides;
 use super::*;
-use crate::pipeline::config::KafkaConfig;
-use crate::store::StoreConfig;
+use crate::problems::Problems;
 
 impl Config {
     /// Reads `path`, applies `DEDUPD_*` overrides from `env`, and validates.
@@ -90,210 +89,66 @@ impl Config {
             .map(|(_, var)| var.as_str())
     }
 
+    /// Every section's own problems, then the rules that span sections, as errors.
     fn rule_problems(&self) -> Vec<ConfigError> {
-        let mut errors = Vec::new();
-        validate_kafka(&self.kafka, &mut errors);
-        validate_store(&self.store, &mut errors);
-        validate_changelog(self, &mut errors);
-        if self.retry.initial_backoff.is_zero() {
-            // Doubling zero stays zero: every retry would follow its failure at once.
-            errors.push(invalid("retry.initial_backoff", "0s", "must be positive"));
-        }
-        if self.retry.max_backoff < self.retry.initial_backoff {
-            errors.push(invalid(
-                "retry.max_backoff",
-                humantime::format_duration(self.retry.max_backoff),
-                "must be at least retry.initial_backoff",
-            ));
-        }
+        let mut problems = Problems::new("");
+        problems.within("kafka", |p| self.kafka.validate(p));
+        problems.within("store", |p| self.store.validate(p));
+        validate_changelog(self, &mut problems);
+        problems.within("retry", |p| self.retry.validate(p));
         for (name, sink) in &self.sinks {
-            for (key, value, reason) in sink.problems(&format!("sinks.{name}")) {
-                errors.push(invalid(&key, value, reason));
-            }
+            problems.within(&format!("sinks.{name}"), |p| sink.validate(p));
         }
-        validate_routes(&self.routes, &self.sinks, self.store.max_ttl, &mut errors);
-        validate_sizes(self, &mut errors);
-        if let Some(token) = &self.http.admin_token
-            && token.len() < 16
-        {
-            errors.push(invalid("http.admin_token", "(hidden)", "must be at least 16 characters"));
+        for (i, route) in self.routes.iter().enumerate() {
+            problems.within(&format!("routes[{i}]"), |p| route.validate(p));
         }
-        if let Err(e) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
-            errors.push(invalid("log.level", &self.log.level, format!("is not a tracing filter: {e}")));
-        }
-        errors
-    }
-}
-
-/// `kafka.bootstrap_servers`: at least one entry, each a broker address.
-fn validate_bootstrap(servers: &str, errors: &mut Vec<ConfigError>) {
-    if servers.trim().is_empty() {
-        errors.push(invalid("kafka.bootstrap_servers", "\"\"", "must list at least one host:port"));
-    } else if let Some(bad) = servers.split(',').find(|s| crate::connection::servers::broker_address(s).is_none()) {
-        errors.push(invalid(
-            "kafka.bootstrap_servers",
-            format!("{servers:?}"),
-            format!("{:?} is not a host:port (port 1-65535; an IPv6 host in brackets)", bad.trim()),
-        ));
-    }
-}
-
-/// `[kafka]` on its own: non-empty names, no loops from results to input, no property
-/// that dedupd sets itself, and no feature that is not there yet.
-fn validate_kafka(k: &KafkaConfig, errors: &mut Vec<ConfigError>) {
-    validate_bootstrap(&k.bootstrap_servers, errors);
-    if k.group_id.trim().is_empty() {
-        errors.push(invalid("kafka.group_id", "\"\"", "must not be empty"));
-    }
-    if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
-        errors.push(invalid(
-            "kafka.input_topics",
-            format!("[{}]", k.input_topics.join(", ")),
-            "must list non-empty topic names",
-        ));
-    }
-    for (key, topic) in [("kafka.results_topic", &k.results_topic), ("kafka.dead_letter_topic", &k.dead_letter_topic)] {
-        if topic.trim().is_empty() {
-            errors.push(invalid(key, "\"\"", "must not be empty"));
-        }
-        if k.input_topics.contains(topic) {
-            errors.push(invalid(
-                key,
-                topic,
-                "must not be one of kafka.input_topics (results would be consumed as commands)",
-            ));
-        }
-    }
-    for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
-        if k.consumer.contains_key(forbidden) {
-            errors.push(invalid(
-                &format!("kafka.consumer.\"{forbidden}\""),
-                &k.consumer[forbidden],
-                "is set by dedupd itself; use the dedicated key",
-            ));
-        }
-    }
-    for (property, value) in k.connection.per_client_properties() {
-        errors.push(invalid(
-            &crate::connection::key_of("kafka.connection", property),
-            value,
-            "is set by dedupd for each client (docs/config.md) and cannot be shared",
-        ));
-    }
-    for forbidden in ["bootstrap.servers", "enable.idempotence", "acks", "transactional.id"] {
-        if let Some(value) = k.producer.get(forbidden) {
-            errors.push(invalid(
-                &format!("kafka.producer.\"{forbidden}\""),
-                crate::connection::shown_text(forbidden, value),
-                "is set by dedupd itself: results are published idempotently with acks=all",
-            ));
-        }
-    }
-    if k.connect_timeout.is_zero() {
-        errors.push(invalid("kafka.connect_timeout", "0s", "must be positive"));
-    }
-    if k.transaction_interval.is_zero() {
-        errors.push(invalid("kafka.transaction_interval", "0s", "must be positive"));
-    }
-    // Measured (docs/decisions.md, "Rebalance protocol"): under the classic protocol's
-    // cooperative assignor, the broker refuses the transaction committed on a revoke, so
-    // every rebalance fenced and restarted an instance, and left keys indeterminate.
-    let classic = k.consumer.get("group.protocol").is_none_or(|p| p.trim().eq_ignore_ascii_case("classic"));
-    if let Some(strategy) = k.consumer.get("partition.assignment.strategy")
-        && k.transactional_results
-        && classic
-        && strategy.contains("cooperative")
-    {
-        errors.push(invalid(
-            "kafka.consumer.\"partition.assignment.strategy\"",
-            strategy,
-            "cannot be cooperative with kafka.transactional_results under the classic group protocol: the broker refuses \
-             the transaction committed on a revoke, fencing the instance at every rebalance; for incremental rebalances \
-             use kafka.consumer.\"group.protocol\" = \"consumer\" (Kafka 4.0 or later)",
-        ));
-    }
-}
-
-/// The largest `store.max_ttl`: beyond it an expiry is no longer a date anyone means (and far
-/// beyond it, past year 262143, not one that can be written).
-const MAX_TTL_CAP: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
-
-/// `[store]` on its own: positive TTLs and intervals, the cap above the default.
-fn validate_store(s: &StoreConfig, errors: &mut Vec<ConfigError>) {
-    if s.default_ttl.is_zero() {
-        errors.push(invalid("store.default_ttl", "0s", "must be positive"));
-    }
-    if s.max_ttl > MAX_TTL_CAP {
-        errors.push(invalid(
-            "store.max_ttl",
-            humantime::format_duration(s.max_ttl),
-            "must be at most 100 years: a record is kept at most this long",
-        ));
-    }
-    if s.max_ttl < s.default_ttl {
-        errors.push(invalid(
-            "store.max_ttl",
-            humantime::format_duration(s.max_ttl),
-            "must be at least store.default_ttl",
-        ));
-    }
-    if s.compaction_interval.is_zero() {
-        errors.push(invalid("store.compaction_interval", "0s", "must be positive"));
+        validate_route_references(&self.routes, &self.sinks, self.store.max_ttl, &mut problems);
+        validate_sizes(self, &mut problems);
+        problems.within("http", |p| self.http.validate(p));
+        problems.within("log", |p| self.log.validate(p));
+        problems.into_vec().into_iter().map(ConfigError::from).collect()
     }
 }
 
 /// `store.changelog` and what it needs: transactions (a claim is committed to the changelog
 /// before its sink runs, the completion with the result and the offsets) and, for the
 /// by-key hop, an internal topic that is not also an input topic.
-fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
+fn validate_changelog(c: &Config, problems: &mut Problems) {
     let s = &c.store;
-    if s.changelog_replication_factor == 0 {
-        errors.push(invalid("store.changelog_replication_factor", "0", "must be at least 1"));
-    }
-    if s.changelog_min_insync_replicas == 0 {
-        errors.push(invalid("store.changelog_min_insync_replicas", "0", "must be at least 1"));
-    }
     if let Some(topic) = &s.changelog_topic
         && (topic.trim().is_empty() || c.kafka.input_topics.contains(topic))
     {
-        errors.push(invalid("store.changelog_topic", topic, "must be a non-empty topic that is not an input topic"));
+        problems.add("store.changelog_topic", topic, "must be a non-empty topic that is not an input topic");
     }
     if !s.changelog {
-        if s.standby {
-            errors.push(invalid(
-                "store.standby",
-                "true",
-                "needs store.changelog = true (a standby tails the changelog)",
-            ));
-        }
         return;
     }
     if !c.kafka.transactional_results {
-        errors.push(invalid(
+        problems.add(
             "store.changelog",
             "true",
             "needs kafka.transactional_results = true (claims, completions, results and offsets are committed in Kafka transactions)",
-        ));
+        );
     }
     let by_key = format!("{}.dedupd-by-key", c.kafka.group_id);
     if !c.kafka.copartitioned && c.kafka.input_topics.contains(&by_key) {
-        errors.push(invalid(
+        problems.add(
             "kafka.input_topics",
             &by_key,
             "is the by-key topic dedupd forwards input to under store.changelog; it cannot be an input topic too",
-        ));
+        );
     }
     if c.kafka.copartitioned && c.kafka.input_topics.len() > 1 {
         // Kafka's assignors (roundrobin, KIP-848's on the broker) need not give partition p
         // of every topic to one member: two instances would then own state partition p.
-        errors.push(invalid(
+        problems.add(
             "kafka.copartitioned",
             "true",
             format!(
                 "takes one input topic, not {}: Kafka need not assign partition p of every input topic to one instance, and two owners of state partition p would each run its keys; set it to false (commands then reach their state partition through the by-key topic)",
                 c.kafka.input_topics.len()
             ),
-        ));
+        );
     }
     if !c.kafka.copartitioned
         && let Some(reset) = c.kafka.consumer.get("auto.offset.reset")
@@ -301,53 +156,34 @@ fn validate_changelog(c: &Config, errors: &mut Vec<ConfigError>) {
     {
         // The by-key topic is read by the same consumer: a partition of it that moves with
         // no committed offset must be read from its start, or the commands on it are lost.
-        errors.push(invalid(
+        problems.add(
             "kafka.consumer.\"auto.offset.reset\"",
             reset,
             "must be earliest under store.changelog without kafka.copartitioned: the by-key topic is read by the same consumer, and a partition of it with no committed offset read from its end loses the commands forwarded to it",
-        ));
+        );
     }
 }
 
-/// `[[routes]]`: each names a sink of `[sinks]`, has valid globs, a positive TTL and JSON
-/// pointers for its exclusions.
-fn validate_routes(
+/// `[[routes]]` against the rest: each names a sink of `[sinks]`, and its TTL is under
+/// `store.max_ttl` (it would be cut to the cap without a word).
+fn validate_route_references(
     routes: &[RouteConfig],
     sinks: &BTreeMap<String, SinkConfig>,
     max_ttl: std::time::Duration,
-    errors: &mut Vec<ConfigError>,
+    problems: &mut Problems,
 ) {
     for (i, route) in routes.iter().enumerate() {
-        let at = format!("routes[{i}]");
         if !sinks.contains_key(&route.sink) {
-            errors.push(invalid(&format!("{at}.sink"), &route.sink, "names no sink in [sinks]"));
+            problems.add(&format!("routes[{i}].sink"), &route.sink, "names no sink in [sinks]");
         }
-        if route.types.is_empty() {
-            errors.push(invalid(&format!("{at}.types"), "[]", "must list at least one type or glob"));
-        }
-        for t in &route.types {
-            if let Err(e) = globset::Glob::new(t) {
-                errors.push(invalid(&format!("{at}.types"), t, format!("is not a valid glob: {e}")));
-            }
-        }
-        match route.ttl {
-            Some(ttl) if ttl.is_zero() => errors.push(invalid(&format!("{at}.ttl"), "0s", "must be positive")),
-            // It would be cut to the cap without a word.
-            Some(ttl) if ttl > max_ttl => errors.push(invalid(
-                &format!("{at}.ttl"),
+        if let Some(ttl) = route.ttl
+            && ttl > max_ttl
+        {
+            problems.add(
+                &format!("routes[{i}].ttl"),
                 humantime::format_duration(ttl),
                 format!("is above store.max_ttl ({}), which caps every TTL", humantime::format_duration(max_ttl)),
-            )),
-            _ => {}
-        }
-        for p in &route.fingerprint_exclude {
-            if !(p.is_empty() || p.starts_with('/')) {
-                errors.push(invalid(
-                    &format!("{at}.fingerprint_exclude"),
-                    p,
-                    "must be a JSON pointer starting with '/'",
-                ));
-            }
+            );
         }
     }
 }
@@ -356,34 +192,34 @@ fn validate_routes(
 /// producer, so that its dead-letter copy can be published intact, and in a key's record
 /// (at most `sinks::MAX_RESULT_BYTES`, as a result), so that an export line holding it is
 /// one an import reads.
-fn validate_sizes(c: &Config, errors: &mut Vec<ConfigError>) {
+fn validate_sizes(c: &Config, problems: &mut Problems) {
     let max_command = c.limits.max_command_bytes.get();
     if max_command > crate::sinks::MAX_RESULT_BYTES {
-        errors.push(invalid(
+        problems.add(
             "limits.max_command_bytes",
             max_command,
             format!(
                 "must be at most {} (8 MiB): a command in doubt is kept in its key's record",
                 crate::sinks::MAX_RESULT_BYTES
             ),
-        ));
+        );
     }
     let key = "kafka.producer.\"message.max.bytes\"";
     let producer_max = match c.kafka.producer.get("message.max.bytes") {
         None => crate::pipeline::config::RESULTS_PRODUCER_MAX_BYTES,
         Some(text) => match text.trim().parse::<usize>() {
             Ok(n) => n,
-            Err(_) => return errors.push(invalid(key, text, "is not a number of bytes")),
+            Err(_) => return problems.add(key, text, "is not a number of bytes"),
         },
     };
     if max_command > producer_max {
-        errors.push(invalid(
+        problems.add(
             key,
             producer_max,
             format!(
                 "is below limits.max_command_bytes = {max_command}: a command's dead-letter copy could not be \
                  published; raise it or lower limits.max_command_bytes"
             ),
-        ));
+        );
     }
 }

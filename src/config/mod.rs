@@ -101,8 +101,10 @@ impl Config {
     }
 }
 
-fn invalid(key: &str, value: impl std::fmt::Display, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key: key.to_string(), value: value.to_string(), reason: reason.into() }
+impl From<crate::problems::Problem> for ConfigError {
+    fn from(p: crate::problems::Problem) -> ConfigError {
+        ConfigError::Invalid { key: p.key, value: p.value, reason: p.reason }
+    }
 }
 
 /// The whole configuration file.

@@ -275,6 +275,38 @@ mod unit {
     }
 
     #[test]
+    fn every_section_reports_every_problem_into_one_list_with_keys_in_full() {
+        let text = "[kafka]\ngroup_id = \"\"\n[store]\ncompaction_interval = \"0s\"\n\
+                    [retry]\ninitial_backoff = \"0s\"\n[log]\nlevel = \"dedupd=loud\"\n\
+                    [http]\nadmin_token = \"short\"\n\
+                    [sinks.api]\nkind = \"log\"\n[sinks.api.limits]\nburst = 3\n\
+                    [sinks.api.circuit]\nprobe_backoff = \"0s\"\n\
+                    [[routes]]\ntypes = [\"[\"]\nsink = \"api\"\n";
+        let config = Config::read_toml_str(text, no_env()).expect("reads");
+        let keys: Vec<String> = config
+            .problems()
+            .into_iter()
+            .map(|e| match e {
+                ConfigError::Invalid { key, .. } => key,
+                other => panic!("not a rule's problem: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "kafka.group_id",
+                "store.compaction_interval",
+                "retry.initial_backoff",
+                "sinks.api.limits.burst",
+                "sinks.api.circuit.probe_backoff",
+                "routes[0].types",
+                "http.admin_token",
+                "log.level",
+            ]
+        );
+    }
+
+    #[test]
     fn a_value_of_the_wrong_type_or_an_unknown_key_names_the_key_and_its_line() {
         let err = Config::from_toml_str("[retry]\n\nmax_attempts = \"three\"\n", no_env()).unwrap_err();
         assert!(

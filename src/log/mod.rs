@@ -6,6 +6,8 @@
 mod trace_ids;
 
 use serde::{Deserialize, Serialize};
+
+use crate::problems::Problems;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -28,6 +30,15 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A tracing filter such as `info` or `dedupd=debug,rdkafka=warn`.
     pub level: String,
+}
+
+impl LogConfig {
+    /// `[log]`'s values, keys under `problems`' `log`.
+    pub fn validate(&self, problems: &mut Problems) {
+        if let Err(e) = self.level.parse::<tracing_subscriber::EnvFilter>() {
+            problems.add("level", &self.level, format!("is not a tracing filter: {e}"));
+        }
+    }
 }
 
 impl Default for LogConfig {

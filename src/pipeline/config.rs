@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use rdkafka::ClientConfig;
 
 use crate::connection::{ConnectionConfig, ConnectionError};
+use crate::problems::{Problem, Problems};
 
 /// The results producer's `message.max.bytes` unless `kafka.producer` sets it: room for a
 /// dead-letter copy of the largest command `limits.max_command_bytes` admits by default
@@ -175,6 +176,94 @@ impl Default for PipelineConfig {
             batch_size: NonZeroUsize::new(DEFAULT_BATCH_SIZE).unwrap_or(NonZeroUsize::MIN),
             batch_linger: Duration::ZERO,
             partition_buffer_bytes: NonZeroUsize::new(16 << 20).unwrap_or(NonZeroUsize::MIN),
+        }
+    }
+}
+
+/// `bootstrap_servers`: at least one entry, each a broker address.
+fn validate_bootstrap(servers: &str, problems: &mut Problems) {
+    if servers.trim().is_empty() {
+        problems.add("bootstrap_servers", "\"\"", "must list at least one host:port");
+    } else if let Some(bad) = servers.split(',').find(|s| crate::connection::servers::broker_address(s).is_none()) {
+        problems.add(
+            "bootstrap_servers",
+            format!("{servers:?}"),
+            format!("{:?} is not a host:port (port 1-65535; an IPv6 host in brackets)", bad.trim()),
+        );
+    }
+}
+
+impl KafkaConfig {
+    /// `[kafka]` on its own, keys under `problems`' `kafka`: non-empty names, no loops from
+    /// results to input, no property that dedupd sets itself.
+    pub fn validate(&self, problems: &mut Problems) {
+        let k = self;
+        validate_bootstrap(&k.bootstrap_servers, problems);
+        if k.group_id.trim().is_empty() {
+            problems.add("group_id", "\"\"", "must not be empty");
+        }
+        if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
+            problems.add("input_topics", format!("[{}]", k.input_topics.join(", ")), "must list non-empty topic names");
+        }
+        for (key, topic) in [("results_topic", &k.results_topic), ("dead_letter_topic", &k.dead_letter_topic)] {
+            if topic.trim().is_empty() {
+                problems.add(key, "\"\"", "must not be empty");
+            }
+            if k.input_topics.contains(topic) {
+                problems.add(
+                    key,
+                    topic,
+                    "must not be one of kafka.input_topics (results would be consumed as commands)",
+                );
+            }
+        }
+        for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
+            if k.consumer.contains_key(forbidden) {
+                problems.add(
+                    &format!("consumer.\"{forbidden}\""),
+                    &k.consumer[forbidden],
+                    "is set by dedupd itself; use the dedicated key",
+                );
+            }
+        }
+        for (property, value) in k.connection.per_client_properties() {
+            problems.push(Problem {
+                key: crate::connection::key_of(&format!("{}.connection", problems.at()), property),
+                value,
+                reason: "is set by dedupd for each client (docs/config.md) and cannot be shared".into(),
+            });
+        }
+        for forbidden in ["bootstrap.servers", "enable.idempotence", "acks", "transactional.id"] {
+            if let Some(value) = k.producer.get(forbidden) {
+                problems.add(
+                    &format!("producer.\"{forbidden}\""),
+                    crate::connection::shown_text(forbidden, value),
+                    "is set by dedupd itself: results are published idempotently with acks=all",
+                );
+            }
+        }
+        if k.connect_timeout.is_zero() {
+            problems.add("connect_timeout", "0s", "must be positive");
+        }
+        if k.transaction_interval.is_zero() {
+            problems.add("transaction_interval", "0s", "must be positive");
+        }
+        // Measured (docs/decisions.md, "Rebalance protocol"): under the classic protocol's
+        // cooperative assignor, the broker refuses the transaction committed on a revoke, so
+        // every rebalance fenced and restarted an instance, and left keys indeterminate.
+        let classic = k.consumer.get("group.protocol").is_none_or(|p| p.trim().eq_ignore_ascii_case("classic"));
+        if let Some(strategy) = k.consumer.get("partition.assignment.strategy")
+            && k.transactional_results
+            && classic
+            && strategy.contains("cooperative")
+        {
+            problems.add(
+            "consumer.\"partition.assignment.strategy\"",
+            strategy,
+            "cannot be cooperative with kafka.transactional_results under the classic group protocol: the broker refuses \
+             the transaction committed on a revoke, fencing the instance at every rebalance; for incremental rebalances \
+             use kafka.consumer.\"group.protocol\" = \"consumer\" (Kafka 4.0 or later)",
+        );
         }
     }
 }

@@ -82,7 +82,7 @@ impl CheckTiming {
     }
 
     /// Adds a problem for each time that cannot work (keys `check.delay`, ...).
-    pub fn validate(&self, problems: &mut Problems<'_>) {
+    pub fn validate(&self, problems: &mut Problems) {
         let text = |d: Duration| humantime::format_duration(d).to_string();
         // Longer than a day, a delay would hold the key's partition that long after every
         // call without an answer.
@@ -158,7 +158,7 @@ mod tests {
     fn problems(timing: CheckTiming) -> Vec<String> {
         let mut problems = Problems::new("sinks.pay");
         timing.validate(&mut problems);
-        problems.into_vec().into_iter().map(|p| p.0).collect()
+        problems.into_vec().into_iter().map(|p| p.key).collect()
     }
 
     #[test]

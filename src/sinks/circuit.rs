@@ -37,6 +37,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::problems::Problems;
+
 /// `[sinks.NAME.circuit]`: the sink's circuit breaker. On for every sink by default.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -68,20 +70,14 @@ impl Default for CircuitConfig {
 }
 
 impl CircuitConfig {
-    /// Checks the values; `at` is the sink's key (`sinks.NAME`). On error returns (key,
-    /// value, reason).
-    pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+    /// Checks the values into `problems` (whose keys start with the sink's, `sinks.NAME`).
+    pub fn validate(&self, problems: &mut Problems) {
         if self.probe_backoff.is_zero() {
-            return Err((format!("{at}.circuit.probe_backoff"), "0s".into(), "must be positive".into()));
+            problems.add("circuit.probe_backoff", "0s", "must be positive");
+        } else if self.max_probe_backoff < self.probe_backoff {
+            let reason = format!("must be at least {}.circuit.probe_backoff", problems.at());
+            problems.add("circuit.max_probe_backoff", humantime::format_duration(self.max_probe_backoff), reason);
         }
-        if self.max_probe_backoff < self.probe_backoff {
-            return Err((
-                format!("{at}.circuit.max_probe_backoff"),
-                humantime::format_duration(self.max_probe_backoff).to_string(),
-                format!("must be at least {at}.circuit.probe_backoff"),
-            ));
-        }
-        Ok(())
     }
 
     /// Whether this is the default (then it is not written out when serialized).

@@ -48,7 +48,8 @@ use serde_json::{Value, json};
 
 use self::process::{Finished, Program, RunFailure, failure_message, result};
 use super::{
-    CheckAnswer, CheckTiming, Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest,
+    CheckAnswer, CheckTiming, Problem, Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput,
+    SinkRequest,
 };
 
 /// Config of an `exec` sink.
@@ -109,8 +110,7 @@ impl SinkKind for ExecSinkConfig {
         &self.circuit
     }
 
-    fn validate(&self, problems: &mut Problems<'_>) {
-        problems.check(self.limits.validate(problems.at()));
+    fn validate(&self, problems: &mut Problems) {
         if self.program.trim().is_empty() {
             problems.add("program", self.program.clone(), "must name a program");
         } else if let Some(why) = program_problem(&self.program) {
@@ -162,7 +162,7 @@ impl SinkKind for ExecSinkConfig {
     }
 
     fn build(&self, name: &str) -> Result<Arc<dyn SinkEffect>, SinkBuildError> {
-        if let Some((key, value, reason)) = self.problems(&format!("sinks.{name}")).into_iter().next() {
+        if let Some(Problem { key, value, reason }) = self.problems(&format!("sinks.{name}")).into_iter().next() {
             return Err(SinkBuildError { name: name.to_string(), reason: format!("{key} = {value:?}: {reason}") });
         }
         Ok(Arc::new(ExecSink::new(self)))
@@ -294,10 +294,10 @@ mod tests {
     #[test]
     fn validation_names_the_key() {
         let config: ExecSinkConfig = toml::from_str("program = \"/bin/true\"\ntransient_exit_codes = [75, 0]").unwrap();
-        let (key, value, _) = config.problems("sinks.x")[0].clone();
+        let crate::problems::Problem { key, value, .. } = config.problems("sinks.x").remove(0);
         assert_eq!((key.as_str(), value.as_str()), ("sinks.x.transient_exit_codes", "0"));
         let config: ExecSinkConfig = toml::from_str("program = \"/bin/true\"\ntimeout = \"0s\"").unwrap();
-        assert_eq!(config.problems("sinks.x")[0].0, "sinks.x.timeout");
+        assert_eq!(config.problems("sinks.x")[0].key, "sinks.x.timeout");
         assert!(toml::from_str::<ExecSinkConfig>("program = \"/bin/true\"\nmax_output_bytes = 0").is_err());
     }
 

@@ -164,7 +164,7 @@ impl Default for HttpSinkConfig {
 
 impl SinkKind for HttpSinkConfig {
     /// Checks what can be checked without the environment.
-    fn validate(&self, problems: &mut Problems<'_>) {
+    fn validate(&self, problems: &mut Problems) {
         outgoing::validate(self, problems);
         if self.request_timeout.is_zero() {
             problems.add("request_timeout", "0s", "must be positive");
@@ -174,7 +174,6 @@ impl SinkKind for HttpSinkConfig {
                 format!("must be at most {} (8 MiB): a result is kept in the key's record", super::MAX_RESULT_BYTES);
             problems.add("max_response_bytes", self.max_response_bytes.to_string(), why);
         }
-        problems.check(self.limits.validate(problems.at()));
         if let Some(check) = &self.check {
             check.validate(self, problems);
         }
@@ -420,7 +419,7 @@ mod tests {
 
     #[test]
     fn validate_names_header_auth_and_template_keys() {
-        let key = |c: &HttpSinkConfig| c.problems("sinks.h")[0].0.clone();
+        let key = |c: &HttpSinkConfig| c.problems("sinks.h")[0].key.clone();
         let mut c = config("https://api.test/x/{/id}");
         assert!(c.problems("sinks.h").is_empty());
         c.headers.insert("Idempotency-Key".into(), "x".into());

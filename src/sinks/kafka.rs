@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use super::limit::SinkLimits;
 use super::template::JsonTemplate;
 use super::{CallAnswer, CheckAnswer, CheckTiming};
-use super::{Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{Problem, Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 use crate::connection::{ConnectionConfig, ConnectionError};
 use check::{KEY_HEADER, KafkaCheck, KafkaCheckConfig};
 use classify::{Class, classify, delivery_answer};
@@ -155,7 +155,7 @@ impl KafkaSinkConfig {
 }
 
 impl SinkKind for KafkaSinkConfig {
-    fn validate(&self, problems: &mut Problems<'_>) {
+    fn validate(&self, problems: &mut Problems) {
         if self.bootstrap_servers.as_deref().is_none_or(|b| b.trim().is_empty()) {
             problems.add("bootstrap_servers", "\"\"", "must list at least one host:port");
         }
@@ -164,11 +164,11 @@ impl SinkKind for KafkaSinkConfig {
         }
         let own_connection = self.connection.as_ref().filter(|_| !self.connection_inherited);
         for (property, value) in own_connection.map(|c| c.per_client_properties()).unwrap_or_default() {
-            problems.push((
-                crate::connection::key_of(&format!("{}.connection", problems.at()), property),
+            problems.push(Problem {
+                key: crate::connection::key_of(&format!("{}.connection", problems.at()), property),
                 value,
-                "is set by dedupd for each client (docs/config.md) and cannot be shared".into(),
-            ));
+                reason: "is set by dedupd for each client (docs/config.md) and cannot be shared".into(),
+            });
         }
         for key in RESERVED {
             if let Some(value) = self.producer.get(key) {
@@ -193,7 +193,6 @@ impl SinkKind for KafkaSinkConfig {
         {
             problems.add("template", template.to_string(), e.to_string());
         }
-        problems.check(self.limits.validate(problems.at()));
         if let Some(check) = &self.check {
             check.validate(self.delivery_timeout, problems);
         }

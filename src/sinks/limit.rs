@@ -28,6 +28,8 @@ use tokio::time::{Duration, Instant};
 
 use super::{CheckAnswer, SinkEffect, SinkError, SinkOutput, SinkRequest};
 
+use crate::problems::Problems;
+
 /// `[sinks.NAME.limits]`: all optional; an absent key means no limit of that kind.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -49,24 +51,18 @@ pub struct SinkLimits {
 const MAX_RATE: f64 = 1_000_000.0;
 
 impl SinkLimits {
-    /// Checks the values; `at` is the sink's key (`sinks.NAME`). On error returns (key,
-    /// value, reason).
-    pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+    /// Checks the values into `problems` (whose keys start with the sink's, `sinks.NAME`).
+    pub fn validate(&self, problems: &mut Problems) {
         if let Some(rate) = self.rate_per_second
             && !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE)
         {
-            return Err((
-                format!("{at}.limits.rate_per_second"),
-                rate.to_string(),
-                format!("must be a number above 0 and at most {MAX_RATE}"),
-            ));
+            problems.add("limits.rate_per_second", rate, format!("must be a number above 0 and at most {MAX_RATE}"));
         }
         if let Some(burst) = self.burst
             && self.rate_per_second.is_none()
         {
-            return Err((format!("{at}.limits.burst"), burst.to_string(), "needs limits.rate_per_second".into()));
+            problems.add("limits.burst", burst, "needs limits.rate_per_second");
         }
-        Ok(())
     }
 
     /// Whether any limit is set.
@@ -363,15 +359,18 @@ mod tests {
         assert!(toml::from_str::<SinkLimits>("rate = 1").is_err(), "unknown keys are refused");
     }
 
+    fn found(limits: &SinkLimits) -> Vec<crate::problems::Problem> {
+        Problems::found_by("sinks.x", |p| limits.validate(p))
+    }
+
     #[test]
     fn validate_names_the_key() {
         for rate in [0.0, -1.0, f64::NAN, f64::INFINITY, 2e6] {
             let limits = SinkLimits { rate_per_second: Some(rate), ..SinkLimits::default() };
-            let (key, _, _) = limits.validate("sinks.x").unwrap_err();
-            assert_eq!(key, "sinks.x.limits.rate_per_second");
+            assert_eq!(found(&limits)[0].key, "sinks.x.limits.rate_per_second");
         }
         let burst_alone = SinkLimits { burst: NonZeroU32::new(3), ..SinkLimits::default() };
-        assert_eq!(burst_alone.validate("sinks.x").unwrap_err().0, "sinks.x.limits.burst");
-        assert!(SinkLimits { rate_per_second: Some(0.5), ..SinkLimits::default() }.validate("s").is_ok());
+        assert_eq!(found(&burst_alone)[0].key, "sinks.x.limits.burst");
+        assert!(found(&SinkLimits { rate_per_second: Some(0.5), ..SinkLimits::default() }).is_empty());
     }
 }

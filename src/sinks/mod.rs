@@ -19,7 +19,6 @@ pub mod http;
 pub mod kafka;
 pub mod limit;
 pub mod log;
-mod problems;
 mod request;
 pub mod smtp;
 pub mod template;
@@ -34,20 +33,27 @@ use serde_json::Value;
 pub use self::check::{CheckAnswer, CheckTimes, CheckTiming};
 use self::circuit::{Admission, Circuit, CircuitConfig};
 use self::limit::{LimitPermit, LimitedEffect, SinkLimiter, SinkLimits};
-pub use self::problems::{Problem, Problems};
 pub use self::request::{CallAnswer, CallWatch, SinkRequest};
+pub use crate::problems::{Problem, Problems};
 pub use crate::store::MAX_RESULT_BYTES;
 
 /// What a kind's config provides; the `sink_kinds!` registration dispatches to it.
 pub trait SinkKind {
     /// Checks the kind's values, adding each problem to `problems` (whose keys start with
     /// `sinks.NAME`); keeps going after one, so that every problem is reported at once.
-    fn validate(&self, problems: &mut Problems<'_>);
+    fn validate(&self, problems: &mut Problems);
+    /// The kind's values, then its limits' and its circuit's, which every kind has.
+    fn validate_instance(&self, problems: &mut Problems) {
+        self.validate(problems);
+        self.limits().validate(problems);
+        self.circuit().validate(problems);
+    }
     /// Every problem of this instance's config (its keys starting with `at`, `sinks.NAME`),
-    /// in the order [`validate`](Self::validate) checks them; empty when it is valid.
+    /// in the order [`validate_instance`](Self::validate_instance) checks them; empty when
+    /// it is valid.
     fn problems(&self, at: &str) -> Vec<Problem> {
         let mut problems = Problems::new(at);
-        self.validate(&mut problems);
+        self.validate_instance(&mut problems);
         problems.into_vec()
     }
     /// Whether an instance with this config passes the key downstream so that re-running an
@@ -120,13 +126,15 @@ sink_kinds! {
 }
 
 impl SinkConfig {
-    /// Every problem of the instance's config (the kind's values, then its circuit's), each
-    /// a (key, value, reason) with the key starting with `at` (`sinks.NAME`).
+    /// Every problem of the instance's config (the kind's values, then its limits' and its
+    /// circuit's, which every kind has), each key starting with `at` (`sinks.NAME`).
     pub fn problems(&self, at: &str) -> Vec<Problem> {
-        let mut problems = Problems::new(at);
-        self.as_kind().validate(&mut problems);
-        problems.check(self.as_kind().circuit().validate(at));
-        problems.into_vec()
+        self.as_kind().problems(at)
+    }
+
+    /// Checks the instance's config into `problems`, whose keys start with `sinks.NAME`.
+    pub fn validate(&self, problems: &mut Problems) {
+        self.as_kind().validate_instance(problems);
     }
 
     /// Whether this instance passes the key downstream so that a re-run is safe.

@@ -50,7 +50,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use self::session::{Cause, Failed, Relay, Secure};
-use super::{CallAnswer, Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
+use super::{CallAnswer, Problem, Problems, SinkBuildError, SinkEffect, SinkError, SinkKind, SinkOutput, SinkRequest};
 
 /// How the connection to the relay is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -163,8 +163,7 @@ impl SinkKind for SmtpSinkConfig {
         &self.circuit
     }
 
-    fn validate(&self, problems: &mut Problems<'_>) {
-        problems.check(self.limits.validate(problems.at()));
+    fn validate(&self, problems: &mut Problems) {
         if self.host.trim().is_empty() {
             problems.add("host", self.host.clone(), "must name the relay");
         } else if self.tls == SmtpTls::None && !is_loopback(&self.host) {
@@ -244,7 +243,7 @@ impl SmtpSink {
     /// Builds the sink: checks the config, reads `password_env`, prepares TLS.
     pub fn new(name: &str, config: &SmtpSinkConfig) -> Result<SmtpSink, SinkBuildError> {
         let fail = |reason: String| SinkBuildError { name: name.to_string(), reason };
-        if let Some((key, value, reason)) = config.problems(&format!("sinks.{name}")).into_iter().next() {
+        if let Some(Problem { key, value, reason }) = config.problems(&format!("sinks.{name}")).into_iter().next() {
             return Err(fail(format!("{key} = {value:?}: {reason}")));
         }
         let password = match (&config.password, &config.password_env) {
@@ -424,7 +423,7 @@ mod tests {
         ];
         for (text, key) in cases {
             let config: SmtpSinkConfig = toml::from_str(text).unwrap();
-            assert_eq!(config.problems("sinks.m")[0].0, key, "{text}");
+            assert_eq!(config.problems("sinks.m")[0].key, key, "{text}");
         }
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::StoreBackend;
+use crate::problems::Problems;
 
 /// When the store's writes reach the disk.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -77,6 +78,42 @@ impl CacheSize {
     /// The configured size, or `default`.
     pub fn or(self, default: u64) -> u64 {
         self.0.map_or(default, NonZeroU64::get)
+    }
+}
+
+/// The largest `store.max_ttl`: beyond it an expiry is no longer a date anyone means (and far
+/// beyond it, past year 262143, not one that can be written).
+const MAX_TTL_CAP: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+impl StoreConfig {
+    /// `[store]` on its own, keys under `problems`' `store`: positive TTLs and intervals,
+    /// the cap above the default, the changelog's replication and what a standby needs.
+    pub fn validate(&self, problems: &mut Problems) {
+        if self.default_ttl.is_zero() {
+            problems.add("default_ttl", "0s", "must be positive");
+        }
+        if self.max_ttl > MAX_TTL_CAP {
+            problems.add(
+                "max_ttl",
+                humantime::format_duration(self.max_ttl),
+                "must be at most 100 years: a record is kept at most this long",
+            );
+        }
+        if self.max_ttl < self.default_ttl {
+            problems.add("max_ttl", humantime::format_duration(self.max_ttl), "must be at least store.default_ttl");
+        }
+        if self.compaction_interval.is_zero() {
+            problems.add("compaction_interval", "0s", "must be positive");
+        }
+        if self.changelog_replication_factor == 0 {
+            problems.add("changelog_replication_factor", "0", "must be at least 1");
+        }
+        if self.changelog_min_insync_replicas == 0 {
+            problems.add("changelog_min_insync_replicas", "0", "must be at least 1");
+        }
+        if self.standby && !self.changelog {
+            problems.add("standby", "true", "needs store.changelog = true (a standby tails the changelog)");
+        }
     }
 }
 

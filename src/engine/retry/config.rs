@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::problems::Problems;
+
 /// Retry settings for transient sink failures.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -17,6 +19,23 @@ pub struct RetryConfig {
     /// Upper bound on one backoff.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
+}
+
+impl RetryConfig {
+    /// `[retry]`'s values, keys under `problems`' `retry`.
+    pub fn validate(&self, problems: &mut Problems) {
+        if self.initial_backoff.is_zero() {
+            // Doubling zero stays zero: every retry would follow its failure at once.
+            problems.add("initial_backoff", "0s", "must be positive");
+        }
+        if self.max_backoff < self.initial_backoff {
+            problems.add(
+                "max_backoff",
+                humantime::format_duration(self.max_backoff),
+                "must be at least retry.initial_backoff",
+            );
+        }
+    }
 }
 
 impl Default for RetryConfig {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::problems::Problem;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -171,12 +172,12 @@ async fn failures_of_calls_admitted_before_opening_do_not_count_and_an_answer_cl
 
 #[test]
 fn validate_names_the_key() {
-    assert!(CircuitConfig::default().validate("sinks.a").is_ok());
-    let (key, _, _) = config(1, 0, 10).validate("sinks.a").unwrap_err();
-    assert_eq!(key, "sinks.a.circuit.probe_backoff");
-    let (key, value, reason) = config(1, 100, 10).validate("sinks.a").unwrap_err();
+    let found = |c: CircuitConfig| Problems::found_by("sinks.a", |p| c.validate(p));
+    assert!(found(CircuitConfig::default()).is_empty());
+    assert_eq!(found(config(1, 0, 10))[0].key, "sinks.a.circuit.probe_backoff");
+    let Problem { key, value, reason } = found(config(1, 100, 10)).remove(0);
     assert_eq!((key.as_str(), value.as_str()), ("sinks.a.circuit.max_probe_backoff", "10ms"));
-    assert!(reason.contains("probe_backoff"), "{reason}");
+    assert!(reason.contains("sinks.a.circuit.probe_backoff"), "{reason}");
     let parsed: CircuitConfig = toml::from_str("failure_threshold = 2\nprobe_backoff = \"50ms\"").unwrap();
     assert_eq!(parsed.failure_threshold.get(), 2);
     assert!(toml::from_str::<CircuitConfig>("threshold = 2").is_err(), "unknown keys are refused");

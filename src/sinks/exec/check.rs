@@ -48,7 +48,7 @@ impl ExecCheckConfig {
 
     /// Adds the problems of the table (keys `check.program`, ...), for a sink whose calls
     /// take at most `call_timeout`.
-    pub(super) fn validate(&self, call_timeout: Duration, problems: &mut Problems<'_>) {
+    pub(super) fn validate(&self, call_timeout: Duration, problems: &mut Problems) {
         if self.program.trim().is_empty() {
             problems.add("check.program", self.program.clone(), "must name a program");
         } else if let Some(why) = super::program_problem(&self.program) {
@@ -192,7 +192,7 @@ mod tests {
         let keys = |table: &str| -> Vec<String> {
             let config: ExecSinkConfig =
                 toml::from_str(&format!("program = \"/bin/true\"\ntimeout = \"1m\"\n[check]\n{table}")).unwrap();
-            config.problems("sinks.pay").into_iter().map(|p| p.0).collect()
+            config.problems("sinks.pay").into_iter().map(|p| p.key).collect()
         };
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("not-executable.sh");
@@ -206,7 +206,7 @@ mod tests {
             toml::from_str("program = \"/bin/true\"\nforward_key = true\n[check]\nprogram = \"/bin/true\"").unwrap();
         let problems = forwarding.problems("sinks.pay");
         assert_eq!(problems.len(), 1, "{problems:?}");
-        assert_eq!(problems[0].0, "sinks.pay.forward_key", "a check that would never run");
+        assert_eq!(problems[0].key, "sinks.pay.forward_key", "a check that would never run");
         let unknown =
             toml::from_str::<ExecSinkConfig>("program = \"/bin/true\"\n[check]\nprogram = \"/bin/true\"\nurl = \"x\"");
         assert!(unknown.unwrap_err().to_string().contains("url"));

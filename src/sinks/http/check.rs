@@ -108,7 +108,7 @@ impl HttpCheckConfig {
     }
 
     /// Adds every problem of the table (keys `check.url`, ...) of the sink `sink`.
-    pub(super) fn validate(&self, sink: &HttpSinkConfig, problems: &mut Problems<'_>) {
+    pub(super) fn validate(&self, sink: &HttpSinkConfig, problems: &mut Problems) {
         if sink.forward_key {
             problems.add(
                 "forward_key",
@@ -150,7 +150,7 @@ impl HttpCheckConfig {
 
     /// `found_status` and `absent_status`: HTTP codes, at least one found, none in both
     /// (a status must mean one answer).
-    fn validate_statuses(&self, problems: &mut Problems<'_>) {
+    fn validate_statuses(&self, problems: &mut Problems) {
         if self.found_status.is_empty() {
             problems.add(
                 "check.found_status",
@@ -173,7 +173,7 @@ impl HttpCheckConfig {
     }
 
     /// `found_pointer`: a JSON pointer (RFC 6901), and a body to look into.
-    fn validate_pointer(&self, method: Option<&reqwest::Method>, problems: &mut Problems<'_>) {
+    fn validate_pointer(&self, method: Option<&reqwest::Method>, problems: &mut Problems) {
         let Some(pointer) = &self.found_pointer else { return };
         if let Err(reason) = check_pointer(pointer) {
             problems.add("check.found_pointer", pointer.clone(), reason);

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::HttpSinkError;
-use crate::sinks::Problems;
+use crate::problems::Problems;
 use crate::sinks::template::{Encoding, JsonTemplate, StringTemplate, TemplateError};
 
 /// `auth = { bearer_env = "VAR" }` or `auth = { basic_user = "u", basic_password_env = "VAR" }`.
@@ -29,27 +29,24 @@ pub struct HttpAuthConfig {
 }
 
 impl HttpAuthConfig {
-    /// Checks that exactly one scheme is configured, completely.
-    pub fn validate(&self, at: &str) -> Result<(), (String, String, String)> {
+    /// Checks that exactly one scheme is configured, completely, into `problems` (whose
+    /// keys start with the sink's, `sinks.NAME`).
+    pub fn validate(&self, problems: &mut Problems) {
         match (&self.bearer_env, &self.basic_user, &self.basic_password_env) {
-            (Some(var), None, None) if !var.trim().is_empty() => Ok(()),
-            (None, Some(_), Some(var)) if !var.trim().is_empty() => Ok(()),
-            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err((
-                format!("{at}.auth"),
-                "bearer_env and basic_*".into(),
-                "choose one: bearer_env, or basic_user with basic_password_env".into(),
-            )),
-            (None, Some(user), None) => {
-                Err((format!("{at}.auth.basic_user"), user.clone(), "needs basic_password_env".into()))
-            }
-            (None, None, Some(var)) => {
-                Err((format!("{at}.auth.basic_password_env"), var.clone(), "needs basic_user".into()))
-            }
-            _ => Err((
-                format!("{at}.auth"),
-                "{}".into(),
-                "set bearer_env, or basic_user with basic_password_env (non-empty variable names)".into(),
-            )),
+            (Some(var), None, None) if !var.trim().is_empty() => {}
+            (None, Some(_), Some(var)) if !var.trim().is_empty() => {}
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => problems.add(
+                "auth",
+                "bearer_env and basic_*",
+                "choose one: bearer_env, or basic_user with basic_password_env",
+            ),
+            (None, Some(user), None) => problems.add("auth.basic_user", user, "needs basic_password_env"),
+            (None, None, Some(var)) => problems.add("auth.basic_password_env", var, "needs basic_user"),
+            _ => problems.add(
+                "auth",
+                "{}",
+                "set bearer_env, or basic_user with basic_password_env (non-empty variable names)",
+            ),
         }
     }
 }
@@ -279,7 +276,7 @@ fn base64(bytes: &[u8]) -> String {
 }
 
 /// Checks what can be checked without the environment (for config validation).
-pub(super) fn validate(config: &super::HttpSinkConfig, problems: &mut Problems<'_>) {
+pub(super) fn validate(config: &super::HttpSinkConfig, problems: &mut Problems) {
     match url_source("", &config.url) {
         Ok(_) => {}
         Err(HttpSinkError::InvalidUrl { reason, .. }) => problems.add("url", config.url.clone(), reason),
@@ -303,7 +300,7 @@ pub(super) fn validate(config: &super::HttpSinkConfig, problems: &mut Problems<'
         }
     }
     if let Some(auth) = &config.auth {
-        problems.check(auth.validate(problems.at()));
+        auth.validate(problems);
     }
     if let Some(body) = &config.body_template
         && let Err(e) = JsonTemplate::parse(body)
@@ -333,7 +330,7 @@ mod tests {
 
     #[test]
     fn auth_shapes() {
-        let ok = |a: HttpAuthConfig| a.validate("sinks.h").is_ok();
+        let ok = |a: HttpAuthConfig| Problems::found_by("sinks.h", |p| a.validate(p)).is_empty();
         assert!(ok(HttpAuthConfig { bearer_env: Some("T".into()), ..Default::default() }));
         assert!(ok(HttpAuthConfig {
             basic_user: Some("u".into()),

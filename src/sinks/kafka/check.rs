@@ -79,7 +79,7 @@ impl KafkaCheckConfig {
     }
 
     /// Adds a problem for each value that cannot work (keys `check.*`).
-    pub fn validate(&self, delivery_timeout: Duration, problems: &mut Problems<'_>) {
+    pub fn validate(&self, delivery_timeout: Duration, problems: &mut Problems) {
         self.timing(delivery_timeout).validate(problems);
         if self.max_records == 0 {
             problems.add("check.max_records", "0", "must be at least 1");
@@ -359,7 +359,7 @@ mod tests {
         let c: KafkaCheckConfig = toml::from_str(text).unwrap();
         let mut problems = Problems::new("sinks.pay");
         c.validate(Duration::from_secs(30), &mut problems);
-        problems.into_vec().into_iter().map(|p| p.0).collect()
+        problems.into_vec().into_iter().map(|p| p.key).collect()
     }
 
     #[test]

@@ -20,18 +20,18 @@ fn defaults_and_brokers_alias() {
 fn validate_names_the_key() {
     let mut c = config();
     c.producer.insert("acks".into(), "1".into());
-    assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.producer.\"acks\"");
+    assert_eq!(c.problems("sinks.k")[0].key, "sinks.k.producer.\"acks\"");
     let mut c = config();
     c.topic = " ".into();
-    assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.topic");
+    assert_eq!(c.problems("sinks.k")[0].key, "sinks.k.topic");
     let mut c = config();
     c.template = Some(json!({"x": "{broken"}));
-    assert_eq!(c.problems("sinks.k")[0].0, "sinks.k.template");
+    assert_eq!(c.problems("sinks.k")[0].key, "sinks.k.template");
     assert!(config().problems("sinks.k").is_empty());
     // Every problem, in the order they are checked, not only the first.
     c.topic = " ".into();
     c.producer.insert("acks".into(), "1".into());
-    let keys: Vec<String> = c.problems("sinks.k").into_iter().map(|(key, _, _)| key).collect();
+    let keys: Vec<String> = c.problems("sinks.k").into_iter().map(|p| p.key).collect();
     assert_eq!(keys, ["sinks.k.topic", "sinks.k.producer.\"acks\"", "sinks.k.template"]);
 }
 
@@ -63,7 +63,7 @@ fn a_check_table_gives_the_check_timing_and_its_problems_their_keys() {
     assert!(c.problems("sinks.k").is_empty());
     let bad: KafkaSinkConfig =
         toml::from_str("brokers = \"b\"\ntopic = \"t\"\n[check]\nmax_records = 0\ndelay = \"25h\"").unwrap();
-    let keys: Vec<String> = bad.problems("sinks.k").into_iter().map(|(key, _, _)| key).collect();
+    let keys: Vec<String> = bad.problems("sinks.k").into_iter().map(|p| p.key).collect();
     assert_eq!(keys, ["sinks.k.check.delay", "sinks.k.check.max_records"]);
     assert!(toml::from_str::<KafkaSinkConfig>("brokers = \"b\"\ntopic = \"t\"\n[check]\nwhere = 1").is_err());
 }

@@ -11,7 +11,7 @@ fn sink(check: &str) -> HttpSinkConfig {
 
 fn keys(config: &HttpSinkConfig) -> Vec<String> {
     use crate::sinks::SinkKind;
-    config.problems("sinks.pay").into_iter().map(|p| p.0).collect()
+    config.problems("sinks.pay").into_iter().map(|p| p.key).collect()
 }
 
 #[test]
@@ -70,8 +70,8 @@ fn overlapping_and_empty_statuses_are_refused() {
         config.problems("sinks.pay")
     };
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert_eq!((problems[0].0.as_str(), problems[0].1.as_str()), ("sinks.pay.check.absent_status", "404"));
-    assert!(problems[0].2.contains("found_status too"), "{}", problems[0].2);
+    assert_eq!((problems[0].key.as_str(), problems[0].value.as_str()), ("sinks.pay.check.absent_status", "404"));
+    assert!(problems[0].reason.contains("found_status too"), "{}", problems[0].reason);
     assert_eq!(keys(&sink("url = \"https://api.test/\"\nfound_status = []")), ["sinks.pay.check.found_status"]);
     assert!(keys(&sink("url = \"https://api.test/\"\nabsent_status = []")).is_empty(), "found or indeterminate only");
 }
@@ -100,8 +100,8 @@ fn a_sink_that_forwards_the_key_is_refused_a_check() {
         use crate::sinks::SinkKind;
         config.problems("sinks.pay")
     };
-    assert_eq!(problems[0].0, "sinks.pay.forward_key");
-    assert!(problems[0].2.contains("a check is only used when forward_key = false"), "{}", problems[0].2);
+    assert_eq!(problems[0].key, "sinks.pay.forward_key");
+    assert!(problems[0].reason.contains("a check is only used when forward_key = false"), "{}", problems[0].reason);
 }
 
 #[test]
