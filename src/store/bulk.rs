@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use super::changelog::{Change, checkpoint_key};
+use super::locks::Locks;
 use super::writing::CacheOf;
 use super::{KeyStore, Op, Record, StoreError, Tree, index, presence, state_index};
 
@@ -51,7 +52,7 @@ impl KeyStore {
         }
         let others = self.insert_fresh(last)?;
         for (key, new) in others {
-            let _gate = self.gate.read();
+            let _gate = self.locks.shared();
             let mut stripe = self.lock_settled(&key);
             let current = self.get_locked(&stripe, &key)?;
             if current != new {
@@ -66,13 +67,13 @@ impl KeyStore {
     fn insert_fresh(&self, last: HashMap<String, Option<Record>>) -> Result<Vec<(String, Option<Record>)>, StoreError> {
         let mut by_stripe: BTreeMap<usize, Vec<(String, Option<Record>)>> = BTreeMap::new();
         for (key, new) in last {
-            by_stripe.entry(Self::stripe_index(&key)).or_default().push((key, new));
+            by_stripe.entry(Locks::stripe_of(&key)).or_default().push((key, new));
         }
-        let _gate = self.gate.read();
+        let _gate = self.locks.shared();
         let slice = self.current_slice();
         let (mut fresh, mut others) = (Vec::new(), Vec::new());
         for (at, items) in by_stripe {
-            let mut stripe = self.stripes[at].lock();
+            let mut stripe = self.locks.stripe_at(at);
             let oldest = self.under_way.oldest();
             stripe.settle(oldest);
             let before = fresh.len();

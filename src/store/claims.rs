@@ -257,7 +257,7 @@ impl KeyStore {
             order
                 .into_iter()
                 .map(|i| {
-                    let mut guard = self.stripes[i].lock();
+                    let mut guard = self.locks.stripe_at(i);
                     guard.settle(self.under_way.oldest());
                     (i, guard.version, guard)
                 })
@@ -267,9 +267,9 @@ impl KeyStore {
 
     /// The record of `key` and a stamp of when it was read.
     pub fn get_stamped(&self, key: &str) -> Result<(Option<Record>, ReadStamp), StoreError> {
-        let _gate = self.gate.read();
-        let stripe = self.stripe(key).lock();
-        let stamp = ReadStamp { stripe_version: stripe.version, compactions: self.compactions.load(Ordering::Acquire) };
+        let _gate = self.locks.shared();
+        let stripe = self.locks.stripe(key);
+        let stamp = ReadStamp { stripe_version: stripe.version, compactions: self.locks.compactions() };
         Ok((self.get_locked(&stripe, key)?, stamp))
     }
 
@@ -296,9 +296,9 @@ impl KeyStore {
         &self,
         requests: Vec<ClaimRequest>,
     ) -> Result<Vec<Result<PendingClaim, Option<Record>>>, StoreError> {
-        let _gate = self.gate.read();
+        let _gate = self.locks.shared();
         self.check_owned(requests.iter().map(|r| r.key.as_str()))?;
-        let compactions = self.compactions.load(Ordering::Acquire);
+        let compactions = self.locks.compactions();
         let hashes: Vec<(usize, u32)> = requests.iter().map(|r| presence::key_hash(&r.key)).collect();
         let mut locks = self.lock_stripes(hashes.iter().map(|&(at, _)| at));
         // A key's second request in one batch is refused: its first claim is not written

@@ -21,7 +21,7 @@ impl KeyStore {
     fn compact_chunk_from(&self, now_ms: i64, limit: usize, from: &[u8]) -> Result<(usize, Vec<u8>), StoreError> {
         // Exclusive gate: no mutation can replace a record or rewrite an entry between the
         // index read and the delete. Held for one bounded chunk only.
-        let _gate = self.gate.write();
+        let _gate = self.locks.exclusive();
         // `expiries`, invariant 6.
         if self.restore_running() {
             return Ok((0, Vec::new()));
@@ -44,7 +44,7 @@ impl KeyStore {
                 let (at, fp) = presence::key_hash(&key);
                 // No stripe lock is held by anyone else under the exclusive gate, so these
                 // are uncontended.
-                if let Some(slice) = self.slice_holding(&self.stripes[at].lock(), &key)? {
+                if let Some(slice) = self.slice_holding(&self.locks.stripe_at(at), &key)? {
                     ops.push(Op::Delete(Tree::Records(slice), key.into_bytes()));
                     held.push((at, fp, slice));
                 }
@@ -55,13 +55,13 @@ impl KeyStore {
         // Out of the presence filter once deleted, one stripe lock at a time.
         held.sort_unstable();
         for same_stripe in held.chunk_by(|a, b| a.0 == b.0) {
-            let mut stripe = self.stripes[same_stripe[0].0].lock();
+            let mut stripe = self.locks.stripe_at(same_stripe[0].0);
             for &(_, fp, slice) in same_stripe {
                 stripe.present.remove(fp, slice);
             }
         }
         // Still under the exclusive gate: a ReadStamp from before this chunk is now stale.
-        self.compactions.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.locks.count_compaction();
         self.flush()?;
         self.counts[state_index(State::Completed)].fetch_sub(removed as i64, Ordering::Relaxed);
         Ok((removed, last))

@@ -105,8 +105,8 @@ impl KeyStore {
     pub fn write_restored_expiries(&self, keys: HashSet<String>) -> Result<usize, StoreError> {
         let mut captured = 0;
         for key in keys {
-            let _gate = self.gate.read();
-            let stripe = self.stripe(&key).lock();
+            let _gate = self.locks.shared();
+            let stripe = self.locks.stripe(&key);
             if self.get_locked(&stripe, &key)?.is_none() && self.changes.lock().push_expiry(&key) {
                 captured += 1;
             }

@@ -36,10 +36,12 @@ mod error;
 mod expiries;
 mod fault;
 mod fjall_backend;
+mod group_commit;
 mod identity;
 mod index;
 mod journal;
 mod listing;
+mod locks;
 mod operator;
 mod ownership;
 mod presence;
@@ -52,9 +54,9 @@ mod watermarks;
 mod writing;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::Mutex;
 
 use backends::store_backends;
 
@@ -104,7 +106,8 @@ macro_rules! registered_backends {
 }
 registered_backends!(store_backends!());
 
-const STRIPES: usize = 1024;
+use group_commit::GroupCommit;
+use locks::{Locks, STRIPES};
 
 /// Record counts per state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -124,27 +127,15 @@ pub struct KeyStore {
     /// bare backend (tests), where every claim goes to the backend.
     journal: Option<journal::ClaimJournal>,
     sync: SyncMode,
-    /// Mutations hold it shared; a compaction chunk holds it exclusively, so the index it
-    /// reads cannot change under it.
-    gate: RwLock<()>,
-    stripes: Box<[Mutex<claims::Stripe>]>,
-    /// One per stripe: notified when completions written there land (see
-    /// `claims::completions`), for the writes waiting for them.
-    settled: Box<[Condvar]>,
+    /// The gate, the stripes and the index entry lock, and their order (`locks`).
+    locks: Locks,
     /// The completion batches whose writes are under way.
     under_way: claims::UnderWay,
-    /// Bumped by every compaction chunk (which removes records without stripe locks), so a
-    /// [`ReadStamp`] taken before one is never trusted after it.
-    compactions: AtomicU64,
-    /// Held (inside a stripe lock) while an index entry shared by several keys is rewritten.
-    index_lock: Mutex<()>,
     counts: [AtomicI64; 3],
     /// The keys of the `indeterminate` records per sink (`doubts`).
     doubts: doubts::Doubts,
-    /// Flushes started so far (see `coalesced_flush`).
-    flushes_started: AtomicU64,
-    /// The number of the last flush that finished; held while a flush runs.
-    flush_done: Mutex<u64>,
+    /// The backend's flushes, shared by the callers waiting at once (`group_commit`).
+    group_commit: GroupCommit,
     /// Whether changes are captured for a changelog (see `changelog`).
     capture: bool,
     /// The captured changes not yet taken (see `changelog` and `expiries`).
@@ -231,16 +222,11 @@ impl KeyStore {
             backend,
             journal,
             sync,
-            gate: RwLock::new(()),
-            stripes: (0..STRIPES).map(|_| Mutex::new(claims::Stripe::default())).collect(),
-            settled: (0..STRIPES).map(|_| Condvar::new()).collect(),
+            locks: Locks::new(),
             under_way: claims::UnderWay::default(),
-            compactions: AtomicU64::new(0),
-            index_lock: Mutex::new(()),
             counts: Default::default(),
             doubts: Default::default(),
-            flushes_started: AtomicU64::new(0),
-            flush_done: Mutex::new(0),
+            group_commit: GroupCommit::default(),
             capture: false,
             changes: Mutex::new(expiries::Captured::default()),
             restores: AtomicUsize::new(0),
@@ -259,14 +245,6 @@ impl KeyStore {
         self.backend.name()
     }
 
-    fn stripe_index(key: &str) -> usize {
-        presence::key_hash(key).0
-    }
-
-    fn stripe(&self, key: &str) -> &Mutex<claims::Stripe> {
-        &self.stripes[Self::stripe_index(key)]
-    }
-
     /// Records per state, kept up to date by every mutation.
     pub fn counts(&self) -> StateCounts {
         StateCounts {
@@ -279,10 +257,7 @@ impl KeyStore {
     /// Group commits made so far: fsyncs of the claim journal and flushes of the backend
     /// (each shared by every caller waiting for it at that moment).
     pub fn fsyncs(&self) -> Fsyncs {
-        Fsyncs {
-            journal: self.journal.as_ref().map_or(0, |j| j.fsyncs()),
-            store: self.flushes_started.load(Ordering::Relaxed),
-        }
+        Fsyncs { journal: self.journal.as_ref().map_or(0, |j| j.fsyncs()), store: self.group_commit.started() }
     }
 
     /// Bytes the store occupies on disk: what the file system allocated to the files in
@@ -298,7 +273,7 @@ impl KeyStore {
 
     /// The record of `key`, if any (expired ones included until compacted).
     pub fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        let stripe = self.stripe(key).lock();
+        let stripe = self.locks.stripe(key);
         self.get_locked(&stripe, key)
     }
 
@@ -334,7 +309,7 @@ impl KeyStore {
         expected: Option<&Record>,
         new: Option<&Record>,
     ) -> Result<Result<(), Option<Record>>, StoreError> {
-        let _gate = self.gate.read();
+        let _gate = self.locks.shared();
         self.check_owned([key])?;
         let mut stripe = self.lock_settled(key);
         let current = self.get_locked(&stripe, key)?;
@@ -382,7 +357,7 @@ impl KeyStore {
         // Replacing a completed record takes it out of its (shared) index entry.
         let _index = match current.as_ref().and_then(Record::expires_at_ms) {
             Some(at) => {
-                let guard = self.index_lock.lock();
+                let guard = self.locks.index_entry();
                 ops.push(self.unindex_op(key, at)?);
                 Some(guard)
             }
@@ -441,24 +416,9 @@ impl KeyStore {
         }
     }
 
-    /// Group commit across callers: partitions flushing at the same time share fsyncs.
-    /// A caller is done as soon as a flush that *started after its writes* has finished;
-    /// flushes are numbered as they start and run one at a time, so waiting callers find
-    /// most of their work already done by the one ahead of them.
+    /// One group commit of the backend (`group_commit`).
     fn coalesced_flush(&self) -> Result<(), StoreError> {
-        // Every write of this caller happened before this load.
-        let wanted = self.flushes_started.load(Ordering::SeqCst) + 1;
-        // Before the lock: a test holds and counts every caller here (engine_group_commit).
-        fault::failpoint("store.flush")
-            .map_err(|e| StoreError::Backend { backend: self.backend.name(), message: e.to_string() })?;
-        let mut last_done = self.flush_done.lock();
-        if *last_done >= wanted {
-            return Ok(());
-        }
-        let number = self.flushes_started.fetch_add(1, Ordering::SeqCst) + 1;
-        self.backend.flush()?;
-        *last_done = number;
-        Ok(())
+        self.group_commit.flush(self.backend.as_ref())
     }
 
     /// Removes a key whatever its state (operator `forget`). Returns what was there.

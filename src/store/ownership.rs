@@ -52,7 +52,7 @@ impl KeyStore {
     /// The store owns `partitions` from now on (restored: invariant 8 and `expiries`,
     /// invariant 5), named in its `writing` file first (invariant 9).
     pub fn own_partitions(&self, partitions: &[i32]) -> Result<(), StoreError> {
-        let _gate = self.gate.write();
+        let _gate = self.locks.exclusive();
         if let Some(scope) = &mut self.changes.lock().scope {
             scope.writing.add(partitions)?;
             scope.owned.extend(partitions);
@@ -65,7 +65,7 @@ impl KeyStore {
     /// and not yet taken are dropped (`expiries`, invariant 5). What else was captured stays,
     /// for the commit that lets them go. Returns how many tombstones were dropped.
     pub fn let_go_partitions(&self, partitions: &[i32]) -> usize {
-        let _gate = self.gate.write();
+        let _gate = self.locks.exclusive();
         let mut captured = self.changes.lock();
         let Some(scope) = &mut captured.scope else { return 0 };
         for p in partitions {

@@ -57,7 +57,7 @@ impl KeyStore {
     pub fn scan_records(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
         // Exclusive: no completion is between the journal's claims and the backend
         // (invariant 3 of `claims::completions`) while the page is read.
-        let _gate = self.gate.write();
+        let _gate = self.locks.exclusive();
         let start = match after {
             Some(a) => {
                 let mut s = a.as_bytes().to_vec();
@@ -123,10 +123,9 @@ impl KeyStore {
             return Vec::new();
         }
         let mut out = Vec::new();
-        for stripe in self.stripes.iter() {
+        for stripe in self.locks.stripes_in_order() {
             out.extend(
                 stripe
-                    .lock()
                     .journaled_claims()
                     .filter(|(k, _)| k.as_bytes() >= start && upper.is_none_or(|u| k.as_bytes() <= u))
                     .map(|(k, c)| (k.to_string(), Record::InProgress(c.clone()))),

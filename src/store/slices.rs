@@ -105,8 +105,7 @@ impl KeyStore {
     /// Keys per slice, as the presence filter counts them.
     pub fn slice_keys(&self) -> Vec<(Slice, u64)> {
         let mut total = [0u64; Slice::MAX];
-        for stripe in self.stripes.iter() {
-            let stripe = stripe.lock();
+        for stripe in self.locks.stripes_in_order() {
             for (sum, &n) in total.iter_mut().zip(stripe.present.per_slice()) {
                 *sum += u64::from(n);
             }
@@ -158,7 +157,7 @@ impl KeyStore {
         if empty.is_empty() {
             return Ok(empty);
         }
-        let _gate = self.gate.write();
+        let _gate = self.locks.exclusive();
         let counted = self.slice_keys();
         let mut dropped = Vec::with_capacity(empty.len());
         for slice in empty {

@@ -27,7 +27,7 @@ impl KeyStore {
     /// Raises the watermarks of the given partitions (never lowers one). Durable with the
     /// next flush.
     pub fn raise_watermarks(&self, offsets: &[(String, i32, i64)]) -> Result<(), StoreError> {
-        let _gate = self.gate.read();
+        let _gate = self.locks.shared();
         let mut ops = Vec::new();
         for (topic, partition, offset) in offsets {
             let current = self.watermark(topic, *partition)?;

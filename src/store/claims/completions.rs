@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{DurableClaim, LockedStripes, Stripe};
+use crate::store::locks::Locks;
 use crate::store::{Completed, KeyStore, Op, Record, State, StoreError, Tree, index, presence, state_index};
 
 /// The completion batches whose writes are under way, by number.
@@ -119,7 +120,7 @@ impl KeyStore {
     /// [`StoreError::NotOwned`], claims of keys whose partition this store let go meanwhile
     /// (`ownership`, invariant 8). Returns how many were written.
     pub fn complete_batch(&self, items: Vec<(DurableClaim, Completed)>) -> Result<usize, StoreError> {
-        let _gate = self.gate.read();
+        let _gate = self.locks.shared();
         let (items, refused) = self.owned_only(items, |(claim, _)| claim.key.as_str());
         let Begun { batch, mut taken, ops, lost } = self.begin_completions(items)?;
         let written = if ops.is_empty() { Ok(()) } else { self.backend.apply(ops) };
@@ -140,12 +141,12 @@ impl KeyStore {
     /// The stripe of `key`, locked once no completion of `key` is being written (invariant
     /// 2 above): a write made under it lands after that completion.
     pub(in crate::store) fn lock_settled(&self, key: &str) -> MutexGuard<'_, Stripe> {
-        let at = Self::stripe_index(key);
-        let mut stripe = self.stripes[at].lock();
+        let at = Locks::stripe_of(key);
+        let mut stripe = self.locks.stripe_at(at);
         while stripe.completing(key, self.under_way.oldest()) {
             // Bounded: a completion retires without the stripe lock, so its notification
             // can pass this thread by just before it waits.
-            self.settled[at].wait_for(&mut stripe, std::time::Duration::from_millis(1));
+            self.locks.wait_settled(at, &mut stripe, std::time::Duration::from_millis(1));
         }
         stripe.settle(self.under_way.oldest());
         stripe
@@ -154,7 +155,7 @@ impl KeyStore {
     /// Step 1: with the stripes locked, marks the claims with the batch's number and builds the
     /// write. On failure nothing is left changed.
     fn begin_completions(&self, items: Vec<(DurableClaim, Completed)>) -> Result<Begun, StoreError> {
-        let stripes: Vec<usize> = items.iter().map(|(c, _)| KeyStore::stripe_index(&c.key)).collect();
+        let stripes: Vec<usize> = items.iter().map(|(c, _)| Locks::stripe_of(&c.key)).collect();
         let mut begun = Begun {
             batch: self.under_way.begin(),
             taken: Vec::with_capacity(items.len()),
@@ -247,7 +248,7 @@ impl KeyStore {
             let at = same_stripe[0].at;
             // A stripe another thread holds is left to settle: waiting here for it would
             // bring back the wait this module exists to avoid.
-            if let Some(mut stripe) = self.stripes[at].try_lock() {
+            if let Some(mut stripe) = self.locks.try_stripe_at(at) {
                 for t in same_stripe {
                     // One lookup. The entry is this batch's mark unless a writer settled the
                     // stripe since the write landed and claimed the key anew: that claim stays.
@@ -264,7 +265,7 @@ impl KeyStore {
                 // A read of a dropped claim (journaled) is stale now.
                 stripe.version = stripe.version.wrapping_add(1);
             }
-            self.settled[at].notify_all();
+            self.locks.notify_settled(at);
         }
     }
 
@@ -274,14 +275,14 @@ impl KeyStore {
         taken.sort_unstable_by_key(|t| t.at);
         for same_stripe in taken.chunk_by(|a, b| a.at == b.at) {
             let at = same_stripe[0].at;
-            let mut stripe = self.stripes[at].lock();
+            let mut stripe = self.locks.stripe_at(at);
             for t in same_stripe {
                 make_out_again(&mut stripe, &t.key);
             }
         }
         self.under_way.end(batch);
         for same_stripe in taken.chunk_by(|a, b| a.at == b.at) {
-            self.settled[same_stripe[0].at].notify_all();
+            self.locks.notify_settled(same_stripe[0].at);
         }
     }
 }

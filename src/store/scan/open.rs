@@ -96,14 +96,14 @@ impl KeyStore {
                 let buffer = &mut buffers[stripe];
                 buffer.push(fp);
                 if buffer.len() == FILL_BUFFER {
-                    self.stripes[stripe].lock().present.add_all(buffer, *slice);
+                    self.locks.stripe_at(stripe).present.add_all(buffer, *slice);
                     buffer.clear();
                 }
                 Ok(())
             })?;
             // The buffers hold this range's slice only.
-            for (stripe, buffer) in self.stripes.iter().zip(&mut buffers) {
-                stripe.lock().present.add_all(buffer, *slice);
+            for (mut stripe, buffer) in self.locks.stripes_in_order().zip(&mut buffers) {
+                stripe.present.add_all(buffer, *slice);
                 buffer.clear();
             }
         }

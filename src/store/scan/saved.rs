@@ -86,7 +86,7 @@ impl KeyStore {
             return Ok(false);
         };
         // Invariant 2: no write under way, and all of them durable, for the whole save.
-        let _gate = self.gate.write();
+        let _gate = self.locks.exclusive();
         // The newest write a marker that is never deleted: the engine's recovery sets its
         // number from the newest entry it finds, and background compaction can drop the
         // newest ones if they are deletes, which would make a store nobody wrote to look
@@ -129,8 +129,8 @@ impl KeyStore {
         }
         write_doubts(&mut out, &self.indeterminate_keys_by_sink())?;
         let mut buffer = Vec::new();
-        for stripe in self.stripes.iter() {
-            write_stripe(&mut out, &stripe.lock().present, &mut buffer)?;
+        for stripe in self.locks.stripes_in_order() {
+            write_stripe(&mut out, &stripe.present, &mut buffer)?;
         }
         let crc = out.crc.clone().finalize();
         out.inner.write_all(&crc.to_le_bytes())?;
@@ -166,8 +166,8 @@ impl KeyStore {
                 return false;
             }
         };
-        for (stripe, present) in self.stripes.iter().zip(saved.stripes) {
-            stripe.lock().present = present;
+        for (mut stripe, present) in self.locks.stripes_in_order().zip(saved.stripes) {
+            stripe.present = present;
         }
         self.set_counts(saved.counts);
         self.doubts.set(saved.doubts);

@@ -205,7 +205,7 @@ fn a_claim_of_a_key_being_completed_is_refused(kind: StoreBackend) {
 fn a_read_made_mid_write_is_not_trusted_once_the_completion_landed(kind: StoreBackend) {
     let MidWrite { _dir, store, done, release, completing, read, stamp } = mid_write(kind);
     {
-        let _held = store.stripes[KeyStore::stripe_index("k")].lock();
+        let _held = store.locks.stripe("k");
         drop(release);
         completing.join().expect("completing thread").expect("completed");
     }

@@ -24,7 +24,7 @@ pub(super) fn check_presence(store: &KeyStore, records: &BTreeMap<String, Record
     let mut per_slice = [0u64; Slice::MAX];
     for key in records.keys() {
         let (stripe, fp) = key_hash(key);
-        let stripe = store.stripes[stripe].lock();
+        let stripe = store.locks.stripe_at(stripe);
         if stripe.journaled(key).is_some() {
             continue;
         }
@@ -41,7 +41,7 @@ pub(super) fn check_presence(store: &KeyStore, records: &BTreeMap<String, Record
         );
         per_slice[holding[0].number()] += 1;
     }
-    let counted: usize = store.stripes.iter().map(|s| s.lock().present.len()).sum();
+    let counted: usize = store.locks.stripes_in_order().map(|s| s.present.len()).sum();
     assert_eq!(counted, in_backend, "the filter counts keys that hold no record");
     for (slice, keys) in store.slice_keys() {
         assert_eq!(keys, per_slice[slice.number()], "the filter's count of {slice:?}'s keys");
