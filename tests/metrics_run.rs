@@ -26,6 +26,7 @@ use common::exposition::Exposition;
 use common::kafka;
 use common::process::{DedupdProcess, KeptOnFailure, tail_of_file, wait_for_http_addr};
 use common::scripted::ScriptedReceiver;
+use dedupd::ops::metrics::catalogue::{self as metric, CATALOGUE, MetricDef};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
@@ -44,46 +45,28 @@ const BRIEF_TTL: &str = "15s";
 const FAILING_KEY: &str = "main-0";
 /// The key the receiver answers 503 once, then 200 (`transient`, then `ok`).
 const FLAKY_KEY: &str = "main-1";
-/// Every docs/contract.md §10 metric with its type (`refused_partitions` of §3 included,
-/// `sink_circuit_open`, the circuit breaker's gauge of docs/sinks.md, and
-/// `store_write_errors_total`, at 0 unless a store write failed,
-/// `transaction_commit_seconds`, empty without transactional results, and
+/// Every family a run must expose, with its type: the library's catalogue (docs/contract.md
+/// §10) but [`NOT_IN_THIS_RUN`], then the process collector's `process_*` (no prefix: the
+/// Prometheus client libraries' names, outside the catalogue). Among them
+/// `store_write_errors_total` is at 0 unless a store write failed,
+/// `transaction_commit_seconds` empty without transactional results, and
 /// `state_restore_records_total`, `state_standby_records_total`, `state_standby_partitions`,
-/// `fenced_total` and `stalled_transactions_aborted_total`, at 0 without `store.changelog`;
-/// `state_restoring` has no series until a restore), then `build_info`, the store volume's
-/// gauges and the process collector's `process_*` (no prefix: the Prometheus client libraries' names).
-const CATALOGUE: [(&str, &str); 38] = [
-    ("dedupd_commands_total", "counter"),
-    ("dedupd_sink_requests_total", "counter"),
-    ("dedupd_sink_calls_total", "counter"),
-    ("dedupd_checks_total", "counter"),
-    ("dedupd_indeterminate_keys", "gauge"),
-    ("dedupd_indeterminate_keys_unattended", "gauge"),
-    ("dedupd_sink_duration_seconds", "histogram"),
-    ("dedupd_process_duration_seconds", "histogram"),
-    ("dedupd_store_records", "gauge"),
-    ("dedupd_store_disk_bytes", "gauge"),
-    ("dedupd_compaction_removed_total", "counter"),
-    ("dedupd_consumer_lag", "gauge"),
-    ("dedupd_in_flight", "gauge"),
-    ("dedupd_dead_letter_total", "counter"),
-    ("dedupd_rebalances_total", "counter"),
-    ("dedupd_consumer_restarts_total", "counter"),
-    ("dedupd_duplicate_age_seconds", "histogram"),
-    ("dedupd_refused_partitions", "gauge"),
-    ("dedupd_assigned_partitions", "gauge"),
-    ("dedupd_sink_circuit_open", "gauge"),
-    ("dedupd_store_write_errors_total", "counter"),
-    ("dedupd_store_fsyncs_total", "counter"),
-    ("dedupd_transaction_commit_seconds", "histogram"),
-    ("dedupd_state_restore_records_total", "counter"),
-    ("dedupd_state_standby_records_total", "counter"),
-    ("dedupd_state_standby_partitions", "gauge"),
-    ("dedupd_fenced_total", "counter"),
-    ("dedupd_stalled_transactions_aborted_total", "counter"),
-    ("dedupd_build_info", "gauge"),
-    ("dedupd_store_volume_size_bytes", "gauge"),
-    ("dedupd_store_volume_free_bytes", "gauge"),
+/// `fenced_total` and `stalled_transactions_aborted_total` at 0 without `store.changelog`.
+fn catalogue() -> Vec<(String, &'static str)> {
+    let dedupd = CATALOGUE
+        .iter()
+        .filter(|d| !NOT_IN_THIS_RUN.iter().any(|n| n.name == d.name))
+        .map(|d| (d.exposed_name(), d.kind.as_str()));
+    let process = PROCESS.iter().map(|(n, k)| (n.to_string(), *k));
+    dedupd.chain(process).collect()
+}
+
+/// The catalogue's families that have no series in this run: no worker panics, and
+/// `state_restoring` has none until a restore (no `store.changelog` here).
+const NOT_IN_THIS_RUN: [&MetricDef; 2] = [&metric::WORKER_PANICS, &metric::STATE_RESTORING];
+
+/// The process collector's metrics and their types.
+const PROCESS: [(&str, &str); 7] = [
     ("process_cpu_seconds_total", "counter"),
     ("process_max_fds", "gauge"),
     ("process_open_fds", "gauge"),
@@ -265,7 +248,7 @@ async fn metrics_after_a_run_match_what_the_run_did() {
     // Before any record: the catalogue is there already, every series known from the config
     // at 0 (only consumer_lag waits for a committed offset to measure from).
     let fresh = scrape(&client, &http).await;
-    check_catalogue(&fresh, &["dedupd_consumer_lag"]);
+    check_catalogue(&fresh, &[&metric::CONSUMER_LAG.exposed_name()]);
     for route in ["main", "brief"] {
         for outcome in ["succeeded", "failed", "duplicate", "conflict", "indeterminate", "stale"] {
             let v = fresh.value("dedupd_commands_total", &[("outcome", outcome), ("route", route)]);

@@ -1,11 +1,12 @@
-//! Every metric of docs/contract.md §10 (prefix `dedupd_`), each updated through a named method so
-//! that label values cannot drift between call sites.
+//! Every metric of docs/contract.md §10 (prefix `dedupd_`), each built from its definition in
+//! [`catalogue`] and updated through a named method so that label values cannot drift between
+//! call sites.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
 };
 
+pub mod catalogue;
 mod doubts;
 mod figures;
 mod host;
@@ -28,8 +29,7 @@ pub struct Metrics {
     registry: Registry,
     commands: IntCounterVec,
     sink_requests: IntCounterVec,
-    /// `sink_calls_total`, `checks_total`, `indeterminate_keys` and
-    /// `indeterminate_keys_unattended`.
+    /// Sink calls and checks by answer, and the keys in doubt (see [`doubts`]).
     doubts: doubts::DoubtMetrics,
     sink_duration: HistogramVec,
     process_duration: Histogram,
@@ -66,30 +66,12 @@ struct StateMetrics {
 impl StateMetrics {
     fn new() -> Result<StateMetrics, MetricsError> {
         Ok(StateMetrics {
-            restoring: IntGaugeVec::new(
-                Opts::new("state_restoring", "1 while the state partition is being restored from the changelog."),
-                &["partition"],
-            )?,
-            restore_records: IntCounter::new(
-                "state_restore_records_total",
-                "Changelog records applied to the store by restores.",
-            )?,
-            standby_records: IntCounter::new(
-                "state_standby_records_total",
-                "Changelog records applied to the store by its standby copies of partitions it does not own.",
-            )?,
-            standby_partitions: IntGauge::new(
-                "state_standby_partitions",
-                "State partitions this instance keeps a standby copy of (tails without owning).",
-            )?,
-            fenced: IntCounter::new(
-                "fenced_total",
-                "Times this instance found its group generation gone with work in the open transaction: the transaction was aborted (no claim in it committed, no sink called for it) and the pipeline restarted in process.",
-            )?,
-            stalled_aborted: IntCounter::new(
-                "stalled_transactions_aborted_total",
-                "Transactions of another instance that held a partition of dedupd's own topics past the session or transaction timeout, aborted by taking over their transactional.id.",
-            )?,
+            restoring: catalogue::STATE_RESTORING.int_gauge_vec()?,
+            restore_records: catalogue::STATE_RESTORE_RECORDS.int_counter()?,
+            standby_records: catalogue::STATE_STANDBY_RECORDS.int_counter()?,
+            standby_partitions: catalogue::STATE_STANDBY_PARTITIONS.int_gauge()?,
+            fenced: catalogue::FENCED.int_counter()?,
+            stalled_aborted: catalogue::STALLED_TRANSACTIONS_ABORTED.int_counter()?,
         })
     }
 }
@@ -99,107 +81,35 @@ impl StateMetrics {
 #[error("metrics: {0}")]
 pub struct MetricsError(#[from] prometheus::Error);
 
-/// One sink call: sub-millisecond (log, a local receiver) to the http sink's request
-/// timeout (10 s by default).
-const LATENCY_BUCKETS: [f64; 15] =
-    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-/// One batch takes the sink call's buckets and these: minutes when a transient failure is
-/// retried with backoff (up to `retry.max_backoff`, 30 s, per attempt).
-const BATCH_EXTRA_BUCKETS: [f64; 3] = [60.0, 120.0, 300.0];
-/// Repeats come from within the same batch or an agent's quick retry (well under a second)
-/// to days later, and never later than `store.max_ttl` (7 d by default): 0.1 s to 7 d.
-const AGE_BUCKETS: [f64; 11] =
-    [0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 6.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
-
-/// The help of `transaction_commit_seconds`.
-const COMMIT_HELP: &str = "One commit of the results transaction (kafka.transactional_results), its wait for the gate \
-                           included; nothing is queued meanwhile.";
-
-/// A histogram without labels (registered with the others by [`Metrics::new`]).
-fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Result<Histogram, prometheus::Error> {
-    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
-}
-
-/// A counter with labels (registered with the others by [`Metrics::new`]).
-fn counter_vec(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
-    IntCounterVec::new(Opts::new(name, help), labels)
-}
-
 impl Metrics {
-    /// Creates and registers every metric.
-    // The metric catalogue: one definition per metric with its name, help text and labels,
-    // read top to bottom against docs/metrics.md.
+    /// Creates and registers every metric, each from its definition in [`catalogue`].
     pub fn new() -> Result<Metrics, MetricsError> {
-        let (refused_partitions, assigned_partitions) = partition_gauges()?;
+        use catalogue as c;
         let m = Metrics {
-            commands: IntCounterVec::new(
-                Opts::new("commands_total", "Input records by outcome and route."),
-                &["outcome", "route"],
-            )?,
-            sink_requests: IntCounterVec::new(
-                Opts::new("sink_requests_total", "Sink calls by sink and status (ok, transient, permanent)."),
-                &["sink", "status"],
-            )?,
+            commands: c::COMMANDS.int_counter_vec()?,
+            sink_requests: c::SINK_REQUESTS.int_counter_vec()?,
             doubts: doubts::doubt_metrics()?,
-            sink_duration: HistogramVec::new(
-                HistogramOpts::new("sink_duration_seconds", "Duration of one sink call.")
-                    .buckets(LATENCY_BUCKETS.to_vec()),
-                &["sink"],
-            )?,
-            process_duration: histogram(
-                "process_duration_seconds",
-                "Time from batch start to results acknowledged.",
-                [&LATENCY_BUCKETS[..], &BATCH_EXTRA_BUCKETS[..]].concat(),
-            )?,
-            store_records: IntGaugeVec::new(Opts::new("store_records", "Stored records by state."), &["state"])?,
-            store_disk_bytes: IntGauge::new("store_disk_bytes", "Bytes the store occupies on disk.")?,
-            compaction_removed: IntCounter::new("compaction_removed_total", "Expired records removed by compaction.")?,
-            consumer_lag: IntGaugeVec::new(
-                Opts::new(
-                    "consumer_lag",
-                    "Records at the partition's end not yet committed: end offset minus the group's committed offset.",
-                ),
-                &["topic", "partition"],
-            )?,
-            in_flight: IntGauge::new("in_flight", "Commands claimed, not completed: at or waiting for their sink.")?,
-            dead_letter: IntCounterVec::new(
-                Opts::new("dead_letter_total", "Records sent to the dead-letter topic, by reason."),
-                &["reason"],
-            )?,
-            rebalances: IntCounter::new("rebalances_total", "Consumer group rebalances seen.")?,
-            consumer_restarts: IntCounter::new(
-                "consumer_restarts_total",
-                "Kafka consumers replaced in process after librdkafka fenced them following their own lost group session.",
-            )?,
-            duplicate_age: duplicate_age()?,
-            refused_partitions,
-            assigned_partitions,
-            sink_circuit_open: IntGaugeVec::new(
-                Opts::new(
-                    "sink_circuit_open",
-                    "1 while the sink's circuit breaker is open or half-open (commands wait for it), else 0.",
-                ),
-                &["sink"],
-            )?,
-            worker_panics: counter_vec(
-                "worker_panics_total",
-                "Partition workers that panicked (the process then stops, exiting non-zero).",
-                &["topic", "partition"],
-            )?,
-            store_write_errors: counter_vec(
-                "store_write_errors_total",
-                "Store writes that failed, by kind (disk_full, io); each one stops the process (exit non-zero).",
-                &["kind"],
-            )?,
-            store_fsyncs: counter_vec(
-                "store_fsyncs_total",
-                "Group commits by file (journal: the claim journal, store: the backend); each covers every partition waiting at that moment.",
-                &["file"],
-            )?,
+            sink_duration: c::SINK_DURATION.histogram_vec()?,
+            process_duration: c::PROCESS_DURATION.histogram()?,
+            store_records: c::STORE_RECORDS.int_gauge_vec()?,
+            store_disk_bytes: c::STORE_DISK_BYTES.int_gauge()?,
+            compaction_removed: c::COMPACTION_REMOVED.int_counter()?,
+            consumer_lag: c::CONSUMER_LAG.int_gauge_vec()?,
+            in_flight: c::IN_FLIGHT.int_gauge()?,
+            dead_letter: c::DEAD_LETTER.int_counter_vec()?,
+            rebalances: c::REBALANCES.int_counter()?,
+            consumer_restarts: c::CONSUMER_RESTARTS.int_counter()?,
+            duplicate_age: c::DUPLICATE_AGE.histogram_vec()?,
+            refused_partitions: c::REFUSED_PARTITIONS.int_gauge()?,
+            assigned_partitions: c::ASSIGNED_PARTITIONS.int_gauge()?,
+            sink_circuit_open: c::SINK_CIRCUIT_OPEN.int_gauge_vec()?,
+            worker_panics: c::WORKER_PANICS.int_counter_vec()?,
+            store_write_errors: c::STORE_WRITE_ERRORS.int_counter_vec()?,
+            store_fsyncs: c::STORE_FSYNCS.int_counter_vec()?,
             state: StateMetrics::new()?,
-            transaction_commit: histogram("transaction_commit_seconds", COMMIT_HELP, LATENCY_BUCKETS.to_vec())?,
+            transaction_commit: c::TRANSACTION_COMMIT.histogram()?,
             host: host::HostMetrics::new()?,
-            registry: Registry::new_custom(Some("dedupd".into()), None)?,
+            registry: Registry::new_custom(Some(c::PREFIX.into()), None)?,
         };
         m.register_all()?;
         m.zero_fixed_series();
@@ -466,19 +376,6 @@ impl Metrics {
         }
         String::from_utf8(buf).unwrap_or_default()
     }
-}
-
-/// `duplicate_age_seconds{route}`.
-fn duplicate_age() -> Result<HistogramVec, MetricsError> {
-    let help = "How long after the first sighting a repeat arrived (evidence for choosing a TTL).";
-    Ok(HistogramVec::new(HistogramOpts::new("duplicate_age_seconds", help).buckets(AGE_BUCKETS.to_vec()), &["route"])?)
-}
-
-/// `refused_partitions` and `assigned_partitions`.
-fn partition_gauges() -> Result<(IntGauge, IntGauge), MetricsError> {
-    let refused = "Partitions refused because their committed offset is beyond the store's watermark.";
-    let assigned = "Partitions the consumer group assigned to this instance (0: it consumes nothing).";
-    Ok((IntGauge::new("refused_partitions", refused)?, IntGauge::new("assigned_partitions", assigned)?))
 }
 
 #[cfg(test)]

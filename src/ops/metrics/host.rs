@@ -9,9 +9,9 @@ use std::path::Path;
 use prometheus::core::{Collector, Desc};
 use prometheus::process_collector::ProcessCollector;
 use prometheus::proto::{Counter, MetricFamily};
-use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{IntGauge, IntGaugeVec, Registry};
 
-use super::MetricsError;
+use super::{MetricsError, catalogue};
 
 /// The build and volume gauges, in dedupd's registry, and the process collector in a
 /// registry of its own.
@@ -27,18 +27,9 @@ pub(super) struct HostMetrics {
 impl HostMetrics {
     pub(super) fn new() -> Result<HostMetrics, MetricsError> {
         let host = HostMetrics {
-            build_info: IntGaugeVec::new(
-                Opts::new("build_info", "Always 1; its labels say which build runs."),
-                &["version"],
-            )?,
-            volume_size: IntGauge::new(
-                "store_volume_size_bytes",
-                "Size of the filesystem that holds the store (0 until first read).",
-            )?,
-            volume_free: IntGauge::new(
-                "store_volume_free_bytes",
-                "Bytes of the store's filesystem that dedupd may still write (0 until first read).",
-            )?,
+            build_info: catalogue::BUILD_INFO.int_gauge_vec()?,
+            volume_size: catalogue::STORE_VOLUME_SIZE.int_gauge()?,
+            volume_free: catalogue::STORE_VOLUME_FREE.int_gauge()?,
             process: Registry::new(),
         };
         host.process.register(Box::new(ProcessMetrics(ProcessCollector::for_self())))?;

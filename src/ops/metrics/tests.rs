@@ -1,6 +1,98 @@
-//! Metrics tests: names, help and what each update renders.
+//! Metrics tests: the registry against the catalogue, and what each update renders.
 
+use std::collections::BTreeSet;
+
+use prometheus::proto::{MetricFamily, MetricType};
+
+use super::catalogue::{CATALOGUE, Kind, MetricDef};
 use super::*;
+
+/// A `Metrics` whose every family has a series: a labelled family without one is not
+/// gathered. A metric added to the catalogue with labels needs a line here.
+fn every_family() -> Metrics {
+    let m = Metrics::new().unwrap();
+    m.init_known(&["mail"], &["smtp"]);
+    m.lag("commands", 0, 1);
+    m.set_sink_circuit_open("smtp", false);
+    m.worker_panicked("commands", 0);
+    m.set_restoring(0, false);
+    m
+}
+
+/// What is wrong with `family` against `def` (empty: nothing).
+fn mismatches(def: &MetricDef, family: &MetricFamily) -> Vec<String> {
+    let name = def.exposed_name();
+    let mut wrong = Vec::new();
+    let kind = match family.type_() {
+        MetricType::COUNTER => Some(Kind::Counter),
+        MetricType::GAUGE => Some(Kind::Gauge),
+        MetricType::HISTOGRAM => Some(Kind::Histogram),
+        _ => None,
+    };
+    if kind != Some(def.kind) {
+        wrong.push(format!("{name}: registered as {:?}, catalogued as {:?}", family.type_(), def.kind));
+    }
+    if family.help() != def.help {
+        wrong.push(format!("{name}: help {:?}, catalogued {:?}", family.help(), def.help));
+    }
+    let catalogued: BTreeSet<&str> = def.labels.iter().copied().collect();
+    for metric in family.get_metric() {
+        let labels: BTreeSet<&str> = metric.get_label().iter().map(|l| l.name()).collect();
+        if labels != catalogued {
+            wrong.push(format!("{name}: labels {labels:?}, catalogued {catalogued:?}"));
+        }
+        if def.kind == Kind::Histogram {
+            let bounds: Vec<f64> = metric.get_histogram().get_bucket().iter().map(|b| b.upper_bound()).collect();
+            if Some(&bounds[..]) != def.buckets {
+                wrong.push(format!("{name}: buckets {bounds:?}, catalogued {:?}", def.buckets));
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn the_registry_holds_the_catalogue_and_nothing_else() {
+    let families = every_family().registry.gather();
+    let mut wrong = Vec::new();
+    for def in CATALOGUE {
+        match families.iter().find(|f| f.name() == def.exposed_name()) {
+            Some(family) => wrong.extend(mismatches(def, family)),
+            None => wrong.push(format!("{}: catalogued, not registered (or no series)", def.exposed_name())),
+        }
+    }
+    for family in &families {
+        if !CATALOGUE.iter().any(|d| d.exposed_name() == family.name()) {
+            wrong.push(format!("{}: registered, not in the catalogue", family.name()));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let names: BTreeSet<&str> = CATALOGUE.iter().map(|d| d.name).collect();
+    assert_eq!(names.len(), CATALOGUE.len(), "a name catalogued twice");
+}
+
+#[test]
+fn a_definition_builds_only_its_own_kind() {
+    let e = catalogue::COMMANDS.int_counter().map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("commands_total"), "{e}");
+    assert!(catalogue::COMMANDS.int_gauge_vec().is_err());
+    assert!(catalogue::IN_FLIGHT.histogram().is_err());
+    assert!(catalogue::TRANSACTION_COMMIT.histogram_vec().is_err());
+    assert!(catalogue::TRANSACTION_COMMIT.histogram().is_ok());
+}
+
+#[test]
+fn the_checker_finds_a_family_unlike_its_definition() {
+    let families = every_family().registry.gather();
+    let find = |name: &str| families.iter().find(|f| f.name() == name).unwrap();
+    let wrong_labels = MetricDef { labels: &["outcome"], ..catalogue::COMMANDS };
+    let wrong_buckets = MetricDef { buckets: Some(&[1.0]), ..catalogue::TRANSACTION_COMMIT };
+    let wrong_kind = MetricDef { kind: Kind::Counter, ..catalogue::IN_FLIGHT };
+    for (def, what) in [(&wrong_labels, "labels"), (&wrong_buckets, "buckets"), (&wrong_kind, "registered as")] {
+        let wrong = mismatches(def, find(&def.exposed_name()));
+        assert!(!wrong.is_empty() && wrong.iter().all(|w| w.contains(what) && w.contains(def.name)), "{wrong:?}");
+    }
+}
 
 #[test]
 fn renders_spec_names_with_prefix() {
