@@ -17,12 +17,11 @@
 //! of keys at a time (`writing`, invariant 10).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::Ordering;
 
 use super::changelog::{Change, checkpoint_key};
 use super::locks::Locks;
 use super::writing::CacheOf;
-use super::{KeyStore, Op, Record, StoreError, Tree, index, presence, state_index};
+use super::{KeyStore, Op, Record, StoreError, Tree, index, presence};
 
 /// Records removed per page when a partition is emptied.
 const EMPTY_PAGE: usize = 10_000;
@@ -105,7 +104,7 @@ impl KeyStore {
         ops.extend(index::entry_ops(&expiring, self.backend.index_entry_keys())?);
         self.backend.apply(ops)?;
         for (key, record) in &fresh {
-            self.counts[state_index(record.state())].fetch_add(1, Ordering::Relaxed);
+            self.counts.add(record.state(), 1);
             self.doubts.changed(key, None, Some(record));
         }
         Ok(others)

@@ -26,7 +26,7 @@ mod completions;
 pub(super) use completions::UnderWay;
 
 use super::SyncMode;
-use super::{InProgress, KeyStore, Op, Record, State, StoreError, Tree, doubts, presence, state_index};
+use super::{InProgress, KeyStore, Op, Record, State, StoreError, Tree, doubts, presence};
 
 /// What a stripe lock guards.
 #[derive(Debug, Default)]
@@ -397,9 +397,9 @@ impl KeyStore {
         }
         for state in replaced {
             if let Some(state) = state {
-                self.counts[state_index(state)].fetch_sub(1, Ordering::Relaxed);
+                self.counts.add(state, -1);
             }
-            self.counts[state_index(State::InProgress)].fetch_add(1, Ordering::Relaxed);
+            self.counts.add(State::InProgress, 1);
         }
         for (claim, (at, in_journal)) in out.iter_mut().filter_map(|r| r.as_mut().ok()).zip(claimed_at) {
             let (_, stripe) = locks.get(at)?;

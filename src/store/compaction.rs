@@ -3,9 +3,7 @@
 //! index lists a key exactly while it holds a completed record expiring at the listed
 //! time, so `in_progress` and `indeterminate` records (never listed) are never touched.
 
-use std::sync::atomic::Ordering;
-
-use super::{KeyStore, Op, StoreError, Tree, presence, state_index};
+use super::{KeyStore, Op, StoreError, Tree, presence};
 use crate::store::State;
 
 impl KeyStore {
@@ -63,7 +61,7 @@ impl KeyStore {
         // Still under the exclusive gate: a ReadStamp from before this chunk is now stale.
         self.locks.count_compaction();
         self.flush()?;
-        self.counts[state_index(State::Completed)].fetch_sub(removed as i64, Ordering::Relaxed);
+        self.counts.add(State::Completed, -(removed as i64));
         Ok((removed, last))
     }
 

@@ -30,6 +30,7 @@ mod changelog;
 mod claims;
 mod compaction;
 mod config;
+mod counts;
 mod disk;
 mod doubts;
 mod error;
@@ -54,7 +55,7 @@ mod watermarks;
 mod writing;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use parking_lot::Mutex;
 
@@ -106,6 +107,7 @@ macro_rules! registered_backends {
 }
 registered_backends!(store_backends!());
 
+use counts::{Counts, state_index};
 use group_commit::GroupCommit;
 use locks::{Locks, STRIPES};
 
@@ -131,7 +133,8 @@ pub struct KeyStore {
     locks: Locks,
     /// The completion batches whose writes are under way.
     under_way: claims::UnderWay,
-    counts: [AtomicI64; 3],
+    /// Records per state (`counts`).
+    counts: Counts,
     /// The keys of the `indeterminate` records per sink (`doubts`).
     doubts: doubts::Doubts,
     /// The backend's flushes, shared by the callers waiting at once (`group_commit`).
@@ -149,14 +152,6 @@ pub struct KeyStore {
     from_saved_filter: AtomicBool,
     /// The slices of the records, and the one new keys go to (`slices`).
     slices: slices::SliceTable,
-}
-
-fn state_index(s: State) -> usize {
-    match s {
-        State::InProgress => 0,
-        State::Completed => 1,
-        State::Indeterminate => 2,
-    }
 }
 
 /// Expiry-index key: the ms as an order-preserving big-endian u64, then the record key.
@@ -247,11 +242,7 @@ impl KeyStore {
 
     /// Records per state, kept up to date by every mutation.
     pub fn counts(&self) -> StateCounts {
-        StateCounts {
-            in_progress: self.counts[0].load(Ordering::Relaxed),
-            completed: self.counts[1].load(Ordering::Relaxed),
-            indeterminate: self.counts[2].load(Ordering::Relaxed),
-        }
+        self.counts.snapshot()
     }
 
     /// Group commits made so far: fsyncs of the claim journal and flushes of the backend
@@ -390,10 +381,10 @@ impl KeyStore {
             journal.release(key);
         }
         if let Some(c) = &current {
-            self.counts[state_index(c.state())].fetch_sub(1, Ordering::Relaxed);
+            self.counts.add(c.state(), -1);
         }
         if let Some(n) = new {
-            self.counts[state_index(n.state())].fetch_add(1, Ordering::Relaxed);
+            self.counts.add(n.state(), 1);
         }
         self.doubts.changed(key, current.as_ref(), new);
         Ok(())

@@ -2,8 +2,6 @@
 //! from where a clean stop saved them (`saved`); pages of records for export, stats and
 //! the index rebuild. Claims held by the claim journal are records too, merged in.
 
-use std::sync::atomic::Ordering;
-
 mod open;
 mod saved;
 
@@ -31,9 +29,7 @@ impl KeyStore {
     }
 
     pub(super) fn set_counts(&self, counts: [i64; 3]) {
-        for (i, c) in counts.iter().enumerate() {
-            self.counts[i].store(*c, Ordering::Relaxed);
-        }
+        self.counts.set(counts);
     }
 
     /// Calls `f` with every record, a page of up to `page_size` at a time, in key order.

@@ -38,7 +38,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::{DurableClaim, LockedStripes, Stripe};
 use crate::store::locks::Locks;
-use crate::store::{Completed, KeyStore, Op, Record, State, StoreError, Tree, index, presence, state_index};
+use crate::store::{Completed, KeyStore, Op, Record, State, StoreError, Tree, index, presence};
 
 /// The completion batches whose writes are under way, by number.
 #[derive(Debug)]
@@ -236,8 +236,8 @@ impl KeyStore {
             // Invariant 2 of `journal`: released only now that the completions are applied.
             journal.release_all(taken.iter().filter(|t| t.journaled).map(|t| t.key.as_str()));
         }
-        self.counts[state_index(State::InProgress)].fetch_sub(taken.len() as i64, Ordering::Relaxed);
-        self.counts[state_index(State::Completed)].fetch_add(taken.len() as i64, Ordering::Relaxed);
+        self.counts.add(State::InProgress, -(taken.len() as i64));
+        self.counts.add(State::Completed, taken.len() as i64);
         for t in taken.iter() {
             if let Some(sink) = &t.in_doubt_at {
                 self.doubts.completed(sink, &t.key);
