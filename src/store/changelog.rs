@@ -80,7 +80,7 @@ impl KeyStore {
         // No partition owned yet: none being written (invariant 9).
         let writing = WritingFile::create(&config.path, &of)?;
         let mut store = store;
-        store.capture = true;
+        store.changes.turn_on();
         store.owned_by_partition(of, writing);
         Ok((store, opened))
     }
@@ -103,7 +103,7 @@ impl KeyStore {
 
     /// Invariant 1: records a change; called under the key's stripe lock.
     pub(super) fn capture(&self, key: &str, value: Option<Vec<u8>>) {
-        if self.capture {
+        if self.changes.is_on() {
             self.changes.lock().push(Change { key: key.to_string(), value });
         }
     }
@@ -111,7 +111,7 @@ impl KeyStore {
     /// Invariant 1: records the tombstones of expired `keys`, if their partitions' expiries
     /// are this store's (`expiries`, invariant 5); called under the exclusive gate.
     pub(super) fn capture_expiries<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
-        if self.capture {
+        if self.changes.is_on() {
             let mut changes = self.changes.lock();
             for key in keys {
                 changes.push_expiry(key);
@@ -121,7 +121,7 @@ impl KeyStore {
 
     /// Records the record writes among `ops` (invariant 1).
     pub(super) fn capture_ops(&self, ops: &[Op]) {
-        if !self.capture {
+        if !self.changes.is_on() {
             return;
         }
         let mut changes = self.changes.lock();

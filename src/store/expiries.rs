@@ -24,7 +24,6 @@
 //! A store that is no changelog's cache captures every expiry (a store alone).
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 
 use super::changelog::Change;
 use super::ownership::Scope;
@@ -77,7 +76,7 @@ pub struct Restoring<'a>(&'a KeyStore);
 
 impl Drop for Restoring<'_> {
     fn drop(&mut self) {
-        self.0.restores.fetch_sub(1, Ordering::AcqRel);
+        self.0.changes.restore_ended();
     }
 }
 
@@ -90,13 +89,13 @@ impl KeyStore {
     /// Marks a restore as running until the guard is dropped: no compaction chunk starts
     /// meanwhile (invariant 6).
     pub fn restoring(&self) -> Restoring<'_> {
-        self.restores.fetch_add(1, Ordering::AcqRel);
+        self.changes.restore_began();
         Restoring(self)
     }
 
     /// Whether a restore is running (invariant 6).
     pub(super) fn restore_running(&self) -> bool {
-        self.restores.load(Ordering::Acquire) > 0
+        self.changes.restore_running()
     }
 
     /// Captures the tombstone of each of `keys` that holds no record, as an expiry

@@ -10,11 +10,14 @@
 //!    one per range of key hashes, holding the claims and the presence filter of their keys:
 //!    several at once only in ascending order (a claim batch), so batches cannot deadlock;
 //!    a completion batch's backend write is made with none held (`claims::completions`);
-//! 3. leaves, taken last and never two at once: the **index entry** lock
+//! 3. leaves, inside which no lock of 1–3 is taken: the **index entry** lock
 //!    ([`Locks::index_entry`], inside a stripe while an expiry-index entry shared by several
-//!    keys is rewritten), the captured changes (`KeyStore::changes`, inside a stripe or the
-//!    exclusive gate) and the group commit's last flush (`group_commit`, taken with no
-//!    other lock held).
+//!    keys is rewritten), the **capture** lock (`capture`: the changes captured for the
+//!    changelog and the partitions owned; inside a stripe or the exclusive gate) and the
+//!    **group commit**'s (`group_commit`, held while the backend flushes);
+//! 4. the parts' own locks, with no lock of 1–3 taken inside them: the keys in doubt
+//!    (`doubts`), the live slices (`slices`, held through a turn of the slices) and the
+//!    claim journal's (`journal`).
 //!
 //! Waiting for a stripe's completions to land ([`Locks::wait_settled`]) releases that stripe
 //! meanwhile and takes it back, as a condition variable does.

@@ -26,6 +26,7 @@
 mod backend;
 mod backends;
 mod bulk;
+mod capture;
 mod changelog;
 mod claims;
 mod compaction;
@@ -55,9 +56,7 @@ mod watermarks;
 mod writing;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
-
-use parking_lot::Mutex;
+use std::sync::atomic::AtomicBool;
 
 use backends::store_backends;
 
@@ -107,6 +106,7 @@ macro_rules! registered_backends {
 }
 registered_backends!(store_backends!());
 
+use capture::Capture;
 use counts::{Counts, state_index};
 use group_commit::GroupCommit;
 use locks::{Locks, STRIPES};
@@ -139,12 +139,9 @@ pub struct KeyStore {
     doubts: doubts::Doubts,
     /// The backend's flushes, shared by the callers waiting at once (`group_commit`).
     group_commit: GroupCommit,
-    /// Whether changes are captured for a changelog (see `changelog`).
-    capture: bool,
-    /// The captured changes not yet taken (see `changelog` and `expiries`).
-    changes: Mutex<expiries::Captured>,
-    /// Restores running (`expiries`, invariant 6).
-    restores: AtomicUsize,
+    /// Whether changes are captured for a changelog, those not yet taken and the partitions
+    /// owned, and the restores running (`capture`).
+    changes: Capture,
     /// The store's directory, where the presence filter is saved at a clean stop
     /// (`scan::saved`); `None` for a store over a bare backend.
     dir: Option<PathBuf>,
@@ -222,9 +219,7 @@ impl KeyStore {
             counts: Default::default(),
             doubts: Default::default(),
             group_commit: GroupCommit::default(),
-            capture: false,
-            changes: Mutex::new(expiries::Captured::default()),
-            restores: AtomicUsize::new(0),
+            changes: Capture::default(),
             dir,
             from_saved_filter: AtomicBool::new(false),
         };

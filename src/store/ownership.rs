@@ -78,7 +78,7 @@ impl KeyStore {
     /// ownership (invariant 8), and says why the first other one is refused; call it under
     /// the shared gate, before writing anything.
     pub(super) fn owned_only<T>(&self, items: Vec<T>, key_of: impl Fn(&T) -> &str) -> (Vec<T>, Option<StoreError>) {
-        if !self.capture {
+        if !self.changes.is_on() {
             return (items, None);
         }
         let captured = self.changes.lock();
@@ -101,7 +101,7 @@ impl KeyStore {
     /// Refuses a write of any of `keys` whose partition the store does not own (invariant
     /// 8); call it under the shared gate, before writing anything.
     pub(super) fn check_owned<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> Result<(), StoreError> {
-        if !self.capture {
+        if !self.changes.is_on() {
             return Ok(());
         }
         let captured = self.changes.lock();
