@@ -64,11 +64,6 @@ impl Problems {
         self.at = outer;
     }
 
-    /// Whether nothing was found.
-    pub fn is_empty(&self) -> bool {
-        self.found.is_empty()
-    }
-
     /// Everything found, in the order it was checked.
     pub fn into_vec(self) -> Vec<Problem> {
         self.found

@@ -197,19 +197,22 @@ impl KafkaConfig {
     /// `[kafka]` on its own, keys under `problems`' `kafka`: non-empty names, no loops from
     /// results to input, no property that dedupd sets itself.
     pub fn validate(&self, problems: &mut Problems) {
-        let k = self;
-        validate_bootstrap(&k.bootstrap_servers, problems);
-        if k.group_id.trim().is_empty() {
+        validate_bootstrap(&self.bootstrap_servers, problems);
+        if self.group_id.trim().is_empty() {
             problems.add("group_id", "\"\"", "must not be empty");
         }
-        if k.input_topics.is_empty() || k.input_topics.iter().any(|t| t.trim().is_empty()) {
-            problems.add("input_topics", format!("[{}]", k.input_topics.join(", ")), "must list non-empty topic names");
+        if self.input_topics.is_empty() || self.input_topics.iter().any(|t| t.trim().is_empty()) {
+            problems.add(
+                "input_topics",
+                format!("[{}]", self.input_topics.join(", ")),
+                "must list non-empty topic names",
+            );
         }
-        for (key, topic) in [("results_topic", &k.results_topic), ("dead_letter_topic", &k.dead_letter_topic)] {
+        for (key, topic) in [("results_topic", &self.results_topic), ("dead_letter_topic", &self.dead_letter_topic)] {
             if topic.trim().is_empty() {
                 problems.add(key, "\"\"", "must not be empty");
             }
-            if k.input_topics.contains(topic) {
+            if self.input_topics.contains(topic) {
                 problems.add(
                     key,
                     topic,
@@ -218,15 +221,15 @@ impl KafkaConfig {
             }
         }
         for forbidden in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
-            if k.consumer.contains_key(forbidden) {
+            if self.consumer.contains_key(forbidden) {
                 problems.add(
                     &format!("consumer.\"{forbidden}\""),
-                    &k.consumer[forbidden],
+                    &self.consumer[forbidden],
                     "is set by dedupd itself; use the dedicated key",
                 );
             }
         }
-        for (property, value) in k.connection.per_client_properties() {
+        for (property, value) in self.connection.per_client_properties() {
             problems.push(Problem {
                 key: crate::connection::key_of(&format!("{}.connection", problems.at()), property),
                 value,
@@ -234,7 +237,7 @@ impl KafkaConfig {
             });
         }
         for forbidden in ["bootstrap.servers", "enable.idempotence", "acks", "transactional.id"] {
-            if let Some(value) = k.producer.get(forbidden) {
+            if let Some(value) = self.producer.get(forbidden) {
                 problems.add(
                     &format!("producer.\"{forbidden}\""),
                     crate::connection::shown_text(forbidden, value),
@@ -242,18 +245,18 @@ impl KafkaConfig {
                 );
             }
         }
-        if k.connect_timeout.is_zero() {
+        if self.connect_timeout.is_zero() {
             problems.add("connect_timeout", "0s", "must be positive");
         }
-        if k.transaction_interval.is_zero() {
+        if self.transaction_interval.is_zero() {
             problems.add("transaction_interval", "0s", "must be positive");
         }
         // Measured (docs/decisions.md, "Rebalance protocol"): under the classic protocol's
         // cooperative assignor, the broker refuses the transaction committed on a revoke, so
         // every rebalance fenced and restarted an instance, and left keys indeterminate.
-        let classic = k.consumer.get("group.protocol").is_none_or(|p| p.trim().eq_ignore_ascii_case("classic"));
-        if let Some(strategy) = k.consumer.get("partition.assignment.strategy")
-            && k.transactional_results
+        let classic = self.consumer.get("group.protocol").is_none_or(|p| p.trim().eq_ignore_ascii_case("classic"));
+        if let Some(strategy) = self.consumer.get("partition.assignment.strategy")
+            && self.transactional_results
             && classic
             && strategy.contains("cooperative")
         {
