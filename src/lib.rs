@@ -13,6 +13,8 @@
 //! - [`cli`]: the command line: `run`, `check-config`, `demo` and the operator commands.
 //! - [`demo`]: `dedupd demo`, the whole product on librdkafka's mock cluster.
 //! - [`pipeline`]: `dedupd run`: consumer thread, partition table, workers, publisher, purge.
+//! - [`intake`]: the HTTP intake (`[intake]`): a command posted with an `Idempotency-Key`
+//!   is produced into the pipeline and answered with its result; RFC 9457 problems.
 //! - [`config`]: the TOML file composed of every section's type, env overrides, validation
 //!   naming the key.
 //! - [`ops`]: the HTTP listener (metrics, health, liveness, admin API, `/v1/status`) and the
@@ -56,6 +58,7 @@ pub mod demo;
 pub mod engine;
 pub mod envelope;
 pub mod fingerprint;
+pub mod intake;
 pub mod log;
 pub mod ops;
 pub mod outcome;

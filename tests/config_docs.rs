@@ -43,6 +43,7 @@ fn leaves(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, toml::Value>
                 let path = match prefix {
                     "" => k.clone(),
                     "sinks" => "sinks.NAME".to_string(),
+                    "intake.clients" => "intake.clients.NAME".to_string(),
                     p => format!("{p}.{k}"),
                 };
                 leaves(&path, v, out);
@@ -97,6 +98,13 @@ fn every_key_set() -> Config {
     c.store.cache_bytes = dedupd::store::CacheSize(std::num::NonZeroU64::new(64 << 20));
     c.store.changelog_topic = Some("dedupd.dedupd-state".into());
     c.pipeline.max_in_flight = std::num::NonZeroUsize::new(64);
+    c.intake = Some(intake_with_defaults());
+    if let Some(intake) = &mut c.intake {
+        intake.topic = Some("commands".into());
+        for client in intake.clients.values_mut() {
+            client.burst = Some(10);
+        }
+    }
     c.sinks.insert(
         "api".into(),
         SinkConfig::Http(HttpSinkConfig {
@@ -148,8 +156,10 @@ fn every_route_sink_and_optional_key_is_documented() {
         if !documented.contains(&key.as_str()) {
             missing.push(key.clone());
         }
-        // A key with no serialized default must say so in the doc.
+        // A key with no serialized default must say so in the doc (the optional
+        // `[intake]`'s defaults are held by `the_intakes_defaults_are_documented`).
         if !defaults.contains_key(key)
+            && !key.starts_with("intake.")
             && let Some(row) = rows.iter().find(|r| &r.key == key)
         {
             assert!(
@@ -180,7 +190,7 @@ fn the_documented_defaults_load_as_a_config() {
         let (Some(value), Some((section, key))) = (doc_value(&row.default), row.key.split_once('.')) else {
             continue;
         };
-        if section == "sinks" || section == "routes[]" {
+        if section == "sinks" || section == "routes[]" || section == "intake" {
             continue;
         }
         let entry = table.entry(section.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
@@ -189,4 +199,31 @@ fn the_documented_defaults_load_as_a_config() {
     let text = toml::to_string(&table).expect("render");
     let loaded = Config::from_toml_str(&text, Vec::<(String, String)>::new()).expect("documented defaults load");
     assert_eq!(serialized(&loaded), serialized(&Config::default()));
+}
+
+/// `[intake]` as written with only its required keys: what the code fills in.
+fn intake_with_defaults() -> dedupd::intake::IntakeConfig {
+    let text = "listen = \"127.0.0.1:8080\"\n[clients.NAME]\napi_key = \"0123456789abcdef\"\n";
+    toml::from_str(text).expect("a minimal [intake]")
+}
+
+#[test]
+fn the_intakes_defaults_are_documented() {
+    let rows = doc_rows();
+    let mut c = Config::default();
+    c.intake = Some(intake_with_defaults());
+    let mut problems = Vec::new();
+    for (key, code) in serialized(&c).into_iter().filter(|(k, _)| k.starts_with("intake.")) {
+        let Some(row) = rows.iter().find(|r| r.key == key) else {
+            problems.push(format!("`{key}` is not in docs/config.md"));
+            continue;
+        };
+        let required = ["intake.listen", "intake.clients.NAME.api_key"].contains(&key.as_str());
+        match doc_value(&row.default) {
+            None if required && row.default.contains("required") => {}
+            Some(d) if !required && same_default(&d, &code) => {}
+            other => problems.push(format!("`{key}`: docs/config.md says {other:?}, the code's default is {code}")),
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

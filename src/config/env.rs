@@ -33,8 +33,20 @@ use super::ConfigError;
 const CLI_VARIABLES: [&str; 4] = ["CONFIG", "ADMIN_TOKEN", "ADMIN_URL", "LOG"];
 
 /// The config's sections (the top-level keys of [`super::Config`]), lowercase.
-pub(super) const SECTIONS: [&str; 11] =
-    ["kafka", "envelope", "limits", "store", "pipeline", "retry", "sinks", "routes", "http", "log", "telemetry"];
+pub(super) const SECTIONS: [&str; 12] = [
+    "kafka",
+    "envelope",
+    "limits",
+    "store",
+    "pipeline",
+    "retry",
+    "sinks",
+    "routes",
+    "http",
+    "log",
+    "telemetry",
+    "intake",
+];
 
 /// Sections whose keys are names the operator chooses (a sink's), or a list: any
 /// `SECTION__REST` is one, so one underscore says nothing of what was meant.

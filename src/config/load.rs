@@ -106,6 +106,10 @@ impl Config {
         validate_sizes(self, &mut problems);
         problems.within("http", |p| self.http.validate(p));
         problems.within("log", |p| self.log.validate(p));
+        if let Some(intake) = &self.intake {
+            problems.within("intake", |p| intake.validate(p));
+            validate_intake(self, intake, &mut problems);
+        }
         problems.into_vec().into_iter().map(ConfigError::from).collect()
     }
 }
@@ -161,6 +165,45 @@ fn validate_changelog(c: &Config, problems: &mut Problems) {
             reset,
             "must be earliest under store.changelog without kafka.copartitioned: the by-key topic is read by the same consumer, and a partition of it with no committed offset read from its end loses the commands forwarded to it",
         );
+    }
+}
+
+/// `[intake]` against the rest: it produces native envelopes to an input topic, with the
+/// key where `envelope.key` looks, on a listener of its own.
+fn validate_intake(c: &Config, intake: &crate::intake::IntakeConfig, problems: &mut Problems) {
+    use crate::envelope::{EnvelopeFormat, KeySource};
+    if let Some(topic) = &intake.topic
+        && !c.kafka.input_topics.contains(topic)
+    {
+        problems.add(
+            "intake.topic",
+            topic,
+            "must be one of kafka.input_topics (the pipeline runs what the intake produces)",
+        );
+    }
+    let format = match c.envelope.format {
+        EnvelopeFormat::ToolCall => Some("tool_call"),
+        EnvelopeFormat::Cloudevents => Some("cloudevents"),
+        EnvelopeFormat::Auto | EnvelopeFormat::Native => None,
+    };
+    if let Some(format) = format {
+        problems.add(
+            "envelope.format",
+            format,
+            "must be auto or native with [intake]: the intake produces native envelopes",
+        );
+    }
+    if let KeySource::JsonPointer(pointer) = &c.envelope.key
+        && pointer != "/id"
+    {
+        problems.add(
+            "envelope.key",
+            &c.envelope.key,
+            "must not be a JSON pointer other than /id with [intake]: the intake's envelopes carry the key in id",
+        );
+    }
+    if intake.listen == c.http.listen && intake.listen.port() != 0 {
+        problems.add("intake.listen", intake.listen, "must not be http.listen: the intake has a listener of its own");
     }
 }
 

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::RetryConfig;
 use crate::envelope::{EnvelopeConfig, LimitsConfig};
+use crate::intake::IntakeConfig;
 use crate::log::LogConfig;
 use crate::ops::HttpConfig;
 use crate::pipeline::config::{
@@ -133,6 +134,8 @@ pub struct Config {
     pub log: LogConfig,
     /// OpenTelemetry traces.
     pub telemetry: TelemetryConfig,
+    /// The HTTP intake; off unless the section is present.
+    pub intake: Option<IntakeConfig>,
     /// The keys `DEDUPD_*` variables set, as errors spell them, with their variables: a
     /// problem with one of them names the variable, not the file.
     #[serde(skip)]

@@ -1,5 +1,5 @@
 //! What serves beside the consumer until `run` stops: the HTTP listener (metrics, health,
-//! the admin API), TTL compaction (`purge`), the reconciler of keys in doubt (`reconcile`)
+//! the admin API), the intake (`[intake]`), TTL compaction (`purge`), the reconciler of keys in doubt (`reconcile`)
 //! and the circuit gauges.
 
 use std::net::SocketAddr;
@@ -10,13 +10,25 @@ use tokio_util::sync::CancellationToken;
 
 use super::partitions::CurrentTable;
 use super::reconcile::{Owner, Reconciler};
-use super::{Core, PipelineError, SinksByName, changelog, circuits, purge};
+use super::{Core, PipelineError, SinksByName, changelog, circuits, door, purge};
 use crate::config::Config;
 
-/// What serves beside the consumer until `stop`: HTTP, purge and the circuit gauges.
+/// The listeners `run` binds once, so that their addresses outlive a restart after a fence.
+#[derive(Clone, Copy)]
+pub(super) struct Listeners<'a> {
+    /// Metrics, health and the admin API.
+    pub(super) http: &'a std::net::TcpListener,
+    /// The intake's, when `[intake]` is on.
+    pub(super) intake: Option<&'a std::net::TcpListener>,
+}
+
+/// What serves beside the consumer until `stop`: HTTP, the intake, purge and the circuit
+/// gauges.
 pub(super) struct Background {
     pub(super) http_addr: SocketAddr,
+    pub(super) intake_addr: Option<SocketAddr>,
     http: JoinHandle<()>,
+    intake: Option<JoinHandle<()>>,
     purge: JoinHandle<()>,
     reconcile: JoinHandle<()>,
     /// The running consumer's partition table, which the reconciler asks whose keys are
@@ -28,7 +40,7 @@ pub(super) struct Background {
 impl Background {
     pub(super) async fn start(
         config: &Config,
-        listener: &std::net::TcpListener,
+        listeners: Listeners<'_>,
         core: &Core,
         sinks: SinksByName,
         stop: &CancellationToken,
@@ -67,13 +79,20 @@ impl Background {
         let metrics = Arc::clone(&core.metrics);
         let stopped = stop.clone().cancelled_owned();
         let (http_addr, http) =
-            crate::ops::serve_with_admin(listener, metrics, Arc::clone(&core.health), admin, stopped)
+            crate::ops::serve_with_admin(listeners.http, metrics, Arc::clone(&core.health), admin, stopped)
                 .await
                 .map_err(|e| PipelineError::Ops(e.to_string()))?;
         // The listener's own errors end it; `run` goes on draining regardless.
         let http = tokio::spawn(async move {
             let _ = http.await;
         });
+        let (intake_addr, intake) = match (&config.intake, listeners.intake) {
+            (Some(intake), Some(listener)) => {
+                let (addr, task) = door::serve(config, intake, listener, core, stop).await?;
+                (Some(addr), Some(task))
+            }
+            _ => (None, None),
+        };
         let purge = tokio::spawn(purge::run(
             Arc::clone(&core.store),
             Arc::clone(&core.metrics),
@@ -82,7 +101,7 @@ impl Background {
             config.store.clone(),
             stop.clone(),
         ));
-        Ok(Background { http_addr, http, purge, reconcile, current_table, circuit_gauges })
+        Ok(Background { http_addr, intake_addr, http, intake, purge, reconcile, current_table, circuit_gauges })
     }
 
     /// Waits for every task once `stop` is cancelled.
@@ -90,6 +109,9 @@ impl Background {
         let _ = self.purge.await;
         let _ = self.reconcile.await;
         let _ = self.http.await;
+        if let Some(intake) = self.intake {
+            let _ = intake.await;
+        }
         for gauge in self.circuit_gauges {
             let _ = gauge.await;
         }

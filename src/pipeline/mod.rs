@@ -33,8 +33,9 @@
 //!   before it is processed.
 //! - `hop`: under `store.changelog` without `kafka.copartitioned`, the by-key topic's
 //!   records (a forward and the input it was made of) and its purge.
-//! - `background`: what serves beside the consumer until `run` stops (HTTP, purge, the
-//!   reconciler, the circuit gauges).
+//! - `background`: what serves beside the consumer until `run` stops (HTTP, the intake,
+//!   purge, the reconciler, the circuit gauges). `door`: the intake's Kafka clients and its
+//!   serving for a run. `error`: `PipelineError`.
 //! - `reconcile`: every `check.interval`, the `indeterminate` keys of sinks with a check
 //!   taken up again (their check asked), and their settlements published.
 //! - `metered`: sinks wrapped to report call metrics. `purge`: TTL compaction and store
@@ -54,6 +55,8 @@ mod connect;
 mod consumer;
 mod control;
 mod describe;
+mod door;
+mod error;
 mod hop;
 mod metered;
 mod partitions;
@@ -76,57 +79,20 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::engine::{Clock, Engine, EngineError, EngineParts, SystemClock};
+use crate::engine::{Clock, Engine, EngineParts, SystemClock};
 use crate::ops::{Health, Metrics};
 use crate::sinks::{self, Sink};
-use crate::store::{KeyStore, StoreError};
-use background::Background;
+use crate::store::KeyStore;
+use background::{Background, Listeners};
 use connect::ClusterSetup;
 use restart::{Ended, Kept, restart_after_fence};
 
 pub use changelog::state_partition;
 pub use config::{KafkaConfig, PipelineConfig};
 pub use consumer::consumer_config;
+pub use error::PipelineError;
 pub(crate) use publish::producer_config_with;
 pub use publish::{Publisher, producer_config};
-
-/// A failure that stops `dedupd run`.
-#[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
-    /// The store could not be opened or failed.
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
-    /// Kafka client setup failed.
-    #[error("kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
-    /// A `[kafka.connection]` value could not be read.
-    #[error("{0}")]
-    Connection(#[from] crate::connection::ConnectionError),
-    /// The cluster did not answer in time or refused the client.
-    #[error("kafka: {0}")]
-    Connect(#[from] crate::connection::probe::ConnectError),
-    /// A sink could not be built.
-    #[error("sink: {0}")]
-    Sink(#[from] sinks::SinkBuildError),
-    /// The engine could not be built.
-    #[error("engine: {0}")]
-    Engine(#[from] EngineError),
-    /// Routes did not compile.
-    #[error("routes: {0}")]
-    Routes(#[from] crate::routes::RouteError),
-    /// Metrics or the HTTP listener failed.
-    #[error("{0}")]
-    Ops(String),
-    /// Transactional publishing could not start.
-    #[error("kafka: {0}")]
-    Transactions(String),
-    /// The changelog topic could not be found, made or used (`store.changelog`).
-    #[error("changelog: {0}")]
-    Changelog(String),
-    /// A worker hit a fatal error (logged); the process stopped after draining.
-    #[error("stopped after a fatal error in a worker (see the log)")]
-    Fatal,
-}
 
 /// Options of `dedupd run` that are not config.
 #[derive(Debug, Clone, Default)]
@@ -191,10 +157,12 @@ pub async fn run(
         );
     }
     let listener = crate::ops::bind(config.http.listen).map_err(|e| PipelineError::Ops(e.to_string()))?;
+    let intake_listener = config.intake.as_ref().map(|i| crate::intake::bind(i.listen)).transpose()?;
+    let listeners = Listeners { http: &listener, intake: intake_listener.as_ref() };
     let mut on_start = Some(on_start);
     let mut kept = Kept::default();
     let ended = loop {
-        match run_once(&config, &options, &shutdown_requested, (&listener, &mut kept), &mut on_start).await {
+        match run_once(&config, &options, &shutdown_requested, (listeners, &mut kept), &mut on_start).await {
             Ok(Ended::Fenced(store)) if !shutdown_requested.is_cancelled() => {
                 if !kept.fences.allows(std::time::Instant::now()) {
                     tracing::error!(
@@ -230,10 +198,10 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     config: &Config,
     options: &RunOptions,
     shutdown: &CancellationToken,
-    (listener, kept): (&std::net::TcpListener, &mut Kept),
+    (listeners, kept): (Listeners<'_>, &mut Kept),
     on_start: &mut Option<F>,
 ) -> Result<Ended, PipelineError> {
-    let starting = starting::StartingServer::start(listener)?;
+    let starting = starting::StartingServer::start(listeners.http)?;
     let setup = ClusterSetup::read(config).await?;
     let (core, sinks) = Core::build(config, setup.found(), kept.metrics.clone())?;
     kept.metrics = Some(Arc::clone(&core.metrics));
@@ -242,7 +210,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     // a worker; `consumer_stop` ends the consumer.
     let (stop, fatal, consumer_stop) = (CancellationToken::new(), CancellationToken::new(), CancellationToken::new());
     starting.hand_over().await;
-    let background = Background::start(config, listener, &core, sinks, &stop).await?;
+    let background = Background::start(config, listeners, &core, sinks, &stop).await?;
     // Under the by-key hop: what the group committed leaves the by-key topic.
     let purge = purger.clone().map(|p| tokio::spawn(hop::purge_every(p, stop.clone())));
     let own_id = core.transactions.as_ref().map(|t| t.id());
@@ -258,7 +226,7 @@ async fn run_once<F: FnOnce(&Running) + Send>(
     if let Some(on_start) = on_start.take() {
         on_start(&core.running(background.http_addr));
     }
-    tracing::info!(http_addr = %background.http_addr, backend = core.store.backend_name(), "dedupd running");
+    tracing::info!(http_addr = %background.http_addr, intake_addr = background.intake_addr.map(|a| a.to_string()), backend = core.store.backend_name(), "dedupd running");
 
     tokio::select! {
         () = shutdown.cancelled() => tracing::info!("shutdown requested: draining"),

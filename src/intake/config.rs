@@ -1,0 +1,123 @@
+//! The `[intake]` section: the HTTP door in front of the pipeline (docs/intake.md). Off
+//! unless the section is present.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::connection::PropertyValue;
+use crate::problems::Problems;
+
+/// The intake's listener, limits and clients.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntakeConfig {
+    /// Address of the intake's own listener (never the metrics and admin one).
+    pub listen: SocketAddr,
+    /// The input topic requests are produced to: one of `kafka.input_topics`; the first of
+    /// them when unset.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// How long a request waits for its command's result before it is answered 202 with
+    /// the place to poll.
+    #[serde(default = "default_wait", with = "humantime_serde")]
+    pub wait: Duration,
+    /// Largest request body, in bytes; a larger one is refused with 413.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Who may call, by name: each client's API key and rate. A client's idempotency keys
+    /// are its own.
+    #[serde(default)]
+    pub clients: BTreeMap<String, IntakeClient>,
+}
+
+/// One client of the intake.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntakeClient {
+    /// The API key it sends as `Authorization: Bearer KEY`: written, `{ env = "NAME" }` or
+    /// `{ file = "PATH" }`.
+    pub api_key: PropertyValue,
+    /// Requests per second it may make on average; past it, 429 with `Retry-After`.
+    #[serde(default = "default_rate")]
+    pub rate_per_second: u32,
+    /// Requests it may make at once after a quiet period; `rate_per_second` when unset.
+    #[serde(default)]
+    pub burst: Option<u32>,
+}
+
+fn default_wait() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_max_body_bytes() -> usize {
+    1024 * 1024
+}
+
+fn default_rate() -> u32 {
+    100
+}
+
+/// Shortest API key accepted: a key guessable in a few tries is no key.
+pub const MIN_API_KEY_CHARS: usize = 16;
+
+impl IntakeClient {
+    /// The bucket size: `burst`, else the rate (never 0: validation refuses a 0 rate).
+    pub fn burst(&self) -> NonZeroU32 {
+        NonZeroU32::new(self.burst.unwrap_or(self.rate_per_second)).unwrap_or(NonZeroU32::MIN)
+    }
+}
+
+impl IntakeConfig {
+    /// `[intake]` on its own, keys under `problems`' `intake`. Keys read from the
+    /// environment or files are read now, so that a missing secret stops the start.
+    pub fn validate(&self, problems: &mut Problems) {
+        if self.wait.is_zero() {
+            problems.add("wait", "0s", "must be positive");
+        }
+        if self.max_body_bytes == 0 {
+            problems.add("max_body_bytes", 0, "must be positive");
+        }
+        if self.clients.is_empty() {
+            problems.add("clients", "{}", "must name at least one client: the intake answers only clients it knows");
+        }
+        let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+        for (name, client) in &self.clients {
+            if name.is_empty() || name.contains('/') || name.chars().any(char::is_control) {
+                problems.add(
+                    &format!("clients.{name:?}"),
+                    format!("{name:?}"),
+                    "a client's name must be non-empty, without '/' or control characters",
+                );
+            }
+            problems.within(&format!("clients.{name}"), |p| client.validate(name, &mut seen, p));
+        }
+    }
+}
+
+impl IntakeClient {
+    fn validate<'a>(&self, name: &'a str, seen: &mut BTreeMap<String, &'a str>, problems: &mut Problems) {
+        if self.rate_per_second == 0 {
+            problems.add("rate_per_second", 0, "must be positive");
+        }
+        if self.burst == Some(0) {
+            problems.add("burst", 0, "must be positive");
+        }
+        match self.api_key.resolve() {
+            Err(e) => problems.add("api_key", self.api_key.shown(true), e.to_string()),
+            Ok(key) if key.chars().count() < MIN_API_KEY_CHARS => problems.add(
+                "api_key",
+                self.api_key.shown(true),
+                format!("must be at least {MIN_API_KEY_CHARS} characters"),
+            ),
+            Ok(key) => {
+                if let Some(other) = seen.insert(key, name) {
+                    problems.add("api_key", self.api_key.shown(true), format!("is also intake.clients.{other}'s"));
+                }
+            }
+        }
+    }
+}

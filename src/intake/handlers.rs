@@ -1,0 +1,191 @@
+//! The intake's two routes: `POST /v1/commands/{type}` (a command, answered with its
+//! result) and `GET /v1/commands/{key}` (a key's state and stored result).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::clients::Refused;
+use super::key::{self, KeyError};
+use super::problem::{Cause, Problem};
+use super::results::Ticket;
+use super::{Door, answer, record};
+use crate::outcome::SourceRef;
+use crate::time::{Clock, SystemClock};
+
+/// How long a client is told to wait before asking again about a key in flight.
+const RETRY_AFTER_SECS: &str = "1";
+
+/// Characters of a key left as they are in a `Location` path segment (RFC 3986 unreserved).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// `POST /v1/commands/{type}`.
+pub async fn submit(
+    State(door): State<Arc<Door>>,
+    Path(kind): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    door.submit(&kind, &headers, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /v1/commands/{key}`.
+pub async fn state(State(door): State<Arc<Door>>, Path(key): Path<String>, headers: HeaderMap) -> Response {
+    door.state(&key, &headers).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Where `key`'s state is read.
+pub fn location_of(key: &str) -> String {
+    format!("/v1/commands/{}", utf8_percent_encode(key, SEGMENT))
+}
+
+impl Door {
+    async fn submit(self: &Arc<Self>, kind: &str, headers: &HeaderMap, body: Body) -> Result<Response, Problem> {
+        let deadline = Instant::now() + self.wait;
+        let client = self.admit(headers)?;
+        json_content(headers)?;
+        let key = idempotency_key(headers)?;
+        let scoped = key::scoped(client, &key).map_err(bad_key)?;
+        let body = axum::body::to_bytes(body, self.max_body_bytes).await.map_err(|_| {
+            Problem::new(Cause::TooLarge, format!("the body is over intake.max_body_bytes = {}", self.max_body_bytes))
+        })?;
+        let produced = record::build(&self.checks, (client, &scoped), kind, &body, headers)?;
+        let ticket = self.waiters.enter(&scoped).ok_or_else(|| {
+            Problem::new(Cause::InFlight, format!("a request with the key {} is still being processed", quoted(&key)))
+                .header(header::RETRY_AFTER, RETRY_AFTER_SECS)
+        })?;
+        let source = self.produce(&produced, deadline).await?;
+        let location = location_of(&key);
+        tokio::select! {
+            result = tokio::time::timeout_at(deadline, ticket.result_of(&source)) => match result {
+                Ok(result) => Ok(answer::of_result(&result, &location)),
+                Err(_) => Ok(self.accepted(ticket, source, &key, &location)),
+            },
+            () = self.stop.cancelled() => Ok(self.accepted(ticket, source, &key, &location)),
+        }
+    }
+
+    /// The request's client, or why it may not call.
+    fn admit(&self, headers: &HeaderMap) -> Result<&str, Problem> {
+        self.clients.admit(headers).map_err(|refused| match refused {
+            Refused::Unknown => {
+                Problem::new(Cause::Unauthorized, "send a client's API key as Authorization: Bearer KEY")
+                    .header(header::WWW_AUTHENTICATE, "Bearer")
+            }
+            Refused::RateLimited(wait) => {
+                let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                Problem::new(Cause::RateLimited, "this client's intake.clients rate is used up")
+                    .header(header::RETRY_AFTER, &secs.max(1).to_string())
+            }
+        })
+    }
+
+    /// Hands the record to Kafka (`acks=all`, idempotent): where it landed, the source
+    /// its result names.
+    async fn produce(&self, produced: &record::Produced, deadline: Instant) -> Result<SourceRef, Problem> {
+        let mut headers = OwnedHeaders::new_with_capacity(produced.headers.len());
+        for (name, value) in &produced.headers {
+            headers = headers.insert(Header { key: name, value: value.as_deref() });
+        }
+        let record =
+            FutureRecord::to(&self.topic).key(produced.key.as_bytes()).payload(&produced.value).headers(headers);
+        let queue_timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        match self.producer.send(record, queue_timeout).await {
+            Ok(delivery) => {
+                Ok(SourceRef { topic: self.topic.clone(), partition: delivery.partition, offset: delivery.offset })
+            }
+            Err((e, _)) => {
+                tracing::warn!(topic = %self.topic, error = %e, "intake: producing a command");
+                Err(Problem::new(Cause::Unavailable, format!("the command could not be handed to Kafka: {e}"))
+                    .header(header::RETRY_AFTER, RETRY_AFTER_SECS))
+            }
+        }
+    }
+
+    /// 202: the command is accepted and its result not yet known. The key stays held (a
+    /// repeat is told 409) until its result arrives or the intake stops.
+    fn accepted(self: &Arc<Self>, ticket: Ticket, source: SourceRef, key: &str, location: &str) -> Response {
+        let stop = self.stop.clone();
+        let body = json!({"key": key, "state": "accepted", "location": location, "source": source});
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = ticket.result_of(&source) => {}
+                () = stop.cancelled() => {}
+            }
+        });
+        let mut response = (StatusCode::ACCEPTED, body.to_string()).into_response();
+        let h = response.headers_mut();
+        h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+        if let Ok(value) = header::HeaderValue::from_str(location) {
+            h.insert(header::LOCATION, value);
+        }
+        response
+    }
+
+    async fn state(self: &Arc<Self>, key: &str, headers: &HeaderMap) -> Result<Response, Problem> {
+        let client = self.admit(headers)?.to_string();
+        let scoped = key::scoped(&client, key).map_err(bad_key)?;
+        if let Some(owner) = &self.owner {
+            owner.check(&scoped).map_err(|why| Problem::new(Cause::NotOwner, why))?;
+        }
+        let store = Arc::clone(&self.store);
+        let lookup = scoped.clone();
+        let record = tokio::task::spawn_blocking(move || store.get(&lookup))
+            .await
+            .map_err(|e| Problem::new(Cause::Internal, e.to_string()))?
+            .map_err(|e| Problem::new(Cause::Internal, e.to_string()))?;
+        let Some(record) = record else {
+            return Err(Problem::new(Cause::NotFound, format!("the key {} has no record", quoted(key))));
+        };
+        let mut doc = crate::store::record_json(&scoped, &record, SystemClock.now_ms());
+        if let Value::Object(fields) = &mut doc {
+            fields.insert("key".into(), Value::from(key));
+            fields.insert("client".into(), Value::from(client));
+        }
+        let mut response = axum::Json(doc).into_response();
+        if self.waiters.holds(&scoped) {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static(RETRY_AFTER_SECS));
+        }
+        Ok(response)
+    }
+}
+
+/// Refuses a body that is not JSON by its `Content-Type` (`application/json` or `+json`).
+fn json_content(headers: &HeaderMap) -> Result<(), Problem> {
+    let given = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let essence = given.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json")) {
+        Ok(())
+    } else {
+        Err(Problem::new(
+            Cause::UnsupportedMediaType,
+            format!("Content-Type is {}; send application/json", quoted(given)),
+        ))
+    }
+}
+
+/// The request's `Idempotency-Key`.
+fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
+    let given = headers.get("idempotency-key").ok_or_else(|| {
+        Problem::new(Cause::MissingIdempotencyKey, "send the command's key as Idempotency-Key: \"KEY\"")
+    })?;
+    key::parse(given.as_bytes()).map_err(bad_key)
+}
+
+fn bad_key(e: KeyError) -> Problem {
+    Problem::new(Cause::BadIdempotencyKey, e.to_string())
+}
+
+/// A key or value in a message, as a JSON string.
+fn quoted(text: &str) -> String {
+    Value::from(text).to_string()
+}

@@ -1,0 +1,148 @@
+//! The HTTP intake (`[intake]`, docs/intake.md): dedupd as the idempotency layer in front
+//! of an API. A client posts a command with an `Idempotency-Key`; the intake produces it to
+//! an input topic as a native envelope under the key scoped to the client, and answers with
+//! the result the pipeline publishes for that very record. So a request gets every rule of
+//! the Kafka path (the claim durable before the sink, the decision table, the answer rules
+//! of calls in doubt, the store on Kafka with its owners and fences) from the one pipeline,
+//! on whichever instance it arrives (docs/decisions.md, "The intake produces into the
+//! pipeline").
+//!
+//! - [`config`]: the `[intake]` section.
+//! - `clients`: API keys and rates. `key`: the `Idempotency-Key` header and its scoping.
+//! - `record`: a request as the record produced, checked by the pipeline's own parser.
+//! - `results`: the reader of the results topic and the requests waiting on it.
+//! - `answer`: a result record as the HTTP answer. `problem`: RFC 9457 problem documents.
+//! - `handlers`: the routes.
+
+pub mod config;
+
+mod answer;
+mod clients;
+mod handlers;
+mod key;
+mod problem;
+mod record;
+mod results;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::producer::FutureProducer;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::IntakeConfig;
+pub use record::{CLIENT_HEADER, Checks};
+
+use crate::ops::KeyOwner;
+use crate::store::KeyStore;
+use clients::Clients;
+use results::Waiters;
+
+/// Why the intake could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum IntakeError {
+    #[error("intake: cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("intake: intake.clients.{0}.api_key: {1}")]
+    ApiKey(String, crate::connection::ValueError),
+    #[error("intake: {0}")]
+    Kafka(String),
+    #[error(transparent)]
+    Results(#[from] results::ReaderError),
+}
+
+/// Binds the intake's listener (once per process: it outlives the pipeline's restarts).
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, IntakeError> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|source| IntakeError::Bind { addr, source })?;
+    listener.set_nonblocking(true).map_err(|source| IntakeError::Bind { addr, source })?;
+    Ok(listener)
+}
+
+/// What a running intake reads from the pipeline it feeds. The pipeline makes its Kafka
+/// clients, as it makes every client of its cluster.
+pub struct Parts<'a> {
+    pub config: &'a IntakeConfig,
+    /// The input topic requests are produced to.
+    pub topic: String,
+    /// Idempotent, `acks=all`, with Kafka's murmur2 partitioner (so that a key lands on its
+    /// state partition, as `kafka.copartitioned` requires) and no linger.
+    pub producer: FutureProducer,
+    /// The results topic and its reader: assigned, never in a group; `read_committed`
+    /// under transactional results.
+    pub results: (String, BaseConsumer),
+    pub checks: Checks,
+    /// The running store, for `GET /v1/commands/{key}`.
+    pub store: Arc<KeyStore>,
+    /// With the store on Kafka: whether this instance holds a key's state.
+    pub owner: Option<Arc<dyn KeyOwner>>,
+}
+
+/// The intake's state, shared by its handlers.
+pub(crate) struct Door {
+    clients: Clients,
+    checks: Checks,
+    waiters: Arc<Waiters>,
+    producer: FutureProducer,
+    topic: String,
+    wait: Duration,
+    max_body_bytes: usize,
+    store: Arc<KeyStore>,
+    owner: Option<Arc<dyn KeyOwner>>,
+    stop: CancellationToken,
+}
+
+/// Serves the intake on `listener` until `stop`; requests still waiting are then answered
+/// 202. Returns the address served and the task that ends with it.
+pub async fn serve(
+    listener: &std::net::TcpListener,
+    parts: Parts<'_>,
+    stop: CancellationToken,
+) -> Result<(SocketAddr, JoinHandle<()>), IntakeError> {
+    let clients = Clients::new(&parts.config.clients).map_err(|(name, e)| IntakeError::ApiKey(name, e))?;
+    let waiters = Arc::new(Waiters::default());
+    let reader = {
+        let (results_topic, consumer) = parts.results;
+        let (waiters, stop) = (Arc::clone(&waiters), stop.clone());
+        tokio::task::spawn_blocking(move || results::start_reader(consumer, &results_topic, waiters, stop))
+            .await
+            .map_err(|e| IntakeError::Kafka(e.to_string()))??
+    };
+    let door = Arc::new(Door {
+        clients,
+        checks: parts.checks,
+        waiters,
+        producer: parts.producer,
+        topic: parts.topic,
+        wait: parts.config.wait,
+        max_body_bytes: parts.config.max_body_bytes,
+        store: parts.store,
+        owner: parts.owner,
+        stop: stop.clone(),
+    });
+    let app = Router::new()
+        // One path, its segment a type to POST and a key to GET.
+        .route("/v1/commands/{segment}", post(handlers::submit).get(handlers::state))
+        .with_state(door);
+    let std_listener = listener.try_clone().map_err(|source| bind_error(listener, source))?;
+    let addr = std_listener.local_addr().map_err(|source| bind_error(listener, source))?;
+    let tokio_listener =
+        tokio::net::TcpListener::from_std(std_listener).map_err(|source| IntakeError::Bind { addr, source })?;
+    let task = tokio::spawn(async move {
+        let served = axum::serve(tokio_listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "intake: listener failed");
+        }
+        let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+    });
+    Ok((addr, task))
+}
+
+fn bind_error(listener: &std::net::TcpListener, source: std::io::Error) -> IntakeError {
+    let addr = listener.local_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    IntakeError::Bind { addr, source }
+}
