@@ -63,11 +63,33 @@ pub struct SourceRef {
     pub partition: i32,
     /// Input offset.
     pub offset: i64,
+    /// For a command the HTTP intake produced: the client that posted it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intake: Option<IntakeRef>,
+}
+
+/// The intake's part of a source: who posted the command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntakeRef {
+    /// The client's name (`intake.clients.NAME`).
+    pub client: String,
+}
+
+impl SourceRef {
+    /// The position `topic`/`partition`/`offset`, of no intake.
+    pub fn at(topic: &str, partition: i32, offset: i64) -> SourceRef {
+        SourceRef { topic: topic.to_string(), partition, offset, intake: None }
+    }
+
+    /// Whether both name the same input record.
+    pub fn same_record(&self, other: &SourceRef) -> bool {
+        self.topic == other.topic && self.partition == other.partition && self.offset == other.offset
+    }
 }
 
 impl From<&SourcePos> for SourceRef {
     fn from(s: &SourcePos) -> Self {
-        SourceRef { topic: s.topic.clone(), partition: s.partition, offset: s.offset }
+        SourceRef::at(&s.topic, s.partition, s.offset)
     }
 }
 
@@ -155,7 +177,7 @@ mod tests {
             fingerprint: Some("sha256:00".into()),
             first_seen_at: Some(rfc3339_ms(0)),
             completed_at: Some(rfc3339_ms(1)),
-            source: SourceRef { topic: "commands".into(), partition: 3, offset: 1042 },
+            source: SourceRef::at("commands", 3, 1042),
             settled_by: None,
         };
         let v = serde_json::to_value(&r).unwrap();

@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, tail_of_file};
+use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, tail_of_file, wait_for_http_addr};
 use common::scripted::ScriptedReceiver;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -20,9 +20,9 @@ const ALICE: &str = "alice-key-0123456789abcdef";
 const BOB: &str = "bob-key-0123456789abcdef";
 const SPARING: &str = "sparing-key-0123456789abcd";
 /// How long a request waits for its result before the intake answers 202.
-const WAIT: &str = "2s";
+const WAIT: &str = "3s";
 /// The slow sink's answer time: past `WAIT`.
-const SLOW_MS: u64 = 4_000;
+const SLOW_MS: u64 = 8_000;
 
 fn config(bootstrap: &str, topics: [&str; 3], store: &std::path::Path, urls: (&str, &str)) -> String {
     let [input, results, dlq] = topics;
@@ -162,6 +162,18 @@ async fn the_intake_runs_each_key_once_and_answers_every_request() {
         &log,
     );
     let door = Door { base: format!("http://{}", intake_addr(&log, &mut dedupd).await), http: reqwest::Client::new() };
+    // Ready (its partitions assigned), so that a first answer within WAIT is the pipeline's
+    // speed, not the group's join.
+    let ops = wait_for_http_addr(&log, &mut dedupd, Duration::from_secs(60)).await;
+    let ready = || async {
+        let r = door.http.get(format!("http://{ops}/readyz")).send().await;
+        r.is_ok_and(|r| r.status() == StatusCode::OK)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !ready().await {
+        assert!(tokio::time::Instant::now() < deadline, "not ready:\n{}", tail_of_file(&log, 40));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     first_repeat_and_conflict(&door, &pay).await;
     concurrent_identical_requests(&door, &pay).await;
@@ -175,6 +187,8 @@ async fn the_intake_runs_each_key_once_and_answers_every_request() {
     for r in &results {
         let v: Value = serde_json::from_slice(rdkafka::Message::payload(r).unwrap_or_default()).expect("result json");
         assert_eq!(v["source"]["topic"], topics[0].as_str());
+        let client = v["source"]["intake"]["client"].as_str();
+        assert!(matches!(client, Some("alice" | "bob")), "the source names the client: {v}");
     }
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", tail_of_file(&log, 40));
     pay.stop().await;

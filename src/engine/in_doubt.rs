@@ -244,6 +244,7 @@ impl Engine {
             traceparent: None,
             tracestate: None,
             shape: Shape::Native,
+            intake_client: None,
         };
         Ok(InDoubt { held, command, sink: Arc::clone(sink), timing })
     }

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::{Engine, Item};
 use crate::envelope::{Command, Rejection};
-use crate::outcome::{DeadLetter, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
+use crate::outcome::{DeadLetter, IntakeRef, Outcome, Processed, ResultRecord, SourceRef, rfc3339_ms};
 use crate::store::{Completed, Completion, Record};
 use crate::telemetry::TraceHeaders;
 use crate::time::Rfc3339Memo;
@@ -51,7 +51,10 @@ impl Engine {
                 fingerprint: cmd.map(|c| c.fingerprint.to_string()),
                 first_seen_at: None,
                 completed_at: None,
-                source: SourceRef::from(&item.source),
+                source: SourceRef {
+                    intake: cmd.and_then(|c| c.intake_client.clone()).map(|client| IntakeRef { client }),
+                    ..SourceRef::from(&item.source)
+                },
                 settled_by: None,
             },
             dead_letter: None,

@@ -177,7 +177,13 @@ pub struct Command {
     pub tracestate: Option<String>,
     /// The shape it came in.
     pub shape: Shape,
+    /// The intake client that posted it (the [`INTAKE_CLIENT_HEADER`] header), named in its
+    /// result's `source`.
+    pub intake_client: Option<String>,
 }
+
+/// The header the HTTP intake names its client in, on the records it produces.
+pub const INTAKE_CLIENT_HEADER: &str = "dedupd-intake-client";
 
 /// Why a record is not a valid command. `as_str` is the `dedupd-reason` header value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -347,6 +353,9 @@ pub fn parse(
         traceparent,
         tracestate,
         shape,
+        intake_client: header(record.headers, INTAKE_CLIENT_HEADER)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_string),
     })
 }
 

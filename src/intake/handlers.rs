@@ -100,9 +100,7 @@ impl Door {
             FutureRecord::to(&self.topic).key(produced.key.as_bytes()).payload(&produced.value).headers(headers);
         let queue_timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         match self.producer.send(record, queue_timeout).await {
-            Ok(delivery) => {
-                Ok(SourceRef { topic: self.topic.clone(), partition: delivery.partition, offset: delivery.offset })
-            }
+            Ok(delivery) => Ok(SourceRef::at(&self.topic, delivery.partition, delivery.offset)),
             Err((e, _)) => {
                 tracing::warn!(topic = %self.topic, error = %e, "intake: producing a command");
                 Err(Problem::new(Cause::Unavailable, format!("the command could not be handed to Kafka: {e}"))

@@ -36,7 +36,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::IntakeConfig;
-pub use record::{CLIENT_HEADER, Checks};
+pub use record::Checks;
 
 use crate::ops::KeyOwner;
 use crate::store::KeyStore;

@@ -10,8 +10,7 @@ use super::problem::{Cause, Problem};
 use crate::envelope::{EnvelopeConfig, InputRecord, KeySource, LimitsConfig, RejectReason};
 use crate::routes::Router;
 
-/// The header that names the intake's client on the produced record.
-pub const CLIENT_HEADER: &str = "dedupd-intake-client";
+use crate::envelope::INTAKE_CLIENT_HEADER;
 
 /// Request headers passed on to the record (and so to the result): the W3C trace context.
 const PASSED_ON: [&str; 2] = ["traceparent", "tracestate"];
@@ -49,7 +48,7 @@ pub fn build(
         payload.get()
     )
     .into_bytes();
-    let mut headers = vec![(CLIENT_HEADER.to_string(), Some(client.as_bytes().to_vec()))];
+    let mut headers = vec![(INTAKE_CLIENT_HEADER.to_string(), Some(client.as_bytes().to_vec()))];
     match &checks.envelope.key {
         KeySource::Auto => headers.push(("idempotency-key".into(), Some(scoped_key.as_bytes().to_vec()))),
         KeySource::Header(name) => headers.push((name.clone(), Some(scoped_key.as_bytes().to_vec()))),

@@ -75,7 +75,7 @@ impl Ticket {
             let notified = self.pending.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some((_, value)) = self.pending.arrived.lock().iter().find(|(s, _)| s == source) {
+            if let Some((_, value)) = self.pending.arrived.lock().iter().find(|(s, _)| s.same_record(source)) {
                 return value.clone();
             }
             notified.await;
@@ -164,12 +164,12 @@ mod tests {
     async fn a_request_gets_the_result_of_its_own_record_delivered_before_or_after_it_waits() {
         let waiters = Arc::new(Waiters::default());
         let ticket = waiters.enter("alice/k").expect("held");
-        let mine = SourceRef { topic: "t".into(), partition: 1, offset: 7 };
+        let mine = SourceRef::at("t", 1, 7);
         waiters.deliver("alice/k", &result(1, 6));
         waiters.deliver("alice/k", &result(1, 7));
         assert_eq!(ticket.result_of(&mine).await["source"]["offset"], 7);
 
-        let later = SourceRef { topic: "t".into(), partition: 1, offset: 9 };
+        let later = SourceRef::at("t", 1, 9);
         let deliver = {
             let waiters = Arc::clone(&waiters);
             tokio::spawn(async move {

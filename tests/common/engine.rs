@@ -187,6 +187,7 @@ pub fn command(key: &str, payload: u8, produced_at_ms: i64, ttl: Duration) -> Co
         traceparent: None,
         tracestate: None,
         shape: Shape::Native,
+        intake_client: None,
     }
 }
 

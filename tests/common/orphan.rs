@@ -63,6 +63,7 @@ impl EngineWithSink {
             traceparent: None,
             tracestate: None,
             shape: Shape::Native,
+            intake_client: None,
         };
         Item {
             source: SourcePos { topic: "in".into(), partition: 0, offset: self.offset },

@@ -53,7 +53,7 @@ fn input(i: usize) -> (OwnedMessage, Processed) {
             fingerprint: None,
             first_seen_at: None,
             completed_at: None,
-            source: SourceRef { topic: "commands".into(), partition: 0, offset: i as i64 },
+            source: SourceRef::at("commands", 0, i as i64),
             settled_by: None,
         },
         dead_letter: i.is_multiple_of(3).then(|| DeadLetterOf { reason: "invalid_envelope", error: "test".into() }),
