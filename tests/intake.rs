@@ -10,8 +10,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::intake::{Door, answer, problem_type};
 use common::kafka;
-use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, tail_of_file, wait_for_http_addr};
+use common::process::{DedupdProcess, KeptOnFailure, SlowReceiver, tail_of_file};
 use common::scripted::ScriptedReceiver;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -78,67 +79,6 @@ burst = 2
     )
 }
 
-/// The `intake_addr` of the "dedupd running" line, once logged.
-async fn intake_addr(log: &std::path::Path, child: &mut DedupdProcess) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let found = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find_map(|v| {
-            (v["fields"]["message"] == "dedupd running")
-                .then(|| v["fields"]["intake_addr"].as_str().map(str::to_string))?
-        });
-        if let Some(addr) = found {
-            return addr;
-        }
-        assert!(child.exited().is_none(), "dedupd exited early:\n{}", tail_of_file(log, 40));
-        assert!(tokio::time::Instant::now() < deadline, "dedupd did not start:\n{}", tail_of_file(log, 40));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-struct Door {
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Door {
-    fn post(&self, api_key: &str, kind: &str, key: Option<&str>) -> reqwest::RequestBuilder {
-        let mut r = self
-            .http
-            .post(format!("{}/v1/commands/{kind}", self.base))
-            .bearer_auth(api_key)
-            .header("content-type", "application/json");
-        if let Some(key) = key {
-            r = r.header("idempotency-key", key);
-        }
-        r
-    }
-
-    async fn send(&self, api_key: &str, kind: &str, key: &str, body: Value) -> (StatusCode, Option<String>, Value) {
-        let response = self.post(api_key, kind, Some(key)).body(body.to_string()).send().await.expect("request");
-        answer(response).await
-    }
-
-    async fn get(&self, api_key: &str, path: &str) -> (StatusCode, Value) {
-        let response =
-            self.http.get(format!("{}{path}", self.base)).bearer_auth(api_key).send().await.expect("request");
-        let (status, _, body) = answer(response).await;
-        (status, body)
-    }
-}
-
-/// Status, `Idempotent-Replayed`, and the body as JSON.
-async fn answer(response: reqwest::Response) -> (StatusCode, Option<String>, Value) {
-    let status = response.status();
-    let replayed = response.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap_or("").to_string());
-    let text = response.text().await.expect("body");
-    (status, replayed, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
-fn problem_type(body: &Value) -> &str {
-    body["type"].as_str().unwrap_or("").trim_start_matches("urn:dedupd:problem:")
-}
-
 /// Requests the pay sink received with `key` as their `Idempotency-Key`.
 fn calls(receiver: &ScriptedReceiver, key: &str) -> usize {
     receiver.answered().iter().filter(|a| a.key.as_deref() == Some(key)).count()
@@ -161,19 +101,9 @@ async fn the_intake_runs_each_key_once_and_answers_every_request() {
         &[("INTAKE_TEST_BOB_KEY", BOB)],
         &log,
     );
-    let door = Door { base: format!("http://{}", intake_addr(&log, &mut dedupd).await), http: reqwest::Client::new() };
     // Ready (its partitions assigned), so that a first answer within WAIT is the pipeline's
     // speed, not the group's join.
-    let ops = wait_for_http_addr(&log, &mut dedupd, Duration::from_secs(60)).await;
-    let ready = || async {
-        let r = door.http.get(format!("http://{ops}/readyz")).send().await;
-        r.is_ok_and(|r| r.status() == StatusCode::OK)
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !ready().await {
-        assert!(tokio::time::Instant::now() < deadline, "not ready:\n{}", tail_of_file(&log, 40));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let door = Door::when_ready(&log, &mut dedupd).await;
 
     first_repeat_and_conflict(&door, &pay).await;
     concurrent_identical_requests(&door, &pay).await;

@@ -6,6 +6,7 @@ pub mod claims;
 pub mod effects;
 pub mod engine;
 pub mod exposition;
+pub mod intake;
 pub mod kafka;
 pub mod kill_check;
 pub mod kill_workload;
