@@ -101,6 +101,10 @@ fn every_key_set() -> Config {
     c.intake = Some(intake_with_defaults());
     if let Some(intake) = &mut c.intake {
         intake.topic = Some("commands".into());
+        intake.tls = Some(dedupd::intake::config::IntakeTls {
+            cert_file: "/etc/dedupd/intake.crt".into(),
+            key_file: "/etc/dedupd/intake.key".into(),
+        });
         for client in intake.clients.values_mut() {
             client.burst = Some(10);
         }

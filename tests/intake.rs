@@ -273,3 +273,40 @@ async fn slow_commands_are_accepted_and_polled(door: &Door, slow: &SlowReceiver)
     assert_eq!((status, replayed.as_deref()), (StatusCode::OK, Some("true")));
     assert_eq!(slow.count(), 1, "one call of the slow sink");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_intake_serves_tls_with_its_certificate() {
+    let Some(bootstrap) = kafka::bootstrap() else { return };
+    let topics = [kafka::unique("intake-tls-in"), kafka::unique("intake-tls-out"), kafka::unique("intake-tls-dlq")];
+    kafka::create_topics(&bootstrap, &[(&topics[0], 1), (&topics[1], 1), (&topics[2], 1)]).await;
+    let pay = ScriptedReceiver::start(&[]).await;
+    let dir = KeptOnFailure::new();
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
+    let (cert, key) = (dir.path().join("intake.crt"), dir.path().join("intake.key"));
+    std::fs::write(&cert, certified.cert.pem()).expect("write cert");
+    std::fs::write(&key, certified.signing_key.serialize_pem()).expect("write key");
+    let (config_path, log) = (dir.path().join("dedupd.toml"), dir.path().join("dedupd.log"));
+    let names = [topics[0].as_str(), topics[1].as_str(), topics[2].as_str()];
+    let mut text = config(&bootstrap, names, &dir.path().join("store"), (&pay.url("/pay"), &pay.url("/slow")));
+    text.push_str(&format!("\n[intake.tls]\ncert_file = {cert:?}\nkey_file = {key:?}\n"));
+    std::fs::write(&config_path, text).expect("write config");
+    let mut dedupd = DedupdProcess::spawn_with_env(
+        &["run", "--config", config_path.to_str().expect("path")],
+        &[("INTAKE_TEST_BOB_KEY", BOB)],
+        &log,
+    );
+    let plain = Door::when_ready(&log, &mut dedupd).await;
+    let trusting = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).expect("pem")])
+        .build()
+        .expect("client");
+    let door = Door { base: plain.base.replace("http://", "https://"), http: trusting };
+    let (status, replayed, body) = door.send(ALICE, "payment.charge", "tls-1", json!({"amount": 3})).await;
+    assert_eq!((status, replayed.as_deref()), (StatusCode::OK, None), "{body}");
+    assert_eq!(calls(&pay, "alice/tls-1"), 1);
+    // Plain HTTP on the TLS listener gets no answer.
+    let refused = plain.post(ALICE, "payment.charge", Some("tls-2")).body("{}").send().await;
+    assert!(refused.is_err() || refused.is_ok_and(|r| !r.status().is_success()));
+    assert_eq!(calls(&pay, "alice/tls-2"), 0);
+    assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", tail_of_file(&log, 40));
+}

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,10 +29,23 @@ pub struct IntakeConfig {
     /// Largest request body, in bytes; a larger one is refused with 413.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// TLS on the intake's listener; plain HTTP when unset.
+    #[serde(default)]
+    pub tls: Option<IntakeTls>,
     /// Who may call, by name: each client's API key and rate. A client's idempotency keys
     /// are its own.
     #[serde(default)]
     pub clients: BTreeMap<String, IntakeClient>,
+}
+
+/// The intake's certificate and key (PEM files, read at start).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntakeTls {
+    /// The certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
 }
 
 /// One client of the intake.
@@ -81,6 +95,11 @@ impl IntakeConfig {
         if self.max_body_bytes == 0 {
             problems.add("max_body_bytes", 0, "must be positive");
         }
+        if let Some(tls) = &self.tls
+            && let Err(why) = super::tls::server_config(&tls.cert_file, &tls.key_file)
+        {
+            problems.add("tls", format!("{:?}", tls.cert_file.display().to_string()), why);
+        }
         if self.clients.is_empty() {
             problems.add("clients", "{}", "must name at least one client: the intake answers only clients it knows");
         }
@@ -119,5 +138,67 @@ impl IntakeClient {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intake(extra: &str) -> IntakeConfig {
+        let text = format!("listen = \"127.0.0.1:8443\"\n{extra}\n[clients.alice]\napi_key = \"0123456789abcdef\"\n");
+        toml::from_str(&text).expect("intake")
+    }
+
+    fn problems(c: &IntakeConfig) -> Vec<(String, String)> {
+        Problems::found_by("intake", |p| c.validate(p)).into_iter().map(|p| (p.key, p.reason)).collect()
+    }
+
+    #[test]
+    fn the_smallest_intake_is_valid_with_its_defaults() {
+        let c = intake("");
+        assert!(problems(&c).is_empty(), "{:?}", problems(&c));
+        assert_eq!(
+            (c.wait, c.max_body_bytes, c.clients["alice"].rate_per_second),
+            (Duration::from_secs(10), 1 << 20, 100)
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_keys() {
+        let c: IntakeConfig = toml::from_str(
+            "listen = \"127.0.0.1:8443\"\nwait = \"0s\"\n[tls]\ncert_file = \"/nonexistent/c.pem\"\nkey_file = \"/nonexistent/k.pem\"\n\
+             [clients.alice]\napi_key = \"short\"\nrate_per_second = 0\n[clients.bob]\napi_key = { env = \"DEDUPD_TEST_UNSET_INTAKE_KEY\" }\n",
+        )
+        .expect("parses");
+        let found = problems(&c);
+        let keys: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "intake.wait",
+                "intake.tls",
+                "intake.clients.alice.rate_per_second",
+                "intake.clients.alice.api_key",
+                "intake.clients.bob.api_key"
+            ],
+            "{found:?}"
+        );
+        assert!(found[1].1.contains("/nonexistent/c.pem"), "{found:?}");
+        assert!(found[4].1.contains("DEDUPD_TEST_UNSET_INTAKE_KEY"), "{found:?}");
+    }
+
+    #[test]
+    fn two_clients_may_not_share_a_key_and_none_is_no_intake() {
+        let c: IntakeConfig = toml::from_str(
+            "listen = \"127.0.0.1:8443\"\n[clients.alice]\napi_key = \"0123456789abcdef\"\n[clients.bob]\napi_key = \"0123456789abcdef\"\n",
+        )
+        .expect("parses");
+        assert_eq!(
+            problems(&c),
+            [("intake.clients.bob.api_key".to_string(), "is also intake.clients.alice's".to_string())]
+        );
+        let none: IntakeConfig = toml::from_str("listen = \"127.0.0.1:8443\"\n").expect("parses");
+        assert_eq!(problems(&none)[0].0, "intake.clients");
     }
 }

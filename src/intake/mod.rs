@@ -12,7 +12,7 @@
 //! - `record`: a request as the record produced, checked by the pipeline's own parser.
 //! - `results`: the reader of the results topic and the requests waiting on it.
 //! - `answer`: a result record as the HTTP answer. `problem`: RFC 9457 problem documents.
-//! - `handlers`: the routes.
+//! - `handlers`: the routes. `tls`: the listener's certificate and key.
 
 pub mod config;
 
@@ -23,6 +23,7 @@ mod key;
 mod problem;
 mod record;
 mod results;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
+use axum_server::tls_rustls::RustlsConfig;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::FutureProducer;
 use tokio::task::JoinHandle;
@@ -46,6 +48,8 @@ use results::Waiters;
 /// Why the intake could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
+    #[error("intake.tls: {0}")]
+    Tls(String),
     #[error("intake: cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("intake: intake.clients.{0}.api_key: {1}")]
@@ -130,16 +134,45 @@ pub async fn serve(
         .with_state(door);
     let std_listener = listener.try_clone().map_err(|source| bind_error(listener, source))?;
     let addr = std_listener.local_addr().map_err(|source| bind_error(listener, source))?;
-    let tokio_listener =
-        tokio::net::TcpListener::from_std(std_listener).map_err(|source| IntakeError::Bind { addr, source })?;
+    let served = match &parts.config.tls {
+        Some(tls) => {
+            let config = tls::server_config(&tls.cert_file, &tls.key_file).map_err(IntakeError::Tls)?;
+            serve_tls(std_listener, RustlsConfig::from_config(config), app, stop.clone())?
+        }
+        None => {
+            let listener =
+                tokio::net::TcpListener::from_std(std_listener).map_err(|source| IntakeError::Bind { addr, source })?;
+            let stopped = stop.clone().cancelled_owned();
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+        }
+    };
     let task = tokio::spawn(async move {
-        let served = axum::serve(tokio_listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
-        if let Err(e) = served {
+        if let Ok(Err(e)) = served.await {
             tracing::error!(error = %e, "intake: listener failed");
         }
         let _ = tokio::task::spawn_blocking(move || reader.join()).await;
     });
     Ok((addr, task))
+}
+
+/// Serves `app` over TLS on `listener` until `stop`, then lets requests under way finish
+/// (each waits at most `intake.wait`, and is answered 202 once `stop` fires).
+fn serve_tls(
+    listener: std::net::TcpListener,
+    config: RustlsConfig,
+    app: Router,
+    stop: CancellationToken,
+) -> Result<JoinHandle<std::io::Result<()>>, IntakeError> {
+    let addr = listener.local_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    let handle = axum_server::Handle::new();
+    let server = axum_server::from_tcp_rustls(listener, config)
+        .map_err(|source| IntakeError::Bind { addr, source })?
+        .handle(handle.clone());
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        handle.graceful_shutdown(None);
+    });
+    Ok(tokio::spawn(server.serve(app.into_make_service())))
 }
 
 fn bind_error(listener: &std::net::TcpListener, source: std::io::Error) -> IntakeError {
