@@ -12,7 +12,7 @@
 //! - `record`: a request as the record produced, checked by the pipeline's own parser.
 //! - `results`: the reader of the results topic and the requests waiting on it.
 //! - `answer`: a result record as the HTTP answer. `problem`: RFC 9457 problem documents.
-//! - `handlers`: the routes. `tls`: the listener's certificate and key.
+//! - `handlers`: the routes; `openapi`: `/v1/openapi.json`, their description. `tls`: the listener's certificate and key.
 
 pub mod config;
 
@@ -20,6 +20,7 @@ mod answer;
 mod clients;
 mod handlers;
 mod key;
+mod openapi;
 mod problem;
 mod record;
 mod results;
@@ -30,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum_server::tls_rustls::RustlsConfig;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::FutureProducer;
@@ -131,6 +132,7 @@ pub async fn serve(
     let app = Router::new()
         // One path, its segment a type to POST and a key to GET.
         .route("/v1/commands/{segment}", post(handlers::submit).get(handlers::state))
+        .route("/v1/openapi.json", get(openapi::describe))
         .with_state(door);
     let std_listener = listener.try_clone().map_err(|source| bind_error(listener, source))?;
     let addr = std_listener.local_addr().map_err(|source| bind_error(listener, source))?;

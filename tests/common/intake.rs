@@ -2,6 +2,7 @@
 //! it, requests with an API key and an `Idempotency-Key`, and answers read as status,
 //! `Idempotent-Replayed` and JSON.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -34,13 +35,31 @@ pub async fn intake_addr(log: &Path, child: &mut DedupdProcess) -> String {
 pub struct Door {
     pub base: String,
     pub http: reqwest::Client,
+    /// Every (method, status) answered so far, for the test of what the OpenAPI document lists.
+    seen: parking_lot::Mutex<BTreeSet<(&'static str, u16)>>,
 }
 
 impl Door {
+    /// The intake at `base` (`http://HOST:PORT`), asked with `http`.
+    pub fn new(base: String, http: reqwest::Client) -> Door {
+        Door { base, http, seen: Default::default() }
+    }
+
+    /// The statuses answered so far to `method` (`"POST"` or `"GET"`).
+    pub fn seen(&self, method: &str) -> BTreeSet<u16> {
+        self.seen.lock().iter().filter(|(m, _)| *m == method).map(|(_, s)| *s).collect()
+    }
+
+    /// [`answer`], counted as a POST's.
+    pub async fn answer_post(&self, response: reqwest::Response) -> (StatusCode, Option<String>, Value) {
+        self.seen.lock().insert(("POST", response.status().as_u16()));
+        answer(response).await
+    }
+
     /// The intake of `child`, once the process is ready (`/readyz` 200: its partitions
     /// assigned).
     pub async fn when_ready(log: &Path, child: &mut DedupdProcess) -> Door {
-        let door = Door { base: format!("http://{}", intake_addr(log, child).await), http: reqwest::Client::new() };
+        let door = Door::new(format!("http://{}", intake_addr(log, child).await), reqwest::Client::new());
         let ops = wait_for_http_addr(log, child, Duration::from_secs(60)).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -68,12 +87,13 @@ impl Door {
 
     pub async fn send(&self, api_key: &str, kind: &str, key: &str, body: Value) -> (StatusCode, Option<String>, Value) {
         let response = self.post(api_key, kind, Some(key)).body(body.to_string()).send().await.expect("request");
-        answer(response).await
+        self.answer_post(response).await
     }
 
     pub async fn get(&self, api_key: &str, path: &str) -> (StatusCode, Value) {
         let response =
             self.http.get(format!("{}{path}", self.base)).bearer_auth(api_key).send().await.expect("request");
+        self.seen.lock().insert(("GET", response.status().as_u16()));
         let (status, _, body) = answer(response).await;
         (status, body)
     }
