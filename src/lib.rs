@@ -13,8 +13,9 @@
 //! - [`cli`]: the command line: `run`, `check-config`, `demo` and the operator commands.
 //! - [`demo`]: `dedupd demo`, the whole product on librdkafka's mock cluster.
 //! - [`pipeline`]: `dedupd run`: consumer thread, partition table, workers, publisher, purge.
-//! - [`intake`]: the HTTP intake (`[intake]`): a command posted with an `Idempotency-Key`
-//!   is produced into the pipeline and answered with its result; RFC 9457 problems.
+//! - [`intake`]: the HTTP and MCP intake (`[intake]`): a command posted with an
+//!   `Idempotency-Key` (or a tool called with `idempotency_key`) is produced into the
+//!   pipeline and answered with its result; RFC 9457 problems.
 //! - [`config`]: the TOML file composed of every section's type, env overrides, validation
 //!   naming the key.
 //! - [`ops`]: the HTTP listener (metrics, health, liveness, admin API, `/v1/status`) and the

@@ -38,12 +38,17 @@ fn doc_rows() -> Vec<DocRow> {
 /// `sinks.<name>` becomes `sinks.NAME` and route fields `routes[].field`.
 fn leaves(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, toml::Value>) {
     match v {
-        toml::Value::Table(t) if !t.is_empty() && prefix != "kafka.consumer" && prefix != "kafka.producer" => {
+        // Pass-through tables and a tool's JSON Schema are values, not keys.
+        toml::Value::Table(t)
+            if !t.is_empty()
+                && !["kafka.consumer", "kafka.producer", "intake.tools.NAME.input_schema"].contains(&prefix) =>
+        {
             for (k, v) in t {
                 let path = match prefix {
                     "" => k.clone(),
                     "sinks" => "sinks.NAME".to_string(),
                     "intake.clients" => "intake.clients.NAME".to_string(),
+                    "intake.tools" => "intake.tools.NAME".to_string(),
                     p => format!("{p}.{k}"),
                 };
                 leaves(&path, v, out);
@@ -105,6 +110,10 @@ fn every_key_set() -> Config {
             cert_file: "/etc/dedupd/intake.crt".into(),
             key_file: "/etc/dedupd/intake.key".into(),
         });
+        intake.tools.insert(
+            "charge_card".into(),
+            toml::from_str("type = \"payment.charge\"\ndescription = \"d\"\n").expect("a tool"),
+        );
         for client in intake.clients.values_mut() {
             client.burst = Some(10);
         }
@@ -217,7 +226,9 @@ fn the_intakes_defaults_are_documented() {
     let mut c = Config::default();
     c.intake = Some(intake_with_defaults());
     let mut problems = Vec::new();
-    for (key, code) in serialized(&c).into_iter().filter(|(k, _)| k.starts_with("intake.")) {
+    // No tools is an empty table: its keys are documented as `intake.tools.NAME.*`.
+    let empty_table = |v: &toml::Value| v.as_table().is_some_and(toml::Table::is_empty);
+    for (key, code) in serialized(&c).into_iter().filter(|(k, v)| k.starts_with("intake.") && !empty_table(v)) {
         let Some(row) = rows.iter().find(|r| r.key == key) else {
             problems.push(format!("`{key}` is not in docs/config.md"));
             continue;

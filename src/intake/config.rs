@@ -32,6 +32,13 @@ pub struct IntakeConfig {
     /// TLS on the intake's listener; plain HTTP when unset.
     #[serde(default)]
     pub tls: Option<IntakeTls>,
+    /// The commands offered as MCP tools at `/mcp`, by tool name.
+    #[serde(default)]
+    pub tools: BTreeMap<String, IntakeTool>,
+    /// The `Host` names `/mcp` answers (its guard against DNS rebinding); add the names
+    /// clients reach it by.
+    #[serde(default = "default_mcp_hosts")]
+    pub mcp_allowed_hosts: Vec<String>,
     /// Who may call, by name: each client's API key and rate. A client's idempotency keys
     /// are its own.
     #[serde(default)]
@@ -46,6 +53,31 @@ pub struct IntakeTls {
     pub cert_file: PathBuf,
     /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
     pub key_file: PathBuf,
+}
+
+/// A command offered as an MCP tool.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntakeTool {
+    /// The command type a call runs (a route must take it).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// What the tool does, for the agent choosing it.
+    pub description: String,
+    /// A JSON Schema of the call's arguments, the command's payload (an object);
+    /// `idempotency_key` is added to it. Any object when unset.
+    #[serde(default = "any_object")]
+    pub input_schema: serde_json::Map<String, serde_json::Value>,
+}
+
+fn any_object() -> serde_json::Map<String, serde_json::Value> {
+    let mut schema = serde_json::Map::new();
+    schema.insert("type".into(), "object".into());
+    schema
+}
+
+fn default_mcp_hosts() -> Vec<String> {
+    vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]
 }
 
 /// One client of the intake.
@@ -100,6 +132,17 @@ impl IntakeConfig {
         {
             problems.add("tls", format!("{:?}", tls.cert_file.display().to_string()), why);
         }
+        for (name, tool) in &self.tools {
+            let valid = |c: char| c.is_ascii_alphanumeric() || "_-.".contains(c);
+            if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
+                problems.add(
+                    &format!("tools.{name:?}"),
+                    format!("{name:?}"),
+                    "a tool's name is 1 to 64 letters, digits, '_', '-' or '.'",
+                );
+            }
+            problems.within(&format!("tools.{name}"), |p| tool.validate(p));
+        }
         if self.clients.is_empty() {
             problems.add("clients", "{}", "must name at least one client: the intake answers only clients it knows");
         }
@@ -113,6 +156,28 @@ impl IntakeConfig {
                 );
             }
             problems.within(&format!("clients.{name}"), |p| client.validate(name, &mut seen, p));
+        }
+    }
+}
+
+impl IntakeTool {
+    fn validate(&self, problems: &mut Problems) {
+        if self.kind.trim().is_empty() {
+            problems.add("type", "\"\"", "must name a command type");
+        }
+        if self.input_schema.get("type").is_some_and(|t| t != "object") {
+            problems.add(
+                "input_schema.type",
+                self.input_schema["type"].to_string(),
+                "must be \"object\": the arguments are the payload",
+            );
+        }
+        if self.input_schema.get("properties").and_then(|p| p.get(super::mcp::KEY_ARGUMENT)).is_some() {
+            problems.add(
+                "input_schema.properties",
+                super::mcp::KEY_ARGUMENT,
+                "is the intake's own argument, added to every tool",
+            );
         }
     }
 }

@@ -2,28 +2,20 @@
 //! result) and `GET /v1/commands/{key}` (a key's state and stored result).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::FutureRecord;
-use serde_json::{Value, json};
-use tokio::time::Instant;
+use serde_json::Value;
 
 use super::clients::Refused;
 use super::key::{self, KeyError};
 use super::problem::{Cause, Problem};
-use super::results::Ticket;
-use super::{Door, answer, record};
-use crate::outcome::SourceRef;
+use super::run::{Posted, RETRY_AFTER_SECS, Ran};
+use super::{Door, answer};
 use crate::time::{Clock, SystemClock};
-
-/// How long a client is told to wait before asking again about a key in flight.
-const RETRY_AFTER_SECS: &str = "1";
 
 /// Characters of a key left as they are in a `Location` path segment (RFC 3986 unreserved).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
@@ -50,32 +42,29 @@ pub fn location_of(key: &str) -> String {
 
 impl Door {
     async fn submit(self: &Arc<Self>, kind: &str, headers: &HeaderMap, body: Body) -> Result<Response, Problem> {
-        let deadline = Instant::now() + self.wait;
         let client = self.admit(headers)?;
         json_content(headers)?;
         let key = idempotency_key(headers)?;
-        let scoped = key::scoped(client, &key).map_err(bad_key)?;
         let body = axum::body::to_bytes(body, self.max_body_bytes).await.map_err(|_| {
             Problem::new(Cause::TooLarge, format!("the body is over intake.max_body_bytes = {}", self.max_body_bytes))
         })?;
-        let produced = record::build(&self.checks, (client, &scoped), kind, &body, headers)?;
-        let ticket = self.waiters.enter(&scoped).ok_or_else(|| {
-            Problem::new(Cause::InFlight, format!("a request with the key {} is still being processed", quoted(&key)))
-                .header(header::RETRY_AFTER, RETRY_AFTER_SECS)
-        })?;
-        let source = self.produce(&produced, deadline).await?;
-        let location = location_of(&key);
-        tokio::select! {
-            result = tokio::time::timeout_at(deadline, ticket.result_of(&source)) => match result {
-                Ok(result) => Ok(answer::of_result(&result, &location)),
-                Err(_) => Ok(self.accepted(ticket, source, &key, &location)),
-            },
-            () = self.stop.cancelled() => Ok(self.accepted(ticket, source, &key, &location)),
-        }
+        let posted = Posted { client, key: &key, kind, body: &body, request: headers };
+        Ok(match self.run(posted).await? {
+            Ran::Done { result, location } => answer::of_result(&result, &location),
+            Ran::Accepted { body, location } => {
+                let mut response = (StatusCode::ACCEPTED, body.to_string()).into_response();
+                let h = response.headers_mut();
+                h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+                if let Ok(value) = header::HeaderValue::from_str(&location) {
+                    h.insert(header::LOCATION, value);
+                }
+                response
+            }
+        })
     }
 
     /// The request's client, or why it may not call.
-    fn admit(&self, headers: &HeaderMap) -> Result<&str, Problem> {
+    pub(super) fn admit(&self, headers: &HeaderMap) -> Result<&str, Problem> {
         self.clients.admit(headers).map_err(|refused| match refused {
             Refused::Unknown => {
                 Problem::new(Cause::Unauthorized, "send a client's API key as Authorization: Bearer KEY")
@@ -87,46 +76,6 @@ impl Door {
                     .header(header::RETRY_AFTER, &secs.max(1).to_string())
             }
         })
-    }
-
-    /// Hands the record to Kafka (`acks=all`, idempotent): where it landed, the source
-    /// its result names.
-    async fn produce(&self, produced: &record::Produced, deadline: Instant) -> Result<SourceRef, Problem> {
-        let mut headers = OwnedHeaders::new_with_capacity(produced.headers.len());
-        for (name, value) in &produced.headers {
-            headers = headers.insert(Header { key: name, value: value.as_deref() });
-        }
-        let record =
-            FutureRecord::to(&self.topic).key(produced.key.as_bytes()).payload(&produced.value).headers(headers);
-        let queue_timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        match self.producer.send(record, queue_timeout).await {
-            Ok(delivery) => Ok(SourceRef::at(&self.topic, delivery.partition, delivery.offset)),
-            Err((e, _)) => {
-                tracing::warn!(topic = %self.topic, error = %e, "intake: producing a command");
-                Err(Problem::new(Cause::Unavailable, format!("the command could not be handed to Kafka: {e}"))
-                    .header(header::RETRY_AFTER, RETRY_AFTER_SECS))
-            }
-        }
-    }
-
-    /// 202: the command is accepted and its result not yet known. The key stays held (a
-    /// repeat is told 409) until its result arrives or the intake stops.
-    fn accepted(self: &Arc<Self>, ticket: Ticket, source: SourceRef, key: &str, location: &str) -> Response {
-        let stop = self.stop.clone();
-        let body = json!({"key": key, "state": "accepted", "location": location, "source": source});
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = ticket.result_of(&source) => {}
-                () = stop.cancelled() => {}
-            }
-        });
-        let mut response = (StatusCode::ACCEPTED, body.to_string()).into_response();
-        let h = response.headers_mut();
-        h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
-        if let Ok(value) = header::HeaderValue::from_str(location) {
-            h.insert(header::LOCATION, value);
-        }
-        response
     }
 
     async fn state(self: &Arc<Self>, key: &str, headers: &HeaderMap) -> Result<Response, Problem> {
@@ -179,11 +128,11 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
     key::parse(given.as_bytes()).map_err(bad_key)
 }
 
-fn bad_key(e: KeyError) -> Problem {
+pub(super) fn bad_key(e: KeyError) -> Problem {
     Problem::new(Cause::BadIdempotencyKey, e.to_string())
 }
 
 /// A key or value in a message, as a JSON string.
-fn quoted(text: &str) -> String {
+pub(super) fn quoted(text: &str) -> String {
     Value::from(text).to_string()
 }

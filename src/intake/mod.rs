@@ -9,9 +9,11 @@
 //!
 //! - [`config`]: the `[intake]` section.
 //! - `clients`: API keys and rates. `key`: the `Idempotency-Key` header and its scoping.
+//! - `run`: a command posted, run through the pipeline whichever door it came by.
 //! - `record`: a request as the record produced, checked by the pipeline's own parser.
 //! - `results`: the reader of the results topic and the requests waiting on it.
 //! - `answer`: a result record as the HTTP answer. `problem`: RFC 9457 problem documents.
+//! - `mcp`: the same as an MCP server at `/mcp`, a tool per `[intake.tools.NAME]`.
 //! - `handlers`: the routes; `openapi`: `/v1/openapi.json`, their description. `tls`: the listener's certificate and key.
 
 pub mod config;
@@ -20,10 +22,12 @@ mod answer;
 mod clients;
 mod handlers;
 mod key;
+mod mcp;
 mod openapi;
 mod problem;
 mod record;
 mod results;
+mod run;
 mod tls;
 
 use std::net::SocketAddr;
@@ -129,10 +133,16 @@ pub async fn serve(
         owner: parts.owner,
         stop: stop.clone(),
     });
+    let (tools, allowed_hosts) = (&parts.config.tools, &parts.config.mcp_allowed_hosts);
     let app = Router::new()
         // One path, its segment a type to POST and a key to GET.
         .route("/v1/commands/{segment}", post(handlers::submit).get(handlers::state))
         .route("/v1/openapi.json", get(openapi::describe))
+        .merge(
+            Router::new()
+                .nest_service("/mcp", mcp::service(Arc::clone(&door), tools, allowed_hosts, stop.child_token()))
+                .layer(axum::middleware::from_fn_with_state(Arc::clone(&door), mcp::admit)),
+        )
         .with_state(door);
     let std_listener = listener.try_clone().map_err(|source| bind_error(listener, source))?;
     let addr = std_listener.local_addr().map_err(|source| bind_error(listener, source))?;

@@ -142,8 +142,9 @@ impl Problem {
     }
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
+impl Problem {
+    /// The problem document (RFC 9457 §3).
+    pub fn document(&self) -> Value {
         let mut body = json!({
             "type": format!("urn:dedupd:problem:{}", self.cause.name()),
             "title": self.cause.title(),
@@ -151,8 +152,15 @@ impl IntoResponse for Problem {
             "detail": self.detail,
         });
         if let Value::Object(object) = &mut body {
-            object.extend(self.members);
+            object.extend(self.members.clone());
         }
+        body
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = self.document();
         let mut response = (self.cause.status(), body.to_string()).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));

@@ -1,0 +1,103 @@
+//! The door's one way to run a command, whichever protocol it came by (HTTP, MCP): its
+//! record built and checked, its key held, produced, and its result awaited until
+//! `intake.wait`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, header};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::handlers::{bad_key, location_of, quoted};
+use super::problem::{Cause, Problem};
+use super::results::Ticket;
+use super::{Door, key, record};
+use crate::outcome::SourceRef;
+
+/// How long a client is told to wait before asking again about a key in flight.
+pub const RETRY_AFTER_SECS: &str = "1";
+
+/// A command as a client posted it.
+pub struct Posted<'a> {
+    /// The client's name (admitted).
+    pub client: &'a str,
+    /// Its idempotency key, unscoped.
+    pub key: &'a str,
+    /// The command type.
+    pub kind: &'a str,
+    /// The payload, JSON.
+    pub body: &'a [u8],
+    /// The request's headers, for its trace context.
+    pub request: &'a HeaderMap,
+}
+
+/// How a command posted ended for its request.
+pub enum Ran {
+    /// Its result record (docs/contract.md §5), and where its key is read.
+    Done { result: Value, location: String },
+    /// Not done within `intake.wait`: what was produced, and where to poll.
+    Accepted { body: Value, location: String },
+}
+
+impl Door {
+    /// Runs `posted` through the pipeline: refused with a problem, or its result, or
+    /// accepted when `intake.wait` passes first.
+    pub(super) async fn run(self: &Arc<Self>, posted: Posted<'_>) -> Result<Ran, Problem> {
+        let deadline = Instant::now() + self.wait;
+        let scoped = key::scoped(posted.client, posted.key).map_err(bad_key)?;
+        let produced = record::build(&self.checks, (posted.client, &scoped), posted.kind, posted.body, posted.request)?;
+        let ticket = self.waiters.enter(&scoped).ok_or_else(|| {
+            Problem::new(
+                Cause::InFlight,
+                format!("a request with the key {} is still being processed", quoted(posted.key)),
+            )
+            .header(header::RETRY_AFTER, RETRY_AFTER_SECS)
+        })?;
+        let source = self.produce(&produced, deadline).await?;
+        let location = location_of(posted.key);
+        tokio::select! {
+            result = tokio::time::timeout_at(deadline, ticket.result_of(&source)) => match result {
+                Ok(result) => Ok(Ran::Done { result, location }),
+                Err(_) => Ok(self.accepted(ticket, source, posted.key, location)),
+            },
+            () = self.stop.cancelled() => Ok(self.accepted(ticket, source, posted.key, location)),
+        }
+    }
+
+    /// Hands the record to Kafka (`acks=all`, idempotent): where it landed, the source
+    /// its result names.
+    async fn produce(&self, produced: &record::Produced, deadline: Instant) -> Result<SourceRef, Problem> {
+        let mut headers = OwnedHeaders::new_with_capacity(produced.headers.len());
+        for (name, value) in &produced.headers {
+            headers = headers.insert(Header { key: name, value: value.as_deref() });
+        }
+        let record =
+            FutureRecord::to(&self.topic).key(produced.key.as_bytes()).payload(&produced.value).headers(headers);
+        let queue_timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        match self.producer.send(record, queue_timeout).await {
+            Ok(delivery) => Ok(SourceRef::at(&self.topic, delivery.partition, delivery.offset)),
+            Err((e, _)) => {
+                tracing::warn!(topic = %self.topic, error = %e, "intake: producing a command");
+                Err(Problem::new(Cause::Unavailable, format!("the command could not be handed to Kafka: {e}"))
+                    .header(header::RETRY_AFTER, RETRY_AFTER_SECS))
+            }
+        }
+    }
+
+    /// Accepted: the result is not yet known. The key stays held (a repeat is told it is in
+    /// flight) until its result arrives or the intake stops.
+    fn accepted(self: &Arc<Self>, ticket: Ticket, source: SourceRef, key: &str, location: String) -> Ran {
+        let stop = self.stop.clone();
+        let body = json!({"key": key, "state": "accepted", "location": location, "source": source});
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = ticket.result_of(&source) => {}
+                () = stop.cancelled() => {}
+            }
+        });
+        Ran::Accepted { body, location }
+    }
+}
