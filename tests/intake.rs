@@ -26,19 +26,9 @@ const WAIT: &str = "3s";
 const SLOW_MS: u64 = 8_000;
 
 fn config(bootstrap: &str, topics: [&str; 3], store: &std::path::Path, urls: (&str, &str)) -> String {
-    let [input, results, dlq] = topics;
     let (pay, slow) = urls;
-    format!(
-        r#"{kafka}
-[store]
-path = {store:?}
-
-[http]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-
+    let rest = format!(
+        r#"
 [sinks.pay]
 kind = "http"
 url = "{pay}"
@@ -74,9 +64,8 @@ api_key = "{SPARING}"
 rate_per_second = 1
 burst = 2
 "#,
-        kafka = kafka::kafka_table(bootstrap, &kafka::unique("intake-dedupd"), input, results, dlq),
-        store = store.to_str().expect("utf-8 path"),
-    )
+    );
+    common::intake::dedupd_toml(bootstrap, "intake-dedupd", topics, store, &rest)
 }
 
 /// Requests the pay sink received with `key` as their `Idempotency-Key`.

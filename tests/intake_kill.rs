@@ -20,18 +20,8 @@ const KEY: &str = "alice-key-0123456789abcdef";
 const SINK_MS: u64 = 6_000;
 
 fn config(bootstrap: &str, topics: [&str; 3], store: &std::path::Path, url: &str) -> String {
-    let [input, results, dlq] = topics;
-    format!(
-        r#"{kafka}
-[store]
-path = {store:?}
-
-[http]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-
+    let rest = format!(
+        r#"
 [sinks.pay]
 kind = "http"
 url = "{url}"
@@ -49,9 +39,8 @@ wait = "20s"
 [intake.clients.alice]
 api_key = "{KEY}"
 "#,
-        kafka = kafka::kafka_table(bootstrap, &kafka::unique("intake-kill-dedupd"), input, results, dlq),
-        store = store.to_str().expect("utf-8 path"),
-    )
+    );
+    common::intake::dedupd_toml(bootstrap, "intake-kill-dedupd", topics, store, &rest)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,18 +20,8 @@ use serde_json::{Value, json};
 const KEY: &str = "agent-key-0123456789abcdef";
 
 fn config(bootstrap: &str, topics: [&str; 3], store: &std::path::Path, url: &str) -> String {
-    let [input, results, dlq] = topics;
-    format!(
-        r#"{kafka}
-[store]
-path = {store:?}
-
-[http]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-
+    let rest = format!(
+        r#"
 [sinks.pay]
 kind = "http"
 url = "{url}"
@@ -51,9 +41,8 @@ type = "payment.charge"
 description = "Charge a customer's card once per idempotency key."
 input_schema = {{ type = "object", properties = {{ amount = {{ type = "integer" }}, customer = {{ type = "string" }} }}, required = ["amount", "customer"] }}
 "#,
-        kafka = kafka::kafka_table(bootstrap, &kafka::unique("intake-mcp-dedupd"), input, results, dlq),
-        store = store.to_str().expect("utf-8 path"),
-    )
+    );
+    common::intake::dedupd_toml(bootstrap, "intake-mcp-dedupd", topics, store, &rest)
 }
 
 /// Runs the MCP client with `calls`; its one line of output.

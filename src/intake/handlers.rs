@@ -7,18 +7,14 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
 use super::clients::Refused;
-use super::key::{self, KeyError};
+use super::key;
 use super::problem::{Cause, Problem};
-use super::run::{Posted, RETRY_AFTER_SECS, Ran};
+use super::run::{Posted, RETRY_AFTER_SECS, Ran, bad_key, quoted};
 use super::{Door, answer};
 use crate::time::{Clock, SystemClock};
-
-/// Characters of a key left as they are in a `Location` path segment (RFC 3986 unreserved).
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 /// `POST /v1/commands/{type}`.
 pub async fn submit(
@@ -33,11 +29,6 @@ pub async fn submit(
 /// `GET /v1/commands/{key}`.
 pub async fn state(State(door): State<Arc<Door>>, Path(key): Path<String>, headers: HeaderMap) -> Response {
     door.state(&key, &headers).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// Where `key`'s state is read.
-pub fn location_of(key: &str) -> String {
-    format!("/v1/commands/{}", utf8_percent_encode(key, SEGMENT))
 }
 
 impl Door {
@@ -126,13 +117,4 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
         Problem::new(Cause::MissingIdempotencyKey, "send the command's key as Idempotency-Key: \"KEY\"")
     })?;
     key::parse(given.as_bytes()).map_err(bad_key)
-}
-
-pub(super) fn bad_key(e: KeyError) -> Problem {
-    Problem::new(Cause::BadIdempotencyKey, e.to_string())
-}
-
-/// A key or value in a message, as a JSON string.
-pub(super) fn quoted(text: &str) -> String {
-    Value::from(text).to_string()
 }

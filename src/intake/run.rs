@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::handlers::{bad_key, location_of, quoted};
+use super::key::KeyError;
 use super::problem::{Cause, Problem};
 use super::results::Ticket;
 use super::{Door, key, record};
@@ -19,6 +20,23 @@ use crate::outcome::SourceRef;
 
 /// How long a client is told to wait before asking again about a key in flight.
 pub const RETRY_AFTER_SECS: &str = "1";
+
+/// Characters of a key left as they are in a `Location` path segment (RFC 3986 unreserved).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// Where `key`'s state is read.
+pub fn location_of(key: &str) -> String {
+    format!("/v1/commands/{}", utf8_percent_encode(key, SEGMENT))
+}
+
+pub fn bad_key(e: KeyError) -> Problem {
+    Problem::new(Cause::BadIdempotencyKey, e.to_string())
+}
+
+/// A key or value in a message, as a JSON string.
+pub fn quoted(text: &str) -> String {
+    Value::from(text).to_string()
+}
 
 /// A command as a client posted it.
 pub struct Posted<'a> {

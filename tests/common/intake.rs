@@ -9,7 +9,20 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 
+use super::kafka;
 use super::process::{DedupdProcess, tail_of_file, wait_for_http_addr};
+
+/// A `dedupd run` config on `topics` (input, results, dead letters) of the test broker:
+/// its group named after `group`, its store at `store`, JSON logs, an HTTP listener on a
+/// free port; then `rest` (sinks, routes, `[intake]`).
+pub fn dedupd_toml(bootstrap: &str, group: &str, topics: [&str; 3], store: &Path, rest: &str) -> String {
+    let [input, results, dlq] = topics;
+    format!(
+        "{kafka}\n[store]\npath = {store:?}\n\n[http]\nlisten = \"127.0.0.1:0\"\n\n[log]\nformat = \"json\"\n{rest}",
+        kafka = kafka::kafka_table(bootstrap, &kafka::unique(group), input, results, dlq),
+        store = store.to_str().expect("utf-8 path"),
+    )
+}
 
 /// The `intake_addr` of the "dedupd running" line, once logged.
 pub async fn intake_addr(log: &Path, child: &mut DedupdProcess) -> String {
