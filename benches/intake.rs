@@ -13,7 +13,7 @@
 //! ≥ 0.5× the proxy's throughput and a p99 within the proxy's p99 + two fsyncs' p99 + 5 ms.
 //!
 //! Run: `scripts/kafka/kafka.sh with cargo bench --bench intake -- [--seconds S]
-//! [--clients C] [--rounds N]`.
+//! [--clients C] [--rounds N] [--partitions P]` (defaults 10, 32, 3, 4).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -34,10 +34,12 @@ struct Args {
     seconds: u64,
     clients: usize,
     rounds: usize,
+    /// Partitions of the input topic (dedupd runs a partition's batches one after another).
+    partitions: i32,
 }
 
 fn args() -> Args {
-    let mut a = Args { seconds: 10, clients: 32, rounds: 3 };
+    let mut a = Args { seconds: 10, clients: 32, rounds: 3, partitions: 4 };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
     while let Some(flag) = it.next() {
@@ -46,6 +48,7 @@ fn args() -> Args {
             "--seconds" => a.seconds = value(),
             "--clients" => a.clients = value() as usize,
             "--rounds" => a.rounds = value() as usize,
+            "--partitions" => a.partitions = value() as i32,
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -73,11 +76,11 @@ async fn main() {
         serve(axum::Router::new().fallback(axum::routing::post(forward)).with_state(Arc::new((client, target)))).await
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut dedupd, intake) = start_dedupd(&bootstrap, &format!("http://{sink}/pay"), dir.path()).await;
+    let (mut dedupd, intake) = start_dedupd(&bootstrap, &format!("http://{sink}/pay"), dir.path(), a.partitions).await;
     let fsync_p99 = fsync_p99_ms(dir.path());
     println!(
-        "{} clients, {} s per side and round, {} rounds; fsync p99 on the store's disk {fsync_p99:.2} ms",
-        a.clients, a.seconds, a.rounds
+        "{} clients, {} input partitions, {} s per side and round, {} rounds; fsync p99 on the store's disk {fsync_p99:.2} ms",
+        a.clients, a.partitions, a.seconds, a.rounds
     );
     let (mut proxied, mut intaken) = (Vec::new(), Vec::new());
     for round in 0..a.rounds {
@@ -134,14 +137,14 @@ fn free_port() -> u16 {
 }
 
 /// `dedupd run` with the intake in front of `sink`; its intake's address once ready.
-async fn start_dedupd(bootstrap: &str, sink: &str, dir: &std::path::Path) -> (Child, SocketAddr) {
+async fn start_dedupd(bootstrap: &str, sink: &str, dir: &std::path::Path, partitions: i32) -> (Child, SocketAddr) {
     let unique = |name: &str| format!("bench-intake-{name}-{}", std::process::id());
     let (input, results, dlq) = (unique("in"), unique("out"), unique("dlq"));
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin");
     let topics = [
-        NewTopic::new(&input, 4, TopicReplication::Fixed(1)),
-        NewTopic::new(&results, 4, TopicReplication::Fixed(1)),
+        NewTopic::new(&input, partitions, TopicReplication::Fixed(1)),
+        NewTopic::new(&results, partitions, TopicReplication::Fixed(1)),
         NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)),
     ];
     admin.create_topics(&topics, &AdminOptions::new()).await.expect("topics");
@@ -167,7 +170,14 @@ async fn start_dedupd(bootstrap: &str, sink: &str, dir: &std::path::Path) -> (Ch
     let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !client.get(format!("http://127.0.0.1:{ops}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
-        assert!(Instant::now() < deadline, "dedupd not ready; its log: {}", dir.join("dedupd.log").display());
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(dir.join("dedupd.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            panic!(
+                "dedupd not ready within 60 s; the end of its log:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     (child, SocketAddr::from(([127, 0, 0, 1], intake)))

@@ -98,6 +98,11 @@ pub enum ReaderError {
     NoPartitions(String),
 }
 
+/// How long the reader keeps asking for the results topic's partitions and their ends: a
+/// topic just created has no leaders for a moment (the broker answers
+/// `NotLeaderForPartition`), and `run` should not stop for that.
+const FIND_ENDS_FOR: Duration = Duration::from_secs(30);
+
 /// Starts reading `topic` at its current end with `consumer` (no group: it is assigned
 /// every partition), handing records to `waiters` until `stop`. Returns once assigned, so
 /// that every result of a command produced afterwards is read.
@@ -107,6 +112,25 @@ pub fn start_reader(
     waiters: Arc<Waiters>,
     stop: CancellationToken,
 ) -> Result<std::thread::JoinHandle<()>, ReaderError> {
+    let kafka = |source| ReaderError::Kafka { topic: topic.to_string(), source };
+    let deadline = std::time::Instant::now() + FIND_ENDS_FOR;
+    let assignment = loop {
+        match ends(&consumer, topic) {
+            Ok(assignment) => break assignment,
+            Err(ReaderError::Kafka { source, .. }) if std::time::Instant::now() < deadline && !stop.is_cancelled() => {
+                tracing::info!(topic, error = %source, "intake: the results topic's partitions are not ready; asking again");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    consumer.assign(&assignment).map_err(kafka)?;
+    let topic = topic.to_string();
+    Ok(std::thread::spawn(move || read_until(&consumer, &topic, &waiters, &stop)))
+}
+
+/// Every partition of `topic` at its end offset.
+fn ends(consumer: &BaseConsumer, topic: &str) -> Result<TopicPartitionList, ReaderError> {
     let kafka = |source| ReaderError::Kafka { topic: topic.to_string(), source };
     let timeout = Duration::from_secs(10);
     let metadata = consumer.fetch_metadata(Some(topic), timeout).map_err(kafka)?;
@@ -119,9 +143,7 @@ pub fn start_reader(
         let (_, end) = consumer.fetch_watermarks(topic, partition, timeout).map_err(kafka)?;
         assignment.add_partition_offset(topic, partition, Offset::Offset(end)).map_err(kafka)?;
     }
-    consumer.assign(&assignment).map_err(kafka)?;
-    let topic = topic.to_string();
-    Ok(std::thread::spawn(move || read_until(&consumer, &topic, &waiters, &stop)))
+    Ok(assignment)
 }
 
 fn read_until(consumer: &BaseConsumer, topic: &str, waiters: &Waiters, stop: &CancellationToken) {
