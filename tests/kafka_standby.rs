@@ -147,9 +147,18 @@ async fn operator_writes_go_to_the_owner(http_b: &str, owned: &[String], input: 
         let body = answer.text().await.unwrap_or_default();
         assert_eq!(status, expected, "resolve {key} at B (owns {owned:?}): {body}");
     }
-    let status = status(http_b, ADMIN_TOKEN).await;
-    let running: Vec<(String, String)> = status.partitions.into_iter().map(|p| (p.partition, p.state)).collect();
+    // The restore's log line comes before the consumer moves the partition from restoring
+    // to running: wait for that, bounded.
     let expected: Vec<(String, String)> =
         owned.iter().map(|p| (format!("{input}/{p}"), "running".to_string())).collect();
-    assert_eq!(running, expected, "B's partitions in /v1/status");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = status(http_b, ADMIN_TOKEN).await;
+        let shown: Vec<(String, String)> = status.partitions.into_iter().map(|p| (p.partition, p.state)).collect();
+        if shown == expected {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B's partitions in /v1/status: {shown:?}, not {expected:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
