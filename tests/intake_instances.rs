@@ -77,6 +77,7 @@ async fn two_instances_run_each_key_once_across_concurrency_and_a_kill() {
     for k in &keys {
         assert_eq!(calls.get(k.as_str()).copied(), Some(1), "{k}: {calls:?}");
     }
+    each_key_is_read_at_its_owner(&keys, [&door_a, &door_b]).await;
 
     // Requests to `a`, whose calls are under way at either instance when `a` is killed.
     let doomed: Vec<String> = (0..12).map(|i| format!("kill-{i}")).collect();
@@ -110,4 +111,26 @@ async fn two_instances_run_each_key_once_across_concurrency_and_a_kill() {
         assert!(calls.get(k.as_str()).copied().unwrap_or(0) <= 1, "{k} was called twice: {calls:?}");
     }
     assert!(b.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()));
+}
+
+/// `GET /v1/commands/{key}`: the instance holding the key's state partition answers with its
+/// record; the other, which holds none of it, answers 421 `not-owner` (every key is held by
+/// exactly one of the two: the group is settled, nobody joins or leaves meanwhile).
+async fn each_key_is_read_at_its_owner(keys: &[String], doors: [&Door; 2]) {
+    let mut owners = [0, 0];
+    for k in keys {
+        let path = format!("/v1/commands/{k}");
+        let (a, b) = (doors[0].get(API_KEY, &path).await, doors[1].get(API_KEY, &path).await);
+        let read = |(status, body): &(StatusCode, Value)| *status == StatusCode::OK && body["state"] == "completed";
+        let misdirected = |(status, body): &(StatusCode, Value)| {
+            *status == StatusCode::MISDIRECTED_REQUEST && problem_type(body) == "not-owner"
+        };
+        match (read(&a), read(&b)) {
+            (true, false) => assert!(misdirected(&b), "{k} at b: {b:?}"),
+            (false, true) => assert!(misdirected(&a), "{k} at a: {a:?}"),
+            _ => panic!("{k} is read at exactly one instance: a {a:?}, b {b:?}"),
+        }
+        owners[usize::from(read(&b))] += 1;
+    }
+    assert!(owners[0] > 0 && owners[1] > 0, "each instance owns some of the keys: {owners:?}");
 }

@@ -5,11 +5,15 @@
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
+use std::sync::LazyLock;
 
 #[cfg(test)]
 use super::problem::Cause;
 
 const DOCUMENT: &str = include_str!("openapi.json");
+
+/// The document as served, made once: parsed, its version set, written back out.
+static SERVED: LazyLock<String> = LazyLock::new(|| document().to_string());
 
 /// The document as served.
 pub fn document() -> Value {
@@ -22,7 +26,7 @@ pub fn document() -> Value {
 
 /// `GET /v1/openapi.json`.
 pub async fn describe() -> Response {
-    let mut response = document().to_string().into_response();
+    let mut response = SERVED.as_str().into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }

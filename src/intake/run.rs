@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use serde_json::{Value, json};
@@ -95,9 +96,14 @@ impl Door {
         let record =
             FutureRecord::to(&self.topic).key(produced.key.as_bytes()).payload(&produced.value).headers(headers);
         let queue_timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        match self.producer.send(record, queue_timeout).await {
+        let sent = if refused_at_produce(&produced.key) {
+            Err(KafkaError::MessageProduction(RDKafkaErrorCode::BrokerNotAvailable))
+        } else {
+            self.producer.send(record, queue_timeout).await.map_err(|(e, _)| e)
+        };
+        match sent {
             Ok(delivery) => Ok(SourceRef::at(&self.topic, delivery.partition, delivery.offset)),
-            Err((e, _)) => {
+            Err(e) => {
                 tracing::warn!(topic = %self.topic, error = %e, "intake: producing a command");
                 Err(Problem::new(Cause::Unavailable, format!("the command could not be handed to Kafka: {e}"))
                     .header(header::RETRY_AFTER, RETRY_AFTER_SECS))
@@ -118,4 +124,13 @@ impl Door {
         });
         Ran::Accepted { body, location }
     }
+}
+
+/// Whether (feature `failpoints`) the failpoint `intake.produce`, `return(KAFKA_KEY)`, makes
+/// Kafka refuse the command with that record key (`CLIENT/KEY`): the test of the intake's
+/// 503 without stopping the broker its other tests share.
+#[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
+fn refused_at_produce(record_key: &str) -> bool {
+    fail::fail_point!("intake.produce", |refused: Option<String>| refused.as_deref() == Some(record_key));
+    false
 }
