@@ -79,6 +79,7 @@ fn in_doubt(fp: u8, reference: &str) -> Record {
             kind: "payment.charge".into(),
             payload: json!({"ref": reference}).to_string().into_bytes(),
             source: SourcePos { topic: "commands".into(), partition: 0, offset: i64::from(fp) },
+            intake_client: None,
         })),
     })
 }

@@ -74,6 +74,28 @@ async fn found_settles_the_key_succeeded_with_the_checks_answer_and_no_call() {
 }
 
 #[tokio::test]
+async fn an_intake_commands_settlement_names_its_client() {
+    let found = json!({"status": 200, "body": {"id": "ch_1"}});
+    for answer in [CheckAnswer::Found(found), CheckAnswer::Absent] {
+        let scripted = Scripted::new(&[Call::Lost, Call::Ok], vec![unknown(), answer]);
+        let sink = Sink::new("s", false, Arc::clone(&scripted) as Arc<dyn SinkEffect>)
+            .with_check(Some(timing(Duration::from_secs(3600))));
+        let mut e = EngineWithSink::new(Arc::new(sink));
+        let mut item = e.item(KEY, json!({"ref": "r-1"}));
+        if let Ok(command) = &mut item.parsed {
+            command.intake_client = Some("agent".into());
+        }
+        let results = e.deliver(&[item]).await;
+        assert_eq!(results[0].result.outcome, Outcome::Indeterminate);
+        let Some(Record::Indeterminate(r)) = e.record(KEY) else { panic!("{:?}", e.record(KEY)) };
+        assert_eq!(r.held.and_then(|h| h.intake_client).as_deref(), Some("agent"), "the record keeps the client");
+        let Reconciled::Settled(p) = reconcile(&e, &everywhere).await else { panic!("not settled") };
+        let client = p.result.source.intake.as_ref().map(|i| i.client.as_str());
+        assert_eq!(client, Some("agent"), "{:?}", scripted.log());
+    }
+}
+
+#[tokio::test]
 async fn absent_runs_the_command_once_more_claimed_first() {
     let scripted = Scripted::new(&[Call::Lost, Call::Ok], vec![unknown(), CheckAnswer::Absent]);
     let e = in_doubt(&scripted, Duration::from_secs(3600)).await;

@@ -162,6 +162,7 @@ impl Engine {
             kind: cmd.kind.clone(),
             payload: serde_json::to_vec(&cmd.payload).unwrap_or_else(|_| b"null".to_vec()),
             source: source.clone(),
+            intake_client: cmd.intake_client.clone(),
         })
     }
 }

@@ -244,7 +244,7 @@ impl Engine {
             traceparent: None,
             tracestate: None,
             shape: Shape::Native,
-            intake_client: None,
+            intake_client: held.intake_client.clone(),
         };
         Ok(InDoubt { held, command, sink: Arc::clone(sink), timing })
     }

@@ -306,6 +306,7 @@ mod tests {
                 kind: "t".into(),
                 payload: b"{}".to_vec(),
                 source: SourcePos::default(),
+                intake_client: None,
             })),
         });
         store.compare_and_swap(key, None, Some(&record)).unwrap().unwrap();

@@ -163,6 +163,7 @@ mod tests {
                 kind: "t".into(),
                 payload: b"{}".to_vec(),
                 source: SourcePos { topic: "in".into(), partition: 0, offset: 1 },
+                intake_client: None,
             })),
         })
     }

@@ -239,6 +239,9 @@ fn held_json(json: &mut serde_json::Value, held: &Held) {
     json["payload"] = serde_json::from_slice(&held.payload)
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&held.payload).into_owned()));
     json["source"] = serde_json::json!(held.source);
+    if let Some(client) = &held.intake_client {
+        json["source"]["intake"] = serde_json::json!({ "client": client });
+    }
 }
 
 #[cfg(test)]

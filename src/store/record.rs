@@ -10,14 +10,14 @@
 //! Extensions: after those, any record may carry sections `[tag >= 0x80][length][bytes]`,
 //! which a reader that does not know a tag skips, so that a later version can add to what a
 //! record says while instances of both read each other's records (a rolling update with
-//! `store.changelog`). Two so far: a completed record's [`Settled`] (tag 0x80), how a key
-//! in doubt was settled; and the command an `in_progress` claim of the reconciler keeps
-//! (tag 0x81, [`Held`]).
+//! `store.changelog`). Three so far: a completed record's [`Settled`] (tag 0x80), how a key
+//! in doubt was settled; the command an `in_progress` claim of the reconciler keeps
+//! (tag 0x81, [`Held`]); and the intake client of a kept command (tag 0x82).
 
 mod held;
 mod settled;
-use held::HELD_TAG;
 pub use held::Held;
+use held::{HELD_TAG, INTAKE_CLIENT_TAG};
 use settled::SETTLED_TAG;
 pub use settled::{Settled, SettledBy};
 
@@ -282,7 +282,20 @@ impl Record {
                 }
             }
         }
+        if let Some(client) = self.held().and_then(|held| held.intake_client.as_deref()) {
+            out.push(INTAKE_CLIENT_TAG);
+            put_bytes(&mut out, client.as_bytes());
+        }
         out
+    }
+
+    /// The command the record keeps: an `indeterminate` record's, or the reconciler's claim's.
+    fn held(&self) -> Option<&Held> {
+        match self {
+            Record::InProgress(r) => r.held.as_deref(),
+            Record::Indeterminate(r) => r.held.as_deref(),
+            Record::Completed(_) => None,
+        }
     }
 
     /// The state of an encoded record, read from its two header bytes alone: what the
@@ -373,6 +386,15 @@ impl Record {
                     claim.held = Some(Box::new(Held::decode(&mut section)?));
                     if !section.buf.is_empty() {
                         return Err(DecodeError(format!("{} bytes after a claim's command", section.buf.len())));
+                    }
+                }
+                (INTAKE_CLIENT_TAG, _) => {
+                    let client = String::from_utf8(body.to_vec())
+                        .map_err(|_| DecodeError("an intake client that is not UTF-8".into()))?;
+                    if let Record::InProgress(InProgress { held: Some(held), .. })
+                    | Record::Indeterminate(Indeterminate { held: Some(held), .. }) = &mut record
+                    {
+                        held.intake_client = Some(client);
                     }
                 }
                 _ => {}

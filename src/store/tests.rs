@@ -139,6 +139,7 @@ fn put_in_doubt(store: &KeyStore, key: &str, b: u8, sink: Option<&str>) {
             kind: "t".into(),
             payload: b"{}".to_vec(),
             source: SourcePos { topic: "in".into(), partition: 0, offset: 1 },
+            intake_client: None,
         })
     });
     store

@@ -52,6 +52,7 @@ pub fn indeterminate_at(fp: u8, claimed_at_ms: i64, route: &str, sink: &str) -> 
             kind: "payment.charge".into(),
             payload: br#"{"amount":5}"#.to_vec(),
             source: SourcePos { topic: "commands".into(), partition: 0, offset: i64::from(fp) },
+            intake_client: None,
         })),
     })
 }

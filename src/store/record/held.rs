@@ -2,12 +2,16 @@
 //! layout, flag 1), and that of the reconciler's claim running such a key again (section
 //! [`HELD_TAG`], so that a version reading past sections reads the claim without it).
 //!
-//! Layout: `[sink][route][type][payload][topic][partition i32][offset i64]`.
+//! Layout: `[sink][route][type][payload][topic][partition i32][offset i64]`. The intake
+//! client a command came from, when it did, is a section of the record (tag
+//! [`INTAKE_CLIENT_TAG`]), so that a version without it reads the rest.
 
 use super::{DecodeError, Reader, SourcePos, put_bytes};
 
 /// The tag of a claim's section (see the module doc of `record`).
 pub(super) const HELD_TAG: u8 = 0x81;
+/// The tag of the section naming the intake client of a record's held command.
+pub(super) const INTAKE_CLIENT_TAG: u8 = 0x82;
 
 /// The command of a key in doubt, kept with its record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,12 +26,22 @@ pub struct Held {
     pub payload: Vec<u8>,
     /// The input record that claimed the key.
     pub source: SourcePos,
+    /// The intake client that posted the command (docs/contract.md §9), named by the result
+    /// a settlement publishes.
+    pub intake_client: Option<String>,
 }
 
 impl Held {
     /// Its variable bytes, for sizing a buffer (lengths and fixed fields: at most 42 more).
     pub(super) fn encoded_len(&self) -> usize {
-        self.sink.len() + self.route.len() + self.kind.len() + self.payload.len() + self.source.topic.len() + 42
+        let client = self.intake_client.as_ref().map_or(0, |c| c.len() + 12);
+        self.sink.len()
+            + self.route.len()
+            + self.kind.len()
+            + self.payload.len()
+            + self.source.topic.len()
+            + client
+            + 42
     }
 
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
@@ -47,6 +61,7 @@ impl Held {
             kind: r.string()?,
             payload: r.bytes()?.to_vec(),
             source: SourcePos { topic: r.string()?, partition: r.i32()?, offset: r.i64()? },
+            intake_client: None,
         })
     }
 }

@@ -15,11 +15,12 @@ fn held() -> Box<Held> {
         kind: "payment.create".into(),
         payload: br#"{"ref":"r-1"}"#.to_vec(),
         source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
+        intake_client: None,
     })
 }
 
 /// A record of each state, with and without its optional sections.
-fn every_shape() -> [Record; 7] {
+fn every_shape() -> [Record; 9] {
     [
         Record::InProgress(InProgress {
             fingerprint: fp(1),
@@ -78,7 +79,51 @@ fn every_shape() -> [Record; 7] {
             why: "no answer".into(),
             held: Some(held()),
         }),
+        Record::Indeterminate(Indeterminate {
+            fingerprint: fp(4),
+            claimed_at_ms: 5,
+            attempts: 1,
+            why: "no answer".into(),
+            held: Some(held_from_intake()),
+        }),
+        Record::InProgress(InProgress {
+            fingerprint: fp(9),
+            claimed_at_ms: 1_700_000_000_000,
+            attempts: 2,
+            source: SourcePos { topic: "commands".into(), partition: 2, offset: 77 },
+            held: Some(held_from_intake()),
+        }),
     ]
+}
+
+/// A command kept in doubt that an intake client posted.
+fn held_from_intake() -> Box<Held> {
+    Box::new(Held { intake_client: Some("agent".into()), ..*held() })
+}
+
+#[test]
+fn the_intake_client_is_a_section_a_version_without_it_reads_past() {
+    for held in [held(), held_from_intake()] {
+        let with = Record::Indeterminate(Indeterminate {
+            fingerprint: fp(5),
+            claimed_at_ms: 5,
+            attempts: 1,
+            why: "no answer".into(),
+            held: Some(held),
+        });
+        let bytes = with.encode();
+        let mut bare = with.clone();
+        if let Record::Indeterminate(Indeterminate { held: Some(h), .. }) = &mut bare {
+            h.intake_client = None;
+        }
+        let mut section = bare.encode();
+        if let Some(client) = with.held().and_then(|h| h.intake_client.as_deref()) {
+            section.push(INTAKE_CLIENT_TAG);
+            put_bytes(&mut section, client.as_bytes());
+        }
+        assert_eq!(bytes, section, "the record without the client, then its section");
+        assert_eq!(Record::decode(&bytes).unwrap(), with);
+    }
 }
 
 #[test]
@@ -93,7 +138,7 @@ fn each_state_round_trips() {
 fn extension_sections_a_later_version_appends_are_read_past() {
     for r in every_shape() {
         let mut bytes = r.encode();
-        for (tag, body) in [(HELD_TAG + 1, &b"said by a later version"[..]), (0xff, &[][..])] {
+        for (tag, body) in [(INTAKE_CLIENT_TAG + 1, &b"said by a later version"[..]), (0xff, &[][..])] {
             bytes.push(tag);
             put_bytes(&mut bytes, body);
         }
@@ -139,6 +184,7 @@ fn a_claims_command_section_that_does_not_read_whole_is_an_error() {
         kind: "t".into(),
         payload: b"{}".to_vec(),
         source: SourcePos::default(),
+        intake_client: None,
     }
     .encode(&mut section);
     for body in [&section[..section.len() - 1], &[section.as_slice(), &[0]].concat()] {

@@ -113,6 +113,9 @@ struct HeldLine {
     kind: String,
     payload: serde_json::Value,
     source: SourcePos,
+    /// The intake client that posted the command, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    intake_client: Option<String>,
 }
 
 impl HeldLine {
@@ -123,6 +126,7 @@ impl HeldLine {
             kind: held.kind.clone(),
             payload: serde_json::from_slice(&held.payload).unwrap_or(serde_json::Value::Null),
             source: held.source.clone(),
+            intake_client: held.intake_client.clone(),
         }
     }
 
@@ -133,6 +137,7 @@ impl HeldLine {
             kind: self.kind,
             payload: serde_json::to_vec(&self.payload).unwrap_or_else(|_| b"null".to_vec()),
             source: self.source,
+            intake_client: self.intake_client,
         })
     }
 }

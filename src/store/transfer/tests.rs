@@ -101,6 +101,7 @@ fn export_then_import(from: StoreBackend, to: StoreBackend) {
                     kind: "payment.create".into(),
                     payload: br#"{"cents":100,"ref":"r-1"}"#.to_vec(),
                     source: SourcePos { topic: "t".into(), partition: 0, offset: 3 },
+                    intake_client: None,
                 })),
             }),
         ),
