@@ -105,6 +105,7 @@ async fn the_intake_runs_each_key_once_and_answers_every_request() {
     bad_requests_produce_nothing(&door, &pay, &bootstrap, &topics[0], refusing).await;
     slow_commands_are_accepted_and_polled(&door, &slow).await;
     every_listed_status_was_answered(&door, refusing).await;
+    requests_are_counted(&log, &mut dedupd, refusing).await;
 
     // One result per command produced, each naming its input on the intake's topic.
     let produced: i64 = kafka::watermarks(&bootstrap, &topics[0]).await.iter().map(|(lo, hi)| hi - lo).sum();
@@ -289,8 +290,17 @@ async fn slow_commands_are_accepted_and_polled(door: &Door, slow: &SlowReceiver)
         assert!(tokio::time::Instant::now() < deadline, "report-11 never completed: {state}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (status, replayed, _) = door.send(ALICE, "report.build", "report-11", report).await;
-    assert_eq!((status, replayed.as_deref()), (StatusCode::OK, Some("true")));
+    // Completed in the store; this instance holds the key (409) until the accepted
+    // request's result record reaches its results reader, which a loaded machine delays.
+    let (status, replayed, body) = loop {
+        let (status, replayed, body) = door.send(ALICE, "report.build", "report-11", report.clone()).await;
+        if status != StatusCode::CONFLICT || tokio::time::Instant::now() >= deadline {
+            break (status, replayed, body);
+        }
+        assert_eq!(problem_type(&body), "in-flight", "{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!((status, replayed.as_deref()), (StatusCode::OK, Some("true")), "{body}");
     assert_eq!(slow.count(), 1, "one call of the slow sink");
 }
 
@@ -333,6 +343,29 @@ async fn the_intake_serves_tls_with_its_certificate() {
     assert!(refused.is_err() || refused.is_ok_and(|r| !r.status().is_success()));
     assert_eq!(calls(&pay, "alice/tls-2"), 0);
     assert!(dedupd.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", tail_of_file(&log, 40));
+}
+
+/// `/metrics` counts the requests above by door, client and status, and times them.
+async fn requests_are_counted(log: &std::path::Path, dedupd: &mut DedupdProcess, refusing: bool) {
+    let ops = common::process::wait_for_http_addr(log, dedupd, Duration::from_secs(10)).await;
+    let scrape = reqwest::get(format!("http://{ops}/metrics")).await.expect("scrape").text().await.expect("text");
+    let count = |labels: &[&str]| -> f64 {
+        scrape
+            .lines()
+            .filter(|l| l.starts_with("dedupd_intake_requests_total{") && labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(count(&[r#"door="http""#, r#"client="alice""#, r#"status="200""#]) >= 3.0, "{scrape}");
+    assert!(count(&[r#"client="bob""#]) >= 1.0, "{scrape}");
+    assert!(count(&[r#"client="-""#, r#"status="401""#]) >= 1.0, "an unknown API key: {scrape}");
+    assert!(count(&[r#"client="alice""#, r#"status="422""#]) >= 1.0, "{scrape}");
+    if refusing {
+        assert!(count(&[r#"client="alice""#, r#"status="503""#]) >= 1.0, "{scrape}");
+    }
+    let timed = scrape.lines().find(|l| l.starts_with(r#"dedupd_intake_request_duration_seconds_count{door="http"}"#));
+    let timed: f64 = timed.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0);
+    assert!(timed >= count(&[r#"door="http""#]), "every request timed: {timed}\n{scrape}");
 }
 
 /// Every status `/v1/openapi.json` lists was answered above, but 421 `not-owner` (a key of

@@ -61,9 +61,11 @@ fn catalogue() -> Vec<(String, &'static str)> {
     dedupd.chain(process).collect()
 }
 
-/// The catalogue's families that have no series in this run: no worker panics, and
-/// `state_restoring` has none until a restore (no `store.changelog` here).
-const NOT_IN_THIS_RUN: [&MetricDef; 2] = [&metric::WORKER_PANICS, &metric::STATE_RESTORING];
+/// The catalogue's families that have no series in this run: no worker panics,
+/// `state_restoring` has none until a restore (no `store.changelog` here), and the
+/// intake's none without `[intake]` (tests/intake.rs scrapes them).
+const NOT_IN_THIS_RUN: [&MetricDef; 4] =
+    [&metric::WORKER_PANICS, &metric::STATE_RESTORING, &metric::INTAKE_REQUESTS, &metric::INTAKE_DURATION];
 
 /// The process collector's metrics and their types.
 const PROCESS: [(&str, &str); 7] = [

@@ -50,7 +50,21 @@ impl Clients {
 
     /// The client a request comes from, after taking one of its rate's tokens.
     pub fn admit(&self, headers: &HeaderMap) -> Result<&str, Refused> {
-        let given = bearer(headers).ok_or(Refused::Unknown)?;
+        let known = self.known(headers).ok_or(Refused::Unknown)?;
+        match known.bucket.check() {
+            Ok(()) => Ok(&known.name),
+            Err(not_until) => Err(Refused::RateLimited(not_until.wait_time_from(self.clock.now()))),
+        }
+    }
+
+    /// The name of the client whose API key a request carries, its rate untouched (for
+    /// the intake's metrics).
+    pub fn name_of(&self, headers: &HeaderMap) -> Option<&str> {
+        self.known(headers).map(|known| known.name.as_str())
+    }
+
+    fn known(&self, headers: &HeaderMap) -> Option<&Known> {
+        let given = bearer(headers)?;
         // Every key is compared, whichever matches, so that the time taken says nothing.
         let mut found = None;
         for known in &self.known {
@@ -58,11 +72,7 @@ impl Clients {
                 found = Some(known);
             }
         }
-        let known = found.ok_or(Refused::Unknown)?;
-        match known.bucket.check() {
-            Ok(()) => Ok(&known.name),
-            Err(not_until) => Err(Refused::RateLimited(not_until.wait_time_from(self.clock.now()))),
-        }
+        found
     }
 }
 

@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::IntakeConfig;
 pub use record::Checks;
 
-use crate::ops::KeyOwner;
+use crate::ops::{KeyOwner, Metrics};
 use crate::store::KeyStore;
 use clients::Clients;
 use results::Waiters;
@@ -89,6 +89,8 @@ pub struct Parts<'a> {
     pub store: Arc<KeyStore>,
     /// With the store on Kafka: whether this instance holds a key's state.
     pub owner: Option<Arc<dyn KeyOwner>>,
+    /// The process's metrics (`intake_requests_total`, `intake_request_duration_seconds`).
+    pub metrics: Arc<Metrics>,
 }
 
 /// The intake's state, shared by its handlers.
@@ -102,6 +104,7 @@ pub(crate) struct Door {
     max_body_bytes: usize,
     store: Arc<KeyStore>,
     owner: Option<Arc<dyn KeyOwner>>,
+    metrics: Arc<Metrics>,
     stop: CancellationToken,
 }
 
@@ -131,6 +134,7 @@ pub async fn serve(
         max_body_bytes: parts.config.max_body_bytes,
         store: parts.store,
         owner: parts.owner,
+        metrics: parts.metrics,
         stop: stop.clone(),
     });
     let (tools, allowed_hosts) = (&parts.config.tools, &parts.config.mcp_allowed_hosts);
@@ -143,6 +147,7 @@ pub async fn serve(
                 .nest_service("/mcp", mcp::service(Arc::clone(&door), tools, allowed_hosts, stop.child_token()))
                 .layer(axum::middleware::from_fn_with_state(Arc::clone(&door), mcp::admit)),
         )
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&door), measured))
         .with_state(door);
     let std_listener = listener.try_clone().map_err(|source| bind_error(listener, source))?;
     let addr = std_listener.local_addr().map_err(|source| bind_error(listener, source))?;
@@ -165,6 +170,21 @@ pub async fn serve(
         let _ = tokio::task::spawn_blocking(move || reader.join()).await;
     });
     Ok((addr, task))
+}
+
+/// Counts each request the intake answers and times it (`intake_requests_total`,
+/// `intake_request_duration_seconds`).
+async fn measured(
+    axum::extract::State(door): axum::extract::State<Arc<Door>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let started = std::time::Instant::now();
+    let surface = if request.uri().path().starts_with("/mcp") { "mcp" } else { "http" };
+    let client = door.clients.name_of(request.headers()).unwrap_or("-").to_string();
+    let response = next.run(request).await;
+    door.metrics.intake_answered(surface, &client, response.status().as_u16(), started.elapsed().as_secs_f64());
+    response
 }
 
 /// Serves `app` over TLS on `listener` until `stop`, then lets requests under way finish

@@ -10,6 +10,7 @@ pub mod catalogue;
 mod doubts;
 mod figures;
 mod host;
+mod intake;
 
 pub use figures::Figures;
 
@@ -50,6 +51,7 @@ pub struct Metrics {
     store_fsyncs: IntCounterVec,
     transaction_commit: Histogram,
     state: StateMetrics,
+    intake: intake::IntakeMetrics,
     host: host::HostMetrics,
 }
 
@@ -107,6 +109,7 @@ impl Metrics {
             store_write_errors: c::STORE_WRITE_ERRORS.int_counter_vec()?,
             store_fsyncs: c::STORE_FSYNCS.int_counter_vec()?,
             state: StateMetrics::new()?,
+            intake: intake::intake_metrics()?,
             transaction_commit: c::TRANSACTION_COMMIT.histogram()?,
             host: host::HostMetrics::new()?,
             registry: Registry::new_custom(Some(c::PREFIX.into()), None)?,
@@ -149,6 +152,8 @@ impl Metrics {
             Box::new(self.state.standby_partitions.clone()),
             Box::new(self.state.fenced.clone()),
             Box::new(self.state.stalled_aborted.clone()),
+            Box::new(self.intake.requests.clone()),
+            Box::new(self.intake.duration.clone()),
         ] {
             self.registry.register(c)?;
         }
@@ -221,6 +226,13 @@ impl Metrics {
     /// One check ended with `answer` (one of [`CHECK_ANSWERS`]).
     pub fn check(&self, sink: &str, answer: &str) {
         self.doubts.checks.with_label_values(&[sink, answer]).inc();
+    }
+
+    /// The intake answered a request at `door` (`http`, `mcp`) of `client` (`-`: none
+    /// known) with `status`, `seconds` after it came.
+    pub fn intake_answered(&self, door: &str, client: &str, status: u16, seconds: f64) {
+        self.intake.requests.with_label_values(&[door, client, &status.to_string()]).inc();
+        self.intake.duration.with_label_values(&[door]).observe(seconds);
     }
 
     /// A commit of the results transaction took `seconds`.

@@ -35,6 +35,7 @@ pub(super) async fn serve(
         },
         store: Arc::clone(&core.store),
         owner: core.changelog.as_ref().map(changelog::Changelog::key_owner),
+        metrics: Arc::clone(&core.metrics),
     };
     Ok(crate::intake::serve(listener, parts, stop.clone()).await?)
 }

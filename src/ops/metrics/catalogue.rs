@@ -267,6 +267,19 @@ pub const STALLED_TRANSACTIONS_ABORTED: MetricDef = def!(
     [],
     "Transactions of another instance that held a partition of dedupd's own topics past the session or transaction timeout, aborted by taking over their transactional.id."
 );
+pub const INTAKE_REQUESTS: MetricDef = def!(
+    "intake_requests_total",
+    Counter,
+    ["door", "client", "status"],
+    "Requests the intake answered, by door (http, mcp), client (- for no or an unknown API key) and HTTP status."
+);
+pub const INTAKE_DURATION: MetricDef = def!(
+    "intake_request_duration_seconds",
+    Histogram,
+    ["door"],
+    LATENCY_BUCKETS,
+    "How long the intake took to answer a request, by door (http, mcp); a 202 ends the wait at intake.wait."
+);
 pub const BUILD_INFO: MetricDef = def!("build_info", Gauge, ["version"], "Always 1; its labels say which build runs.");
 pub const STORE_VOLUME_SIZE: MetricDef =
     def!("store_volume_size_bytes", Gauge, [], "Size of the filesystem that holds the store (0 until first read).");
@@ -309,6 +322,8 @@ pub const CATALOGUE: &[&MetricDef] = &[
     &STALLED_TRANSACTIONS_ABORTED,
     &STATE_STANDBY_RECORDS,
     &STATE_STANDBY_PARTITIONS,
+    &INTAKE_REQUESTS,
+    &INTAKE_DURATION,
     &BUILD_INFO,
     &STORE_VOLUME_SIZE,
     &STORE_VOLUME_FREE,

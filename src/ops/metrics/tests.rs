@@ -16,6 +16,7 @@ fn every_family() -> Metrics {
     m.set_sink_circuit_open("smtp", false);
     m.worker_panicked("commands", 0);
     m.set_restoring(0, false);
+    m.intake_answered("http", "agent", 200, 0.01);
     m
 }
 
