@@ -1,4 +1,4 @@
-//! Crash points: the named places where the crash suite (tests/kafka_kill.rs) kills the
+//! Crash points: the named places where the crash suite (tests/kafka/kafka_kill.rs) kills the
 //! process with a real SIGKILL, so that each step a crash can interrupt is interrupted on
 //! purpose, not only where random timing happens to land.
 //!
@@ -8,7 +8,7 @@
 //! SIGKILLs itself the next time; `return(MS)` instead kills it MS milliseconds later from
 //! another thread, while the work at the point goes on (a kill *during* a sink call), and
 //! `return(stop)` SIGSTOPs it there instead, until a SIGCONT (a zombie: a process frozen at
-//! that step while its group moves on, tests/kafka_zombie.rs).
+//! that step while its group moves on, tests/kafka/kafka_zombie.rs).
 //!
 //! The points, in the order a command meets them ([`POINTS`]):
 //! 1. `claim.appended`: the round's claims written (journal or backend), not yet synced;
@@ -26,31 +26,31 @@
 //! Nine more points are not in [`POINTS`] (which the crash suite runs with transactions
 //! off, point by point):
 //! - `replay.delivered`: `dedupd dead-letters replay` with a replayed record and its mark
-//!   delivered, their transaction not yet committed (tests/cli_dead_letters.rs: killed
+//!   delivered, their transaction not yet committed (tests/cli/cli_dead_letters.rs: killed
 //!   there, neither counts, and the next run replays the record once);
 //! - `transaction.delivered`: with Kafka transactions on, a transaction's records all
 //!   delivered to the broker, its commit not yet asked for, so a kill there always leaves
-//!   records the broker must abort (tests/kafka_kill_transactional.rs: random kills land
+//!   records the broker must abort (tests/kafka/kafka_kill_transactional.rs: random kills land
 //!   inside a transaction only now and then);
 //! - `sink.admitted`: a sink call admitted, the ownership of its key not yet proved
-//!   (tests/kafka_zombie.rs freezes a process there);
+//!   (tests/kafka/kafka_zombie.rs freezes a process there);
 //! - `rebalance.revoke`, for delaying only (the `fail` crate's `sleep(MS)`): the consumer
 //!   thread about to handle a revoke. Delayed, it stands for a consumer that has not yet
 //!   noticed it lost its partitions, so that what stops a zombie then (the broker refusing
-//!   its commits) is tested on its own (tests/kafka_zombie.rs).
+//!   its commits) is tested on its own (tests/kafka/kafka_zombie.rs).
 //! - `rebalance.revoke_drained` and `rebalance.revoke_let_go`, for delaying only: a revoke
 //!   with its workers stopped, before and after the store stops owning its state
 //!   partitions (both before its commit), so that an operator's write can be made to race
-//!   it on either side (tests/kafka_revoke_race.rs).
+//!   it on either side (tests/kafka/kafka_revoke_race.rs).
 //! - `restore.started`, for delaying only: a restore of state partitions about to read the
 //!   changelog, on its own thread; delayed past `max.poll.interval.ms`, it shows that the
-//!   group consumer goes on polling meanwhile (tests/kafka_restore_background.rs).
+//!   group consumer goes on polling meanwhile (tests/kafka/kafka_restore_background.rs).
 //! - `restore.applied`: a chunk of a restore applied to the store with its checkpoint;
 //!   killed there, the next start goes on from the checkpoint rather than from the start
-//!   (tests/kafka_restore_resume.rs);
+//!   (tests/kafka/kafka_restore_resume.rs);
 //! - `consumer.turn`, for delaying only: the consumer loop's turn, before it polls. Delayed
 //!   past the consumer's `max.poll.interval.ms`, it stands for a wedged loop, which
-//!   `/healthz` must report (tests/kafka_liveness.rs).
+//!   `/healthz` must report (tests/kafka/kafka_liveness.rs).
 
 /// Every crash point, in the order of the module docs.
 pub const POINTS: [&str; 9] = [

@@ -9,7 +9,7 @@
 //!
 //! Module map, from the top down: a module imports only modules listed below it. The one
 //! exception is each section's config type (`store::config`, `pipeline::config`, ...), a
-//! leaf file that [`config`] composes (tests/module_map.rs holds the code to this map).
+//! leaf file that [`config`] composes (tests/docs/module_map.rs holds the code to this map).
 //! - [`cli`]: the command line: `run`, `check-config`, `demo` and the operator commands.
 //! - [`demo`]: `dedupd demo`, the whole product on librdkafka's mock cluster.
 //! - [`pipeline`]: `dedupd run`: consumer thread, partition table, workers, publisher, purge.

@@ -33,7 +33,14 @@ async fn create_topic_with(bootstrap: &str, name: &str, partitions: i32, configs
     for x in r.expect("create topics") {
         x.expect("topic created");
     }
-    // Wait until metadata shows leaders for all partitions.
+    wait_for_leaders(bootstrap, name, partitions).await;
+}
+
+/// Waits (up to 30 s, then panics) until the metadata shows topic `name` with `partitions`
+/// partitions, each with a leader. A topic just created is not in every answer at once, and
+/// dedupd refuses to start without its results and dead-letter topics
+/// (src/pipeline/connect.rs).
+async fn wait_for_leaders(bootstrap: &str, name: &str, partitions: i32) {
     let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("client");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -41,11 +48,15 @@ async fn create_topic_with(bootstrap: &str, name: &str, partitions: i32, configs
         let ok = md.topics().iter().any(|t| {
             t.name() == name
                 && t.partitions().len() == partitions as usize
-                && t.partitions().iter().all(|p| p.leader() >= 0)
+                && t.partitions().iter().all(|p| p.leader() >= 0 && p.error().is_none())
         });
-        if ok || Instant::now() > deadline {
+        if ok {
             return;
         }
+        assert!(
+            Instant::now() < deadline,
+            "topic {name} did not show {partitions} partitions with leaders within 30 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -62,6 +73,7 @@ pub(super) async fn ensure_dead_letter_topic(bootstrap: &str, name: &str) {
             Err((topic, e)) => panic!("creating {topic}: {e}"),
         }
     }
+    wait_for_leaders(bootstrap, name, 1).await;
 }
 
 pub(super) fn command(i: usize) -> Vec<u8> {

@@ -1,4 +1,4 @@
-//! Helper for `tests/store_crash.rs`: writes to a store until it is SIGKILLed.
+//! Helper for `tests/store/store_crash.rs`: writes to a store until it is SIGKILLed.
 //!
 //! Usage: `store-crash-child <backend> <path> <run> <batch>` (a registered backend name)
 //!

@@ -1,5 +1,5 @@
 //! `GET /v1/openapi.json`: the intake described in OpenAPI 3.1 (`openapi.json` beside this
-//! file), its version the binary's. tests/intake.rs exercises every path and status it
+//! file), its version the binary's. tests/intake/intake.rs exercises every path and status it
 //! lists; the test below holds its problem types to [`Cause`].
 
 use axum::http::{HeaderValue, header};

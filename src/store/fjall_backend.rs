@@ -72,7 +72,7 @@ const MIB: u64 = 1024 * 1024;
 /// `Database::create_new` makes `lock`, `keyspaces/` and `0.jnl` before it writes and fsyncs
 /// the `version` marker; killed in between, the directory has no valid marker, so the next
 /// open tries to create the database again and fails on the existing `0.jnl` ("File exists")
-/// — forever (found by `tests/store_crash.rs`). Nothing can have been stored yet: the
+/// — forever (found by `tests/store/store_crash.rs`). Nothing can have been stored yet: the
 /// marker is synced before `open` returns. So when the marker is missing or shorter than
 /// its 4-byte header, and the directory holds only those leftovers (with `keyspaces/`
 /// empty), they are removed and creation starts over. Anything else in a directory
@@ -323,7 +323,7 @@ impl Backend for FjallBackend {
 
     /// Clears the slice's keyspace (one journaled step, its tables let go at once) and
     /// marks the number free. The keyspace itself stays: deleting keyspaces and creating
-    /// others lost a new keyspace's writes after a SIGKILL in `tests/store_crash.rs`
+    /// others lost a new keyspace's writes after a SIGKILL in `tests/store/store_crash.rs`
     /// (fjall 3.1), where a cleared one is written and recovered as any other.
     fn drop_slice(&self, slice: Slice) -> Result<(), StoreError> {
         let keyspace = match self.records.read().get(slice.number()) {

@@ -30,7 +30,7 @@ pub const GROUP_MS: i64 = 1_000;
 
 /// At most this many keys per entry (~3 KiB) on sled. sled writes a tree node holding
 /// values of tens of KiB as a separate blob file, and a SIGKILL during such a write left a
-/// sled store that would not open again ("Read corrupted data", tests/kafka_kill.rs); small
+/// sled store that would not open again ("Read corrupted data", tests/kafka/kafka_kill.rs); small
 /// entries keep sled on its ordinary log path. The cost is one more index write per 64
 /// completions. An LSM tree (fjall) has no such limit: see [`super::Backend::index_entry_keys`].
 pub(super) const SMALL_ENTRY_KEYS: usize = 64;

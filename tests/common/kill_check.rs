@@ -1,4 +1,4 @@
-//! What must hold after `dedupd` was SIGKILLed many times while it worked (tests/kafka_kill.rs),
+//! What must hold after `dedupd` was SIGKILLed many times while it worked (tests/kafka/kafka_kill.rs),
 //! judged from the outside only: the results topic, what each sink's downstream received
 //! ([`Effect`]s, tests/common/effects.rs) and the store opened directly. docs/contract.md §3 "durable
 //! before the sink is called", §4 crash rows, §5 "nothing is lost":

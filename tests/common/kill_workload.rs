@@ -1,4 +1,4 @@
-//! The workload of the crash suite (tests/kafka_kill.rs): ~2,940 commands over 2,040 keys
+//! The workload of the crash suite (tests/kafka/kafka_kill.rs): ~2,940 commands over 2,040 keys
 //! and seven sinks, with repeats in the same batch, late and through another partition; the
 //! config of each incarnation; and compaction fodder: commands of a route with a TTL of
 //! one second, whose records expire and are compacted while the suite runs, so that a

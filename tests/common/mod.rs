@@ -11,6 +11,7 @@ pub mod kafka;
 pub mod kill_check;
 pub mod kill_workload;
 pub mod orphan;
+pub mod otlp;
 pub mod pay_kills;
 pub mod process;
 pub mod records;

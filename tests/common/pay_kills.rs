@@ -1,6 +1,6 @@
 //! `dedupd run` SIGKILLed again and again while it charges cards through one slow HTTP
-//! sink that does not forward the key (tests/kafka_kill_unsent.rs,
-//! tests/kafka_kill_transactional.rs): the config, the commands, the kill loop and what
+//! sink that does not forward the key (tests/kafka/kafka_kill_unsent.rs,
+//! tests/kafka/kafka_kill_transactional.rs): the config, the commands, the kill loop and what
 //! the results topic and the sink saw.
 
 use std::collections::{HashMap, HashSet};

@@ -1,7 +1,7 @@
 //! Instances of `dedupd run` sharing one consumer group with the store on Kafka
 //! (`store.changelog`, `kafka.copartitioned`, transactional results, a 6 s session), each
 //! with its own store and log, one HTTP sink that does not forward the key
-//! (tests/kafka_expiry.rs, tests/kafka_standby.rs).
+//! (tests/kafka/kafka_expiry.rs, tests/kafka/kafka_standby.rs).
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-"""A real MCP client (the Python `mcp` package) for tests/intake_mcp.rs: connects to
+"""A real MCP client (the Python `mcp` package) for tests/intake/intake_mcp.rs: connects to
 dedupd's intake at URL over Streamable HTTP with an API key, and runs the calls given as
 JSON on stdin ([{"tool": NAME, "arguments": {...}}, ...]); prints one JSON line with the
 tools listed and, per call, its structured content, whether it is an error, or the

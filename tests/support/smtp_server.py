@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A recording SMTP server for tests/smtp_sink.rs (aiosmtpd, loopback only).
+"""A recording SMTP server for tests/sinks/smtp_sink.rs (aiosmtpd, loopback only).
 
 Usage: smtp_server.py OUT_DIR [plain|starttls|tls CERT KEY]
 

@@ -1,7 +1,7 @@
 //! The metric catalogue: every `dedupd_` metric's name, type, labels, buckets and help,
 //! written once. `Metrics::new` builds each metric from its definition here; the metrics
-//! tests compare the registry with [`CATALOGUE`], tests/metrics_run.rs takes the families a
-//! run must expose from it, and tests/metrics_docs.rs checks docs/metrics.md and
+//! tests compare the registry with [`CATALOGUE`], tests/ops/metrics_run.rs takes the families a
+//! run must expose from it, and tests/docs/metrics_docs.rs checks docs/metrics.md and
 //! docs/contract.md §10 against it. The process collector's `process_*` metrics are not
 //! dedupd's and are not here.
 

@@ -5,7 +5,7 @@
 //! A topic dedupd has just created (`topic`) is known to the broker before every client's
 //! metadata cache has it: librdkafka then answers `UnknownPartition` at once instead of
 //! refreshing and waiting. A restore that took that for an answer stopped the process on its
-//! first assignment (found by tests/kafka_chaos.rs in a clean-clone run). A leader that is
+//! first assignment (found by tests/kafka/kafka_chaos.rs in a clean-clone run). A leader that is
 //! moving passes too. Everything else is an answer.
 
 use std::time::{Duration, Instant};

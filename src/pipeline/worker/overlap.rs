@@ -25,7 +25,7 @@
 //!    meanwhile. If the previous batch's point fails, the one run meanwhile is never
 //!    published (the process stops; both come again).
 //!
-//! tests/batch_overlap.rs holds the point with a failpoint and sees the next batch's call
+//! tests/engine/batch_overlap.rs holds the point with a failpoint and sees the next batch's call
 //! come, and the batch's result wait, meanwhile.
 
 use std::collections::VecDeque;
@@ -89,7 +89,7 @@ fn last_point(
     })
 }
 
-/// Failpoint `overlap.last_point=return(MS)` (tests only: tests/batch_overlap.rs): holds
+/// Failpoint `overlap.last_point=return(MS)` (tests only: tests/engine/batch_overlap.rs): holds
 /// every last durability point MS ms before it starts, so that a test sees the next batch
 /// run meanwhile.
 fn held_ms() -> Option<u64> {

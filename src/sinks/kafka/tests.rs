@@ -1,5 +1,5 @@
 //! Unit tests of the `kafka` sink's config and of what it does without a broker
-//! (tests/kafka_sink.rs and tests/kafka_sink_check.rs have a real one).
+//! (tests/sinks/kafka_sink.rs and tests/sinks/kafka_sink_check.rs have a real one).
 
 use super::*;
 

@@ -110,7 +110,7 @@ impl Restorer {
                     // previous owner's last one, committed but with its markers not yet
                     // written (the claims in it may have run their sinks: stopping at the
                     // stable offset lost them, and a repeat ran its sink again, found by
-                    // tests/kafka_chaos.rs), or a dead instance's, which the broker aborts
+                    // tests/kafka/kafka_chaos.rs), or a dead instance's, which the broker aborts
                     // within its `transaction.timeout.ms`. Nobody writes the partition
                     // meanwhile, and reading on is what tells which.
                     r.done |= position >= r.high;
