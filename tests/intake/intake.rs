@@ -369,7 +369,7 @@ async fn requests_are_counted(log: &std::path::Path, dedupd: &mut DedupdProcess,
 }
 
 /// Every status `/v1/openapi.json` lists was answered above, but 421 `not-owner` (a key of
-/// another instance, with `store.changelog`: tests/intake_instances.rs answers it), and 503
+/// another instance, with `store.changelog`: tests/intake/intake_instances.rs answers it), and 503
 /// `unavailable` in a build without failpoints.
 async fn every_listed_status_was_answered(door: &Door, refusing: bool) {
     let response = door.http.get(format!("{}/v1/openapi.json", door.base)).send().await.expect("openapi");

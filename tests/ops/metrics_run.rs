@@ -62,7 +62,7 @@ fn catalogue() -> Vec<(String, &'static str)> {
 
 /// The catalogue's families that have no series in this run: no worker panics,
 /// `state_restoring` has none until a restore (no `store.changelog` here), and the
-/// intake's none without `[intake]` (tests/intake.rs scrapes them).
+/// intake's none without `[intake]` (tests/intake/intake.rs scrapes them).
 const NOT_IN_THIS_RUN: [&MetricDef; 4] =
     [&metric::WORKER_PANICS, &metric::STATE_RESTORING, &metric::INTAKE_REQUESTS, &metric::INTAKE_DURATION];
 
