@@ -377,31 +377,37 @@ impl Record {
             }),
             other => return Err(DecodeError(format!("unknown state {other}"))),
         };
-        while let Some((tag, body)) = r.extension()? {
-            // Sections of tags this version does not know are read past.
-            match (tag, &mut record) {
-                (SETTLED_TAG, Record::Completed(completed)) => completed.settled = Some(Settled::decode(body)?),
-                (HELD_TAG, Record::InProgress(claim)) => {
-                    let mut section = Reader { buf: body };
-                    claim.held = Some(Box::new(Held::decode(&mut section)?));
-                    if !section.buf.is_empty() {
-                        return Err(DecodeError(format!("{} bytes after a claim's command", section.buf.len())));
-                    }
-                }
-                (INTAKE_CLIENT_TAG, _) => {
-                    let client = String::from_utf8(body.to_vec())
-                        .map_err(|_| DecodeError("an intake client that is not UTF-8".into()))?;
-                    if let Record::InProgress(InProgress { held: Some(held), .. })
-                    | Record::Indeterminate(Indeterminate { held: Some(held), .. }) = &mut record
-                    {
-                        held.intake_client = Some(client);
-                    }
-                }
-                _ => {}
-            }
-        }
+        read_extensions(&mut r, &mut record)?;
         Ok(record)
     }
+}
+
+/// Reads the extension sections that end a record (see the module doc) into `record`.
+fn read_extensions(r: &mut Reader<'_>, record: &mut Record) -> Result<(), DecodeError> {
+    while let Some((tag, body)) = r.extension()? {
+        // Sections of tags this version does not know are read past.
+        match (tag, &mut *record) {
+            (SETTLED_TAG, Record::Completed(completed)) => completed.settled = Some(Settled::decode(body)?),
+            (HELD_TAG, Record::InProgress(claim)) => {
+                let mut section = Reader { buf: body };
+                claim.held = Some(Box::new(Held::decode(&mut section)?));
+                if !section.buf.is_empty() {
+                    return Err(DecodeError(format!("{} bytes after a claim's command", section.buf.len())));
+                }
+            }
+            (INTAKE_CLIENT_TAG, _) => {
+                let client = String::from_utf8(body.to_vec())
+                    .map_err(|_| DecodeError("an intake client that is not UTF-8".into()))?;
+                if let Record::InProgress(InProgress { held: Some(held), .. })
+                | Record::Indeterminate(Indeterminate { held: Some(held), .. }) = record
+                {
+                    held.intake_client = Some(client);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// A stored value that is not a valid record.
